@@ -1,0 +1,32 @@
+// Element-wise kernels used by every reducer.
+//
+// float16/bfloat16 are widened to float for each operation and rounded back
+// once, so a reduction over p ranks loses no more precision than p-1 additions
+// in the dtype itself would. Loops are plain and __restrict-qualified so that
+// the compiler vectorises them at -O3.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace hvdtorch {
+
+// dst[i] = dst[i] (op) src[i] for i < count. op must not be Average.
+void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
+
+// buf[i] *= factor. For integer dtypes the product is computed in double and
+// truncated toward zero (Horovod's behaviour for scaled integer tensors).
+void scaleBuffer(void* buf, size_t count, DataType dtype, double factor);
+
+// Throws InvalidArgument when `op` is not defined for `dtype`.
+void checkReducible(DataType dtype, ReduceOp op);
+
+// Half-precision conversions (IEEE binary16 and bfloat16), round to nearest even.
+float halfToFloat(uint16_t h);
+uint16_t floatToHalf(float f);
+float bf16ToFloat(uint16_t b);
+uint16_t floatToBf16(float f);
+
+}  // namespace hvdtorch
