@@ -201,3 +201,47 @@ void scaleBuffer(void* buf, size_t count, DataType dtype, double factor) {
 }
 
 }  // namespace hvdtorch
+
+namespace hvdtorch {
+
+namespace {
+template <typename T>
+void copyScaledLoop(T* __restrict dst, const T* __restrict src, size_t n, double factor) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T f = static_cast<T>(factor);
+    for (size_t i = 0; i < n; ++i) dst[i] = src[i] * f;
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<double>(src[i]) * factor);
+  }
+}
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void copyScaledHalf(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n, double factor) {
+  const float f = static_cast<float>(factor);
+  for (size_t i = 0; i < n; ++i) dst[i] = FromF(ToF(src[i]) * f);
+}
+}  // namespace
+
+void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double factor) {
+  if (count == 0) return;
+  if (factor == 1.0) {
+    if (dst != src) std::memmove(dst, src, count * dtypeSize(dtype));
+    return;
+  }
+  switch (dtype) {
+    case DataType::kUInt8: return copyScaledLoop(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, factor);
+    case DataType::kInt8: return copyScaledLoop(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, factor);
+    case DataType::kInt16: return copyScaledLoop(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, factor);
+    case DataType::kInt32: return copyScaledLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, factor);
+    case DataType::kInt64: return copyScaledLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, factor);
+    case DataType::kFloat32: return copyScaledLoop(static_cast<float*>(dst), static_cast<const float*>(src), count, factor);
+    case DataType::kFloat64: return copyScaledLoop(static_cast<double*>(dst), static_cast<const double*>(src), count, factor);
+    case DataType::kFloat16:
+      return copyScaledHalf<halfToFloat, floatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, factor);
+    case DataType::kBFloat16:
+      return copyScaledHalf<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, factor);
+    case DataType::kBool:
+      throw InvalidArgument("scaling is not defined for bool tensors");
+  }
+}
+
+}  // namespace hvdtorch

@@ -30,3 +30,10 @@ float bf16ToFloat(uint16_t b);
 uint16_t floatToBf16(float f);
 
 }  // namespace hvdtorch
+
+namespace hvdtorch {
+// dst[i] = src[i] * factor (a plain copy when factor == 1). Used to fuse the
+// prescale into the copy into the fusion buffer and the postscale (Average)
+// into the copy out of it, so scaling costs no extra pass over memory.
+void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double factor);
+}  // namespace hvdtorch

@@ -1,0 +1,97 @@
+#include "config/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "common/error.h"
+
+namespace hvdtorch {
+
+const std::vector<Config::Knob>& Config::knobs() {
+  static const std::vector<Knob> k = {
+      {"TIMEOUT", "600", "seconds any collective may wait for a peer before it fails on every rank"},
+      {"STALL_CHECK_TIME", "60", "seconds before a warning names the ranks that have not submitted an op"},
+      {"CYCLE_TIME", "1", "milliseconds between negotiation cycles of the background thread"},
+      {"FUSION_THRESHOLD", "67108864", "bytes of the fusion buffer; 0 disables fusion"},
+      {"CACHE_CAPACITY", "1024", "negotiated ops remembered by the response cache; 0 disables it"},
+      {"REDUCER", "auto", "default all-reduce algorithm: auto, ring, node, central, native"},
+      {"SHM", "1", "use shared memory between ranks on the same host; 0 forces the c10d link"},
+      {"RING_SEGMENT_BYTES", "1048576", "bytes per pipelined segment of the ring"},
+      {"RING_WINDOW", "4", "ring segments in flight at once"},
+      {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
+      {"TIMELINE", "", "path of a Chrome-trace timeline to write; empty disables it"},
+  };
+  return k;
+}
+
+namespace {
+
+std::string upper(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
+  return s;
+}
+
+double toNumber(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || end == v.c_str() || *end != '\0' || d < 0)
+    throw InvalidArgument(strCat("HVDTORCH_", key, "='", v, "' is not a non-negative number"));
+  return d;
+}
+
+bool toBool(const std::string& key, const std::string& v) {
+  const std::string u = upper(v);
+  if (u == "1" || u == "TRUE" || u == "YES" || u == "ON") return true;
+  if (u == "0" || u == "FALSE" || u == "NO" || u == "OFF") return false;
+  throw InvalidArgument(strCat("HVDTORCH_", key, "='", v, "' is not a boolean (use 0 or 1)"));
+}
+
+}  // namespace
+
+void Config::set(const std::string& raw_key, const std::string& v) {
+  std::string key = upper(raw_key);
+  if (key.rfind("HVDTORCH_", 0) == 0) key = key.substr(9);
+  using std::chrono::microseconds;
+  using std::chrono::milliseconds;
+  if (key == "TIMEOUT") {
+    timeout = milliseconds(static_cast<long long>(toNumber(key, v) * 1000));
+    if (timeout.count() <= 0) throw InvalidArgument("HVDTORCH_TIMEOUT must be positive");
+  } else if (key == "STALL_CHECK_TIME") {
+    stall_warning = milliseconds(static_cast<long long>(toNumber(key, v) * 1000));
+  } else if (key == "CYCLE_TIME") {
+    cycle_time = microseconds(static_cast<long long>(toNumber(key, v) * 1000));
+  } else if (key == "FUSION_THRESHOLD") {
+    fusion_threshold = static_cast<size_t>(toNumber(key, v));
+  } else if (key == "CACHE_CAPACITY") {
+    cache_capacity = static_cast<size_t>(toNumber(key, v));
+  } else if (key == "REDUCER") {
+    reducer = v;
+  } else if (key == "SHM") {
+    shm = toBool(key, v);
+  } else if (key == "RING_SEGMENT_BYTES") {
+    ring_segment_bytes = std::max<size_t>(64, static_cast<size_t>(toNumber(key, v)));
+  } else if (key == "RING_WINDOW") {
+    ring_window = std::max(1, static_cast<int>(toNumber(key, v)));
+  } else if (key == "CENTRAL_SHARDS") {
+    central_shards = std::max(1, static_cast<int>(toNumber(key, v)));
+  } else if (key == "TIMELINE") {
+    timeline = v;
+  } else {
+    std::string names;
+    for (const auto& k : knobs()) names += (names.empty() ? "" : ", ") + k.name;
+    throw InvalidArgument(strCat("unknown hvdtorch option '", raw_key, "'; known: ", names));
+  }
+}
+
+Config Config::load(const std::map<std::string, std::string>& overrides) {
+  Config c;
+  for (const auto& k : knobs()) {
+    const char* env = std::getenv(("HVDTORCH_" + k.name).c_str());
+    if (env != nullptr && *env != '\0') c.set(k.name, env);
+  }
+  for (const auto& [key, value] : overrides) c.set(key, value);
+  return c;
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,42 @@
+// Every tunable of the engine. Each is an HVDTORCH_* environment variable
+// with the default below, and can be overridden from Python
+// (hvd.init(timeout=30, fusion_threshold=...)): the key is the variable name
+// without the prefix, lower-cased. knobs() lists them for docs and errors.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hvdtorch {
+
+struct Config {
+  std::chrono::milliseconds timeout{std::chrono::seconds(600)};      // HVDTORCH_TIMEOUT (s)
+  std::chrono::milliseconds stall_warning{std::chrono::seconds(60)}; // HVDTORCH_STALL_CHECK_TIME (s)
+  std::chrono::microseconds cycle_time{1000};                        // HVDTORCH_CYCLE_TIME (ms)
+  size_t fusion_threshold = 64u << 20;                               // HVDTORCH_FUSION_THRESHOLD (bytes)
+  size_t cache_capacity = 1024;                                      // HVDTORCH_CACHE_CAPACITY
+  std::string reducer = "auto";                                      // HVDTORCH_REDUCER
+  bool shm = true;                                                   // HVDTORCH_SHM
+  size_t ring_segment_bytes = 1u << 20;                              // HVDTORCH_RING_SEGMENT_BYTES
+  int ring_window = 4;                                               // HVDTORCH_RING_WINDOW
+  int central_shards = 1;                                            // HVDTORCH_CENTRAL_SHARDS
+  std::string timeline;                                              // HVDTORCH_TIMELINE (path)
+
+  struct Knob {
+    std::string name;  // without the HVDTORCH_ prefix
+    std::string default_value;
+    std::string help;
+  };
+  static const std::vector<Knob>& knobs();
+
+  // Defaults, then HVDTORCH_* from the environment, then `overrides`
+  // (keys as in knobs(), lower or upper case). Bad values throw
+  // InvalidArgument naming the variable.
+  static Config load(const std::map<std::string, std::string>& overrides = {});
+  void set(const std::string& key, const std::string& value);
+};
+
+}  // namespace hvdtorch

@@ -1,0 +1,211 @@
+#include "engine/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace hvdtorch {
+
+namespace {
+
+bool bitSet(const std::vector<uint64_t>& bits, uint32_t id) {
+  const size_t w = id / 64;
+  return w < bits.size() && ((bits[w] >> (id % 64)) & 1u);
+}
+
+double seconds(std::chrono::milliseconds d) { return static_cast<double>(d.count()) / 1000.0; }
+
+}  // namespace
+
+Coordinator::Coordinator(int size, std::chrono::milliseconds stall_warning, std::chrono::milliseconds timeout,
+                         WarnFn warn)
+    : size_(size), stall_warning_(stall_warning), timeout_(timeout), warn_(std::move(warn)) {}
+
+std::string Coordinator::rankList(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+std::string Coordinator::validate(const std::vector<Request>& reqs) const {
+  // Group ranks by signature; report every variant with the ranks holding it.
+  std::vector<int> variant_of(size_, -1);
+  std::vector<int> leaders;
+  for (int r = 0; r < size_; ++r) {
+    for (size_t v = 0; v < leaders.size(); ++v) {
+      if (Request::signatureMismatch(reqs[leaders[v]], reqs[r]).empty()) {
+        variant_of[r] = static_cast<int>(v);
+        break;
+      }
+    }
+    if (variant_of[r] < 0) {
+      variant_of[r] = static_cast<int>(leaders.size());
+      leaders.push_back(r);
+    }
+  }
+  if (leaders.size() == 1) return "";
+  std::ostringstream os;
+  os << "mismatched " << opTypeName(reqs[0].type) << " '" << reqs[0].name << "' across ranks: "
+     << Request::signatureMismatch(reqs[leaders[0]], reqs[leaders[1]]) << ". ";
+  for (size_t v = 0; v < leaders.size(); ++v) {
+    std::vector<int> ranks;
+    for (int r = 0; r < size_; ++r)
+      if (variant_of[r] == static_cast<int>(v)) ranks.push_back(r);
+    os << (v ? "; " : "") << "ranks " << rankList(ranks) << " submitted " << reqs[leaders[v]].describe();
+  }
+  return os.str();
+}
+
+Response Coordinator::makeResponse(const std::vector<Request>& reqs) const {
+  Response s;
+  s.type = reqs[0].type;
+  s.names = {reqs[0].name};
+  s.error = validate(reqs);
+  if (s.error.empty() && s.type == OpType::kBroadcast && (reqs[0].root < 0 || reqs[0].root >= size_))
+    s.error = strCat("broadcast '", reqs[0].name, "': root rank ", reqs[0].root, " is not in [0, ", size_, ")");
+  if (s.error.empty() && s.type == OpType::kAllgather) {
+    for (int r = 0; r < size_; ++r)
+      for (const auto& t : reqs[r].tensors) s.first_dims.push_back(t.shape.empty() ? 1 : t.shape[0]);
+  }
+  return s;
+}
+
+std::optional<Response> Coordinator::checkStall(const std::string& what, OpType type, const std::string& name,
+                                                const std::vector<bool>& has, Clock::time_point first_seen,
+                                                bool& warned, Clock::time_point now) {
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - first_seen);
+  if (waited < stall_warning_ && waited < timeout_) return std::nullopt;
+  std::vector<int> ready, missing;
+  for (int r = 0; r < size_; ++r) (has[r] ? ready : missing).push_back(r);
+  if (waited >= timeout_) {
+    Response s;
+    s.type = type;
+    s.names = {name};
+    s.error = strCat(what, ": ranks ", rankList(missing), " did not submit it within ", seconds(timeout_),
+                     " s (HVDTORCH_TIMEOUT) while ranks ", rankList(ready),
+                     " waited for it; the ranks have diverged (different op order, an uneven "
+                     "number of batches, or a rank that stopped)");
+    return s;
+  }
+  if (!warned) {
+    warned = true;
+    warn_(strCat("hvdtorch: stall: ", what, " has waited ", seconds(waited), " s: ready on ranks ",
+                 rankList(ready), ", missing on ranks ", rankList(missing)));
+  }
+  return std::nullopt;
+}
+
+ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const ResponseCache& cache,
+                                  Clock::time_point now) {
+  ResponseList out;
+  for (int r = 0; r < size_; ++r) {
+    // A rank stopping on an error wins over one stopping normally: its
+    // message is what the other ranks need to see.
+    if (msgs[r].shutdown && (!out.shutdown || (out.shutdown_reason.empty() && !msgs[r].failure.empty()))) {
+      out.shutdown = true;
+      out.shutdown_rank = r;
+      out.shutdown_reason = msgs[r].failure;
+    }
+    for (const Request& q : msgs[r].uncached) {
+      auto [it, inserted] = table_.try_emplace(q.name);
+      if (inserted) {
+        it->second.by_rank.resize(size_);
+        it->second.first_seen = now;
+        it->second.arrival = next_arrival_++;
+      }
+      it->second.by_rank[r] = q;
+    }
+  }
+
+  // Which ranks have each cache bit set this cycle.
+  std::map<uint32_t, std::vector<bool>> bit_ranks;
+  for (uint32_t id = 0; id < cache.size(); ++id) {
+    std::vector<bool> has(size_, false);
+    bool any = false;
+    for (int r = 0; r < size_; ++r) {
+      if (bitSet(msgs[r].cache_bits, id)) {
+        has[r] = true;
+        any = true;
+      }
+    }
+    if (any) bit_ranks.emplace(id, std::move(has));
+  }
+
+  // Uncached entries, completed by full requests and/or cache bits.
+  std::vector<std::pair<uint64_t, std::string>> complete;
+  for (auto& [name, pending] : table_) {
+    const int id = cache.idOf(name);
+    const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
+    bool all = true;
+    for (int r = 0; r < size_ && all; ++r)
+      all = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]);
+    if (all) complete.emplace_back(pending.arrival, name);
+  }
+  std::sort(complete.begin(), complete.end());
+  std::vector<Response> from_table;
+  for (const auto& [arrival, name] : complete) {
+    Pending& pending = table_[name];
+    const int id = cache.idOf(name);
+    std::vector<Request> reqs(size_);
+    for (int r = 0; r < size_; ++r) reqs[r] = pending.by_rank[r] ? *pending.by_rank[r] : cache.at(id);
+    from_table.push_back(makeResponse(reqs));
+    if (id >= 0) bit_ranks.erase(static_cast<uint32_t>(id));  // consumed here
+    table_.erase(name);
+  }
+
+  // Purely cached ops: ready where every rank has the bit.
+  for (auto it = bit_ranks.begin(); it != bit_ranks.end();) {
+    if (std::all_of(it->second.begin(), it->second.end(), [](bool b) { return b; })) {
+      out.cached_ready.push_back(it->first);
+      bits_.erase(it->first);
+      it = bit_ranks.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  out.responses = std::move(from_table);
+
+  // Stall inspection and deadlines for what is still incomplete.
+  for (auto it = table_.begin(); it != table_.end();) {
+    Pending& pending = it->second;
+    const int id = cache.idOf(it->first);
+    const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
+    std::vector<bool> has(size_);
+    OpType type = OpType::kAllreduce;
+    std::string what;
+    for (int r = 0; r < size_; ++r) {
+      has[r] = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]);
+      if (pending.by_rank[r]) {
+        type = pending.by_rank[r]->type;
+        if (what.empty()) what = pending.by_rank[r]->describe();
+      }
+    }
+    auto err = checkStall(what, type, it->first, has, pending.first_seen, pending.warned, now);
+    if (bits != bit_ranks.end()) bit_ranks.erase(bits);
+    if (err) {
+      out.responses.push_back(std::move(*err));
+      it = table_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& [id, has] : bit_ranks) {
+    auto [st, inserted] = bits_.try_emplace(id);
+    if (inserted) st->second.first_seen = now;
+    const Request& q = cache.at(id);
+    auto err = checkStall(q.describe(), q.type, q.name, has, st->second.first_seen, st->second.warned, now);
+    if (err) {
+      out.responses.push_back(std::move(*err));
+      bits_.erase(st);
+    }
+  }
+  // Forget bit timers for ops nobody reports any more.
+  for (auto it = bits_.begin(); it != bits_.end();)
+    it = bit_ranks.count(it->first) ? std::next(it) : bits_.erase(it);
+
+  out.idle = out.responses.empty() && out.cached_ready.empty() && table_.empty() && bit_ranks.empty();
+  return out;
+}
+
+}  // namespace hvdtorch

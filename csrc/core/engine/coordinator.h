@@ -1,0 +1,70 @@
+// The coordinator's decision logic (runs on rank 0 only): given every rank's
+// message for one cycle, decide which operations are ready everywhere, in
+// which order, and which are errors. Pure logic with no I/O, so it is unit
+// tested directly.
+//
+// Rules:
+//  * An op is ready when every rank has submitted it, either in full
+//    (uncached) or as its cache bit. Ready ops are ordered by first arrival;
+//    ops ready purely from cache bits come first, in cache-id order.
+//  * Signatures that differ across ranks give an error response naming the
+//    op, what differs and which ranks hold which variant.
+//  * An op that some ranks submitted and others did not for `stall_warning`
+//    produces one warning naming the missing ranks; after `timeout` it is
+//    failed on every rank with the same names, so nobody hangs.
+//  * Any rank asking to shut down stops everyone, and the response says who.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/response_cache.h"
+
+namespace hvdtorch {
+
+class Coordinator {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using WarnFn = std::function<void(const std::string&)>;
+
+  Coordinator(int size, std::chrono::milliseconds stall_warning, std::chrono::milliseconds timeout, WarnFn warn);
+
+  ResponseList process(const std::vector<RankMessage>& msgs, const ResponseCache& cache, Clock::time_point now);
+
+  size_t pendingCount() const { return table_.size(); }
+
+ private:
+  struct Pending {
+    std::vector<std::optional<Request>> by_rank;
+    Clock::time_point first_seen;
+    uint64_t arrival;
+    bool warned = false;
+  };
+  struct BitState {
+    Clock::time_point first_seen;
+    bool warned = false;
+  };
+
+  static std::string rankList(const std::vector<int>& ranks);
+  std::string validate(const std::vector<Request>& reqs) const;
+  Response makeResponse(const std::vector<Request>& reqs) const;
+  // Checks an incomplete op; returns an error response once it has timed out.
+  std::optional<Response> checkStall(const std::string& what, OpType type, const std::string& name,
+                                     const std::vector<bool>& has, Clock::time_point first_seen, bool& warned,
+                                     Clock::time_point now);
+
+  int size_;
+  std::chrono::milliseconds stall_warning_;
+  std::chrono::milliseconds timeout_;
+  WarnFn warn_;
+  uint64_t next_arrival_ = 0;
+  std::map<std::string, Pending> table_;
+  std::map<uint32_t, BitState> bits_;
+};
+
+}  // namespace hvdtorch

@@ -1,0 +1,255 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "algorithms/reduce_kernels.h"
+#include "common/error.h"
+#include "engine/fusion.h"
+
+namespace hvdtorch {
+
+Engine::Engine(Config config, Topology topo, Transports transports)
+    : config_(std::move(config)),
+      control_ctx_(topo, transports.control, nullptr, nullptr, config_.timeout),
+      data_ctx_(topo, transports.data, config_.shm ? transports.local : nullptr, transports.native,
+                config_.timeout),
+      reducers_(RingOptions{config_.ring_segment_bytes, config_.ring_window},
+                CentralOptions{config_.central_shards, config_.ring_segment_bytes}),
+      executor_(data_ctx_, reducers_),
+      control_(control_ctx_) {
+  control_thread_ = std::thread([this] { controlLoop(); });
+  executor_thread_ = std::thread([this] { executorLoop(); });
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::warn(const std::string& msg) { std::fprintf(stderr, "%s\n", msg.c_str()); }
+
+int64_t Engine::submit(EntryPtr entry) {
+  const Request& req = entry->request;
+  if (req.type == OpType::kAllreduce)
+    for (const auto& t : req.tensors) checkReducible(t.dtype, req.op);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.empty()) throw CollectiveError(failure_);
+  if (shutdown_requested_ || stopped_)
+    throw CollectiveError(strCat("rank ", topo().rank, ": hvdtorch has been shut down; call hvdtorch.init() again"));
+  if (!pending_names_.insert(req.name).second)
+    throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " named '", req.name,
+                                 "' is already pending; names of outstanding ops must be unique"));
+  const int64_t handle = next_handle_++;
+  handles_.emplace(handle, entry->state);
+  incoming_.push_back(std::move(entry));
+  incoming_cv_.notify_one();
+  return handle;
+}
+
+std::shared_ptr<OpState> Engine::state(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) throw InvalidArgument(strCat("unknown or already released handle ", handle));
+  return it->second;
+}
+
+void Engine::release(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handles_.erase(handle);
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_requested_ = true;
+  }
+  incoming_cv_.notify_all();
+  if (control_thread_.joinable()) control_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    exec_stop_ = true;
+  }
+  exec_cv_.notify_all();
+  if (executor_thread_.joinable()) executor_thread_.join();
+}
+
+void Engine::failEverything(const std::string& why) {
+  std::deque<EntryPtr> incoming;
+  std::deque<WorkUnit> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.empty()) failure_ = why;
+    incoming.swap(incoming_);
+    pending_names_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    queued.swap(exec_queue_);
+  }
+  for (auto& e : incoming) e->state->fail(why);
+  for (auto& u : queued)
+    for (auto& p : u.pieces) p.entry->state->fail(why);
+}
+
+void Engine::controlLoop() {
+  ResponseCache cache(config_.cache_capacity);
+  std::unique_ptr<Coordinator> coordinator;
+  if (control_ctx_.rank() == 0)
+    coordinator = std::make_unique<Coordinator>(control_ctx_.size(), config_.stall_warning, config_.timeout,
+                                                [this](const std::string& m) { warn(m); });
+  int idle_cycles = 0;
+  bool stop = false;
+  while (!stop) {
+    {
+      // Wake for new work at once; otherwise run a cycle every cycle_time,
+      // backing off while nothing is pending on any rank.
+      std::unique_lock<std::mutex> lock(mu_);
+      auto wait = config_.cycle_time;
+      if (idle_cycles > 100) wait = std::min<std::chrono::microseconds>(wait * 10, std::chrono::milliseconds(10));
+      incoming_cv_.wait_for(lock, wait, [&] { return !incoming_.empty() || shutdown_requested_; });
+    }
+    bool idle = false;
+    try {
+      stop = [&] {
+        runCycle(cache, coordinator.get(), idle);
+        std::lock_guard<std::mutex> lock(mu_);
+        return stopped_;
+      }();
+    } catch (const std::exception& e) {
+      failEverything(strCat("rank ", control_ctx_.rank(), ": lost contact with the other ranks during negotiation: ",
+                            e.what()));
+      for (auto& [name, entry] : pending_) entry->state->fail(failure_);
+      pending_.clear();
+      stop = true;
+    }
+    idle_cycles = idle ? idle_cycles + 1 : 0;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+}
+
+void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator, bool& idle) {
+  const int me = control_ctx_.rank();
+  RankMessage msg;
+  std::deque<EntryPtr> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(incoming_);
+    msg.shutdown = shutdown_requested_ || !failure_.empty();
+    msg.failure = failure_;
+  }
+  for (auto& e : fresh) {
+    const int id = cache.lookup(e->request);
+    if (id >= 0) {
+      cached_pending_[static_cast<uint32_t>(id)] = e->request.name;
+    } else {
+      msg.uncached.push_back(e->request);
+    }
+    pending_[e->request.name] = std::move(e);
+  }
+  msg.cache_bits.assign(cache.words(), 0);
+  for (const auto& [id, name] : cached_pending_) msg.cache_bits[id / 64] |= uint64_t(1) << (id % 64);
+
+  const std::vector<char> reply = control_.exchange(msg.serialize(), [&](std::vector<std::vector<char>>& all) {
+    std::vector<RankMessage> msgs;
+    msgs.reserve(all.size());
+    for (const auto& bytes : all) msgs.push_back(RankMessage::parse(bytes));
+    return coordinator->process(msgs, cache, Coordinator::Clock::now()).serialize();
+  });
+  const ResponseList list = ResponseList::parse(reply);
+  idle = list.idle;
+
+  std::vector<ReadyOp> ready;
+  auto take = [&](const std::string& name) -> EntryPtr {
+    auto it = pending_.find(name);
+    if (it == pending_.end()) return nullptr;
+    EntryPtr e = std::move(it->second);
+    pending_.erase(it);
+    const int id = cache.idOf(name);
+    if (id >= 0) cached_pending_.erase(static_cast<uint32_t>(id));
+    return e;
+  };
+  for (uint32_t id : list.cached_ready) {
+    const Request& cached = cache.at(id);
+    Response s;
+    s.type = cached.type;
+    s.names = {cached.name};
+    ready.push_back({std::move(s), take(cached.name)});
+  }
+  for (const Response& s : list.responses) {
+    EntryPtr e = take(s.names.front());
+    // Every rank holds this op when it succeeded, so every rank makes the
+    // same cache update in the same order.
+    if (e && s.error.empty()) cache.put(e->request);
+    ready.push_back({s, std::move(e)});
+  }
+  if (!ready.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& op : ready)
+        if (op.entry) pending_names_.erase(op.entry->request.name);
+    }
+    std::vector<WorkUnit> units = planWork(ready, config_.fusion_threshold);
+    {
+      std::lock_guard<std::mutex> lock(exec_mu_);
+      for (auto& u : units) exec_queue_.push_back(std::move(u));
+    }
+    exec_cv_.notify_one();
+  }
+
+  if (list.shutdown) {
+    const std::string why =
+        list.shutdown_reason.empty()
+            ? strCat("rank ", me, ": hvdtorch was shut down (shutdown() called on rank ", list.shutdown_rank,
+                     ") while this op was pending")
+            : (list.shutdown_rank == me ? list.shutdown_reason
+                                        : strCat("rank ", me, ": stopped because rank ", list.shutdown_rank,
+                                                 " failed: ", list.shutdown_reason));
+    for (auto& [name, entry] : pending_) entry->state->fail(why);
+    pending_.clear();
+    cached_pending_.clear();
+    std::deque<EntryPtr> late;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      late.swap(incoming_);
+      pending_names_.clear();
+      stopped_ = true;
+      if (!list.shutdown_reason.empty() && failure_.empty()) failure_ = why;
+    }
+    for (auto& e : late) e->state->fail(why);
+  }
+}
+
+void Engine::executorLoop() {
+  while (true) {
+    WorkUnit unit;
+    {
+      std::unique_lock<std::mutex> lock(exec_mu_);
+      exec_cv_.wait(lock, [&] { return !exec_queue_.empty() || exec_stop_; });
+      if (exec_queue_.empty()) return;  // stop requested and everything drained
+      unit = std::move(exec_queue_.front());
+      exec_queue_.pop_front();
+    }
+    std::string failure;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failure = failure_;
+    }
+    const Request& req = unit.pieces.front().entry->request;
+    try {
+      if (!failure.empty()) {
+        for (auto& p : unit.pieces) p.entry->state->fail(failure);
+        continue;
+      }
+      executor_.run(unit);
+    } catch (const InvalidArgument& e) {
+      for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", data_ctx_.rank(), ": ", e.what()));
+    } catch (const std::exception& e) {
+      const std::string why = strCat("rank ", data_ctx_.rank(), ": ", opTypeName(unit.type), " '", req.name,
+                                     "' failed: ", e.what());
+      for (auto& p : unit.pieces) p.entry->state->fail(why);
+      failEverything(why);
+      incoming_cv_.notify_all();  // the control thread tells the other ranks
+    }
+  }
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,40 @@
+// One submitted operation as the engine tracks it: the request it negotiates,
+// the buffers it reads and writes, and the state its handle waits on.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "engine/op_state.h"
+#include "engine/request.h"
+#include "engine/tensor.h"
+
+namespace hvdtorch {
+
+struct Entry {
+  Request request;
+  std::vector<TensorPtr> inputs;   // one per request tensor
+  std::vector<TensorPtr> outputs;  // allreduce/broadcast: may alias inputs (in place)
+  OutputAllocator allocate;        // allgather: called once the output shape is known
+  std::shared_ptr<OpState> state = std::make_shared<OpState>();
+  std::atomic<int> pieces_left{0};  // fused pieces still to run (allreduce)
+};
+
+using EntryPtr = std::shared_ptr<Entry>;
+
+// A unit of execution: what the executor runs as one collective. Allreduce
+// units may fuse pieces of several entries; other ops have one entry.
+struct WorkUnit {
+  struct Piece {
+    EntryPtr entry;
+    size_t tensor = 0;
+  };
+  OpType type = OpType::kAllreduce;
+  std::vector<Piece> pieces;
+  std::string error;                 // non-empty: fail every entry, run nothing
+  std::vector<int64_t> first_dims;  // allgather
+  size_t bytes = 0;
+};
+
+}  // namespace hvdtorch

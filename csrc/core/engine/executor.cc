@@ -1,0 +1,113 @@
+#include "engine/executor.h"
+
+#include <cstring>
+
+#include "algorithms/reduce_kernels.h"
+#include "algorithms/ring_allgather.h"
+#include "common/error.h"
+
+namespace hvdtorch {
+
+void Executor::run(WorkUnit& unit) {
+  if (!unit.error.empty()) {
+    for (auto& p : unit.pieces) p.entry->state->fail(unit.error);
+    return;
+  }
+  switch (unit.type) {
+    case OpType::kAllreduce: return allreduce(unit);
+    case OpType::kAllgather: return allgather(unit);
+    case OpType::kBroadcast: return broadcast(unit);
+    case OpType::kBarrier: return barrier(unit);
+  }
+}
+
+void Executor::finishPiece(const WorkUnit::Piece& piece) {
+  if (--piece.entry->pieces_left == 0) piece.entry->state->complete(piece.entry->outputs);
+}
+
+void Executor::allreduce(WorkUnit& unit) {
+  const Request& req = unit.pieces.front().entry->request;
+  const DataType dtype = req.tensors[unit.pieces.front().tensor].dtype;
+  size_t count = 0;
+  for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
+  Reducer& reducer = reducers_.resolve(req.reducer, ctx_, count * dtypeSize(dtype), dtype, req.op);
+
+  if (unit.pieces.size() == 1) {
+    // One tensor: reduce straight in the output, no fusion-buffer copies.
+    const auto& p = unit.pieces.front();
+    TensorBuffer& in = *p.entry->inputs[p.tensor];
+    TensorBuffer& out = *p.entry->outputs[p.tensor];
+    copyScaled(out.data(), in.data(), count, dtype, req.prescale);
+    if (ctx_.size() > 1) reducer.allreduce(ctx_, out.data(), count, dtype, req.op);
+    copyScaled(out.data(), out.data(), count, dtype, req.postscale);
+    finishPiece(p);
+    return;
+  }
+
+  const size_t esize = dtypeSize(dtype);
+  char* fused = static_cast<char*>(fusion_.reserve(count * esize));
+  size_t off = 0;
+  for (const auto& p : unit.pieces) {
+    TensorBuffer& in = *p.entry->inputs[p.tensor];
+    const size_t n = static_cast<size_t>(in.numel());
+    copyScaled(fused + off * esize, in.data(), n, dtype, req.prescale);
+    off += n;
+  }
+  if (ctx_.size() > 1) reducer.allreduce(ctx_, fused, count, dtype, req.op);
+  off = 0;
+  for (const auto& p : unit.pieces) {
+    TensorBuffer& out = *p.entry->outputs[p.tensor];
+    const size_t n = static_cast<size_t>(out.numel());
+    copyScaled(out.data(), fused + off * esize, n, dtype, req.postscale);
+    off += n;
+    finishPiece(p);
+  }
+}
+
+void Executor::allgather(WorkUnit& unit) {
+  Entry& e = *unit.pieces.front().entry;
+  TensorBuffer& in = *e.inputs[0];
+  std::vector<int64_t> shape = in.shape();
+  if (shape.empty()) shape = {1};  // a scalar gathers as a 1-element row
+  int64_t row = 1;
+  for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+  const size_t row_bytes = static_cast<size_t>(row) * dtypeSize(in.dtype());
+
+  const int p = ctx_.size();
+  std::vector<size_t> bytes(p);
+  int64_t total_rows = 0;
+  for (int r = 0; r < p; ++r) {
+    bytes[r] = static_cast<size_t>(unit.first_dims[r]) * row_bytes;
+    total_rows += unit.first_dims[r];
+  }
+  shape[0] = total_rows;
+  TensorPtr out = e.allocate(shape);
+  ringAllgatherv(ctx_, in.data(), out->data(), bytes);
+  e.outputs = {out};
+  e.state->complete(e.outputs);
+}
+
+void Executor::broadcast(WorkUnit& unit) {
+  Entry& e = *unit.pieces.front().entry;
+  TensorBuffer& in = *e.inputs[0];
+  TensorBuffer& out = *e.outputs[0];
+  if (ctx_.rank() == e.request.root && in.data() != out.data()) std::memcpy(out.data(), in.data(), in.bytes());
+  if (ctx_.native() != nullptr) {
+    ctx_.native()->broadcast(out.data(), out.bytes(), e.request.root);
+  } else {
+    chainBroadcast(ctx_, out.data(), out.bytes(), e.request.root);
+  }
+  e.state->complete(e.outputs);
+}
+
+void Executor::barrier(WorkUnit& unit) {
+  if (ctx_.native() != nullptr) {
+    ctx_.native()->barrier();
+  } else {
+    int32_t token = 0;
+    reducers_.get(ReducerKind::kRing).allreduce(ctx_, &token, 1, DataType::kInt32, ReduceOp::kSum);
+  }
+  unit.pieces.front().entry->state->complete();
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,33 @@
+// Runs work units, in the order the controller planned them (the same on
+// every rank), on the data-plane context. Completes or fails each entry.
+#pragma once
+
+#include "algorithms/reducer_set.h"
+#include "engine/entry.h"
+#include "engine/fusion.h"
+#include "transport/context.h"
+
+namespace hvdtorch {
+
+class Executor {
+ public:
+  Executor(Context& ctx, ReducerSet& reducers) : ctx_(ctx), reducers_(reducers) {}
+
+  // Runs one unit. Errors from the transport propagate (the engine then fails
+  // everything: ranks may have diverged); errors carried by the unit itself
+  // only fail its entries.
+  void run(WorkUnit& unit);
+
+ private:
+  void allreduce(WorkUnit& unit);
+  void allgather(WorkUnit& unit);
+  void broadcast(WorkUnit& unit);
+  void barrier(WorkUnit& unit);
+  static void finishPiece(const WorkUnit::Piece& piece);
+
+  Context& ctx_;
+  ReducerSet& reducers_;
+  FusionBuffer fusion_;
+};
+
+}  // namespace hvdtorch

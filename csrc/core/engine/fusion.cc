@@ -1,0 +1,68 @@
+#include "engine/fusion.h"
+
+#include <cstdlib>
+#include <new>
+
+namespace hvdtorch {
+
+namespace {
+
+bool fusable(const Request& a, size_t ta, const Request& b, size_t tb) {
+  return a.tensors[ta].dtype == b.tensors[tb].dtype && a.op == b.op && a.prescale == b.prescale &&
+         a.postscale == b.postscale && a.reducer == b.reducer;
+}
+
+}  // namespace
+
+std::vector<WorkUnit> planWork(const std::vector<ReadyOp>& ready, size_t fusion_threshold) {
+  std::vector<WorkUnit> units;
+  // Index of the all-reduce unit still accepting pieces (an index, not a
+  // pointer: `units` reallocates as it grows).
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  size_t open = kNone;
+  for (const ReadyOp& op : ready) {
+    if (!op.entry) continue;  // an error for an op this rank never submitted
+    if (!op.response.error.empty() || op.response.type != OpType::kAllreduce) {
+      WorkUnit u;
+      u.type = op.response.type;
+      u.error = op.response.error;
+      u.first_dims = op.response.first_dims;
+      u.pieces.push_back({op.entry, 0});
+      units.push_back(std::move(u));
+      open = kNone;
+      continue;
+    }
+    const Request& req = op.entry->request;
+    op.entry->pieces_left = static_cast<int>(req.tensors.size());
+    for (size_t t = 0; t < req.tensors.size(); ++t) {
+      const size_t bytes = static_cast<size_t>(req.tensors[t].numel()) * dtypeSize(req.tensors[t].dtype);
+      bool fits = false;
+      if (open != kNone) {
+        const WorkUnit::Piece& first = units[open].pieces.front();
+        fits = units[open].bytes + bytes <= fusion_threshold &&
+               fusable(first.entry->request, first.tensor, req, t);
+      }
+      if (!fits) {
+        units.emplace_back();
+        units.back().type = OpType::kAllreduce;
+        open = units.size() - 1;
+      }
+      units[open].pieces.push_back({op.entry, t});
+      units[open].bytes += bytes;
+    }
+  }
+  return units;
+}
+
+void* FusionBuffer::reserve(size_t bytes) {
+  if (bytes > capacity_) {
+    const size_t cap = std::max(bytes, capacity_ * 2);
+    void* p = nullptr;
+    if (posix_memalign(&p, 64, cap) != 0) throw std::bad_alloc();
+    storage_.reset(static_cast<char*>(p));
+    capacity_ = cap;
+  }
+  return storage_.get();
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,41 @@
+// Fusion planning: turns one cycle's ready responses into work units. Runs on
+// every rank over the same response list, so every rank forms the same units.
+//
+// Consecutive all-reduce tensors with the same dtype, reduce op, scale
+// factors and reducer are packed into one unit while the unit stays within
+// the fusion threshold (a tensor larger than the threshold runs alone). Each
+// unit then costs one collective instead of one per tensor.
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "engine/entry.h"
+#include "engine/request.h"
+
+namespace hvdtorch {
+
+struct ReadyOp {
+  Response response;
+  EntryPtr entry;  // null when this rank has no such op (only for error responses)
+};
+
+std::vector<WorkUnit> planWork(const std::vector<ReadyOp>& ready, size_t fusion_threshold);
+
+// A persistent buffer reused by every fused unit ("register once"): it only
+// grows, and is 64-byte aligned so kernels vectorise.
+class FusionBuffer {
+ public:
+  void* reserve(size_t bytes);
+  size_t capacity() const { return capacity_; }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> storage_;
+  size_t capacity_ = 0;
+};
+
+}  // namespace hvdtorch

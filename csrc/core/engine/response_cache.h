@@ -1,0 +1,44 @@
+// The response cache (Horovod's design, Romero et al. NSDI'22): once an
+// operation has been negotiated, every rank remembers its signature under a
+// small integer id. Next time, a rank reports it with one bit instead of a
+// serialized request, and the coordinator finds what is ready everywhere with
+// an AND over the ranks' bit vectors.
+//
+// Every rank holds an identical copy: the cache is only ever changed by put()
+// calls made in response-list order, which is the same on every rank.
+// When full, new signatures are simply not cached (they keep being
+// negotiated in full); this keeps the update rule trivially deterministic.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/request.h"
+
+namespace hvdtorch {
+
+class ResponseCache {
+ public:
+  explicit ResponseCache(size_t capacity) : capacity_(capacity) {}
+
+  static bool cacheable(const Request& req) {
+    return req.type == OpType::kAllreduce || req.type == OpType::kBroadcast || req.type == OpType::kBarrier;
+  }
+  // Id of a cached request with this name and an identical signature, or -1.
+  int lookup(const Request& req) const;
+  // Id cached under `name` (whatever its signature), or -1.
+  int idOf(const std::string& name) const;
+  const Request& at(uint32_t id) const { return entries_.at(id); }
+  size_t size() const { return entries_.size(); }
+  size_t words() const { return (entries_.size() + 63) / 64; }
+
+  void put(const Request& req);
+
+ private:
+  size_t capacity_;
+  std::vector<Request> entries_;
+  std::unordered_map<std::string, uint32_t> by_name_;
+};
+
+}  // namespace hvdtorch
