@@ -1,0 +1,76 @@
+// 2-step node reducer ("node"): the hierarchical all-reduce of Tencent 2018 /
+// BlueConnect / Horovod hierarchical, with the intra-host steps done through
+// shared memory and parallel across the local ranks.
+//
+// For each chunk of at most slot_bytes:
+//  1. intra-host reduce-scatter: every local rank copies its chunk into its
+//     own slot of the node arena; barrier; local rank i then reduces slice i
+//     (evenSplit of the chunk over local_size) of every local rank's slot
+//     into slice i of its own slot. Every local rank reduces its own slice:
+//     no single thread does the node's work.
+//  2. cross-host: local rank i all-reduces its slice, in place in the arena,
+//     with the same-local-rank ranks of the other hosts (topo.cross_ranks)
+//     using the ring. Those peers are on other hosts, so Context::link picks
+//     the remote transport. Skipped with one host.
+//  3. intra-host all-gather: barrier; every local rank copies every slice
+//     (slice j from local rank j's slot) out into its buffer.
+// Chunks alternate between two buffer sets, so the copy-in of chunk k+1
+// cannot overwrite what a slower rank is still copying out of chunk k (the
+// first barrier of chunk k+2, which reuses the set, orders it). The
+// alternation runs across calls for the same reason. Two barriers per chunk.
+//
+// The arena is created on the first call and reused ("register once"): its
+// size is 2 x local_size x slot_bytes; any count works, larger ones are done
+// in chunks. With one host this is a pure shared-memory all-reduce; with one
+// rank per host it is the ring among the hosts.
+//
+// Needs a homogeneous topology (the same local_size on every host) so that
+// slices line up across hosts; otherwise it falls back to the ring over all
+// ranks. The intra-host phases always use shared memory, whatever link
+// factories the Context has.
+//
+// Every barrier has its own deadline (ctx.deadline() when it starts), so the
+// timeout bounds the time without progress, not the whole call. After a
+// failure the arena is released (peers fail fast) and the reducer refuses
+// further calls: the ranks can no longer be in step.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "algorithms/reducer.h"
+#include "algorithms/ring_allreduce.h"
+
+namespace hvdtorch {
+
+class ShmArena;
+
+struct NodeOptions {
+  // Job-unique segment prefix (makeShmPrefix); the arena of host h is
+  // "<shm_prefix>-n<h>". Two NodeAllreduce alive at once in one job need
+  // distinct prefixes.
+  std::string shm_prefix;
+  size_t slot_bytes = size_t(4) << 20;  // per local rank and buffer set
+  RingOptions ring;                     // the cross-host phase
+};
+
+class NodeAllreduce : public Reducer {
+ public:
+  explicit NodeAllreduce(NodeOptions opts);
+  ~NodeAllreduce() override;
+  const char* name() const override { return "node"; }
+  void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
+
+ private:
+  ShmArena& arena(Context& ctx);
+  void reduceChunk(Context& ctx, char* data, size_t count, DataType dtype, ReduceOp op);
+
+  NodeOptions opts_;
+  RingAllreduce ring_;
+  std::unique_ptr<ShmArena> arena_;
+  int arena_rank_ = -1;         // the global rank the arena was made for
+  uint64_t chunks_ = 0;         // chunks done in this arena; its parity picks the buffer set
+  std::string broken_;          // set after a failure: later calls throw it
+};
+
+}  // namespace hvdtorch

@@ -1,0 +1,64 @@
+// The node arena: one shared-memory segment mapped by every local rank of a
+// host, holding one slot per local rank in each of two buffer sets, plus a
+// barrier. The node reducer does its intra-host phases in it.
+//
+// Local rank 0 creates the segment, the others open it (ShmSegment's
+// lifetime rules apply: the name is gone once all have attached).
+//
+// Barrier: every local rank has its own monotonic arrival counter (one cache
+// line each). barrier() publishes "I arrived for the n-th time" and waits
+// until every counter is >= n; whoever sees the last arrival wakes the
+// sleepers. Per-rank counters need no reset between rounds (no
+// sense-reversal race) and tell a timed-out waiter exactly which local ranks
+// are missing. Waiting is ShmWait's spin-yield-futex with deadlines, and a
+// local rank that died or left is reported within ~100 ms.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "transport/shm_segment.h"
+
+namespace hvdtorch {
+
+class ShmArena {
+ public:
+  // `local_ranks[j]` is the global rank of local rank j (used in messages);
+  // `local_rank` is this process's index in it. Local rank 0 creates the
+  // segment `name`, the others wait for it until `deadline`.
+  ShmArena(const std::string& name, int local_rank, const std::vector<int>& local_ranks, size_t slot_bytes,
+           Deadline deadline);
+
+  int localRank() const { return local_rank_; }
+  int localSize() const { return static_cast<int>(local_ranks_.size()); }
+  size_t slotBytes() const { return slot_bytes_; }
+  const std::string& name() const { return seg_.name(); }
+
+  // Slot of local rank `owner` in buffer set `set` (0 or 1).
+  char* slot(int set, int owner) const;
+
+  // Returns once every local rank has entered barrier() as many times as
+  // this one. Memory written before the barrier by any local rank is visible
+  // after it. `what` names the phase in error messages.
+  void barrier(Deadline deadline, const char* what);
+
+ private:
+  struct Control;
+  Control* control() const;
+  std::atomic<uint64_t>& arrivals(int local_rank) const;
+  bool allArrived(uint64_t n) const;
+  std::string missing(uint64_t n) const;
+
+  int local_rank_;
+  std::vector<int> local_ranks_;
+  size_t slot_bytes_;
+  size_t slot_stride_;
+  size_t slots_offset_;
+  ShmSegment seg_;
+  uint64_t barriers_ = 0;  // barriers this rank has entered
+};
+
+}  // namespace hvdtorch

@@ -1,0 +1,75 @@
+// A Link between two processes on the same host, through shared memory.
+//
+// One ShmSegment per unordered pair of ranks, named
+// "<prefix>-l<lower>-<higher>": the lower rank creates it, the higher rank
+// opens it (waiting up to `timeout` for it to appear). It holds two ShmRings,
+// one per direction. Every message is framed by an 8-byte length, so a
+// send/recv size mismatch is reported instead of desynchronising the stream;
+// messages of any size (0, and larger than the ring) stream through in pieces.
+//
+// Progress (why there is a sender thread): Link users such as the ring
+// all-reduce post sends to one neighbour and then wait on receives from
+// another. If a send only advanced while its own wait() ran, every rank could
+// sit in a receive wait while its neighbour's data is stuck in an unfinished
+// send: a deadlock as soon as messages exceed the ring. So, like a socket
+// buffer, sends progress on their own:
+//  * isend() copies what fits into the ring at once (small messages complete
+//    right there, with no thread involved);
+//  * the rest is queued for this link's sender thread (started on first
+//    need), which streams queued sends in posting order, sleeping on a futex
+//    while the ring is full;
+//  * receives are pulled by the caller: irecv() takes what has arrived, and
+//    wait() drains the receive queue in posting order until its own request
+//    is complete, sleeping on a futex while the ring is empty.
+// A send completes when its last byte is in the ring and the peer has
+// attached (after which the data survives this process).
+//
+// Failure: every wait honours its deadline (TimeoutError naming both ranks,
+// the byte counts and the segment); a peer that died (kill -9 included) or
+// destroyed its end is detected within ~100 ms (CollectiveError). A request
+// destroyed before completion makes that direction unusable (later requests
+// fail) rather than letting the stream slip out of step with the peer.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "transport/link.h"
+
+namespace hvdtorch {
+
+struct ShmLinkConfig {
+  std::string prefix;                        // job-unique, e.g. makeShmPrefix(run_id)
+  size_t ring_bytes = size_t(4) << 20;       // per direction
+  std::chrono::milliseconds timeout{30000};  // how long the higher rank waits for the segment
+};
+
+// "<prefix>-l<min(a,b)>-<max(a,b)>"
+std::string shmLinkName(const std::string& prefix, int a, int b);
+
+class ShmLink : public Link {
+ public:
+  // The lower rank creates the segment and returns at once; the higher rank
+  // waits up to cfg.timeout for it (TimeoutError).
+  ShmLink(const ShmLinkConfig& cfg, int self, int peer);
+  ~ShmLink() override;
+
+  int peer() const override;
+  const char* kind() const override { return "shm"; }
+  std::unique_ptr<LinkRequest> isend(const void* data, size_t bytes) override;
+  std::unique_ptr<LinkRequest> irecv(void* data, size_t bytes) override;
+
+  const std::string& segmentName() const;
+
+  struct State;  // shared with outstanding requests and the sender thread
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// The factory Context wants for its local links:
+//   Context(topo, remote, [cfg, r](int p) { return makeShmLink(cfg, r, p); }, ...)
+std::unique_ptr<Link> makeShmLink(const ShmLinkConfig& cfg, int self, int peer);
+
+}  // namespace hvdtorch

@@ -1,0 +1,143 @@
+#include "c10d_link.h"
+
+#include <ATen/ops/from_blob.h>
+
+#include "common/error.h"
+#include "torch_tensor.h"
+
+namespace hvdtorch {
+
+namespace {
+
+at::Tensor bytesView(const void* data, size_t bytes) {
+  return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
+}
+
+class DoneRequest : public LinkRequest {
+ public:
+  void wait(Deadline) override {}
+};
+
+class WorkRequest : public LinkRequest {
+ public:
+  WorkRequest(c10::intrusive_ptr<c10d::Work> work, at::Tensor keep, int peer, const char* what)
+      : work_(std::move(work)), keep_(std::move(keep)), peer_(peer), what_(what) {}
+  void wait(Deadline deadline) override {
+    if (!work_) return;
+    try {
+      work_->wait(std::max(deadline.remaining(), std::chrono::milliseconds(1)));
+    } catch (const std::exception& e) {
+      work_.reset();
+      throw CollectiveError(strCat(what_, " rank ", peer_, " failed: ", e.what()));
+    }
+    work_.reset();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor keep_;
+  int peer_;
+  const char* what_;
+};
+
+c10d::ReduceOp toC10dOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kProduct: return c10d::ReduceOp::PRODUCT;
+    default: break;
+  }
+  throw InvalidArgument(strCat("reduce op ", reduceOpName(op), " has no c10d equivalent"));
+}
+
+void waitOrThrow(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw CollectiveError(strCat("native ", what, " failed: ", e.what()));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<LinkRequest> C10dLink::isend(const void* data, size_t bytes) {
+  const int tag = static_cast<int>(send_seq_++ & kTagMask);
+  if (bytes == 0) return std::make_unique<DoneRequest>();
+  std::vector<at::Tensor> t{bytesView(data, bytes)};
+  try {
+    return std::make_unique<WorkRequest>(pg_->send(t, peer_, tag), t[0], peer_, "send to");
+  } catch (const std::exception& e) {
+    throw CollectiveError(strCat("send to rank ", peer_, " failed: ", e.what()));
+  }
+}
+
+std::unique_ptr<LinkRequest> C10dLink::irecv(void* data, size_t bytes) {
+  const int tag = static_cast<int>(recv_seq_++ & kTagMask);
+  if (bytes == 0) return std::make_unique<DoneRequest>();
+  std::vector<at::Tensor> t{bytesView(data, bytes)};
+  try {
+    return std::make_unique<WorkRequest>(pg_->recv(t, peer_, tag), t[0], peer_, "receive from");
+  } catch (const std::exception& e) {
+    throw CollectiveError(strCat("receive from rank ", peer_, " failed: ", e.what()));
+  }
+}
+
+bool C10dNative::supports(DataType dtype, ReduceOp op) const {
+  // Gloo reduces neither int16 nor (with well-defined semantics) bool.
+  if (dtype == DataType::kInt16 || dtype == DataType::kBool) return false;
+  return op == ReduceOp::kSum || op == ReduceOp::kMin || op == ReduceOp::kMax || op == ReduceOp::kProduct;
+}
+
+void C10dNative::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  std::vector<at::Tensor> t{at::from_blob(data, {static_cast<int64_t>(count)},
+                                          at::TensorOptions().dtype(toScalarType(dtype)))};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = toC10dOp(op);
+  waitOrThrow(pg_->allreduce(t, opts), "allreduce");
+}
+
+void C10dNative::broadcast(void* data, size_t bytes, int root) {
+  if (bytes == 0) return;
+  std::vector<at::Tensor> t{bytesView(data, bytes)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  waitOrThrow(pg_->broadcast(t, opts), "broadcast");
+}
+
+void C10dNative::barrier() { waitOrThrow(pg_->barrier(), "barrier"); }
+
+DataType toDataType(at::ScalarType t, const std::string& where) {
+  switch (t) {
+    case at::kByte: return DataType::kUInt8;
+    case at::kChar: return DataType::kInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kBool: return DataType::kBool;
+    default: break;
+  }
+  throw InvalidArgument(strCat(where, ": dtype ", c10::toString(t), " is not supported by hvdtorch"));
+}
+
+at::ScalarType toScalarType(DataType t) {
+  switch (t) {
+    case DataType::kUInt8: return at::kByte;
+    case DataType::kInt8: return at::kChar;
+    case DataType::kInt16: return at::kShort;
+    case DataType::kInt32: return at::kInt;
+    case DataType::kInt64: return at::kLong;
+    case DataType::kFloat16: return at::kHalf;
+    case DataType::kBFloat16: return at::kBFloat16;
+    case DataType::kFloat32: return at::kFloat;
+    case DataType::kFloat64: return at::kDouble;
+    case DataType::kBool: return at::kBool;
+  }
+  return at::kByte;
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,47 @@
+// The c10d transport: a Link and the NativeCollectives over a
+// c10d::ProcessGroup (Gloo on CPU). Gloo is used through ProcessGroup, never
+// linked directly: the torch wheel ships no Gloo headers and a second copy
+// would clash with the one inside libtorch_cpu.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <memory>
+
+#include "transport/link.h"
+#include "transport/native_collectives.h"
+
+namespace hvdtorch {
+
+// Point-to-point messages to one peer through pg->send/recv. Each direction
+// numbers its messages and uses the number as the Gloo tag, so every message
+// has its own slot and matching never depends on Gloo's queueing order.
+class C10dLink : public Link {
+ public:
+  C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer) : pg_(std::move(pg)), peer_(peer) {}
+  int peer() const override { return peer_; }
+  const char* kind() const override { return "c10d"; }
+  std::unique_ptr<LinkRequest> isend(const void* data, size_t bytes) override;
+  std::unique_ptr<LinkRequest> irecv(void* data, size_t bytes) override;
+
+ private:
+  static constexpr uint32_t kTagMask = (1u << 30) - 1;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  int peer_;
+  uint32_t send_seq_ = 0;
+  uint32_t recv_seq_ = 0;
+};
+
+class C10dNative : public NativeCollectives {
+ public:
+  explicit C10dNative(c10::intrusive_ptr<c10d::ProcessGroup> pg) : pg_(std::move(pg)) {}
+  bool supports(DataType dtype, ReduceOp op) const override;
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void barrier() override;
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+};
+
+}  // namespace hvdtorch

@@ -1,0 +1,31 @@
+// at::Tensor <-> the core's TensorBuffer, and at::ScalarType <-> DataType.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "common/dtype.h"
+#include "engine/tensor.h"
+
+namespace hvdtorch {
+
+// Throws InvalidArgument naming the op and tensor for dtypes the core lacks.
+DataType toDataType(at::ScalarType t, const std::string& where);
+at::ScalarType toScalarType(DataType t);
+
+// Keeps the tensor alive for as long as the engine holds the buffer. The
+// tensor must be contiguous (the Python layer makes sure of it).
+class TorchTensor : public TensorBuffer {
+ public:
+  TorchTensor(at::Tensor t, DataType dtype) : tensor_(std::move(t)), dtype_(dtype) {}
+  void* data() override { return tensor_.data_ptr(); }
+  DataType dtype() const override { return dtype_; }
+  std::vector<int64_t> shape() const override { return tensor_.sizes().vec(); }
+  int64_t numel() const override { return tensor_.numel(); }
+  const at::Tensor& tensor() const { return tensor_; }
+
+ private:
+  at::Tensor tensor_;
+  DataType dtype_;
+};
+
+}  // namespace hvdtorch

@@ -1,0 +1,296 @@
+"""Collective operations with Horovod's names and semantics.
+
+Every op is asynchronous underneath: ``*_async`` returns a handle, ``poll``
+tells whether it finished, ``synchronize`` waits and returns the result. The
+blocking forms are ``synchronize(op_async(...))``. Ops are matched across
+ranks by name; unnamed ops get ``<op>.noname.<n>``, so ranks must issue them
+in the same order. Ops are negotiated by the engine's background thread, so
+ranks may submit *named* ops in different orders.
+
+Failures raise ``hvdtorch.HvdError`` (a RuntimeError) on every rank involved,
+naming the op and the ranks; bad arguments raise ValueError before anything is
+sent.
+"""
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import runtime
+from ._C import HvdError  # noqa: F401  (re-exported)
+
+# Reduce ops, with Horovod's values.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+# handle -> function turning the engine's outputs into the user's result
+_finishers: Dict[int, Callable[[List[torch.Tensor]], object]] = {}
+
+
+def _engine():
+    return runtime.state().engine
+
+
+def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
+    if op is not None and average is not None:
+        raise ValueError("hvdtorch: pass either op= or the deprecated average=, not both")
+    if op is None:
+        op = Sum if average is False else Average
+    if op not in _OP_NAMES:
+        raise ValueError(f"hvdtorch: unknown reduce op {op!r}; use hvdtorch.Average/Sum/Min/Max/Product")
+    if op == Adasum:
+        raise ValueError("hvdtorch: Adasum is not supported; use Average or Sum")
+    return op
+
+
+def _check_process_set(process_set) -> None:
+    if process_set is not None and process_set is not global_process_set:
+        raise ValueError("hvdtorch supports only the global process set")
+
+
+class _GlobalProcessSet:
+    process_set_id = 0
+
+    def size(self):
+        return runtime.size()
+
+    def rank(self):
+        return runtime.rank()
+
+    def included(self):
+        return True
+
+
+global_process_set = _GlobalProcessSet()
+
+
+def _contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"hvdtorch: {what} expects a torch.Tensor, got {type(t).__name__}")
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _register(handle: int, finish: Callable[[List[torch.Tensor]], object]) -> int:
+    _finishers[handle] = finish
+    return handle
+
+
+# ---- allreduce ----------------------------------------------------------------
+
+def _allreduce_submit(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str, op: int,
+                      prescale_factor: float, postscale_factor: float, reducer: Optional[str]) -> int:
+    return _engine().allreduce(list(inputs), list(outputs), name, op, float(prescale_factor),
+                               float(postscale_factor), reducer or "")
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=None, reducer=None) -> int:
+    """Starts an out-of-place all-reduce; synchronize() returns the result."""
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    src = _contiguous(tensor, "allreduce")
+    out = torch.empty_like(src, memory_format=torch.contiguous_format)
+    name = name or runtime.next_name("allreduce")
+    h = _allreduce_submit([src], [out], name, op, prescale_factor, postscale_factor, reducer)
+    return _register(h, lambda _outs: out)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=None, reducer=None) -> int:
+    """Starts an in-place all-reduce of ``tensor``."""
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    name = name or runtime.next_name("allreduce")
+    buf = _contiguous(tensor, "allreduce_")
+    h = _allreduce_submit([buf], [buf], name, op, prescale_factor, postscale_factor, reducer)
+    if buf is tensor:
+        return _register(h, lambda _outs: tensor)
+    return _register(h, lambda _outs: tensor.copy_(buf))
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=None, reducer=None) -> torch.Tensor:
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set, reducer))
+
+
+class _AllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, reducer):
+        ctx.op, ctx.prescale, ctx.postscale, ctx.reducer = op, prescale_factor, postscale_factor, reducer
+        return synchronize(allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
+                                           postscale_factor=postscale_factor, reducer=reducer))
+
+    @staticmethod
+    def backward(ctx, grad):
+        # The gradient of an all-reduce is the same all-reduce of the gradient.
+        g = synchronize(allreduce_async(grad, op=ctx.op, prescale_factor=ctx.prescale,
+                                        postscale_factor=ctx.postscale, reducer=ctx.reducer))
+        return g, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None, reducer=None) -> torch.Tensor:
+    """All-reduces ``tensor`` across ranks (Average by default); differentiable."""
+    from .compression import Compression
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    compression = compression or Compression.none
+    compressed, cctx = compression.compress(tensor)
+    reduced = _AllreduceFn.apply(compressed, name or runtime.next_name("allreduce"), op, prescale_factor,
+                                 postscale_factor, reducer)
+    return compression.decompress(reduced, cctx)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None, reducer=None) -> int:
+    """All-reduces a list of tensors as one negotiated unit (fused together)."""
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    srcs = [_contiguous(t, "grouped_allreduce") for t in tensors]
+    outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in srcs]
+    name = name or runtime.next_name("grouped_allreduce")
+    h = _allreduce_submit(srcs, outs, name, op, prescale_factor, postscale_factor, reducer)
+    return _register(h, lambda _outs: outs)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None, reducer=None) -> int:
+    _check_process_set(process_set)
+    op = _resolve_op(average, op)
+    bufs = [_contiguous(t, "grouped_allreduce_") for t in tensors]
+    name = name or runtime.next_name("grouped_allreduce")
+    h = _allreduce_submit(bufs, bufs, name, op, prescale_factor, postscale_factor, reducer)
+
+    def finish(_outs):
+        for t, b in zip(tensors, bufs):
+            if b is not t:
+                t.copy_(b)
+        return list(tensors)
+    return _register(h, finish)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None, reducer=None) -> List[torch.Tensor]:
+    from .compression import Compression
+    compression = compression or Compression.none
+    pairs = [compression.compress(t) for t in tensors]
+    outs = synchronize(grouped_allreduce_async([p[0] for p in pairs], average, name, op, prescale_factor,
+                                               postscale_factor, process_set, reducer))
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=None, reducer=None) -> List[torch.Tensor]:
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set, reducer))
+
+
+# ---- allgather ----------------------------------------------------------------
+
+def allgather_async(tensor, name=None, process_set=None) -> int:
+    """Concatenates every rank's tensor along dimension 0 (sizes may differ there)."""
+    _check_process_set(process_set)
+    src = _contiguous(tensor, "allgather")
+    scalar = src.dim() == 0
+    h = _engine().allgather(src.reshape(1) if scalar else src, name or runtime.next_name("allgather"))
+    return _register(h, lambda outs: outs[0])
+
+
+class _AllgatherFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.dim0 = tensor.shape[0] if tensor.dim() > 0 else 1
+        return synchronize(allgather_async(tensor, name=name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        # Horovod's rule: average the incoming gradient, then take this rank's rows.
+        reduced = synchronize(allreduce_async(grad, op=Average))
+        dims = synchronize(allgather_async(torch.tensor([ctx.dim0], dtype=torch.int64)))
+        offset = int(dims[: runtime.rank()].sum())
+        return reduced.narrow(0, offset, ctx.dim0), None
+
+
+def allgather(tensor, name=None, process_set=None) -> torch.Tensor:
+    _check_process_set(process_set)
+    return _AllgatherFn.apply(tensor, name or runtime.next_name("allgather"))
+
+
+# ---- broadcast ----------------------------------------------------------------
+
+def _check_root(root_rank: int) -> int:
+    size = runtime.size()
+    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
+        raise ValueError(f"hvdtorch: root_rank {root_rank!r} is not a rank in [0, {size})")
+    return root_rank
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None) -> int:
+    _check_process_set(process_set)
+    src = _contiguous(tensor, "broadcast")
+    out = src.clone(memory_format=torch.contiguous_format)
+    h = _engine().broadcast(src, out, _check_root(root_rank), name or runtime.next_name("broadcast"))
+    return _register(h, lambda _outs: out)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> int:
+    _check_process_set(process_set)
+    buf = _contiguous(tensor, "broadcast_")
+    h = _engine().broadcast(buf, buf, _check_root(root_rank), name or runtime.next_name("broadcast"))
+    if buf is tensor:
+        return _register(h, lambda _outs: tensor)
+    return _register(h, lambda _outs: tensor.copy_(buf))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _BroadcastFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root = root_rank
+        return synchronize(broadcast_async(tensor, root_rank, name=name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        # Horovod's rule: the averaged gradient flows back to the root only.
+        reduced = synchronize(allreduce_async(grad, op=Average))
+        if runtime.rank() != ctx.root:
+            reduced = reduced * 0
+        return reduced, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
+    _check_process_set(process_set)
+    return _BroadcastFn.apply(tensor, _check_root(root_rank), name or runtime.next_name("broadcast"))
+
+
+# ---- barrier, poll, synchronize --------------------------------------------
+
+def barrier(process_set=None) -> None:
+    """Returns once every rank has called barrier()."""
+    _check_process_set(process_set)
+    h = _engine().barrier(runtime.next_name("barrier"))
+    _register(h, lambda _outs: None)
+    synchronize(h)
+
+
+def poll(handle: int) -> bool:
+    """True once the op behind ``handle`` has finished (successfully or not)."""
+    return _engine().poll(handle)
+
+
+def synchronize(handle: int):
+    """Waits for the op behind ``handle`` and returns its result (raises its error)."""
+    finish = _finishers.pop(handle, None)
+    if finish is None:
+        raise ValueError(f"hvdtorch: unknown or already synchronized handle {handle!r}")
+    outs = _engine().wait(handle)
+    return finish(outs)

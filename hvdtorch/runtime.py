@@ -1,0 +1,225 @@
+"""init() / shutdown() and the process-wide state behind the API.
+
+init() joins the job through torch.distributed (adopting an existing default
+process group if the script already made one), creates two private Gloo
+groups -- one for negotiation, one for data -- learns every rank's host, and
+starts the C++ engine. shutdown() stops the engine, destroys what init()
+created and removes any rendezvous file; it is idempotent, and init() works
+again after it.
+"""
+import atexit
+import datetime
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import launch
+
+_lock = threading.Lock()
+
+
+@dataclass
+class _State:
+    engine: object
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    launcher: str
+    control_group: object
+    data_group: object
+    owns_default_group: bool
+    store_path: Optional[str]
+    options: Dict[str, str] = field(default_factory=dict)
+    name_counters: Dict[str, int] = field(default_factory=dict)
+
+
+_state: Optional[_State] = None
+
+
+class NotInitializedError(ValueError):
+    pass
+
+
+def _require() -> _State:
+    if _state is None:
+        raise NotInitializedError("hvdtorch has not been initialized; call hvdtorch.init() first")
+    return _state
+
+
+def _timeout_seconds(options: Dict[str, str]) -> float:
+    value = options.get("timeout", os.environ.get("HVDTORCH_TIMEOUT", "600"))
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"hvdtorch: timeout {value!r} is not a number of seconds") from None
+
+
+def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
+    """Creates the default process group from the launcher's environment.
+
+    Returns the FileStore path to remove at shutdown (or None)."""
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    if info.size == 1:
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        return None
+    if info.launcher == "torchrun" or (info.master_addr and info.master_port):
+        os.environ.setdefault("MASTER_ADDR", info.master_addr or "127.0.0.1")
+        if info.master_port is None:
+            raise ValueError("hvdtorch: MASTER_PORT is not set")
+        dist.init_process_group(backend, init_method="env://", rank=info.rank, world_size=info.size,
+                                timeout=timeout)
+        return None
+    if not info.single_host_by_launcher:
+        raise ValueError(
+            f"hvdtorch: {info.launcher} started {info.size} ranks on several hosts; set MASTER_ADDR "
+            "(the host of rank 0) and MASTER_PORT (a free port there) so the ranks can meet")
+    path = launch.file_store_path(info)
+    store = dist.FileStore(path, info.size)
+    dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.size, timeout=timeout)
+    return path
+
+
+def init(comm=None, process_sets=None, **options) -> None:
+    """Starts hvdtorch in this process.
+
+    Options override HVDTORCH_* environment variables; the key is the variable
+    name without the prefix, in lower case (``init(timeout=30,
+    fusion_threshold=16 << 20, reducer="ring")``). ``comm`` and
+    ``process_sets`` exist for Horovod compatibility; only the global set is
+    supported.
+    """
+    global _state
+    from . import _C  # noqa: F401  (fails early and clearly if the build is missing)
+
+    if comm is not None or process_sets not in (None, "dynamic", []):
+        raise ValueError("hvdtorch supports only the global process set (comm=None, process_sets=None)")
+    with _lock:
+        if _state is not None:
+            return
+        opts = {str(k): str(v) for k, v in options.items()}
+        _C.check_options(opts)
+        timeout = datetime.timedelta(seconds=_timeout_seconds(opts))
+        info = launch.detect()
+        owns_default = not dist.is_initialized()
+        store_path = _join_default_group(info, timeout) if owns_default else None
+        rank, size = dist.get_rank(), dist.get_world_size()
+
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        data = dist.new_group(backend="gloo", timeout=timeout)
+        hosts: List[Optional[str]] = [None] * size
+        dist.all_gather_object(hosts, launch.hostname(), group=control)
+        index: Dict[str, int] = {}
+        host_of_rank = [index.setdefault(h, len(index)) for h in hosts]
+
+        engine = _C.Engine(opts, rank, host_of_rank, control, data)
+        topo = engine.topology()
+        _state = _State(engine=engine, rank=rank, size=size, local_rank=topo["local_rank"],
+                        local_size=topo["local_size"], cross_rank=topo["cross_rank"],
+                        cross_size=topo["cross_size"], launcher=info.launcher, control_group=control,
+                        data_group=data, owns_default_group=owns_default, store_path=store_path,
+                        options=opts)
+
+
+def shutdown() -> None:
+    """Stops hvdtorch on this rank (and, through the engine, the others' pending ops)."""
+    global _state
+    with _lock:
+        st, _state = _state, None
+    if st is None:
+        return
+    st.engine.shutdown()
+    for group in (st.data_group, st.control_group):
+        try:
+            dist.destroy_process_group(group)
+        except Exception:  # the group may already be gone with a dead peer
+            pass
+    if st.owns_default_group and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    if st.store_path and st.rank == 0:
+        try:
+            os.remove(st.store_path)
+        except OSError:
+            pass
+
+
+atexit.register(shutdown)
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def state() -> _State:
+    return _require()
+
+
+def next_name(kind: str) -> str:
+    """Names for unnamed ops: every rank must call them in the same order."""
+    st = _require()
+    n = st.name_counters.get(kind, 0)
+    st.name_counters[kind] = n + 1
+    return f"{kind}.noname.{n}"
+
+
+def rank() -> int:
+    return _require().rank
+
+
+def size() -> int:
+    return _require().size
+
+
+def local_rank() -> int:
+    return _require().local_rank
+
+
+def local_size() -> int:
+    return _require().local_size
+
+
+def cross_rank() -> int:
+    return _require().cross_rank
+
+
+def cross_size() -> int:
+    return _require().cross_size
+
+
+def is_homogeneous() -> bool:
+    st = _require()
+    return st.size == st.local_size * st.cross_size
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return True
+
+
+def gloo_built() -> bool:
+    return True
+
+
+def nccl_built() -> bool:
+    return torch.cuda.is_available() and dist.is_nccl_available()
