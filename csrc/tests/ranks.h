@@ -1,6 +1,8 @@
 // Runs a function as p in-process "ranks" (threads) over an InProcFabric, each
 // with its own Context, and rethrows the first failure. Used by the algorithm
-// tests.
+// tests. `local_links`, when given, makes the links between ranks of the same
+// host (e.g. shared-memory links); the fabric stays the remote transport, so
+// cross-host hops go over it as they would over c10d.
 #pragma once
 
 #include <exception>
@@ -14,8 +16,11 @@
 
 namespace hvdtorch::test {
 
+using LocalLinkMaker = std::function<std::unique_ptr<Link>(int self, int peer)>;
+
 inline void runRanks(const std::vector<int>& host_of_rank, const std::function<void(Context&)>& body,
-                     std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
+                     const LocalLinkMaker& local_links = nullptr) {
   const int p = static_cast<int>(host_of_rank.size());
   InProcFabric fabric(p);
   std::vector<std::thread> threads;
@@ -24,8 +29,10 @@ inline void runRanks(const std::vector<int>& host_of_rank, const std::function<v
   for (int r = 0; r < p; ++r) {
     threads.emplace_back([&, r] {
       try {
+        Context::LinkFactory local;
+        if (local_links) local = [&, r](int peer) { return local_links(r, peer); };
         Context ctx(Topology::build(r, host_of_rank), [&, r](int peer) { return fabric.link(r, peer); },
-                    nullptr, nullptr, timeout);
+                    std::move(local), nullptr, timeout);
         body(ctx);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);

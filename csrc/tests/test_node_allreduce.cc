@@ -1,0 +1,277 @@
+// The 2-step node reducer against a locally computed reference: host layouts
+// (one host, 2x2, one rank per host, interleaved, uneven -> ring fallback),
+// counts (0, 1, < local_size, odd, many arena chunks), dtypes and ops; the
+// persistent arena across calls; and failures: a missing rank, a rank that
+// leaves, a process killed with SIGKILL. Intra-host phases go through the
+// shared-memory arena, cross-host hops over the in-process fabric.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "algorithms/node_allreduce.h"
+#include "algorithms/reduce_kernels.h"
+#include "check.h"
+#include "common/error.h"
+#include "ranks.h"
+
+using namespace hvdtorch;
+using hvdtorch::test::runRanks;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::string uniquePrefix() {
+  static int n = 0;
+  return strCat("/hvdtest-", getpid(), "-node", n++);
+}
+
+std::vector<std::string> shmEntries(const std::string& prefix) {
+  std::vector<std::string> found;
+  DIR* d = opendir("/dev/shm");
+  if (!d) return found;
+  while (dirent* e = readdir(d)) {
+    const std::string name = std::string("/") + e->d_name;
+    if (name.compare(0, prefix.size(), prefix) == 0) found.push_back(name);
+  }
+  closedir(d);
+  return found;
+}
+
+// Rank r's value at index i: small integers, exact in every tested dtype
+// (sums of up to 5 ranks, products of up to 4).
+double valueOf(int r, size_t i) { return static_cast<double>((r * 7 + i * 3) % 11) - 5.0; }
+
+double reference(ReduceOp op, int p, size_t i) {
+  double acc = valueOf(0, i);
+  for (int r = 1; r < p; ++r) {
+    const double v = valueOf(r, i);
+    acc = op == ReduceOp::kSum ? acc + v : op == ReduceOp::kMin ? std::min(acc, v)
+        : op == ReduceOp::kMax ? std::max(acc, v) : acc * v;
+  }
+  return acc;
+}
+
+void put(DataType t, void* buf, size_t i, double v) {
+  switch (t) {
+    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
+    case DataType::kFloat64: static_cast<double*>(buf)[i] = v; return;
+    case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); return;
+    case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = floatToBf16(static_cast<float>(v)); return;
+    default: throw InvalidArgument("test: dtype not covered");
+  }
+}
+
+double get(DataType t, const void* buf, size_t i) {
+  switch (t) {
+    case DataType::kFloat32: return static_cast<const float*>(buf)[i];
+    case DataType::kFloat64: return static_cast<const double*>(buf)[i];
+    case DataType::kInt32: return static_cast<const int32_t*>(buf)[i];
+    case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    default: throw InvalidArgument("test: dtype not covered");
+  }
+}
+
+// One all-reduce with `reducer`, checked element by element.
+void reduceAndCheck(NodeAllreduce& reducer, Context& ctx, size_t count, DataType dtype, ReduceOp op,
+                    const char* what) {
+  std::vector<char> buf(count * dtypeSize(dtype) + 1);
+  for (size_t i = 0; i < count; ++i) put(dtype, buf.data(), i, valueOf(ctx.rank(), i));
+  reducer.allreduce(ctx, buf.data(), count, dtype, op);
+  size_t bad = 0, first_bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (get(dtype, buf.data(), i) != reference(op, ctx.size(), i) && bad++ == 0) first_bad = i;
+  }
+  CHECK_MSG(bad == 0, "%s size=%d count=%zu %s %s rank=%d: %zu wrong, first at %zu (%g, want %g)", what,
+            ctx.size(), count, dtypeName(dtype), reduceOpName(op), ctx.rank(), bad, first_bad,
+            bad ? get(dtype, buf.data(), first_bad) : 0.0, bad ? reference(op, ctx.size(), first_bad) : 0.0);
+}
+
+NodeOptions options(size_t slot_bytes) {
+  NodeOptions o;
+  o.shm_prefix = uniquePrefix();
+  o.slot_bytes = slot_bytes;
+  o.ring = RingOptions{4096, 2};
+  return o;
+}
+
+struct Case {
+  DataType dtype;
+  ReduceOp op;
+};
+
+const std::vector<std::vector<int>> kLayouts = {
+    {0, 0, 0, 0},  // one host: pure shared memory
+    {0, 0, 1, 1},  // 2 hosts x 2
+    {0, 1, 2, 3},  // 4 hosts x 1: the ring among hosts
+    {0},           // one rank
+    {0, 1, 0, 1},  // 2 x 2, ranks interleaved across hosts
+    {0, 0, 0},     // odd local size
+    {0, 0, 1},     // uneven: falls back to the ring over all ranks
+};
+
+}  // namespace
+
+TEST(node_matches_reference) {
+  const std::vector<Case> cases = {
+      {DataType::kFloat32, ReduceOp::kSum},  {DataType::kFloat32, ReduceOp::kMax},
+      {DataType::kFloat32, ReduceOp::kMin},  {DataType::kFloat32, ReduceOp::kProduct},
+      {DataType::kFloat64, ReduceOp::kSum},  {DataType::kInt32, ReduceOp::kSum},
+      {DataType::kInt32, ReduceOp::kMax},    {DataType::kBFloat16, ReduceOp::kSum},
+  };
+  // A 256-byte slot: 64 float32 per chunk, so 1001 and 7001 take many chunks.
+  for (const auto& hosts : kLayouts) {
+    for (size_t count : {size_t(0), size_t(1), size_t(3), size_t(1001), size_t(7001)}) {
+      runRanks(hosts, [&](Context& ctx) {
+        NodeAllreduce reducer(options(256));
+        CHECK(std::string(reducer.name()) == "node");
+        for (const Case& c : cases) reduceAndCheck(reducer, ctx, count, c.dtype, c.op, "node");
+      });
+    }
+  }
+}
+
+TEST(node_default_slot_large_message) {
+  // Default 4 MiB slots: a message of a bit more than one arena chunk.
+  const size_t count = (size_t(4) << 20) / 4 + 12345;
+  for (const auto& hosts : {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 0, 1, 1}}) {
+    runRanks(hosts, [&](Context& ctx) {
+      NodeOptions o;
+      o.shm_prefix = uniquePrefix();
+      NodeAllreduce reducer(o);
+      reduceAndCheck(reducer, ctx, count, DataType::kFloat32, ReduceOp::kSum, "node-default");
+    });
+  }
+}
+
+TEST(node_arena_reused_across_many_calls) {
+  // Hundreds of back-to-back calls of 1-3 chunks on one arena: a rank that
+  // races ahead into the next chunk must never overwrite a slot another rank
+  // is still reading (the buffer-set alternation spans calls).
+  for (const auto& hosts : {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 0, 1, 1}}) {
+    runRanks(hosts, [&](Context& ctx) {
+      NodeAllreduce reducer(options(128));
+      for (int call = 0; call < 300; ++call) {
+        const size_t count = 1 + static_cast<size_t>(call * 37) % 90;  // 1..90 floats, slot holds 32
+        reduceAndCheck(reducer, ctx, count, DataType::kFloat32, call % 2 ? ReduceOp::kSum : ReduceOp::kMax,
+                       "node-reuse");
+      }
+      reduceAndCheck(reducer, ctx, 77, DataType::kFloat64, ReduceOp::kSum, "node-reuse-f64");
+    });
+  }
+}
+
+TEST(node_missing_rank_times_out_naming_it) {
+  std::string what;
+  try {
+    runRanks(std::vector<int>{0, 0, 0}, [](Context& ctx) {
+      if (ctx.rank() == 1) return;  // never joins
+      NodeAllreduce reducer(options(256));
+      std::vector<float> buf(100, 1.f);
+      reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+    }, milliseconds(300));
+  } catch (const TimeoutError& e) {
+    what = e.what();
+  }
+  CHECK_MSG(what.find("local rank 1 (rank 1)") != std::string::npos, "message: %s", what.c_str());
+}
+
+TEST(node_rank_leaving_fails_peers_fast) {
+  const auto t0 = Clock::now();
+  bool timeout = false;
+  std::string what;
+  try {
+    runRanks(std::vector<int>{0, 0, 0}, [](Context& ctx) {
+      NodeAllreduce reducer(options(256));
+      std::vector<float> buf(1000, 1.f);
+      reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      if (ctx.rank() == 2) return;  // leaves: its arena mapping goes away
+      reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+    }, milliseconds(20000));
+  } catch (const TimeoutError&) {
+    timeout = true;
+  } catch (const CollectiveError& e) {
+    what = e.what();
+  }
+  CHECK(!timeout);
+  CHECK_MSG(what.find("peer rank 2 (local rank 2) left the node arena") != std::string::npos, "message: %s",
+            what.c_str());
+  CHECK(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count() < 3000);
+}
+
+TEST(node_between_processes_and_killed_peer) {
+  // Two local ranks as two processes. One correct all-reduce, then the child
+  // dies by SIGKILL and the parent's next all-reduce must fail within
+  // moments, naming it.
+  const std::string prefix = uniquePrefix();
+  const std::vector<int> hosts = {0, 0};
+  auto noRemote = [](int peer) -> std::unique_ptr<Link> {
+    throw InvalidArgument(strCat("test: no remote link to ", peer));
+  };
+  const size_t count = 100003;
+  auto run = [&](Context& ctx, NodeAllreduce& reducer) {
+    std::vector<float> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(valueOf(ctx.rank(), i));
+    reducer.allreduce(ctx, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += buf[i] != static_cast<float>(reference(ReduceOp::kSum, 2, i));
+    return bad;
+  };
+  NodeOptions o;
+  o.shm_prefix = prefix;
+  o.slot_bytes = 64 << 10;  // several chunks
+
+  const pid_t child = fork();
+  if (child == 0) {
+    int rc = 0;
+    try {
+      Context ctx(Topology::build(1, hosts), noRemote, nullptr, nullptr, milliseconds(20000));
+      NodeAllreduce reducer(o);
+      if (run(ctx, reducer) != 0) rc = 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+      rc = 3;
+    }
+    if (rc == 0) raise(SIGKILL);  // dies holding its arena mapping
+    _exit(rc);
+  }
+  Context ctx(Topology::build(0, hosts), noRemote, nullptr, nullptr, milliseconds(20000));
+  NodeAllreduce reducer(o);
+  CHECK(run(ctx, reducer) == 0);
+  const auto t0 = Clock::now();
+  bool timeout = false;
+  std::string what;
+  try {
+    run(ctx, reducer);
+  } catch (const TimeoutError&) {
+    timeout = true;
+  } catch (const CollectiveError& e) {
+    what = e.what();
+  }
+  const long ms = static_cast<long>(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count());
+  CHECK(!timeout);
+  CHECK_MSG(what.find(strCat("peer rank 1 (local rank 1, pid ", child, ") died")) != std::string::npos,
+            "message: %s", what.c_str());
+  CHECK_MSG(ms < 2000, "detected after %ld ms", ms);
+  // The reducer refuses to go on out of step.
+  std::vector<float> one(1, 0.f);
+  CHECK_THROWS(reducer.allreduce(ctx, one.data(), 1, DataType::kFloat32, ReduceOp::kSum), CollectiveError);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child status %d", status);
+  CHECK(shmEntries(prefix).empty());
+}
+
+TEST(nothing_left_in_dev_shm) {
+  const auto left = shmEntries(strCat("/hvdtest-", getpid(), "-"));
+  CHECK_MSG(left.empty(), "%zu entries left, e.g. %s", left.size(), left.empty() ? "" : left[0].c_str());
+}
+
+HVD_TEST_MAIN()

@@ -1,0 +1,483 @@
+// The shared-memory transport: ShmSegment lifetime and cleanup, ShmLink
+// framing, streaming, ordering, deadlines and dead-peer detection. "Ranks"
+// are threads (each with its own mapping) or, where real process death
+// matters, fork()ed children. Every name carries this process's pid, and the
+// last test checks that nothing is left in /dev/shm.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algorithms/ring_allreduce.h"
+#include "check.h"
+#include "common/error.h"
+#include "ranks.h"
+#include "transport/shm_link.h"
+#include "transport/shm_segment.h"
+
+using namespace hvdtorch;
+using hvdtorch::test::runRanks;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::string prefixFor(const std::string& tag) { return strCat("/hvdtest-", getpid(), "-", tag); }
+
+// Entries of /dev/shm whose name starts with `prefix` (given with its '/').
+std::vector<std::string> shmEntries(const std::string& prefix) {
+  std::vector<std::string> found;
+  DIR* d = opendir("/dev/shm");
+  if (!d) return found;
+  while (dirent* e = readdir(d)) {
+    const std::string name = std::string("/") + e->d_name;
+    if (name.compare(0, prefix.size(), prefix) == 0) found.push_back(name);
+  }
+  closedir(d);
+  return found;
+}
+
+bool exists(const std::string& name) {
+  for (const std::string& e : shmEntries(name))
+    if (e == name) return true;
+  return false;
+}
+
+long msSince(Clock::time_point t) {
+  return static_cast<long>(std::chrono::duration_cast<milliseconds>(Clock::now() - t).count());
+}
+
+// Byte i of message m sent by rank r.
+unsigned char pattern(int r, int m, size_t i) { return static_cast<unsigned char>(r * 131 + m * 17 + i * 7); }
+
+std::vector<unsigned char> message(int r, int m, size_t n) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = pattern(r, m, i);
+  return v;
+}
+
+bool matches(const std::vector<unsigned char>& v, int r, int m) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] != pattern(r, m, i)) return false;
+  return true;
+}
+
+ShmLinkConfig config(const std::string& tag, size_t ring_bytes, milliseconds timeout = milliseconds(20000)) {
+  ShmLinkConfig cfg;
+  cfg.prefix = prefixFor(tag);
+  cfg.ring_bytes = ring_bytes;
+  cfg.timeout = timeout;
+  return cfg;
+}
+
+// Runs f(rank) for ranks 0 and 1 on two threads; returns the exceptions' texts.
+template <typename F>
+std::vector<std::string> pair(F f) {
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        f(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
+}  // namespace
+
+// ---- ShmSegment ---------------------------------------------------------------
+
+TEST(segment_unlinked_once_all_attached) {
+  const std::string name = prefixFor("seg-all");
+  ShmSegment a = ShmSegment::create(name, 1000, 3, 0);
+  CHECK(exists(name));
+  CHECK(a.bytes() == 1000 && a.parties() == 3 && a.party() == 0);
+  CHECK(static_cast<unsigned char*>(a.data())[999] == 0);  // zero-filled
+  static_cast<char*>(a.data())[5] = 42;
+  ShmSegment b = ShmSegment::open(name, 1000, 3, 1, 1, 0, Deadline::after(milliseconds(1000)));
+  CHECK(exists(name));  // party 2 has not come yet
+  CHECK(!a.allAttached());
+  ShmSegment c = ShmSegment::open(name, 1000, 3, 2, 2, 0, Deadline::after(milliseconds(1000)));
+  CHECK(!exists(name));  // the last registration removed the name...
+  CHECK(static_cast<char*>(c.data())[5] == 42);  // ...and the memory is shared
+  CHECK(a.allAttached() && c.allAttached());
+  CHECK(a.peer(1) == ShmSegment::Peer::kAlive && a.pidOf(2) == getpid());
+  b = ShmSegment();  // party 1 leaves
+  CHECK(a.peer(1) == ShmSegment::Peer::kDetached);
+  CHECK(c.peer(0) == ShmSegment::Peer::kAlive);
+}
+
+TEST(segment_creator_alone_unlinks_on_destruction) {
+  const std::string name = prefixFor("seg-alone");
+  {
+    ShmSegment a = ShmSegment::create(name, 64, 2, 0);
+    CHECK(exists(name));
+    CHECK(a.peer(1) == ShmSegment::Peer::kAbsent);
+  }
+  CHECK(!exists(name));
+}
+
+TEST(segment_open_missing_times_out) {
+  const std::string name = prefixFor("seg-missing");
+  const auto t0 = Clock::now();
+  std::string what;
+  try {
+    ShmSegment::open(name, 64, 2, 1, 5, 4, Deadline::after(milliseconds(200)));
+  } catch (const TimeoutError& e) {
+    what = e.what();
+  }
+  const long ms = msSince(t0);
+  CHECK_MSG(what.find("rank 5") != std::string::npos && what.find("rank 4") != std::string::npos &&
+                what.find(name) != std::string::npos,
+            "message: %s", what.c_str());
+  CHECK_MSG(ms >= 190 && ms < 3000, "took %ld ms", ms);
+}
+
+TEST(segment_rejects_bad_names_sizes_and_duplicates) {
+  CHECK_THROWS(ShmSegment::create("no-slash", 64, 2, 0), InvalidArgument);
+  CHECK_THROWS(ShmSegment::create("/a/b", 64, 2, 0), InvalidArgument);
+  CHECK_THROWS(ShmSegment::create("/" + std::string(300, 'x'), 64, 2, 0), InvalidArgument);
+  const std::string name = prefixFor("seg-dup");
+  ShmSegment a = ShmSegment::create(name, 64, 3, 0);
+  std::string what;
+  try {
+    ShmSegment::create(name, 64, 3, 0);  // the creator (this process) is alive: not stale
+  } catch (const CollectiveError& e) {
+    what = e.what();
+  }
+  CHECK_MSG(what.find("alive") != std::string::npos, "message: %s", what.c_str());
+  CHECK_THROWS(ShmSegment::open(name, 128, 3, 1, 1, 0, Deadline::after(milliseconds(500))), CollectiveError);
+  const std::string prefix = makeShmPrefix("run id/with:odd chars" + std::string(200, 'z'));
+  ShmSegment::checkName(prefix + "-l12-13");  // throws if invalid
+  CHECK(prefix.rfind("/hvdtorch-", 0) == 0 && prefix.size() < 100);
+}
+
+TEST(segment_left_by_dead_creator_is_removed) {
+  const std::string stale_open = prefixFor("seg-stale-open");
+  const std::string stale_create = prefixFor("seg-stale-create");
+  const pid_t child = fork();
+  if (child == 0) {
+    // Create both and die without running destructors, like kill -9.
+    ShmSegment* a = new ShmSegment(ShmSegment::create(stale_open, 64, 2, 0));
+    ShmSegment* b = new ShmSegment(ShmSegment::create(stale_create, 64, 2, 0));
+    (void)a;
+    (void)b;
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(exists(stale_open) && exists(stale_create));
+  std::string what;
+  try {
+    ShmSegment::open(stale_open, 64, 2, 1, 1, 0, Deadline::after(milliseconds(1000)));
+  } catch (const CollectiveError& e) {
+    what = e.what();
+  }
+  CHECK_MSG(what.find("died") != std::string::npos, "message: %s", what.c_str());
+  CHECK(!exists(stale_open));
+  {
+    ShmSegment fresh = ShmSegment::create(stale_create, 64, 2, 0);  // replaces the leftover
+    CHECK(fresh.peer(0) == ShmSegment::Peer::kAlive);
+  }
+  CHECK(!exists(stale_create));
+}
+
+// ---- ShmLink ------------------------------------------------------------------
+
+TEST(link_message_sizes_and_many_outstanding) {
+  // A 1000-byte ring: sizes around it, far above it, 0 and 1; everything
+  // posted at once in both directions, then waited.
+  const std::vector<size_t> sizes = {0, 1, 7, 999, 1000, 1001, 8003, 100000, 0, 3};
+  for (size_t ring : {size_t(1000), size_t(13), size_t(1) << 20}) {
+    const auto cfg = config(strCat("sizes-", ring), ring);
+    auto errors = pair([&](int r) {
+      ShmLink link(cfg, r, 1 - r);
+      CHECK(std::string(link.kind()) == "shm" && link.peer() == 1 - r);
+      std::vector<std::vector<unsigned char>> out, in;
+      std::vector<std::unique_ptr<LinkRequest>> sends, recvs;
+      for (size_t m = 0; m < sizes.size(); ++m) {
+        out.push_back(message(r, static_cast<int>(m), sizes[m]));
+        in.emplace_back(sizes[m], 0);
+      }
+      for (size_t m = 0; m < sizes.size(); ++m) {
+        sends.push_back(link.isend(out[m].data(), sizes[m]));
+        recvs.push_back(link.irecv(in[m].data(), sizes[m]));
+      }
+      const Deadline dl = Deadline::after(milliseconds(20000));
+      // The last receive first: its wait drives all earlier ones.
+      recvs.back()->wait(dl);
+      for (auto& q : recvs) q->wait(dl);
+      for (size_t m = sizes.size(); m-- > 0;) sends[m]->wait(dl);
+      for (size_t m = 0; m < sizes.size(); ++m)
+        CHECK_MSG(matches(in[m], 1 - r, static_cast<int>(m)), "ring %zu rank %d message %zu", ring, r, m);
+    });
+    CHECK_MSG(errors[0].empty() && errors[1].empty(), "%s | %s", errors[0].c_str(), errors[1].c_str());
+  }
+  CHECK(shmEntries(prefixFor("sizes-")).empty());
+}
+
+TEST(link_exchange_larger_than_ring_needs_no_send_wait) {
+  // Both ranks send 1 MiB through a 4 KiB ring and then block in a receive:
+  // only sends that progress by themselves avoid a deadlock here.
+  const auto cfg = config("exchange", 4096);
+  auto errors = pair([&](int r) {
+    ShmLink link(cfg, r, 1 - r);
+    const auto out = message(r, 0, 1 << 20);
+    std::vector<unsigned char> in(1 << 20);
+    auto s = link.isend(out.data(), out.size());
+    link.recv(in.data(), in.size(), Deadline::after(milliseconds(20000)));
+    s->wait(Deadline::after(milliseconds(20000)));
+    CHECK(matches(in, 1 - r, 0));
+  });
+  CHECK_MSG(errors[0].empty() && errors[1].empty(), "%s | %s", errors[0].c_str(), errors[1].c_str());
+}
+
+TEST(link_size_mismatch_is_an_error) {
+  const auto cfg = config("mismatch", 4096);
+  auto errors = pair([&](int r) {
+    ShmLink link(cfg, r, 1 - r);
+    std::vector<char> buf(12);
+    if (r == 0) {
+      link.send(buf.data(), 10, Deadline::after(milliseconds(5000)));
+      std::vector<char> done(1);
+      link.recv(done.data(), 1, Deadline::after(milliseconds(5000)));  // keep the link until rank 1 has read
+    } else {
+      std::string what;
+      try {
+        link.recv(buf.data(), 12, Deadline::after(milliseconds(5000)));
+      } catch (const CollectiveError& e) {
+        what = e.what();
+      }
+      CHECK_MSG(what.find("has 10 bytes, expected 12") != std::string::npos, "message: %s", what.c_str());
+      CHECK_THROWS(link.recv(buf.data(), 1, Deadline::after(milliseconds(100))), CollectiveError);  // broken now
+      link.send(buf.data(), 1, Deadline::after(milliseconds(5000)));
+    }
+  });
+  CHECK_MSG(errors[0].empty() && errors[1].empty(), "%s | %s", errors[0].c_str(), errors[1].c_str());
+}
+
+TEST(link_deadlines) {
+  const auto cfg = config("deadline", 1024);
+  std::atomic<bool> done{false};
+  auto errors = pair([&](int r) {
+    ShmLink link(cfg, r, 1 - r);
+    if (r == 1) {
+      while (!done) std::this_thread::sleep_for(milliseconds(5));  // alive, but silent
+      return;
+    }
+    std::vector<char> buf(5000);
+    const auto t0 = Clock::now();
+    std::string what;
+    try {
+      link.recv(buf.data(), 100, Deadline::after(milliseconds(200)));
+    } catch (const TimeoutError& e) {
+      what = e.what();
+    }
+    CHECK_MSG(what.find("rank 0") != std::string::npos && what.find("rank 1") != std::string::npos &&
+                  what.find("100 bytes") != std::string::npos,
+              "message: %s", what.c_str());
+    CHECK(msSince(t0) < 3000);
+    // A send larger than the ring with nobody reading.
+    auto s = link.isend(buf.data(), buf.size());
+    what.clear();
+    try {
+      s->wait(Deadline::after(milliseconds(200)));
+    } catch (const TimeoutError& e) {
+      what = e.what();
+    }
+    CHECK_MSG(what.find("sending 5000 bytes to rank 1") != std::string::npos, "message: %s", what.c_str());
+    done = true;
+  });
+  CHECK_MSG(errors[0].empty() && errors[1].empty(), "%s | %s", errors[0].c_str(), errors[1].c_str());
+
+  // The higher rank waits for a segment nobody creates.
+  CHECK_THROWS(ShmLink(config("deadline-open", 1024, milliseconds(150)), 1, 0), TimeoutError);
+}
+
+TEST(link_peer_closing_fails_waits_fast) {
+  const auto cfg = config("closed", 1024);
+  std::atomic<bool> waiting{false};
+  auto errors = pair([&](int r) {
+    ShmLink link(cfg, r, 1 - r);
+    std::vector<char> buf(100);
+    if (r == 1) {
+      link.send(buf.data(), 10, Deadline::after(milliseconds(5000)));
+      while (!waiting) std::this_thread::sleep_for(milliseconds(1));
+      return;  // destroys the link while rank 0 waits
+    }
+    link.recv(buf.data(), 10, Deadline::after(milliseconds(5000)));
+    waiting = true;
+    const auto t0 = Clock::now();
+    std::string what;
+    bool timeout = false;
+    try {
+      link.recv(buf.data(), 10, Deadline::after(milliseconds(20000)));
+    } catch (const TimeoutError&) {
+      timeout = true;
+    } catch (const CollectiveError& e) {
+      what = e.what();
+    }
+    CHECK(!timeout);
+    CHECK_MSG(what.find("peer rank 1 closed") != std::string::npos, "message: %s", what.c_str());
+    CHECK_MSG(msSince(t0) < 2000, "took %ld ms", msSince(t0));
+  });
+  CHECK_MSG(errors[0].empty() && errors[1].empty(), "%s | %s", errors[0].c_str(), errors[1].c_str());
+}
+
+TEST(link_data_sent_before_peer_leaves_still_arrives) {
+  // Rank 0 sends and closes at once; everything it sent must still arrive.
+  const auto cfg = config("drain", 256);
+  auto errors = pair([&](int r) {
+    ShmLink link(cfg, r, 1 - r);
+    if (r == 0) {
+      const auto out = message(0, 0, 200);
+      link.send(out.data(), out.size(), Deadline::after(milliseconds(5000)));
+      return;
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+    std::vector<unsigned char> in(200);
+    link.recv(in.data(), in.size(), Deadline::after(milliseconds(5000)));
+    CHECK(matches(in, 0, 0));
+  });
+  CHECK_MSG(errors[0].empty() && errors[1].empty(), "%s | %s", errors[0].c_str(), errors[1].c_str());
+}
+
+TEST(ring_allreduce_over_shm_links) {
+  // The ring posts sends to one neighbour and waits on receives from the
+  // other; with messages far above the ring size this deadlocks unless sends
+  // progress by themselves. Mixed layouts put shm and remote hops in one ring.
+  int run = 0;
+  for (const std::vector<int>& hosts : {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 0, 1, 1},
+                                        std::vector<int>{0, 0, 0}}) {
+    const auto cfg = config(strCat("ring-", run++), 16 << 10);
+    const size_t count = 300001;
+    runRanks(
+        hosts,
+        [&](Context& ctx) {
+          RingAllreduce ring({64 << 10, 4});
+          std::vector<float> buf(count);
+          for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((ctx.rank() + i) % 7);
+          ring.allreduce(ctx, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
+          size_t bad = 0;
+          for (size_t i = 0; i < count; ++i) {
+            float want = 0;
+            for (int r = 0; r < ctx.size(); ++r) want += static_cast<float>((r + i) % 7);
+            bad += buf[i] != want;
+          }
+          CHECK_MSG(bad == 0, "rank %d: %zu wrong", ctx.rank(), bad);
+          if (ctx.size() > 1 && ctx.topo().sameHost((ctx.rank() + 1) % ctx.size()))
+            CHECK(std::string(ctx.link((ctx.rank() + 1) % ctx.size()).kind()) == "shm");
+        },
+        milliseconds(30000), [&](int self, int peer) { return makeShmLink(cfg, self, peer); });
+  }
+}
+
+// ---- across real processes ------------------------------------------------------
+
+TEST(link_between_processes) {
+  const auto cfg = config("fork", 64 << 10);
+  const std::vector<size_t> sizes = {0, 1, 12345, 3 << 20};
+  const pid_t child = fork();
+  if (child == 0) {
+    int rc = 0;
+    try {
+      ShmLink link(cfg, 1, 0);
+      for (size_t m = 0; m < sizes.size(); ++m) {
+        std::vector<unsigned char> in(sizes[m]);
+        const auto out = message(1, static_cast<int>(m), sizes[m]);
+        auto s = link.isend(out.data(), out.size());
+        link.recv(in.data(), in.size(), Deadline::after(milliseconds(20000)));
+        s->wait(Deadline::after(milliseconds(20000)));
+        if (!matches(in, 0, static_cast<int>(m))) rc = 2;
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+      rc = 3;
+    }
+    _exit(rc);
+  }
+  {
+    ShmLink link(cfg, 0, 1);
+    for (size_t m = 0; m < sizes.size(); ++m) {
+      std::vector<unsigned char> in(sizes[m]);
+      const auto out = message(0, static_cast<int>(m), sizes[m]);
+      auto s = link.isend(out.data(), out.size());
+      link.recv(in.data(), in.size(), Deadline::after(milliseconds(20000)));
+      s->wait(Deadline::after(milliseconds(20000)));
+      CHECK_MSG(matches(in, 1, static_cast<int>(m)), "message %zu", m);
+    }
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+  CHECK(shmEntries(cfg.prefix).empty());
+}
+
+TEST(link_peer_killed_is_detected) {
+  const auto cfg = config("kill", 4096);
+  const pid_t child = fork();
+  if (child == 0) {
+    try {
+      ShmLink link(cfg, 1, 0);
+      const char ready = 'r';
+      link.send(&ready, 1, Deadline::after(milliseconds(20000)));
+      for (;;) pause();  // until SIGKILL
+    } catch (...) {
+    }
+    _exit(3);
+  }
+  {
+    ShmLink link(cfg, 0, 1);
+    char ready = 0;
+    link.recv(&ready, 1, Deadline::after(milliseconds(20000)));
+    CHECK(ready == 'r');
+    // Kill the child while this rank is blocked in a receive (and a send
+    // larger than the ring is pending towards it).
+    std::vector<char> big(100000), buf(100);
+    auto s = link.isend(big.data(), big.size());
+    std::thread killer([child] {
+      std::this_thread::sleep_for(milliseconds(200));
+      kill(child, SIGKILL);
+    });
+    const auto t0 = Clock::now();
+    std::string what;
+    bool timeout = false;
+    try {
+      link.recv(buf.data(), buf.size(), Deadline::after(milliseconds(20000)));
+    } catch (const TimeoutError&) {
+      timeout = true;
+    } catch (const CollectiveError& e) {
+      what = e.what();
+    }
+    killer.join();
+    const long ms = msSince(t0);
+    CHECK(!timeout);
+    CHECK_MSG(what.find(strCat("rank 0: peer rank 1 (pid ", child, ") died")) != std::string::npos,
+              "message: %s", what.c_str());
+    CHECK_MSG(ms < 2200, "detected after %ld ms (kill at 200 ms)", ms);
+    CHECK_THROWS(s->wait(Deadline::after(milliseconds(5000))), CollectiveError);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  CHECK(shmEntries(cfg.prefix).empty());
+}
+
+TEST(nothing_left_in_dev_shm) {
+  const auto left = shmEntries(prefixFor(""));
+  CHECK_MSG(left.empty(), "%zu entries left, e.g. %s", left.size(), left.empty() ? "" : left[0].c_str());
+}
+
+HVD_TEST_MAIN()
