@@ -72,6 +72,9 @@ global_process_set = _GlobalProcessSet()
 def _contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"hvdtorch: {what} expects a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"hvdtorch: rank {runtime.rank()}: {what}: {t.layout} (sparse) tensors are not "
+                         "supported; densify them first (tensor.to_dense())")
     return t if t.is_contiguous() else t.contiguous()
 
 

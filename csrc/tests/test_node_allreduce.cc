@@ -28,6 +28,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
+// Called on the test's main thread only, once per run of ranks.
 std::string uniquePrefix() {
   static int n = 0;
   return strCat("/hvdtest-", getpid(), "-node", n++);
@@ -129,8 +130,9 @@ TEST(node_matches_reference) {
   // A 256-byte slot: 64 float32 per chunk, so 1001 and 7001 take many chunks.
   for (const auto& hosts : kLayouts) {
     for (size_t count : {size_t(0), size_t(1), size_t(3), size_t(1001), size_t(7001)}) {
+      const NodeOptions o = options(256);  // one prefix for all ranks of the run
       runRanks(hosts, [&](Context& ctx) {
-        NodeAllreduce reducer(options(256));
+        NodeAllreduce reducer(o);
         CHECK(std::string(reducer.name()) == "node");
         for (const Case& c : cases) reduceAndCheck(reducer, ctx, count, c.dtype, c.op, "node");
       });
@@ -142,9 +144,9 @@ TEST(node_default_slot_large_message) {
   // Default 4 MiB slots: a message of a bit more than one arena chunk.
   const size_t count = (size_t(4) << 20) / 4 + 12345;
   for (const auto& hosts : {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 0, 1, 1}}) {
+    NodeOptions o;
+    o.shm_prefix = uniquePrefix();
     runRanks(hosts, [&](Context& ctx) {
-      NodeOptions o;
-      o.shm_prefix = uniquePrefix();
       NodeAllreduce reducer(o);
       reduceAndCheck(reducer, ctx, count, DataType::kFloat32, ReduceOp::kSum, "node-default");
     });
@@ -156,8 +158,9 @@ TEST(node_arena_reused_across_many_calls) {
   // races ahead into the next chunk must never overwrite a slot another rank
   // is still reading (the buffer-set alternation spans calls).
   for (const auto& hosts : {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 0, 1, 1}}) {
+    const NodeOptions o = options(128);
     runRanks(hosts, [&](Context& ctx) {
-      NodeAllreduce reducer(options(128));
+      NodeAllreduce reducer(o);
       for (int call = 0; call < 300; ++call) {
         const size_t count = 1 + static_cast<size_t>(call * 37) % 90;  // 1..90 floats, slot holds 32
         reduceAndCheck(reducer, ctx, count, DataType::kFloat32, call % 2 ? ReduceOp::kSum : ReduceOp::kMax,
@@ -171,9 +174,10 @@ TEST(node_arena_reused_across_many_calls) {
 TEST(node_missing_rank_times_out_naming_it) {
   std::string what;
   try {
-    runRanks(std::vector<int>{0, 0, 0}, [](Context& ctx) {
+    const NodeOptions o = options(256);
+    runRanks(std::vector<int>{0, 0, 0}, [&](Context& ctx) {
       if (ctx.rank() == 1) return;  // never joins
-      NodeAllreduce reducer(options(256));
+      NodeAllreduce reducer(o);
       std::vector<float> buf(100, 1.f);
       reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
     }, milliseconds(300));
@@ -188,8 +192,9 @@ TEST(node_rank_leaving_fails_peers_fast) {
   bool timeout = false;
   std::string what;
   try {
-    runRanks(std::vector<int>{0, 0, 0}, [](Context& ctx) {
-      NodeAllreduce reducer(options(256));
+    const NodeOptions o = options(256);
+    runRanks(std::vector<int>{0, 0, 0}, [&](Context& ctx) {
+      NodeAllreduce reducer(o);
       std::vector<float> buf(1000, 1.f);
       reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
       if (ctx.rank() == 2) return;  // leaves: its arena mapping goes away
@@ -235,11 +240,11 @@ TEST(node_between_processes_and_killed_peer) {
       Context ctx(Topology::build(1, hosts), noRemote, nullptr, nullptr, milliseconds(20000));
       NodeAllreduce reducer(o);
       if (run(ctx, reducer) != 0) rc = 2;
+      if (rc == 0) raise(SIGKILL);  // dies holding its arena mapping
     } catch (const std::exception& e) {
       std::fprintf(stderr, "child: %s\n", e.what());
       rc = 3;
     }
-    if (rc == 0) raise(SIGKILL);  // dies holding its arena mapping
     _exit(rc);
   }
   Context ctx(Topology::build(0, hosts), noRemote, nullptr, nullptr, milliseconds(20000));

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "c10d_link.h"
+#include "algorithms/reduce_kernels.h"
 #include "common/error.h"
 #include "config/config.h"
 #include "engine/engine.h"
@@ -55,6 +56,8 @@ class PyEngine {
     q.name = name;
     q.op = static_cast<ReduceOp>(op);
     if (op < 0 || op > 5) throw InvalidArgument(strCat(where("allreduce", name), ": unknown reduce op ", op));
+    for (const auto& t : inputs)
+      checkReducible(toDataType(t.scalar_type(), strCat("rank ", rank, ": ", where("allreduce", name))), q.op);
     if (q.op == ReduceOp::kAverage) {
       q.op = ReduceOp::kSum;
       postscale /= engine_->topo().size;

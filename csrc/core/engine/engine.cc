@@ -28,8 +28,14 @@ void Engine::warn(const std::string& msg) { std::fprintf(stderr, "%s\n", msg.c_s
 
 int64_t Engine::submit(EntryPtr entry) {
   const Request& req = entry->request;
-  if (req.type == OpType::kAllreduce)
-    for (const auto& t : req.tensors) checkReducible(t.dtype, req.op);
+  if (req.type == OpType::kAllreduce) {
+    for (const auto& t : req.tensors) {
+      checkReducible(t.dtype, req.op);
+      if (t.dtype == DataType::kBool && (req.prescale != 1.0 || req.postscale != 1.0))
+        throw InvalidArgument(strCat("rank ", topo().rank, ": allreduce '", req.name,
+                                     "': scale factors (and Average) are not defined for bool tensors"));
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) throw CollectiveError(failure_);
   if (shutdown_requested_ || stopped_)
@@ -196,14 +202,19 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator, bool& idle
   }
 
   if (list.shutdown) {
-    const std::string why =
+    // Name the rank that stopped and, when it stopped on an error, that error:
+    // "shut down" alone would hide the real cause from everyone else.
+    const std::string reason =
         list.shutdown_reason.empty()
-            ? strCat("rank ", me, ": hvdtorch was shut down (shutdown() called on rank ", list.shutdown_rank,
+            ? strCat("hvdtorch was shut down (shutdown() called on rank ", list.shutdown_rank,
                      ") while this op was pending")
             : (list.shutdown_rank == me ? list.shutdown_reason
-                                        : strCat("rank ", me, ": stopped because rank ", list.shutdown_rank,
+                                        : strCat("stopped because rank ", list.shutdown_rank,
                                                  " failed: ", list.shutdown_reason));
-    for (auto& [name, entry] : pending_) entry->state->fail(why);
+    auto failPending = [&](const EntryPtr& e) {
+      e->state->fail(strCat("rank ", me, ": ", e->request.describe(), ": ", reason));
+    };
+    for (auto& [name, entry] : pending_) failPending(entry);
     pending_.clear();
     cached_pending_.clear();
     std::deque<EntryPtr> late;
@@ -212,9 +223,9 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator, bool& idle
       late.swap(incoming_);
       pending_names_.clear();
       stopped_ = true;
-      if (!list.shutdown_reason.empty() && failure_.empty()) failure_ = why;
+      if (!list.shutdown_reason.empty() && failure_.empty()) failure_ = strCat("rank ", me, ": ", reason);
     }
-    for (auto& e : late) e->state->fail(why);
+    for (auto& e : late) failPending(e);
   }
 }
 
