@@ -1,0 +1,82 @@
+"""Rank-side checks of init/shutdown, topology and autograd-aware ops."""
+import os
+
+import torch
+import torch.distributed as dist
+
+import hvdtorch as hvd
+
+
+def topology(expected: str):
+    """expected: "rank:local_rank:local_size:cross_rank:cross_size,..." for every rank."""
+    hvd.init()
+    want = expected.split(",")[hvd.rank()]
+    got = f"{hvd.rank()}:{hvd.local_rank()}:{hvd.local_size()}:{hvd.cross_rank()}:{hvd.cross_size()}"
+    assert got == want, f"topology {got} != {want}"
+    assert hvd.size() == len(expected.split(","))
+    hvd.shutdown()
+
+
+def reinit_and_idempotent_shutdown():
+    hvd.init()
+    hvd.init()  # second init is a no-op
+    a = hvd.allreduce(torch.ones(2), op=hvd.Sum)
+    hvd.shutdown()
+    hvd.shutdown()  # idempotent
+    assert not hvd.is_initialized()
+    try:
+        hvd.rank()
+    except ValueError as e:
+        assert "init" in str(e)
+    else:
+        raise AssertionError("rank() worked after shutdown")
+    hvd.init()
+    b = hvd.allreduce(torch.ones(2), op=hvd.Sum)
+    assert torch.equal(a, b)
+    hvd.shutdown()
+    assert not dist.is_initialized(), "shutdown left the default group that init created"
+
+
+def adopt_existing_group():
+    dist.init_process_group("gloo")
+    hvd.init()
+    assert hvd.rank() == dist.get_rank() and hvd.size() == dist.get_world_size()
+    assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(hvd.size())))
+    hvd.shutdown()
+    assert dist.is_initialized(), "shutdown destroyed the user's own process group"
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == dist.get_world_size()
+    dist.destroy_process_group()
+
+
+def autograd():
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    # allreduce (Average): y = mean over ranks of x; dL/dx for L = sum(y * w) is allreduce_avg(w).
+    x = torch.full((3,), float(r), requires_grad=True)
+    w = torch.full((3,), float(r + 1))
+    (hvd.allreduce(x) * w).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), sum(range(1, n + 1)) / n))
+    # allreduce Sum: gradient is the Sum of the upstream gradients.
+    x2 = torch.full((2,), 1.0, requires_grad=True)
+    (hvd.allreduce(x2, op=hvd.Sum) * (r + 1)).sum().backward()
+    torch.testing.assert_close(x2.grad, torch.full((2,), float(sum(range(1, n + 1)))))
+    # allgather: each rank receives the averaged gradient of its own rows.
+    x3 = torch.full((r + 1, 2), float(r), requires_grad=True)
+    g = hvd.allgather(x3)
+    assert g.shape == (sum(range(1, n + 1)), 2)
+    (g * (r + 1)).sum().backward()
+    torch.testing.assert_close(x3.grad, torch.full((r + 1, 2), sum(range(1, n + 1)) / n))
+    # broadcast: only the root receives the (averaged) gradient.
+    x4 = torch.full((2,), float(r), requires_grad=True)
+    b = hvd.broadcast(x4, root_rank=n - 1)
+    torch.testing.assert_close(b.detach(), torch.full((2,), float(n - 1)))
+    (b * 2).sum().backward()
+    want = torch.full((2,), 2.0) if r == n - 1 else torch.zeros(2)
+    torch.testing.assert_close(x4.grad, want)
+    # fp16 compression round trip.
+    c = hvd.allreduce(torch.full((4,), 0.5 * (r + 1)), compression=hvd.Compression.fp16, op=hvd.Sum)
+    assert c.dtype == torch.float32
+    torch.testing.assert_close(c, torch.full((4,), 0.5 * sum(range(1, n + 1))))
+    hvd.shutdown()
