@@ -7,7 +7,10 @@
 
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 """
+from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
+from .distributed_model import DistributedModel
+from .optimizer import DistributedOptimizer
 from .ops import (Adasum, Average, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
                   allreduce_, allreduce_async, allreduce_async_, barrier, broadcast, broadcast_, broadcast_async,
                   broadcast_async_, global_process_set, grouped_allreduce, grouped_allreduce_,

@@ -11,6 +11,7 @@
 #include "algorithms/reduce_kernels.h"
 #include "common/error.h"
 #include "config/config.h"
+#include "grad_reducer.h"
 #include "engine/engine.h"
 #include "torch_tensor.h"
 
@@ -42,7 +43,7 @@ class PyEngine {
     t.control = [control_pg](int peer) { return std::make_unique<C10dLink>(control_pg, peer); };
     t.data = [data_pg](int peer) { return std::make_unique<C10dLink>(data_pg, peer); };
     t.native = native_.get();
-    engine_ = std::make_unique<Engine>(Config::load(options), Topology::build(rank, host_of_rank), std::move(t));
+    engine_ = std::make_shared<Engine>(Config::load(options), Topology::build(rank, host_of_rank), std::move(t));
   }
 
   int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
@@ -157,8 +158,37 @@ class PyEngine {
   int64_t submit(EntryPtr e) { return engine_->submit(std::move(e)); }
 
   std::unique_ptr<C10dNative> native_;
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Engine> engine_;
+
+ public:
+  const std::shared_ptr<Engine>& engine() const { return engine_; }
 };
+
+std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
+                                                     std::vector<std::vector<int64_t>> buckets,
+                                                     const std::string& name, const std::string& reducer, int op,
+                                                     double prescale, double postscale, bool pipeline,
+                                                     bool sync_on_backward, bool fuse, int backward_passes_per_step,
+                                                     bool fp16_wire) {
+  GradReducerOptions o;
+  o.name = name;
+  o.reducer = parseReducerKind(reducer.empty() ? engine.engine()->config().reducer : reducer);
+  o.op = static_cast<ReduceOp>(op);
+  if (o.op == ReduceOp::kAverage) {
+    o.op = ReduceOp::kSum;
+    postscale /= engine.engine()->topo().size;
+  }
+  if (o.op != ReduceOp::kSum) throw InvalidArgument(strCat(name, ": gradients are reduced with Average or Sum"));
+  o.prescale = prescale;
+  o.postscale = postscale;
+  o.pipeline = pipeline;
+  o.sync_on_backward = sync_on_backward;
+  o.fuse = fuse;
+  o.backward_passes_per_step = backward_passes_per_step;
+  if (fp16_wire) o.wire_dtype = at::kHalf;
+  for (const auto& p : params) wrap(p, "DistributedModel", name, engine.engine()->topo().rank);
+  return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), o);
+}
 
 }  // namespace
 
@@ -188,6 +218,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("shutdown", &PyEngine::shutdown)
       .def("topology", &PyEngine::topology)
       .def("choose_reducer", &PyEngine::chooseReducer);
+
+  py::class_<GradientReducer>(m, "GradientReducer")
+      .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"),
+           py::arg("name"), py::arg("reducer"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
+           py::arg("pipeline"), py::arg("sync_on_backward"), py::arg("fuse"), py::arg("backward_passes_per_step"),
+           py::arg("fp16_wire"))
+      .def("rebuild", &GradientReducer::rebuild)
+      .def("ready_order", &GradientReducer::readyOrder)
+      .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
+      .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
+      .def("bucket_bytes", &GradientReducer::bucketBytes);
 
   m.def("knobs", [] {
     std::vector<std::tuple<std::string, std::string, std::string>> out;

@@ -8,7 +8,7 @@ namespace hvdtorch {
 namespace {
 
 bool fusable(const Request& a, size_t ta, const Request& b, size_t tb) {
-  return a.tensors[ta].dtype == b.tensors[tb].dtype && a.op == b.op && a.prescale == b.prescale &&
+  return a.fuse && b.fuse && a.tensors[ta].dtype == b.tensors[tb].dtype && a.op == b.op && a.prescale == b.prescale &&
          a.postscale == b.postscale && a.reducer == b.reducer;
 }
 

@@ -45,6 +45,7 @@ void Request::write(ByteWriter& w) const {
   w.put(prescale);
   w.put(postscale);
   w.put(reducer);
+  w.put<uint8_t>(fuse);
 }
 
 Request Request::read(ByteReader& r) {
@@ -63,6 +64,7 @@ Request Request::read(ByteReader& r) {
   q.prescale = r.get<double>();
   q.postscale = r.get<double>();
   q.reducer = r.get<ReducerKind>();
+  q.fuse = r.get<uint8_t>() != 0;
   return q;
 }
 
@@ -92,6 +94,7 @@ std::string Request::signatureMismatch(const Request& a, const Request& b) {
                     b.prescale, ", postscale ", b.postscale, ")");
     if (a.reducer != b.reducer)
       return strCat("reducer ", reducerKindName(a.reducer), " vs ", reducerKindName(b.reducer));
+    if (a.fuse != b.fuse) return strCat("fusion ", a.fuse ? "on" : "off", " vs ", b.fuse ? "on" : "off");
   }
   if (a.type == OpType::kBroadcast && a.root != b.root) return strCat("root rank ", a.root, " vs ", b.root);
   return "";

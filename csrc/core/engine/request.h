@@ -36,6 +36,10 @@ struct Request {
   double prescale = 1.0;
   double postscale = 1.0;
   ReducerKind reducer = ReducerKind::kAuto;
+  // False: never pack this op with others in a fusion buffer (the "no
+  // fusion" configurations of DistributedModel). Part of the signature, so
+  // every rank plans the same units.
+  bool fuse = true;
 
   void write(ByteWriter& w) const;
   static Request read(ByteReader& r);

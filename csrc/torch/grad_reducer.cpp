@@ -1,0 +1,237 @@
+#include "grad_reducer.h"
+
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include "common/error.h"
+#include "torch_tensor.h"
+
+namespace hvdtorch {
+
+using torch::autograd::variable_list;
+
+GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at::Tensor> params,
+                                 std::vector<std::vector<int64_t>> buckets, GradReducerOptions options)
+    : engine_(std::move(engine)), params_(std::move(params)), opts_(std::move(options)) {
+  if (opts_.backward_passes_per_step < 1)
+    throw InvalidArgument(strCat("backward_passes_per_step must be >= 1, got ", opts_.backward_passes_per_step));
+  ready_.assign(params_.size(), false);
+  rebuild(buckets);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad())
+      throw InvalidArgument(strCat(opts_.name, ": parameter ", i, " does not require grad"));
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, i](const variable_list& outputs, const variable_list& /*inputs*/) {
+          onGradReady(i);
+          return outputs;
+        })));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+GradientReducer::~GradientReducer() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  // Never leave the engine writing into buckets we are about to free.
+  for (auto& b : buckets_)
+    if (b.state) b.state->waitFor(engine_->config().timeout + std::chrono::seconds(5));
+}
+
+void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pass_active_) throw InvalidArgument(strCat(opts_.name, ": cannot rebuild buckets during backward"));
+  std::vector<bool> seen(params_.size(), false);
+  std::vector<Bucket> next;
+  std::vector<size_t> bucket_of(params_.size()), slot_of(params_.size());
+  for (const auto& members : layout) {
+    if (members.empty()) continue;
+    Bucket b;
+    const at::ScalarType dtype = params_[members[0]].scalar_type();
+    const bool floating = at::isFloatingType(dtype);
+    const at::ScalarType bucket_dtype = (opts_.wire_dtype && floating) ? *opts_.wire_dtype : dtype;
+    b.views = bucket_dtype == dtype;
+    int64_t total = 0;
+    for (int64_t idx : members) {
+      if (idx < 0 || idx >= static_cast<int64_t>(params_.size()) || seen[idx])
+        throw InvalidArgument(strCat(opts_.name, ": bad bucket layout (parameter ", idx, ")"));
+      if (params_[idx].scalar_type() != dtype)
+        throw InvalidArgument(strCat(opts_.name, ": a bucket mixes dtypes"));
+      seen[idx] = true;
+      bucket_of[idx] = next.size();
+      slot_of[idx] = b.params.size();
+      b.params.push_back(idx);
+      b.offsets.push_back(total);
+      total += params_[idx].numel();
+    }
+    b.flat = at::zeros({total}, params_[members[0]].options().dtype(bucket_dtype).requires_grad(false));
+    next.push_back(std::move(b));
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!seen[i]) throw InvalidArgument(strCat(opts_.name, ": parameter ", i, " is in no bucket"));
+
+  // Carry current gradients over into the new buckets (gradient accumulation
+  // may span a rebuild), then point .grad at the new views.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Bucket& b = next[bucket_of[i]];
+    at::Tensor& grad = params_[i].mutable_grad();
+    const at::Tensor view = slotView(b, slot_of[i]);
+    if (grad.defined()) view.copy_(grad.reshape(view.sizes()));
+    if (b.views && grad.defined()) grad = view;
+  }
+  buckets_ = std::move(next);
+  bucket_of_ = std::move(bucket_of);
+  slot_of_ = std::move(slot_of);
+  ++generation_;
+}
+
+at::Tensor GradientReducer::slotView(const Bucket& b, size_t slot) const {
+  const at::Tensor& p = params_[b.params[slot]];
+  return b.flat.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
+}
+
+std::vector<int64_t> GradientReducer::readyOrder() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return recorded_order_ ? ready_order_ : std::vector<int64_t>{};
+}
+
+std::vector<int64_t> GradientReducer::bucketBytes() const {
+  std::vector<int64_t> out;
+  for (const auto& b : buckets_) out.push_back(b.flat.numel() * static_cast<int64_t>(b.flat.element_size()));
+  return out;
+}
+
+void GradientReducer::setSyncEnabled(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sync_enabled_ = enabled;
+}
+
+void GradientReducer::startPass() {
+  pass_active_ = true;
+  pass_ended_ = false;
+  reduce_this_pass_ = sync_enabled_ && (++passes_ % opts_.backward_passes_per_step == 0);
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.launched = false;
+  }
+  if (!recorded_order_) ready_order_.clear();
+  // Runs once the whole backward pass is done, on the autograd engine's thread.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { endOfBackward(); });
+}
+
+void GradientReducer::writeSlot(Bucket& b, size_t slot, bool zero) {
+  at::Tensor& grad = params_[b.params[slot]].mutable_grad();
+  const at::Tensor view = slotView(b, slot);
+  if (zero || !grad.defined()) {
+    view.zero_();
+  } else if (grad.data_ptr() != view.data_ptr()) {
+    view.copy_(grad);  // converts when the bucket has a wire dtype
+  }
+  if (b.views) grad = view;
+}
+
+void GradientReducer::onGradReady(size_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // In explicit mode the caller may skip finalize(); the previous pass's
+  // results are then waited for here, before its buckets are reused.
+  if (pass_active_ && pass_ended_) waitAll();
+  if (!pass_active_) startPass();
+  Bucket& b = buckets_[bucket_of_[index]];
+  const size_t slot = slot_of_[index];
+  if (!reduce_this_pass_) {
+    // Accumulating locally: keep .grad a view so later passes add in place.
+    if (b.views) writeSlot(b, slot, false);
+    return;
+  }
+  if (ready_[index]) return;  // a hook may fire twice for a reused accumulator
+  ready_[index] = true;
+  if (!recorded_order_) ready_order_.push_back(static_cast<int64_t>(index));
+  writeSlot(b, slot, false);
+  if (--b.pending == 0 && opts_.pipeline) launch(bucket_of_[index]);
+}
+
+void GradientReducer::launch(size_t index) {
+  Bucket& b = buckets_[index];
+  b.launched = true;
+  auto e = std::make_shared<Entry>();
+  Request& q = e->request;
+  q.type = OpType::kAllreduce;
+  q.name = strCat(opts_.name, ".g", generation_, ".b", index);
+  q.op = opts_.op;
+  q.prescale = opts_.prescale;
+  q.postscale = opts_.postscale;
+  q.reducer = opts_.reducer;
+  q.fuse = opts_.fuse;
+  auto buf = std::make_shared<TorchTensor>(b.flat, toDataType(b.flat.scalar_type(), q.name));
+  q.tensors = {TensorSpec{buf->dtype(), buf->shape()}};
+  e->inputs = {buf};
+  e->outputs = {buf};
+  b.state = e->state;
+  const int64_t handle = engine_->submit(std::move(e));
+  engine_->release(handle);  // we wait on the state itself
+}
+
+void GradientReducer::launchRemaining() {
+  // Index order, on every rank: parameters without a gradient this pass
+  // (unused branches) contribute zeros.
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    if (b.launched) continue;
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      const size_t p = b.params[s];
+      if (!ready_[p]) {
+        ready_[p] = true;
+        writeSlot(b, s, true);
+      }
+    }
+    launch(i);
+  }
+  recorded_order_ = true;
+}
+
+void GradientReducer::waitAll() {
+  std::string error;
+  for (auto& b : buckets_) {
+    if (!b.state) continue;
+    while (!b.state->waitFor(std::chrono::milliseconds(1000))) {
+    }
+    if (!b.state->error().empty() && error.empty()) error = b.state->error();
+    if (!b.views && b.state->error().empty()) {
+      // Wire dtype: convert the reduced values back into each .grad.
+      for (size_t s = 0; s < b.params.size(); ++s) {
+        at::Tensor& grad = params_[b.params[s]].mutable_grad();
+        const at::Tensor reduced = slotView(b, s).to(params_[b.params[s]].scalar_type());
+        if (grad.defined()) {
+          grad.copy_(reduced);
+        } else {
+          grad = reduced;
+        }
+      }
+    }
+    b.state.reset();
+  }
+  pass_active_ = false;
+  if (!error.empty()) throw CollectiveError(error);
+}
+
+void GradientReducer::endOfBackward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pass_active_) return;
+  if (!reduce_this_pass_) {
+    pass_active_ = false;
+    return;
+  }
+  launchRemaining();
+  pass_ended_ = true;
+  if (opts_.sync_on_backward) waitAll();
+}
+
+void GradientReducer::finalize() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pass_active_ || !reduce_this_pass_) return;
+  launchRemaining();
+  waitAll();
+}
+
+}  // namespace hvdtorch

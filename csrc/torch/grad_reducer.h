@@ -1,0 +1,123 @@
+// Gradient reduction driven by autograd: the heart of DistributedModel and
+// DistributedOptimizer.
+//
+// Contract (modelled on c10d's Reducer):
+//  * A post-hook on each parameter's gradient accumulator fires once the
+//    parameter's .grad is final for this backward pass. The hook copies the
+//    gradient into the parameter's slot of its bucket -- or, when .grad is
+//    already a view into that slot (every pass after the first), copies
+//    nothing -- and, when pipelining, hands a bucket to the engine the moment
+//    its last gradient is written, while backward goes on.
+//  * Buckets hold parameters of one dtype; their layout is given by the
+//    caller (same on every rank) and can be rebuilt from the observed ready
+//    order. Bucket tensors are allocated once per layout and reused.
+//  * With views on, .grad becomes a view into the bucket, so the reduced
+//    result needs no copy back. With a wire dtype (fp16 compression), grads
+//    are converted in and out instead.
+//  * At the end of backward (a callback queued on the autograd engine) every
+//    bucket not launched yet is launched, with zeros for parameters that got
+//    no gradient this pass (unused branches), so every rank submits every
+//    bucket and nobody hangs. In "backward" sync mode the callback then waits
+//    for all buckets, so optimizer.step() sees averaged gradients; in
+//    "explicit" mode finalize() does the wait.
+//  * Passes where reduction is off (no_sync(), or all but every
+//    backward_passes_per_step-th pass) only accumulate locally.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace hvdtorch {
+
+// The accumulator handle is std::shared_ptr<Node> in torch 2.11 and
+// c10::intrusive_ptr<Node> in 2.13: take whatever this torch returns.
+using AccumulatorPtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::autograd::Variable&>()));
+
+struct GradReducerOptions {
+  std::string name;            // unique per model, same on every rank
+  ReducerKind reducer = ReducerKind::kAuto;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;      // Average already folded in (1/size)
+  bool pipeline = true;
+  bool sync_on_backward = true;
+  bool fuse = true;            // let the engine fuse buckets ready together
+  int backward_passes_per_step = 1;
+  // Dtype of the buckets for floating-point params (fp16 compression);
+  // Undefined = the parameter's own dtype (gradients become bucket views).
+  c10::optional<at::ScalarType> wire_dtype;
+};
+
+class GradientReducer {
+ public:
+  GradientReducer(std::shared_ptr<Engine> engine, std::vector<at::Tensor> params,
+                  std::vector<std::vector<int64_t>> buckets, GradReducerOptions options);
+  ~GradientReducer();
+
+  // New bucket layout (each inner list: parameter indices). Current gradient
+  // values are kept. Call only between iterations.
+  void rebuild(const std::vector<std::vector<int64_t>>& buckets);
+  // Parameter indices in the order their gradients became ready during the
+  // first reduced backward pass (empty before one ran).
+  std::vector<int64_t> readyOrder();
+  // Launches what has not been launched and waits for every bucket; raises
+  // the first error. A no-op when no reduced pass is in flight.
+  void finalize();
+  void setSyncEnabled(bool enabled);
+  int64_t bucketCount() const { return static_cast<int64_t>(buckets_.size()); }
+  // Bytes of each bucket, for tests and logs.
+  std::vector<int64_t> bucketBytes() const;
+
+ private:
+  struct Bucket {
+    at::Tensor flat;                  // persistent storage of the bucket
+    std::vector<int64_t> params;      // indices into params_
+    std::vector<int64_t> offsets;     // element offset of each param in flat
+    bool views = false;               // grads are views into flat
+    int pending = 0;                  // params not ready yet this pass
+    bool launched = false;
+    std::shared_ptr<OpState> state;
+  };
+
+  void onGradReady(size_t index);
+  void startPass();
+  void writeSlot(Bucket& b, size_t slot, bool zero);
+  void launch(size_t bucket);
+  void launchRemaining();
+  void waitAll();
+  void endOfBackward();
+  at::Tensor slotView(const Bucket& b, size_t slot) const;
+
+  std::shared_ptr<Engine> engine_;
+  std::vector<at::Tensor> params_;
+  GradReducerOptions opts_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;     // param index -> bucket
+  std::vector<size_t> slot_of_;       // param index -> position in its bucket
+  std::vector<bool> ready_;
+  std::vector<int64_t> ready_order_;
+  bool recorded_order_ = false;
+  int generation_ = 0;                // layout version, part of bucket names
+
+  std::mutex mu_;
+  bool pass_active_ = false;
+  bool pass_ended_ = false;  // backward finished, results not yet waited for
+  bool reduce_this_pass_ = false;
+  bool sync_enabled_ = true;
+  int64_t passes_ = 0;
+
+  // Hooks are removed in the destructor; holding the accumulators keeps the
+  // nodes (and so the hooks) alive as long as this reducer.
+  std::vector<AccumulatorPtr> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+};
+
+}  // namespace hvdtorch

@@ -1,0 +1,110 @@
+"""DistributedModel: wraps any nn.Module so that backward averages gradients
+across ranks, overlapping communication with the rest of backward.
+
+    model = hvd.DistributedModel(model)
+    loss.backward()        # gradients are averaged when this returns
+    optimizer.step()
+
+The configurations of the ablation study map to arguments:
+    none  pipeline=False, fusion_bytes=0   (one all-reduce per tensor, after backward)
+    P     pipeline=True,  fusion_bytes=0
+    F     pipeline=False, fusion_bytes>0   (buckets, launched after backward)
+    P+F   pipeline=True,  fusion_bytes>0   (default)
+"""
+import contextlib
+import itertools
+from typing import Optional
+
+import torch
+
+from . import _C, ops, runtime
+from .buckets import complete_order, plan_buckets
+from .compression import Compression
+
+_instance_ids = itertools.count()
+
+
+def _trainable(module_or_params):
+    """Parameters that require grad, each once (tied parameters appear once)."""
+    seen, out = set(), []
+    for p in module_or_params:
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+class DistributedModel(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, reducer: str = "auto", fusion_bytes: int = 25 << 20,
+                 first_bucket_bytes: int = 1 << 20, pipeline: bool = True, sync: str = "backward",
+                 op: int = ops.Average, backward_passes_per_step: int = 1, compression=Compression.none,
+                 gradient_predivide_factor: float = 1.0, rebuild_buckets: bool = True,
+                 name: Optional[str] = None):
+        super().__init__()
+        if sync not in ("backward", "explicit"):
+            raise ValueError(f"hvdtorch: sync must be 'backward' or 'explicit', got {sync!r}")
+        if op not in (ops.Average, ops.Sum):
+            raise ValueError("hvdtorch: DistributedModel reduces gradients with hvd.Average or hvd.Sum")
+        if gradient_predivide_factor <= 0:
+            raise ValueError("hvdtorch: gradient_predivide_factor must be positive")
+        self.module = module
+        st = runtime.state()
+        params = _trainable(module.parameters())
+        self._params = params
+        self._fusion_bytes = int(fusion_bytes)
+        self._first_bucket_bytes = int(first_bucket_bytes)
+        layout = plan_buckets(params, reversed(range(len(params))), self._fusion_bytes, self._first_bucket_bytes)
+        f = float(gradient_predivide_factor)
+        # Names every bucket's all-reduce: models must be built in the same order on every rank.
+        self._name = name or f"model{next(_instance_ids)}"
+        self._reducer = _C.GradientReducer(
+            st.engine, params, layout, self._name, reducer or "", op,
+            1.0 / f, f, bool(pipeline), sync == "backward", self._fusion_bytes > 0, int(backward_passes_per_step),
+            compression is Compression.fp16)
+        # Re-order buckets by the ready order observed in the first iteration
+        # (rank 0's, so every rank agrees). Pointless with one tensor per bucket.
+        self._rebuild_pending = rebuild_buckets and self._fusion_bytes > 0 and st.size > 1 and len(params) > 1
+
+    def forward(self, *args, **kwargs):
+        if self._rebuild_pending and torch.is_grad_enabled():
+            self._maybe_rebuild()
+        return self.module(*args, **kwargs)
+
+    def _maybe_rebuild(self):
+        order = self._reducer.ready_order()
+        if not order:
+            return
+        self._rebuild_pending = False
+        full = torch.tensor(complete_order(order, len(self._params)), dtype=torch.int64)
+        agreed = ops.broadcast(full, root_rank=0, name=f"{self._name}.bucket_order").tolist()
+        self._reducer.rebuild(plan_buckets(self._params, agreed, self._fusion_bytes, self._first_bucket_bytes))
+
+    def sync_gradients(self) -> None:
+        """Blocks until every gradient of the last backward pass is averaged
+        (needed with sync="explicit"; harmless otherwise)."""
+        self._reducer.finalize()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients locally, without communication."""
+        self._reducer.set_sync_enabled(False)
+        try:
+            yield
+        finally:
+            self._reducer.set_sync_enabled(True)
+
+    def bucket_bytes(self):
+        return list(self._reducer.bucket_bytes())
+
+    # The wrapper is transparent: keys, attributes and modes are the module's.
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)

@@ -1,0 +1,20 @@
+"""DistributedModel / DistributedOptimizer: N ranks train exactly like one process on the global batch."""
+import pytest
+
+from tests.harness import run_ranks
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_distributed_model_equals_single_process(nranks):
+    run_ranks("tests.workers.training:check_distributed_model", nranks, timeout=280,
+              args=["all" if nranks != 4 else "quick"])
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_unused_tied_and_mixed_dtype_parameters(nranks):
+    run_ranks("tests.workers.training:check_special_models", nranks, timeout=120)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_accumulation_optimizer_and_broadcasts(nranks):
+    run_ranks("tests.workers.training:check_accumulation_and_optimizer", nranks, timeout=180)

@@ -1,0 +1,237 @@
+"""N-rank training must equal single-process training on the same global batch.
+
+Every rank builds the same model (same seed), trains on its shard of each
+global batch through hvdtorch, and also trains a private copy on the whole
+global batch; parameters must match after several steps.
+"""
+import copy
+
+import torch
+import torch.nn.functional as F
+
+import hvdtorch as hvd
+
+STEPS = 4
+PER_RANK = 3
+
+
+class Net(torch.nn.Module):
+    """Conv + MLP with an unused branch and tied weights."""
+
+    def __init__(self, tied=False, unused=False):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.fc1 = torch.nn.Linear(4 * 4 * 4, 16)
+        self.fc2 = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 5)
+        self.unused = torch.nn.Linear(16, 16) if unused else None
+        if tied:
+            self.fc2.weight = self.fc1.weight if self.fc1.weight.shape == self.fc2.weight.shape else self.fc2.weight
+            self.extra = torch.nn.Linear(16, 16)
+            self.extra.weight = self.fc2.weight  # used twice in forward
+        self.tied = tied
+
+    def forward(self, x):
+        h = F.relu(self.conv(x)).flatten(1)
+        h = F.relu(self.fc1(h))
+        h = F.relu(self.fc2(h))
+        if self.tied:
+            h = F.relu(self.extra(h))
+        return self.head(h)
+
+
+def batch(step, n):
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(PER_RANK * n, 2, 4, 4, generator=g)
+    y = torch.randint(0, 5, (PER_RANK * n,), generator=g)
+    return x, y
+
+
+def shard(t, r):
+    return t[r * PER_RANK:(r + 1) * PER_RANK]
+
+
+def make_opt(kind, params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9) if kind == "sgd" else torch.optim.Adam(params, lr=0.01)
+
+
+def assert_params_close(a, b, what, atol=1e-5):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), atol=atol, rtol=1e-4,
+                                   msg=lambda m: f"{what}: parameter {name}: {m}")
+
+
+def train_reference(model, kind, n, steps=STEPS):
+    opt = make_opt(kind, model.parameters())
+    for s in range(steps):
+        x, y = batch(s, n)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def check_distributed_model(configs="all"):
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    modes = {"none": (False, 0), "P": (True, 0), "F": (False, 1 << 20), "P+F": (True, 1 << 20),
+             "P+F small buckets": (True, 600)}
+    reducers = ["auto", "ring", "central", "native"]
+    cases = [(red, mode, "sgd") for red in reducers for mode in modes] + [("auto", "P+F", "adam")]
+    if configs == "quick":
+        cases = [("auto", "P+F", "sgd"), ("ring", "none", "adam")]
+    for reducer, mode, kind in cases:
+        torch.manual_seed(0)
+        base = Net()
+        ref = train_reference(copy.deepcopy(base), kind, n)
+        pipeline, fusion = modes[mode]
+        model = hvd.DistributedModel(copy.deepcopy(base), reducer=reducer, pipeline=pipeline, fusion_bytes=fusion,
+                                     first_bucket_bytes=min(fusion, 300))
+        opt = make_opt(kind, model.parameters())
+        for s in range(STEPS):
+            x, y = batch(s, n)
+            opt.zero_grad()
+            F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+            opt.step()
+        # Adam divides by sqrt(v): for near-zero gradients it turns the rounding
+        # of a different summation order (mean of shard means vs global mean)
+        # into visible differences, so it gets a looser absolute tolerance.
+        assert_params_close(model.module, ref, f"DistributedModel reducer={reducer} mode={mode} opt={kind}",
+                            atol=1e-4 if kind == "adam" else 1e-5)
+    hvd.shutdown()
+
+
+def check_special_models():
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    # Unused parameters and tied parameters.
+    for kw in ({"unused": True}, {"tied": True}):
+        torch.manual_seed(1)
+        base = Net(**kw)
+        ref = train_reference(copy.deepcopy(base), "sgd", n)
+        model = hvd.DistributedModel(copy.deepcopy(base), fusion_bytes=2048, first_bucket_bytes=256)
+        opt = make_opt("sgd", model.parameters())
+        for s in range(STEPS):
+            x, y = batch(s, n)
+            opt.zero_grad()
+            F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+            opt.step()
+        assert_params_close(model.module, ref, f"model {kw}")
+        if kw.get("unused"):
+            assert model.module.unused.weight.grad is not None, "unused parameter got no (zero) gradient"
+            assert float(model.module.unused.weight.grad.abs().sum()) == 0.0
+    # An unused branch on one rank only: must not hang, and the gradients average.
+    torch.manual_seed(2)
+    lin = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 3), "b": torch.nn.Linear(3, 3)})
+    model = hvd.DistributedModel(_Branchy(lin))
+    out = model(torch.ones(1, 3), use_b=(r == 0))
+    out.sum().backward()
+    gb = model.module.layers["b"].weight.grad
+    want_b = torch.ones(3, 3) / n  # only rank 0 contributed ones
+    torch.testing.assert_close(gb, want_b)
+    # Mixed float32 + bfloat16 parameters.
+    torch.manual_seed(3)
+    mixed = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 6).to(torch.bfloat16))
+    model = hvd.DistributedModel(mixed, fusion_bytes=1 << 20)
+    before = copy.deepcopy(mixed)
+    x = torch.full((2, 6), float(r + 1))  # every rank's gradient differs
+    mixed[1](mixed[0](x).to(torch.bfloat16)).float().sum().backward()
+    assert all(p.grad is not None for p in mixed.parameters())
+    g0 = mixed[0].weight.grad.clone()
+    g1 = mixed[1].weight.grad.clone()
+    local0, local1 = [], []
+    for k in range(n):  # recompute every rank's local gradient here
+        m2 = copy.deepcopy(before)
+        xx = torch.full((2, 6), float(k + 1))
+        m2[1](m2[0](xx).to(torch.bfloat16)).float().sum().backward()
+        local0.append(m2[0].weight.grad)
+        local1.append(m2[1].weight.grad.float())
+    torch.testing.assert_close(g0, sum(local0) / n)
+    assert g1.dtype == torch.bfloat16
+    torch.testing.assert_close(g1.float(), sum(local1) / n, atol=0.05, rtol=0.02)
+    hvd.shutdown()
+
+
+class _Branchy(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x, use_b):
+        h = self.layers["a"](x)
+        return self.layers["b"](x) + h if use_b else h
+
+
+def check_accumulation_and_optimizer():
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    # Gradient accumulation with no_sync(): two micro-batches per step equal
+    # one step on both (sum of gradients).
+    torch.manual_seed(4)
+    base = Net()
+    ref = copy.deepcopy(base)
+    ref_opt = make_opt("sgd", ref.parameters())
+    model = hvd.DistributedModel(copy.deepcopy(base), fusion_bytes=4096)
+    opt = make_opt("sgd", model.parameters())
+    for s in range(3):
+        x1, y1 = batch(10 + s, n)
+        x2, y2 = batch(20 + s, n)
+        ref_opt.zero_grad()
+        (F.cross_entropy(ref(x1), y1) + F.cross_entropy(ref(x2), y2)).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        with model.no_sync():
+            F.cross_entropy(model(shard(x1, r)), shard(y1, r)).backward()
+        F.cross_entropy(model(shard(x2, r)), shard(y2, r)).backward()
+        opt.step()
+    assert_params_close(model.module, ref, "no_sync accumulation")
+
+    # backward_passes_per_step=2 does the same without a context manager.
+    model2 = hvd.DistributedModel(copy.deepcopy(base), fusion_bytes=4096, backward_passes_per_step=2)
+    opt2 = make_opt("sgd", model2.parameters())
+    for s in range(3):
+        x1, y1 = batch(10 + s, n)
+        x2, y2 = batch(20 + s, n)
+        opt2.zero_grad()
+        F.cross_entropy(model2(shard(x1, r)), shard(y1, r)).backward()
+        F.cross_entropy(model2(shard(x2, r)), shard(y2, r)).backward()
+        opt2.step()
+    assert_params_close(model2.module, ref, "backward_passes_per_step=2")
+
+    # DistributedOptimizer (Horovod API), SGD and Adam, with and without fp16 compression.
+    for kind, compression, atol in (("sgd", hvd.Compression.none, 1e-5), ("adam", hvd.Compression.none, 1e-4),
+                                    ("sgd", hvd.Compression.fp16, 2e-3)):
+        torch.manual_seed(5)
+        base = Net()
+        reference = train_reference(copy.deepcopy(base), kind, n)
+        model = copy.deepcopy(base)
+        opt = hvd.DistributedOptimizer(make_opt(kind, model.parameters()), named_parameters=model.named_parameters(),
+                                       compression=compression)
+        for s in range(STEPS):
+            x, y = batch(s, n)
+            opt.zero_grad()
+            F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+            opt.step()
+        assert_params_close(model, reference, f"DistributedOptimizer {kind} {compression.__name__}", atol=atol)
+
+    # Broadcast of parameters and optimizer state from a non-zero root.
+    root = n - 1
+    torch.manual_seed(100 + r)  # every rank starts different
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.001 * (r + 1))
+    F.cross_entropy(model(batch(0, n)[0][:2]), batch(0, n)[1][:2]).backward()
+    opt.step()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root)
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    torch.manual_seed(100 + root)
+    want = Net()
+    want_opt = torch.optim.Adam(want.parameters(), lr=0.001 * (root + 1))
+    F.cross_entropy(want(batch(0, n)[0][:2]), batch(0, n)[1][:2]).backward()
+    want_opt.step()
+    assert_params_close(model, want, "broadcast_parameters")
+    assert opt.param_groups[0]["lr"] == want_opt.param_groups[0]["lr"]
+    for p, q in zip(model.parameters(), want.parameters()):
+        torch.testing.assert_close(opt.state[p]["exp_avg"], want_opt.state[q]["exp_avg"])
+    assert hvd.broadcast_object({"a": r}, root_rank=root) == {"a": root}
+    assert hvd.allgather_object(("x", r)) == [("x", k) for k in range(n)]
+    hvd.shutdown()
