@@ -20,7 +20,6 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"RING_SEGMENT_BYTES", "1048576", "bytes per pipelined segment of the ring"},
       {"RING_WINDOW", "4", "ring segments in flight at once"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
-      {"TIMELINE", "", "path of a Chrome-trace timeline to write; empty disables it"},
   };
   return k;
 }
@@ -75,8 +74,6 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     ring_window = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "CENTRAL_SHARDS") {
     central_shards = std::max(1, static_cast<int>(toNumber(key, v)));
-  } else if (key == "TIMELINE") {
-    timeline = v;
   } else {
     std::string names;
     for (const auto& k : knobs()) names += (names.empty() ? "" : ", ") + k.name;
