@@ -10,6 +10,7 @@ again after it.
 import atexit
 import datetime
 import os
+import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -114,12 +115,16 @@ def init(comm=None, process_sets=None, **options) -> None:
 
         control = dist.new_group(backend="gloo", timeout=timeout)
         data = dist.new_group(backend="gloo", timeout=timeout)
-        hosts: List[Optional[str]] = [None] * size
-        dist.all_gather_object(hosts, launch.hostname(), group=control)
+        # Every rank's host, and one random token (rank 0's) that names this
+        # job's shared-memory segments: launcher run ids are not unique
+        # enough (torchrun's default is "none").
+        gathered: List[Optional[tuple]] = [None] * size
+        dist.all_gather_object(gathered, (launch.hostname(), secrets.token_hex(6)), group=control)
         index: Dict[str, int] = {}
-        host_of_rank = [index.setdefault(h, len(index)) for h in hosts]
+        host_of_rank = [index.setdefault(h, len(index)) for h, _ in gathered]
+        shm_token = f"{os.getuid()}-{gathered[0][1]}"
 
-        engine = _C.Engine(opts, rank, host_of_rank, control, data)
+        engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token)
         topo = engine.topology()
         _state = _State(engine=engine, rank=rank, size=size, local_rank=topo["local_rank"],
                         local_size=topo["local_size"], cross_rank=topo["cross_rank"],

@@ -10,5 +10,11 @@ def test_all_collectives(nranks):
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_reducers_selected_per_call(nranks):
-    run_ranks("tests.workers.collectives:check_reducers", nranks, timeout=240)
+@pytest.mark.parametrize("shm", ["0", "1"])
+def test_reducers_selected_per_call(nranks, shm):
+    run_ranks("tests.workers.collectives:check_reducers", nranks, timeout=240, env={"HVDTORCH_SHM": shm})
+
+
+@pytest.mark.parametrize("shm", ["0", "1"])
+def test_large_messages_over_each_transport(shm):
+    run_ranks("tests.workers.collectives:check_large_ring", 2, timeout=240, env={"HVDTORCH_SHM": shm})

@@ -37,12 +37,14 @@ TensorSpec specOf(const TensorPtr& t) { return TensorSpec{t->dtype(), t->shape()
 class PyEngine {
  public:
   PyEngine(const std::map<std::string, std::string>& options, int rank, const std::vector<int>& host_of_rank,
-           c10::intrusive_ptr<c10d::ProcessGroup> control_pg, c10::intrusive_ptr<c10d::ProcessGroup> data_pg)
+           c10::intrusive_ptr<c10d::ProcessGroup> control_pg, c10::intrusive_ptr<c10d::ProcessGroup> data_pg,
+           const std::string& shm_token)
       : native_(std::make_unique<C10dNative>(data_pg)) {
     Engine::Transports t;
     t.control = [control_pg](int peer) { return std::make_unique<C10dLink>(control_pg, peer); };
     t.data = [data_pg](int peer) { return std::make_unique<C10dLink>(data_pg, peer); };
     t.native = native_.get();
+    t.shm_token = shm_token;
     engine_ = std::make_shared<Engine>(Config::load(options), Topology::build(rank, host_of_rank), std::move(t));
   }
 
@@ -207,8 +209,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::map<std::string, std::string>&, int, const std::vector<int>&,
-                    c10::intrusive_ptr<c10d::ProcessGroup>, c10::intrusive_ptr<c10d::ProcessGroup>>(),
-           py::arg("options"), py::arg("rank"), py::arg("host_of_rank"), py::arg("control_pg"), py::arg("data_pg"))
+                    c10::intrusive_ptr<c10d::ProcessGroup>, c10::intrusive_ptr<c10d::ProcessGroup>,
+                    const std::string&>(),
+           py::arg("options"), py::arg("rank"), py::arg("host_of_rank"), py::arg("control_pg"), py::arg("data_pg"),
+           py::arg("shm_token"))
       .def("allreduce", &PyEngine::allreduce)
       .def("allgather", &PyEngine::allgather)
       .def("broadcast", &PyEngine::broadcast)

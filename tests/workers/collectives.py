@@ -3,6 +3,8 @@
 Every rank can compute every other rank's input (inputs are a function of
 rank and case), so each rank checks the full result by itself.
 """
+import os
+
 import torch
 
 import hvdtorch as hvd
@@ -174,5 +176,20 @@ def check_reducers():
     hvd.init()
     global DTYPES
     DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
-    check_allreduce(reducers=("ring", "central", "native"))
+    reducers = ("ring", "central", "native", "node") if os.environ.get("HVDTORCH_SHM", "1") != "0" else \
+        ("ring", "central", "native")
+    check_allreduce(reducers=reducers)
+    hvd.shutdown()
+
+
+def check_large_ring():
+    """Chunks of many segments: over Gloo a send completes only once the peer
+    posted its receive, which a ring must never wait on before posting its own."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    count = 6_000_000  # 24 MB: > 2 x window segments of 1 MiB per chunk
+    x = torch.full((count,), float(r + 1))
+    for reducer in ("ring", "central", "auto"):
+        got = hvd.allreduce(x, op=hvd.Sum, reducer=reducer, name=f"big.{reducer}")
+        assert torch.equal(got, torch.full((count,), float(sum(range(1, n + 1))))), reducer
     hvd.shutdown()

@@ -21,7 +21,6 @@ ShmArena& NodeAllreduce::arena(Context& ctx) {
                                    "make one NodeAllreduce per Context"));
     return *arena_;
   }
-  ShmSegment::checkName(opts_.shm_prefix + "-n0");
   const std::string name = strCat(opts_.shm_prefix, "-n", t.host_of_rank[t.rank]);
   arena_ = std::make_unique<ShmArena>(name, t.local_rank, t.local_ranks, opts_.slot_bytes, ctx.deadline());
   arena_rank_ = t.rank;
@@ -31,6 +30,8 @@ ShmArena& NodeAllreduce::arena(Context& ctx) {
 void NodeAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) {
   const Topology& t = ctx.topo();
   if (count == 0 || t.size == 1) return;
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax && op != ReduceOp::kProduct)
+    throw InvalidArgument(strCat("node reducer: op ", reduceOpName(op), " is not an element-wise reduction"));
   if (!broken_.empty()) throw CollectiveError(broken_);
   if (!t.homogeneous()) {
     // Slices would not line up across hosts of different local_size.

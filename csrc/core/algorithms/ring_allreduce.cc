@@ -70,19 +70,14 @@ void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members
   const size_t slot_bytes = seg_elems * esize;
   if (scratch_.size() < slot_bytes * window) scratch_.resize(slot_bytes * window);
 
-  std::deque<std::unique_ptr<LinkRequest>> sends;
-  auto postSend = [&](const Message& m) {
-    sends.push_back(right.isend(base + m.offset * esize, m.count * esize));
-    // Bound the number of outstanding sends; the oldest finishes first.
-    while (sends.size() > static_cast<size_t>(2 * window)) {
-      sends.front()->wait(deadline);
-      sends.pop_front();
-    }
-  };
-  for (const Message& m : sends_step0) postSend(m);
-
-  // Receives: reduce-scatter messages land in a scratch slot and are reduced
-  // into place; all-gather messages land in place directly. A region being
+  // Receives first: some transports (Gloo's unbound buffers) complete a send
+  // only once the peer has posted the matching receive, so a rank must never
+  // block on a send before its own receive window is posted. Sends are
+  // therefore never waited for inside the loop, only at the end; they read
+  // the caller's buffer in place, so keeping them outstanding costs nothing.
+  //
+  // Reduce-scatter messages land in a scratch slot and are reduced into
+  // place; all-gather messages land in place directly. A region being
   // overwritten by a later all-gather receive was sent earlier by this rank,
   // and its new content cannot arrive before that send was read (it depends
   // on it), so no extra wait is needed.
@@ -97,6 +92,10 @@ void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members
   };
   while (next_post < recvs.size() && pending.size() < static_cast<size_t>(window)) postRecv();
 
+  std::vector<std::unique_ptr<LinkRequest>> sends;
+  auto postSend = [&](const Message& m) { sends.push_back(right.isend(base + m.offset * esize, m.count * esize)); };
+  for (const Message& m : sends_step0) postSend(m);
+
   for (size_t i = 0; i < recvs.size(); ++i) {
     const Message& m = recvs[i];
     pending.front()->wait(deadline);
@@ -109,10 +108,7 @@ void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members
     // Forward what was just completed: it is the next step's send.
     if (m.step + 1 < 2 * (p - 1)) postSend(m);
   }
-  while (!sends.empty()) {
-    sends.front()->wait(deadline);
-    sends.pop_front();
-  }
+  for (auto& s : sends) s->wait(deadline);
 }
 
 }  // namespace hvdtorch

@@ -3,26 +3,43 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "algorithms/node_allreduce.h"
 #include "algorithms/reduce_kernels.h"
 #include "common/error.h"
 #include "engine/fusion.h"
+#include "transport/shm_link.h"
+#include "transport/shm_segment.h"
 
 namespace hvdtorch {
 
 Engine::Engine(Config config, Topology topo, Transports transports)
     : config_(std::move(config)),
       control_ctx_(topo, transports.control, nullptr, nullptr, config_.timeout),
-      data_ctx_(topo, transports.data, config_.shm ? transports.local : nullptr, transports.native,
-                config_.timeout),
+      data_ctx_(topo, transports.data, localLinks(config_, topo, transports), transports.native, config_.timeout),
       reducers_(RingOptions{config_.ring_segment_bytes, config_.ring_window},
                 CentralOptions{config_.central_shards, config_.ring_segment_bytes}),
       executor_(data_ctx_, reducers_),
       control_(control_ctx_) {
+  if (config_.shm && !transports.shm_token.empty())
+    reducers_.setNode(std::make_unique<NodeAllreduce>(
+        NodeOptions{makeShmPrefix(transports.shm_token), size_t(4) << 20,
+                    RingOptions{config_.ring_segment_bytes, config_.ring_window}}));
   control_thread_ = std::thread([this] { controlLoop(); });
   executor_thread_ = std::thread([this] { executorLoop(); });
 }
 
 Engine::~Engine() { shutdown(); }
+
+Context::LinkFactory Engine::localLinks(const Config& config, const Topology& topo, const Transports& t) {
+  if (!config.shm) return nullptr;
+  if (t.local) return t.local;
+  if (t.shm_token.empty()) return nullptr;
+  ShmLinkConfig cfg;
+  cfg.prefix = makeShmPrefix(t.shm_token);
+  cfg.timeout = config.timeout;
+  const int rank = topo.rank;
+  return [cfg, rank](int peer) { return makeShmLink(cfg, rank, peer); };
+}
 
 void Engine::warn(const std::string& msg) { std::fprintf(stderr, "%s\n", msg.c_str()); }
 

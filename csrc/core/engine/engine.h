@@ -42,8 +42,11 @@ class Engine {
   struct Transports {
     Context::LinkFactory control;  // links for negotiation (own process group)
     Context::LinkFactory data;     // links for collectives between hosts
-    Context::LinkFactory local;    // same-host links (shared memory); may be empty
+    Context::LinkFactory local;    // same-host links; empty: shared memory when shm_token is set
     NativeCollectives* native = nullptr;  // the data group's own collectives
+    // Job-unique token shared by every rank (names the shared-memory
+    // segments). Empty, or HVDTORCH_SHM=0: no shared memory at all.
+    std::string shm_token;
   };
 
   Engine(Config config, Topology topo, Transports transports);
@@ -75,6 +78,7 @@ class Engine {
   void failEverything(const std::string& why);
   void finishName(const std::string& name);
   void warn(const std::string& msg);
+  static Context::LinkFactory localLinks(const Config& config, const Topology& topo, const Transports& t);
 
   Config config_;
   Context control_ctx_;

@@ -4,8 +4,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "transport/shm_ring.h"
@@ -29,17 +31,36 @@ size_t segmentBytes(size_t ring) { return 2 * sizeof(ShmRingCtl) + 2 * roundUp64
 // notifications per large message small.
 size_t pieceFor(size_t ring) { return std::max<size_t>(1, std::min<size_t>(ring / 4, size_t(256) << 10)); }
 
+// Ownership of the streaming fields (pos, staged, is_staged): whoever holds
+// the op — the poster or a waiter under State::mu while the op is not being
+// streamed, or the sender thread while `State::pumping` points to it.
 struct SendOp {
-  const char* src;
+  const char* src;  // the caller's buffer, read until `released`
   size_t bytes;
   uint64_t frame;
-  // Stream bytes (frame + payload) in the ring. Written only by the thread
-  // that owns the op at the time (the poster, then the sender thread);
-  // atomic so that a timed-out waiter can report it.
+  // Stream bytes (frame + payload) in the ring; atomic so that a timed-out
+  // waiter can report progress.
   std::atomic<size_t> pos{0};
-  bool done = false;  // under State::mu
-  std::string error;  // under State::mu
+  // The unsent tail of the payload, copied when the caller waited before the
+  // peer had taken everything (see "Completion" in the header).
+  std::vector<char> staged;
+  size_t staged_from = 0;  // payload offset of staged[0]
+  bool is_staged = false;
+  std::atomic<bool> stage_requested{false};  // a waiter asks the sender thread to stage
+  // Under State::mu.
+  bool released = false;  // the caller's buffer is no longer read (done or staged)
+  bool done = false;      // every byte is in the ring
+  std::string error;
+
   size_t total() const { return kFrame + bytes; }
+  const char* payload(size_t off) const { return is_staged ? staged.data() + (off - staged_from) : src + off; }
+  void stage() {
+    if (is_staged) return;
+    const size_t p = pos.load(std::memory_order_relaxed);
+    staged_from = p > kFrame ? p - kFrame : 0;
+    staged.assign(src + staged_from, src + bytes);
+    is_staged = true;
+  }
 };
 
 struct RecvOp {
@@ -83,6 +104,7 @@ struct ShmLink::State {
   std::atomic<bool> interrupt{false};  // stop or send_broken, readable without mu
   std::thread sender;
   std::atomic<bool> peer_attached{false};
+  std::chrono::milliseconds flush_timeout{0};
 
   std::deque<std::shared_ptr<RecvOp>> recvs;  // unfinished, in posting order
   std::string recv_broken;
@@ -113,7 +135,7 @@ struct ShmLink::State {
     while (pos < op.total()) {
       const size_t n = pos < kFrame
                            ? out.write(reinterpret_cast<const char*>(&op.frame) + pos, kFrame - pos)
-                           : out.write(op.src + (pos - kFrame), op.total() - pos);
+                           : out.write(op.payload(pos - kFrame), op.total() - pos);
       if (n == 0) break;
       pos += n;
     }
@@ -144,10 +166,17 @@ struct ShmLink::State {
     recvs.clear();
   }
 
-  // Streams `op` to the end, sleeping while the ring is full. Returns an
-  // empty string when done, otherwise why it stopped.
+  // Streams `op` to the end, sleeping while the ring is full, and stages it
+  // when its waiter asks. Returns an empty string when done, otherwise why
+  // it stopped.
   std::string streamOne(SendOp& op) {
     for (;;) {
+      if (op.stage_requested.load(std::memory_order_acquire) && !op.is_staged) {
+        op.stage();  // this thread holds the op: copy without the lock
+        std::lock_guard<std::mutex> lock(mu);
+        op.released = true;
+        done_cv.notify_all();
+      }
       const bool all_in = pushSome(op);
       if (all_in && peerAttached()) return "";
       if (interrupt.load(std::memory_order_acquire)) return "interrupted";
@@ -158,7 +187,9 @@ struct ShmLink::State {
         shmWait(
             out.spaceSignal(), Deadline::never(),
             [&] {
-              return interrupt.load(std::memory_order_acquire) || (all_in ? peerAttached() : out.freeBytes() > 0);
+              return interrupt.load(std::memory_order_acquire) ||
+                     (op.stage_requested.load(std::memory_order_acquire) && !op.is_staged) ||
+                     (all_in ? peerAttached() : out.freeBytes() > 0);
             },
             [&] { return peerGone(); }, [](std::chrono::milliseconds) { return std::string(); });
       } catch (const std::exception& e) {
@@ -180,6 +211,7 @@ struct ShmLink::State {
       pumping = nullptr;
       if (result.empty()) {
         op->done = true;
+        op->released = true;
       } else {
         if (send_broken.empty())
           send_broken = result != "interrupted" ? result : closedMessage();
@@ -221,7 +253,21 @@ struct ShmLink::State {
     return strCat("rank ", self, ": shared-memory link to rank ", peer, " was closed");
   }
 
-  void close() {
+  // Sends whose callers were told "complete" (released) are still owed to
+  // the peer: deliver them before closing, unless the peer is gone (the
+  // sender thread then fails them) or `flush_timeout` passes.
+  void flush() {
+    std::unique_lock<std::mutex> lock(mu);
+    const Deadline deadline = Deadline::after(flush_timeout);
+    auto owed = [&] {
+      return std::any_of(sends.begin(), sends.end(), [](const auto& op) { return op->released; });
+    };
+    while (owed() && !deadline.expired())
+      done_cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(100)));
+  }
+
+  void close(bool deliver) {
+    if (deliver) flush();
     {
       std::lock_guard<std::mutex> lock(mu);
       stop = true;
@@ -247,22 +293,40 @@ class ShmSendRequest : public LinkRequest {
   ShmSendRequest(std::shared_ptr<ShmLink::State> s, std::shared_ptr<SendOp> op)
       : s_(std::move(s)), op_(std::move(op)) {}
 
+  // Returns once the caller's buffer is free: every byte is in the ring, or
+  // the rest has been staged (copied) for the sender thread to deliver. So a
+  // send waits only for the peer to attach (bounded by the deadline), never
+  // for the peer's application.
   void wait(Deadline deadline) override {
-    std::unique_lock<std::mutex> lock(s_->mu);
-    while (!op_->done && op_->error.empty()) {
+    ShmLink::State& s = *s_;
+    std::unique_lock<std::mutex> lock(s.mu);
+    for (;;) {
+      if (!op_->error.empty()) throw CollectiveError(op_->error);
+      if (op_->released) return;
+      if (s.peerAttached()) {
+        if (s.pumping != op_.get()) {
+          op_->stage();  // queued: nobody streams it while we hold mu
+          op_->released = true;
+          return;
+        }
+        // The sender thread holds it and stages it at its next step: it
+        // never blocks without watching this flag, so this wait is short.
+        if (!op_->stage_requested.exchange(true)) s.out.spaceSignal().notify();
+        s.done_cv.wait_for(lock, std::chrono::milliseconds(100));
+        continue;
+      }
       if (deadline.expired()) throw TimeoutError(describe());
-      s_->done_cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(),
-                                                                      std::chrono::milliseconds(100)));
+      // Attachment is polled: the peer cannot signal this condition variable.
+      s.done_cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(1)));
     }
-    if (!op_->error.empty()) throw CollectiveError(op_->error);
   }
 
-  // Destroyed unfinished: the stream can no longer match the peer's
-  // receives, so the send side is broken, and the sender thread must let go
-  // of this buffer before it may be freed.
+  // Destroyed while the caller's buffer is still in use: the stream can no
+  // longer match the peer's receives, so the send side is broken, and the
+  // sender thread must let go of this buffer before it may be freed.
   ~ShmSendRequest() override {
     std::unique_lock<std::mutex> lock(s_->mu);
-    if (op_->done || !op_->error.empty()) return;
+    if (op_->released || !op_->error.empty()) return;
     s_->breakSends(strCat("rank ", s_->self, ": a send to rank ", s_->peer,
                           " was abandoned before completing; the shared-memory link is unusable"));
     s_->done_cv.wait(lock, [&] { return s_->pumping != op_.get(); });
@@ -270,10 +334,8 @@ class ShmSendRequest : public LinkRequest {
 
  private:
   std::string describe() const {
-    const size_t pos = op_->pos.load(std::memory_order_relaxed);
     return strCat("rank ", s_->self, ": timed out sending ", op_->bytes, " bytes to rank ", s_->peer,
-                  " over shared memory (", pos > kFrame ? pos - kFrame : 0, " taken; segment ", s_->seg.name(),
-                  s_->peer_attached ? ")" : strCat("; rank ", s_->peer, " never attached)"));
+                  " over shared memory: rank ", s_->peer, " never attached to segment ", s_->seg.name());
   }
 
   std::shared_ptr<ShmLink::State> s_;
@@ -322,6 +384,7 @@ ShmLink::ShmLink(const ShmLinkConfig& cfg, int self, int peer) : state_(std::mak
   State& s = *state_;
   s.self = self;
   s.peer = peer;
+  s.flush_timeout = cfg.timeout;
   const bool lower = self < peer;
   s.peer_party = lower ? 1 : 0;
   const std::string name = shmLinkName(cfg.prefix, self, peer);
@@ -340,7 +403,9 @@ ShmLink::ShmLink(const ShmLinkConfig& cfg, int self, int peer) : state_(std::mak
   s.in = lower ? high_to_low : low_to_high;
 }
 
-ShmLink::~ShmLink() { state_->close(); }
+// While an exception unwinds (a collective failed), closing promptly matters
+// more than delivering: the peers fail fast on seeing this end leave.
+ShmLink::~ShmLink() { state_->close(/*deliver=*/std::uncaught_exceptions() == 0); }
 
 int ShmLink::peer() const { return state_->peer; }
 
@@ -357,6 +422,7 @@ std::unique_ptr<LinkRequest> ShmLink::isend(const void* data, size_t bytes) {
     op->error = s.send_broken;
   } else if (s.sends.empty() && s.pushSome(*op) && s.peerAttached()) {
     op->done = true;  // the common small-message case: no thread involved
+    op->released = true;
   } else {
     // Partly or not at all in the ring: the sender thread takes it from here.
     s.sends.push_back(op);

@@ -18,6 +18,18 @@ namespace hvdtorch {
 
 namespace {
 
+// Children forked by a rank (data-loader workers) must not inherit the
+// mapping: they never use it, and holding it would keep the memory alive
+// after the rank itself is gone.
+void dontFork(void* base, size_t bytes) {
+#ifdef MADV_DONTFORK
+  madvise(base, bytes, MADV_DONTFORK);
+#else
+  (void)base;
+  (void)bytes;
+#endif
+}
+
 constexpr uint64_t kMagic = 0x3130'4d48'5344'5648ull;  // "HVDSHM01"
 constexpr size_t kPage = 4096;
 
@@ -38,7 +50,6 @@ struct ShmSegment::Header {
   uint64_t user_offset;
   uint64_t user_bytes;
   uint32_t parties;
-  int32_t creator_rank;
   std::atomic<uint32_t> attached;  // parties registered so far, creator included
   std::atomic<uint32_t> unlinked;  // 1 once the name has been removed
 };
@@ -155,6 +166,7 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes, int parties
     throw CollectiveError(strCat("rank ", self_rank, ": cannot map shared-memory segment ", name, ": ",
                                  errnoText(map_err)));
   }
+  dontFork(base, seg.total_bytes_);
   seg.base_ = base;
   seg.user_ = static_cast<char*>(base) + user_offset;
   seg.user_bytes_ = bytes;
@@ -164,7 +176,6 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes, int parties
   h->user_offset = user_offset;
   h->user_bytes = bytes;
   h->parties = static_cast<uint32_t>(parties);
-  h->creator_rank = self_rank;
   PartySlot* me = seg.slot(0);
   const ProcessId id = ProcessId::self();
   me->rank = self_rank;
@@ -206,9 +217,9 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes, int parties, 
       if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= kPage) break;
       close(fd);  // created but not yet sized
       fd = -1;
-    } else if (errno != ENOENT) {
+    } else if (const int err = errno; err != ENOENT) {
       throw CollectiveError(strCat("rank ", self_rank, ": cannot open shared-memory segment ", name, " of rank ",
-                                   creator_rank, ": ", errnoText(errno)));
+                                   creator_rank, ": ", errnoText(err)));
     }
     if (deadline.expired()) throw timeout("create");
     pause(attempt);
@@ -219,6 +230,7 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes, int parties, 
   if (base == MAP_FAILED)
     throw CollectiveError(strCat("rank ", self_rank, ": cannot map shared-memory segment ", name, ": ",
                                  errnoText(map_err)));
+  dontFork(base, static_cast<size_t>(st.st_size));
   seg.base_ = base;
   seg.total_bytes_ = static_cast<size_t>(st.st_size);
 

@@ -1,7 +1,5 @@
 #include "transport/shm_wait.h"
 
-#include <sched.h>
-
 #include <climits>
 #include <thread>
 
@@ -26,8 +24,6 @@ void cpuRelax() {
   asm volatile("yield" ::: "memory");
 #endif
 }
-
-void yieldCpu() { sched_yield(); }
 
 // The futex word is shared between processes, so the non-private futex
 // operations are used: the kernel keys them by the backing page, which works
