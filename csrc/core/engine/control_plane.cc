@@ -1,21 +1,39 @@
 #include "engine/control_plane.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace hvdtorch {
 
+// A message is one fixed-size frame (length + the first bytes), followed by
+// a second message with the rest only when it does not fit: in steady state
+// (response-cache bits only) every exchange is one message each way.
+namespace {
+constexpr size_t kFrame = 4096;
+constexpr size_t kInline = kFrame - sizeof(uint64_t);
+}  // namespace
+
 void ControlPlane::sendBytes(Link& link, const std::vector<char>& bytes, Deadline d) {
+  char frame[kFrame];
   const uint64_t n = bytes.size();
-  auto header = link.isend(&n, sizeof n);
-  if (n > 0) link.send(bytes.data(), n, d);
-  header->wait(d);
+  std::memcpy(frame, &n, sizeof n);
+  const size_t first = std::min<size_t>(n, kInline);
+  if (first > 0) std::memcpy(frame + sizeof n, bytes.data(), first);
+  auto head = link.isend(frame, kFrame);
+  if (n > first) link.send(bytes.data() + first, n - first, d);
+  head->wait(d);
 }
 
 std::vector<char> ControlPlane::recvBytes(Link& link, Deadline d) {
+  char frame[kFrame];
+  link.recv(frame, kFrame, d);
   uint64_t n = 0;
-  link.recv(&n, sizeof n, d);
+  std::memcpy(&n, frame, sizeof n);
   std::vector<char> bytes(n);
-  if (n > 0) link.recv(bytes.data(), n, d);
+  const size_t first = std::min<size_t>(n, kInline);
+  if (first > 0) std::memcpy(bytes.data(), frame + sizeof n, first);
+  if (n > first) link.recv(bytes.data() + first, n - first, d);
   return bytes;
 }
 

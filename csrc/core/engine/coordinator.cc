@@ -204,7 +204,6 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
   for (auto it = bits_.begin(); it != bits_.end();)
     it = bit_ranks.count(it->first) ? std::next(it) : bits_.erase(it);
 
-  out.idle = out.responses.empty() && out.cached_ready.empty() && table_.empty() && bit_ranks.empty();
   return out;
 }
 

@@ -14,15 +14,16 @@ namespace hvdtorch {
 
 Engine::Engine(Config config, Topology topo, Transports transports)
     : config_(std::move(config)),
-      control_ctx_(topo, transports.control, nullptr, nullptr, config_.timeout),
-      data_ctx_(topo, transports.data, localLinks(config_, topo, transports), transports.native, config_.timeout),
+      control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
+      data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native,
+                config_.timeout),
       reducers_(RingOptions{config_.ring_segment_bytes, config_.ring_window},
                 CentralOptions{config_.central_shards, config_.ring_segment_bytes}),
       executor_(data_ctx_, reducers_),
       control_(control_ctx_) {
   if (config_.shm && !transports.shm_token.empty())
     reducers_.setNode(std::make_unique<NodeAllreduce>(
-        NodeOptions{makeShmPrefix(transports.shm_token), size_t(4) << 20,
+        NodeOptions{makeShmPrefix(transports.shm_token + "n"), size_t(4) << 20,
                     RingOptions{config_.ring_segment_bytes, config_.ring_window}}));
   control_thread_ = std::thread([this] { controlLoop(); });
   executor_thread_ = std::thread([this] { executorLoop(); });
@@ -30,12 +31,13 @@ Engine::Engine(Config config, Topology topo, Transports transports)
 
 Engine::~Engine() { shutdown(); }
 
-Context::LinkFactory Engine::localLinks(const Config& config, const Topology& topo, const Transports& t) {
+Context::LinkFactory Engine::localLinks(const Config& config, const Topology& topo, const Transports& t,
+                                        const std::string& plane) {
   if (!config.shm) return nullptr;
   if (t.local) return t.local;
   if (t.shm_token.empty()) return nullptr;
   ShmLinkConfig cfg;
-  cfg.prefix = makeShmPrefix(t.shm_token);
+  cfg.prefix = makeShmPrefix(t.shm_token + plane);
   cfg.timeout = config.timeout;
   const int rank = topo.rank;
   return [cfg, rank](int peer) { return makeShmLink(cfg, rank, peer); };
@@ -118,21 +120,23 @@ void Engine::controlLoop() {
   if (control_ctx_.rank() == 0)
     coordinator = std::make_unique<Coordinator>(control_ctx_.size(), config_.stall_warning, config_.timeout,
                                                 [this](const std::string& m) { warn(m); });
-  int idle_cycles = 0;
   bool stop = false;
   while (!stop) {
     {
-      // Wake for new work at once; otherwise run a cycle every cycle_time,
-      // backing off while nothing is pending on any rank.
+      // A rank with ops awaiting an answer runs a cycle every cycle_time. A
+      // rank with nothing pending sleeps until it gets work: an op can only
+      // become ready once every rank has submitted it, and then every rank
+      // is polling. Idle ranks still join a cycle every kIdleWait, which
+      // bounds how late they see stall warnings, timeouts and shutdown.
+      constexpr auto kIdleWait = std::chrono::milliseconds(50);
+      const bool waiting = !pending_.empty() || !cached_pending_.empty();
       std::unique_lock<std::mutex> lock(mu_);
-      auto wait = config_.cycle_time;
-      if (idle_cycles > 100) wait = std::min<std::chrono::microseconds>(wait * 10, std::chrono::milliseconds(10));
+      const auto wait = waiting ? config_.cycle_time : std::chrono::duration_cast<std::chrono::microseconds>(kIdleWait);
       incoming_cv_.wait_for(lock, wait, [&] { return !incoming_.empty() || shutdown_requested_; });
     }
-    bool idle = false;
     try {
       stop = [&] {
-        runCycle(cache, coordinator.get(), idle);
+        runCycle(cache, coordinator.get());
         std::lock_guard<std::mutex> lock(mu_);
         return stopped_;
       }();
@@ -143,13 +147,12 @@ void Engine::controlLoop() {
       pending_.clear();
       stop = true;
     }
-    idle_cycles = idle ? idle_cycles + 1 : 0;
   }
   std::lock_guard<std::mutex> lock(mu_);
   stopped_ = true;
 }
 
-void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator, bool& idle) {
+void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
   const int me = control_ctx_.rank();
   RankMessage msg;
   std::deque<EntryPtr> fresh;
@@ -178,7 +181,6 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator, bool& idle
     return coordinator->process(msgs, cache, Coordinator::Clock::now()).serialize();
   });
   const ResponseList list = ResponseList::parse(reply);
-  idle = list.idle;
 
   std::vector<ReadyOp> ready;
   auto take = [&](const std::string& name) -> EntryPtr {

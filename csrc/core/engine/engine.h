@@ -74,11 +74,14 @@ class Engine {
  private:
   void controlLoop();
   void executorLoop();
-  void runCycle(ResponseCache& cache, Coordinator* coordinator, bool& idle);
+  void runCycle(ResponseCache& cache, Coordinator* coordinator);
   void failEverything(const std::string& why);
   void finishName(const std::string& name);
   void warn(const std::string& msg);
-  static Context::LinkFactory localLinks(const Config& config, const Topology& topo, const Transports& t);
+  // Same-host links of one plane ("c" control, "d" data): shared memory
+  // unless HVDTORCH_SHM=0 or no token was given.
+  static Context::LinkFactory localLinks(const Config& config, const Topology& topo, const Transports& t,
+                                         const std::string& plane);
 
   Config config_;
   Context control_ctx_;

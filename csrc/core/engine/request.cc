@@ -139,7 +139,6 @@ std::vector<char> ResponseList::serialize() const {
   w.put<uint8_t>(shutdown);
   w.put(shutdown_rank);
   w.putString(shutdown_reason);
-  w.put<uint8_t>(idle);
   return std::move(w.bytes());
 }
 
@@ -152,7 +151,6 @@ ResponseList ResponseList::parse(const std::vector<char>& bytes) {
   l.shutdown = r.get<uint8_t>() != 0;
   l.shutdown_rank = r.get<int32_t>();
   l.shutdown_reason = r.getString();
-  l.idle = r.get<uint8_t>() != 0;
   return l;
 }
 

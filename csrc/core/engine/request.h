@@ -67,7 +67,6 @@ struct ResponseList {
   bool shutdown = false;
   int32_t shutdown_rank = -1;
   std::string shutdown_reason;  // the error that made a rank stop, if any
-  bool idle = false;  // nothing pending anywhere: ranks may back off
 
   std::vector<char> serialize() const;
   static ResponseList parse(const std::vector<char>& bytes);
