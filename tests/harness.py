@@ -43,13 +43,15 @@ def _format(results: Sequence[RankResult]) -> str:
 
 def run_ranks(target: str, nranks: int, *, hosts: Optional[Sequence[str]] = None, env: Optional[Dict] = None,
               timeout: float = 90.0, args: Sequence[str] = (), expect_success: bool = True,
-              kill_rank: Optional[int] = None, kill_after: Optional[str] = None) -> List[RankResult]:
+              kill_rank: Optional[int] = None, kill_after: Optional[str] = None,
+              kill_signal: int = signal.SIGKILL) -> List[RankResult]:
     """Starts `target` ("module:function") on `nranks` processes and waits.
 
     hosts[i] becomes rank i's HVDTORCH_HOSTNAME; ranks with equal names form
     one emulated host, and LOCAL_RANK/LOCAL_WORLD_SIZE follow. With
     `kill_rank`, that rank is sent SIGKILL once its output contains
-    `kill_after`.
+    `kill_after` (`kill_signal`: SIGSTOP freezes it instead; it is killed
+    when the others are done).
     """
     port = free_port()
     hosts = list(hosts) if hosts else ["localhost"] * nranks
@@ -89,8 +91,11 @@ def run_ranks(target: str, nranks: int, *, hosts: Optional[Sequence[str]] = None
     killed = False
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         if kill_rank is not None and not killed and kill_after in "".join(outputs[kill_rank]):
-            procs[kill_rank].send_signal(signal.SIGKILL)
+            procs[kill_rank].send_signal(kill_signal)
             killed = True
+        if killed and kill_signal == signal.SIGSTOP and all(
+                p.poll() is not None for i, p in enumerate(procs) if i != kill_rank):
+            os.killpg(procs[kill_rank].pid, signal.SIGKILL)
         time.sleep(0.05)
     hung = [i for i, p in enumerate(procs) if p.poll() is None]
     for i in hung:

@@ -151,6 +151,26 @@ class PyEngine {
     return d;
   }
 
+  // peer -> transport kinds of the data links used so far.
+  py::dict linkKinds() {
+    py::dict d;
+    auto& ctx = engine_->dataContext();
+    for (int peer = 0; peer < ctx.size(); ++peer) {
+      auto kinds = ctx.linkKinds(peer);
+      if (!kinds.empty()) d[py::int_(peer)] = kinds;
+    }
+    return d;
+  }
+
+  // reducer -> (alpha seconds, beta seconds per byte) of the auto cost model.
+  py::dict costModel() {
+    py::dict d;
+    const CostModel& m = engine_->reducers().model();
+    for (ReducerKind k : {ReducerKind::kRing, ReducerKind::kNode, ReducerKind::kCentral, ReducerKind::kNative})
+      if (m.available(k)) d[reducerKindName(k)] = py::make_tuple(m.alpha[static_cast<int>(k)], m.beta[static_cast<int>(k)]);
+    return d;
+  }
+
   std::string chooseReducer(size_t bytes, at::ScalarType dtype) {
     auto& ctx = engine_->dataContext();
     return reducerKindName(engine_->reducers().choose(ctx, bytes, toDataType(dtype, "choose_reducer"), ReduceOp::kSum));
@@ -221,7 +241,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("wait", &PyEngine::wait)
       .def("shutdown", &PyEngine::shutdown)
       .def("topology", &PyEngine::topology)
-      .def("choose_reducer", &PyEngine::chooseReducer);
+      .def("choose_reducer", &PyEngine::chooseReducer)
+      .def("link_kinds", &PyEngine::linkKinds)
+      .def("cost_model", &PyEngine::costModel);
 
   py::class_<GradientReducer>(m, "GradientReducer")
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"),

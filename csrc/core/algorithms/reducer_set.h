@@ -2,9 +2,13 @@
 // and resolves a requested kind, `auto` included, to the one that runs.
 //
 // The `auto` rule is an alpha-beta cost model: for each candidate reducer the
-// time of an n-byte all-reduce is estimated as alpha + beta·n, with alpha and
-// beta taken from a calibration (measured at init, see calibrate()) or, until
-// then, from the defaults below. The cheapest candidate wins.
+// time of an n-byte all-reduce is estimated as alpha + beta·n, and the
+// cheapest candidate wins. calibrate() measures every candidate at two sizes
+// on the real transports at init and fits alpha and beta; the times are
+// max-reduced over ranks first, so every rank holds the same model and makes
+// the same choice (they must: all ranks run the same reducer). Without
+// calibration, conservative defaults apply. The backend's native all-reduce
+// is a candidate only for dtypes/ops it supports.
 #pragma once
 
 #include <array>
@@ -43,6 +47,8 @@ class ReducerSet {
     return get(kind == ReducerKind::kAuto ? choose(ctx, bytes, dtype, op) : kind);
   }
 
+  // Collective: every rank must call it at the same point.
+  void calibrate(Context& ctx);
   CostModel& model() { return model_; }
   const CostModel& model() const { return model_; }
 

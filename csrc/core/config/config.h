@@ -23,6 +23,7 @@ struct Config {
   size_t ring_segment_bytes = 1u << 20;                              // HVDTORCH_RING_SEGMENT_BYTES
   int ring_window = 4;                                               // HVDTORCH_RING_WINDOW
   int central_shards = 1;                                            // HVDTORCH_CENTRAL_SHARDS
+  bool calibrate = true;                                             // HVDTORCH_CALIBRATE
 
   struct Knob {
     std::string name;  // without the HVDTORCH_ prefix

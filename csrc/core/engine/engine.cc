@@ -25,6 +25,8 @@ Engine::Engine(Config config, Topology topo, Transports transports)
     reducers_.setNode(std::make_unique<NodeAllreduce>(
         NodeOptions{makeShmPrefix(transports.shm_token + "n"), size_t(4) << 20,
                     RingOptions{config_.ring_segment_bytes, config_.ring_window}}));
+  // Every rank constructs its engine in init(), so this collective lines up.
+  if (config_.calibrate) reducers_.calibrate(data_ctx_);
   control_thread_ = std::thread([this] { controlLoop(); });
   executor_thread_ = std::thread([this] { executorLoop(); });
 }
@@ -48,6 +50,9 @@ void Engine::warn(const std::string& msg) { std::fprintf(stderr, "%s\n", msg.c_s
 int64_t Engine::submit(EntryPtr entry) {
   const Request& req = entry->request;
   if (req.type == OpType::kAllreduce) {
+    if (req.reducer == ReducerKind::kNode && !reducers_.hasNode())
+      throw InvalidArgument(strCat("rank ", topo().rank, ": allreduce '", req.name,
+                                   "': the node reducer needs shared memory, which is off (HVDTORCH_SHM=0)"));
     for (const auto& t : req.tensors) {
       checkReducible(t.dtype, req.op);
       if (t.dtype == DataType::kBool && (req.prescale != 1.0 || req.postscale != 1.0))

@@ -23,6 +23,15 @@ Link& Context::link(int peer) {
   return remoteLink(peer);
 }
 
+std::vector<std::string> Context::linkKinds(int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> kinds;
+  if (peer < 0 || peer >= topo_.size) return kinds;
+  if (local_[peer]) kinds.push_back(local_[peer]->kind());
+  if (remote_[peer]) kinds.push_back(remote_[peer]->kind());
+  return kinds;
+}
+
 Link& Context::remoteLink(int peer) {
   if (peer < 0 || peer >= topo_.size || peer == topo_.rank)
     throw InvalidArgument(strCat("rank ", topo_.rank, ": no link to peer ", peer));

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/deadline.h"
@@ -38,6 +39,9 @@ class Context {
   Link& link(int peer);
   // Force a specific transport for this hop (used by tests and ablations).
   Link& remoteLink(int peer);
+  // Transport kinds of the links created so far to `peer` ("shm", "c10d",
+  // ...), for tests and diagnostics.
+  std::vector<std::string> linkKinds(int peer);
 
  private:
   Topology topo_;

@@ -1,0 +1,168 @@
+"""All-reduce benchmark: every hvdtorch reducer against torch.distributed's
+Gloo all_reduce and MPI_Allreduce (mpi4py, Open MPI), measured in the same
+processes of the same mpirun job.
+
+    python benchmarks/allreduce.py                      # 2 and 4 ranks, 4 KiB .. 256 MiB
+    python benchmarks/allreduce.py --ranks 2 --max-bytes 64M --reps 5
+
+Prints, per world size and message size, the median time of --reps runs,
+algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' definitions),
+and each implementation's busbw ratio to Gloo; writes CSV and a PNG plot to
+--out. Also prints this machine's memcpy bandwidth, the physical reference:
+a shared-memory all-reduce moves about 2(n-1)/n of the buffer through memory
+per rank, plus the reduction.
+"""
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HVD_REDUCERS = ["ring", "node", "central", "native", "auto"]
+
+
+def parse_bytes(s: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def sizes(min_bytes: int, max_bytes: int):
+    b = min_bytes
+    while b <= max_bytes:
+        yield b
+        b *= 4
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    import hvdtorch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    comm = MPI.COMM_WORLD
+    rank, n = hvd.rank(), hvd.size()
+    assert comm.Get_rank() == rank and comm.Get_size() == n
+    rows = []
+
+    def timed(fn, reps):
+        fn()  # warm-up (and, for hvdtorch, negotiation + response cache)
+        times = []
+        for _ in range(reps):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        # The collective is done when the slowest rank is done.
+        return max(comm.allgather(statistics.median(times)))
+
+    for nbytes in sizes(args.min_bytes, args.max_bytes):
+        count = nbytes // 4
+        x = torch.ones(count, dtype=torch.float32)
+        reps = args.reps if nbytes <= (16 << 20) else max(3, args.reps // 2)
+        impls = {f"hvdtorch-{r}": (lambda r=r: hvd.allreduce_(x, op=hvd.Sum, name=f"bench.{r}.{nbytes}", reducer=r))
+                 for r in HVD_REDUCERS}
+        impls["gloo"] = lambda: dist.all_reduce(x)
+        buf = x.numpy()
+        impls["mpi"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        for name, fn in impls.items():
+            t = timed(fn, reps)
+            algbw = nbytes / t
+            rows.append({"ranks": n, "bytes": nbytes, "impl": name, "time_s": t, "algbw_GBps": algbw / 1e9,
+                         "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9})
+        if rank == 0:
+            print(f"  {n} ranks, {nbytes:>10} B done", file=sys.stderr, flush=True)
+    if rank == 0:
+        print("ROWS " + json.dumps(rows), flush=True)
+    hvd.shutdown()
+
+
+def memcpy_bandwidth() -> float:
+    import torch
+    torch.set_num_threads(1)
+    a = torch.ones(64 << 18)
+    b = torch.empty_like(a)
+    ts = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        ts.append(time.perf_counter() - t0)
+    return a.numel() * 4 / statistics.median(ts) / 1e9  # bytes copied per second
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    worlds = sorted({r["ranks"] for r in rows})
+    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4.5), squeeze=False)
+    for ax, n in zip(axes[0], worlds):
+        for impl in sorted({r["impl"] for r in rows}):
+            pts = sorted((r["bytes"], r["busbw_GBps"]) for r in rows if r["ranks"] == n and r["impl"] == impl)
+            style = "--" if impl in ("gloo", "mpi") else "-"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(f"all-reduce, {n} ranks on one host")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", default="2,4")
+    p.add_argument("--min-bytes", type=parse_bytes, default=4 << 10)
+    p.add_argument("--max-bytes", type=parse_bytes, default=256 << 20)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+
+    os.makedirs(args.out, exist_ok=True)
+    mem = memcpy_bandwidth()
+    print(f"memcpy bandwidth (one core, 64 MiB): {mem:.2f} GB/s")
+    rows = []
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=ROOT)
+    for n in [int(v) for v in args.ranks.split(",")]:
+        cmd = ["mpirun", "--oversubscribe", "-np", str(n), sys.executable, os.path.abspath(__file__), "--worker",
+               "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--reps", str(args.reps)]
+        print(f"$ {' '.join(cmd[:4])} python benchmarks/allreduce.py --worker ...", flush=True)
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"benchmark with {n} ranks failed (exit {out.returncode})")
+        rows += json.loads(next(l for l in out.stdout.splitlines() if l.startswith("ROWS "))[5:])
+
+    csv_path = os.path.join(args.out, "allreduce.csv")
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    impls = [f"hvdtorch-{r}" for r in HVD_REDUCERS] + ["gloo", "mpi"]
+    for n in sorted({r["ranks"] for r in rows}):
+        print(f"\n{n} ranks: median time (ms) / busbw (GB/s) / busbw ratio to gloo")
+        print(f"{'bytes':>10} " + " ".join(f"{i.replace('hvdtorch-', 'hvd-'):>21}" for i in impls))
+        for nbytes in sorted({r["bytes"] for r in rows if r["ranks"] == n}):
+            cell = {r["impl"]: r for r in rows if r["ranks"] == n and r["bytes"] == nbytes}
+            gloo = cell["gloo"]["busbw_GBps"]
+            print(f"{nbytes:>10} " + " ".join(
+                f"{cell[i]['time_s'] * 1e3:8.2f} {cell[i]['busbw_GBps']:5.2f} {cell[i]['busbw_GBps'] / gloo:5.2f}x"
+                for i in impls))
+    png = os.path.join(args.out, "allreduce.png")
+    plot(rows, png)
+    print(f"\nwrote {csv_path} and {png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# GoogLeNet benchmark suite: settings compute / small / comm at 1..4 ranks,
+# the fusion sweep at 2 ranks, then the plots and tables. The benchmark script
+# is the same under both launchers.
+#   benchmarks/run_suite.sh torchrun|mpirun [--data DIR] [--ranks "1 2 3 4"] [--repeats K]
+# Results: benchmarks/results/<launcher>/{compute,small,comm,fusion}.jsonl, *.png, summary.md
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LAUNCHER=${1:?usage: run_suite.sh torchrun|mpirun [options]}; shift
+PY=${PY:-.venv/bin/python}
+RANKS="1 2 3 4"; EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ranks) RANKS="$2"; shift 2 ;;
+    *) EXTRA+=("$1"); shift ;;
+  esac
+done
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+launch() {  # launch N args...: run benchmarks/googlenet.py on N ranks
+  local n=$1; shift
+  case "$LAUNCHER" in
+    torchrun) "$(dirname "$PY")/torchrun" --nproc_per_node="$n" benchmarks/googlenet.py "$@" ;;
+    mpirun) mpirun --oversubscribe -np "$n" -x OMP_NUM_THREADS "$PY" benchmarks/googlenet.py "$@" ;;
+    *) echo "unknown launcher $LAUNCHER" >&2; exit 2 ;;
+  esac
+}
+
+OUT=benchmarks/results/$LAUNCHER
+rm -rf "$OUT"; mkdir -p "$OUT"
+for setting in compute small comm; do
+  for n in $RANKS; do
+    echo "== $setting, $n rank(s), $LAUNCHER"
+    launch "$n" --setting "$setting" --out "$OUT" ${EXTRA[@]+"${EXTRA[@]}"}
+  done
+done
+echo "== fusion sweep (comm setting, 2 ranks, P+F, auto reducer)"
+SWEEP=$(for b in 262144 1048576 4194304 16777216 67108864 134217728; do printf "auto:%s," "$b"; done)
+mkdir -p "$OUT/sweep"
+launch 2 --setting comm --configs "${SWEEP%,}" --out "$OUT/sweep" ${EXTRA[@]+"${EXTRA[@]}"}
+mv "$OUT/sweep/comm.jsonl" "$OUT/fusion.jsonl"; rmdir "$OUT/sweep"
+"$PY" benchmarks/plot.py "$OUT"

@@ -1,0 +1,93 @@
+"""Rank-side checks of the reducers on emulated topologies and of the
+shared-memory transport's failure behaviour."""
+import os
+import time
+
+import torch
+
+import hvdtorch as hvd
+from tests.workers.collectives import assert_equal, reference, value
+
+REDUCERS = ("ring", "node", "central", "native", "auto")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.uint8)
+
+
+def every_reducer(layout: str):
+    """layout: hosts per rank, e.g. "aabb". Checks every reducer, and that
+    same-host peers talk through shared memory and other hosts through c10d."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    shm = os.environ.get("HVDTORCH_SHM", "1") != "0"
+    if not shm:
+        try:
+            hvd.allreduce(torch.ones(2), reducer="node")
+        except ValueError as e:
+            assert "shared memory" in str(e), e
+        else:
+            raise AssertionError("reducer='node' accepted with HVDTORCH_SHM=0")
+    case = 0
+    for reducer in REDUCERS if shm else [x for x in REDUCERS if x != "node"]:
+        for dtype in DTYPES:
+            for count in (0, 1, max(n - 1, 1), 1001, 1_000_007):
+                if count > 10_000 and dtype not in (torch.float32, torch.bfloat16):
+                    continue
+                for op in (hvd.Sum, hvd.Max, hvd.Product):
+                    if count > 10_000 and op != hvd.Sum:
+                        continue
+                    case += 1
+                    inputs = [value(k, (count,), dtype, case) for k in range(n)]
+                    got = hvd.allreduce(inputs[r], op=op, reducer=reducer, name=f"r.{case}")
+                    assert_equal(got, reference(op, inputs), f"{reducer} {dtype} count={count} op={op} layout={layout}")
+    kinds = hvd.runtime.state().engine.link_kinds()
+    for peer, ks in kinds.items():
+        same_host = layout[peer] == layout[r]
+        for k in ks:
+            want = "shm" if (same_host and shm) else "c10d"
+            assert k == want, f"rank {r} -> {peer} ({layout}): link {k}, expected {want} (all: {kinds})"
+    if n > 1 and len(set(layout)) > 1:
+        assert any("c10d" in ks for ks in kinds.values()), f"no cross-host c10d link used: {kinds}"
+    model = hvd.runtime.state().engine.cost_model()
+    assert ("node" in model) == shm, model
+    print(f"rank {r}: cost model {model}; auto picks {hvd.runtime.state().engine.choose_reducer(64 << 20, torch.float32)} "
+          f"at 64 MiB", flush=True)
+    hvd.shutdown()
+
+
+def dies_during_node_allreduce():
+    hvd.init()
+    r = hvd.rank()
+    x = torch.ones(3_000_000)
+    hvd.allreduce(x, reducer="node", name="warm")
+    print("SHM-IN-USE", flush=True)
+    if r == 1:
+        time.sleep(60)  # killed here by the harness
+    time.sleep(0.5)
+    try:
+        for i in range(1000):
+            hvd.allreduce(x, reducer="node", name=f"n.{i}")
+    except hvd.HvdError as e:
+        print(f"rank {r} raised: {e}", flush=True)
+    else:
+        raise AssertionError("no error although rank 1 died")
+    hvd.shutdown()
+
+
+def stopped_peer_hits_deadline():
+    hvd.init()
+    r = hvd.rank()
+    x = torch.ones(2_000_000)
+    hvd.allreduce(x, reducer="node", name="warm")
+    if r == 1:
+        print("STOP-ME", flush=True)
+        time.sleep(0.2)
+        # SIGSTOPped here, then SIGCONT after the others gave up.
+        return
+    time.sleep(0.5)
+    t0 = time.time()
+    try:
+        for i in range(1000):
+            hvd.allreduce(x, reducer="node", name=f"s.{i}")
+    except hvd.HvdError as e:
+        print(f"rank {r} raised after {time.time() - t0:.1f}s: {e}", flush=True)
+    else:
+        raise AssertionError("no error although rank 1 stopped")
