@@ -27,10 +27,11 @@ def load(path):
 
 
 def baseline(rows):
-    """1-process throughput (no communication at all): the DDP config at size 1
-    runs the bare model."""
-    one = [r for r in rows if r["ranks"] == 1 and r["config"] == "ddp"]
-    return one[0]["img_per_s"] if one else None
+    """1-process throughput: the bare model ("solo", or DDP, which at size 1
+    runs the bare model); the median of the two when both ran."""
+    import statistics
+    one = [r["img_per_s"] for r in rows if r["ranks"] == 1 and r["config"] in ("solo", "ddp")]
+    return statistics.median(one) if one else None
 
 
 def throughput_plot(rows, setting, out):
@@ -44,8 +45,9 @@ def throughput_plot(rows, setting, out):
         ax.plot(ranks, [base * n for n in ranks], "k:", label="ideal (N x 1 process)")
     for cfg, pts in sorted(by_cfg.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "--" if cfg == "ddp" else "-", marker="o", ms=3,
-                label=cfg)
+        style = {"ddp": "--", "solo": ":"}.get(cfg, "-")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3,
+                label=cfg + (" (no communication)" if cfg == "solo" else ""))
     ax.set_xlabel("workers (processes, one thread each, on a 2-core machine)")
     ax.set_ylabel("images / s (all workers)")
     ax.set_title(f"throughput, setting '{setting}'")
@@ -94,7 +96,7 @@ def table(rows, setting):
     base = baseline(rows)
     ranks = sorted({r["ranks"] for r in rows})
     cell = {(r["config"], r["ranks"]): r for r in rows}
-    configs = sorted({r["config"] for r in rows}, key=lambda c: (c != "ddp", c))
+    configs = sorted({r["config"] for r in rows}, key=lambda c: (c != "solo", c != "ddp", c))
     lines = [f"### setting `{setting}`", "",
              f"1-process throughput: {base:.1f} img/s" if base else "", "",
              "| config | " + " | ".join(f"{n} rank{'s' if n > 1 else ''}" for n in ranks) + " |",
@@ -108,8 +110,10 @@ def table(rows, setting):
                 continue
             ddp = cell.get(("ddp", n))
             eff = f", {r['img_per_s'] / (base * n) * 100:.0f}% of ideal" if base else ""
-            vs = f", {r['img_per_s'] / ddp['img_per_s']:.2f}x DDP" if ddp and c != "ddp" and n > 1 else ""
-            parts.append(f"{r['img_per_s']:.1f}{eff}{vs}")
+            solo = cell.get(("solo", n))
+            vs = f", {r['img_per_s'] / ddp['img_per_s']:.2f}x DDP" if ddp and c not in ("ddp", "solo") and n > 1 else ""
+            vs_solo = f", {r['img_per_s'] / solo['img_per_s'] * 100:.0f}% of solo" if solo and c != "solo" and n > 1 else ""
+            parts.append(f"{r['img_per_s']:.1f}{eff}{vs}{vs_solo}")
         lines.append(f"| {c} | " + " | ".join(parts) + " |")
     return "\n".join(lines) + "\n"
 

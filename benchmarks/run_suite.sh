@@ -2,16 +2,19 @@
 # GoogLeNet benchmark suite: settings compute / small / comm at 1..4 ranks,
 # the fusion sweep at 2 ranks, then the plots and tables. The benchmark script
 # is the same under both launchers.
-#   benchmarks/run_suite.sh torchrun|mpirun [--data DIR] [--ranks "1 2 3 4"] [--repeats K]
+#   benchmarks/run_suite.sh torchrun|mpirun [--data DIR] [--ranks "1 2 3 4"] [--settings "compute small comm fusion"]
+#                          [--repeats K]
+# Only the settings named are (re)measured; results of the others are kept.
 # Results: benchmarks/results/<launcher>/{compute,small,comm,fusion}.jsonl, *.png, summary.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAUNCHER=${1:?usage: run_suite.sh torchrun|mpirun [options]}; shift
 PY=${PY:-.venv/bin/python}
-RANKS="1 2 3 4"; EXTRA=()
+RANKS="1 2 3 4"; SETTINGS="compute small comm fusion"; EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --ranks) RANKS="$2"; shift 2 ;;
+    --settings) SETTINGS="$2"; shift 2 ;;
     *) EXTRA+=("$1"); shift ;;
   esac
 done
@@ -27,16 +30,20 @@ launch() {  # launch N args...: run benchmarks/googlenet.py on N ranks
 }
 
 OUT=benchmarks/results/$LAUNCHER
-rm -rf "$OUT"; mkdir -p "$OUT"
-for setting in compute small comm; do
+mkdir -p "$OUT"
+for setting in $SETTINGS; do
+  [ "$setting" = fusion ] && continue
+  rm -f "$OUT/$setting.jsonl"
   for n in $RANKS; do
     echo "== $setting, $n rank(s), $LAUNCHER"
     launch "$n" --setting "$setting" --out "$OUT" ${EXTRA[@]+"${EXTRA[@]}"}
   done
 done
-echo "== fusion sweep (comm setting, 2 ranks, P+F, auto reducer)"
-SWEEP=$(for b in 262144 1048576 4194304 16777216 67108864 134217728; do printf "auto:%s," "$b"; done)
-mkdir -p "$OUT/sweep"
-launch 2 --setting comm --configs "${SWEEP%,}" --out "$OUT/sweep" ${EXTRA[@]+"${EXTRA[@]}"}
-mv "$OUT/sweep/comm.jsonl" "$OUT/fusion.jsonl"; rmdir "$OUT/sweep"
+if [[ " $SETTINGS " == *" fusion "* ]]; then
+  echo "== fusion sweep (comm setting, 2 ranks, P+F, auto reducer)"
+  SWEEP=$(for b in 262144 1048576 4194304 16777216 67108864 134217728; do printf "auto:%s," "$b"; done)
+  rm -rf "$OUT/sweep"; mkdir -p "$OUT/sweep"
+  launch 2 --setting comm --configs "${SWEEP%,}" --out "$OUT/sweep" ${EXTRA[@]+"${EXTRA[@]}"}
+  mv "$OUT/sweep/comm.jsonl" "$OUT/fusion.jsonl"; rmdir "$OUT/sweep"
+fi
 "$PY" benchmarks/plot.py "$OUT"

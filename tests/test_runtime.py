@@ -87,3 +87,56 @@ def test_mpirun_runs_the_checked_example_without_extra_environment():
     assert "3 ranks, launcher openmpi" in out.stdout and "all results correct" in out.stdout
     leftovers = [f for f in os.listdir("/tmp") if f.startswith("hvdtorch-ompi")]
     assert not leftovers, f"rendezvous files left behind: {leftovers}"
+
+
+def test_timeline_is_a_chrome_trace_with_every_phase(tmp_path):
+    import json
+    path = tmp_path / "timeline-{rank}.json"
+    run_ranks("tests.workers.runtime:timeline", 2, args=[str(path)], env={"HVDTORCH_TIMELINE": str(path)},
+              timeout=90)
+    for rank in (0, 1):
+        events = json.loads((tmp_path / f"timeline-{rank}.json").read_text())
+        names = {e["args"]["name"]: e["pid"] for e in events if e["ph"] == "M"}
+        assert {"tl.single", "tl.grouped", "tl.gather", "tl.fused.0"} <= set(names), names
+        phases = {(e["pid"], e["name"], e["ph"]) for e in events if e["ph"] in "BE"}
+        for op in ("tl.single", "tl.grouped", "tl.fused.3"):
+            for ph in ("NEGOTIATE", "QUEUE"):
+                assert (names[op], ph, "B") in phases and (names[op], ph, "E") in phases, (op, ph)
+            assert any(n.startswith("ALLREDUCE:") and pid == names[op] for pid, n, _ in phases), op
+        assert (names["tl.gather"], "ALLGATHER", "E") in phases
+        # Begin/end pairs balance per op and phase.
+        for pid, n, _ in phases:
+            b = sum(1 for e in events if e.get("pid") == pid and e["name"] == n and e["ph"] == "B")
+            e_ = sum(1 for e in events if e.get("pid") == pid and e["name"] == n and e["ph"] == "E")
+            assert b == e_, (pid, n, b, e_)
+
+
+def test_two_torchrun_agents_emulate_two_hosts():
+    """Two torchrun agents (--nnodes=2) on this machine, 2 ranks each, with a
+    different HVDTORCH_HOSTNAME per agent: local/cross sizes follow, and the
+    node reducer's cross-host phase goes over the c10d link."""
+    import re
+    from tests.harness import free_port
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    port = str(free_port())
+    agents = []
+    for node in (0, 1):
+        env = _clean_env()
+        env["HVDTORCH_HOSTNAME"] = f"host{node}"
+        agents.append(subprocess.Popen(
+            [torchrun, "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+             f"--master_port={port}", "examples/topology.py"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [a.communicate(timeout=150)[0] for a in agents]
+    assert all(a.returncode == 0 for a in agents), "\n".join(outs)
+    lines = [l for o in outs for l in o.splitlines() if l.startswith("TOPOLOGY")]
+    assert len(lines) == 4, outs
+    for line in lines:
+        f = dict(kv.split("=", 1) for kv in line.split()[1:5] + line.split()[5:8])
+        rank = int(f["rank"])
+        assert f["size"] == "4" and f["local_size"] == "2" and f["cross_size"] == "2", line
+        assert f["local_rank"] == str(rank % 2) and f["cross_rank"] == str(rank // 2), line
+        assert f["node_allreduce"] == "ok", line
+        # The same-local-rank peer on the other host is reached through c10d.
+        peer = (rank + 2) % 4
+        assert re.search(rf"\({peer}, \('c10d',\)\)", line), line

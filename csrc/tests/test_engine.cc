@@ -19,12 +19,19 @@ struct Cluster {
   explicit Cluster(int p, Config cfg = {}) : control(p), data(p) {
     cfg.cycle_time = std::chrono::microseconds(200);
     cfg.timeout = std::chrono::milliseconds(5000);
+    // Concurrently, as separate processes would: construction calibrates
+    // the reducers, which is a collective.
+    engines.resize(p);
+    std::vector<std::thread> ts;
     for (int r = 0; r < p; ++r) {
-      Engine::Transports t;
-      t.control = [this, r](int peer) { return control.link(r, peer); };
-      t.data = [this, r](int peer) { return data.link(r, peer); };
-      engines.push_back(std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t));
+      ts.emplace_back([this, r, p, cfg] {
+        Engine::Transports t;
+        t.control = [this, r](int peer) { return control.link(r, peer); };
+        t.data = [this, r](int peer) { return data.link(r, peer); };
+        engines[r] = std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t);
+      });
     }
+    for (auto& t : ts) t.join();
   }
   ~Cluster() {
     // Shut down all ranks concurrently, as separate processes would.

@@ -132,6 +132,9 @@ void GradientReducer::writeSlot(Bucket& b, size_t slot, bool zero) {
 }
 
 void GradientReducer::onGradReady(size_t index) {
+  // One rank: averaging is the identity (prescale x postscale = 1, Sum of
+  // one), so gradients stay where autograd put them and nothing runs.
+  if (engine_->topo().size == 1 && opts_.prescale * opts_.postscale == 1.0) return;
   std::lock_guard<std::mutex> lock(mu_);
   // In explicit mode the caller may skip finalize(); the previous pass's
   // results are then waited for here, before its buckets are reused.

@@ -80,3 +80,16 @@ def autograd():
     assert c.dtype == torch.float32
     torch.testing.assert_close(c, torch.full((4,), 0.5 * sum(range(1, n + 1))))
     hvd.shutdown()
+
+
+def timeline(path: str):
+    hvd.init()
+    r = hvd.rank()
+    for i in range(3):
+        hvd.allreduce(torch.ones(10), name="tl.single")
+    hvd.grouped_allreduce([torch.ones(5), torch.ones(6)], name="tl.grouped")
+    hs = [hvd.allreduce_async(torch.ones(4), name=f"tl.fused.{k}") for k in range(4)]
+    for h in hs:
+        hvd.synchronize(h)
+    hvd.allgather(torch.ones(2, 2), name="tl.gather")
+    hvd.shutdown()

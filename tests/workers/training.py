@@ -120,6 +120,17 @@ def check_special_models():
         if kw.get("unused"):
             assert model.module.unused.weight.grad is not None, "unused parameter got no (zero) gradient"
             assert float(model.module.unused.weight.grad.abs().sum()) == 0.0
+    # The wrapper is transparent: eval/no_grad forwards, attributes, state_dict keys.
+    wrapped = hvd.DistributedModel(Net(), name="transparent")
+    wrapped.eval()
+    assert not wrapped.module.training and not wrapped.training
+    with torch.no_grad():
+        out = wrapped(batch(0, n)[0][:2])
+    assert out.shape == (2, 5) and not out.requires_grad
+    assert wrapped.fc1 is wrapped.module.fc1
+    assert list(wrapped.state_dict()) == list(Net().state_dict())
+    wrapped.train()
+    assert wrapped.module.training
     # An unused branch on one rank only: must not hang, and the gradients average.
     torch.manual_seed(2)
     lin = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 3), "b": torch.nn.Linear(3, 3)})

@@ -20,6 +20,7 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"RING_SEGMENT_BYTES", "1048576", "bytes per pipelined segment of the ring"},
       {"RING_WINDOW", "4", "ring segments in flight at once"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
+      {"TIMELINE", "", "Chrome-trace file written by rank 0 ({rank} in the path: every rank); empty: off"},
       {"CALIBRATE", "1", "measure every reducer at init to fit the cost model of reducer=auto; 0 uses defaults"},
   };
   return k;
@@ -73,6 +74,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     ring_segment_bytes = std::max<size_t>(64, static_cast<size_t>(toNumber(key, v)));
   } else if (key == "RING_WINDOW") {
     ring_window = std::max(1, static_cast<int>(toNumber(key, v)));
+  } else if (key == "TIMELINE") {
+    timeline = v;
   } else if (key == "CALIBRATE") {
     calibrate = toBool(key, v);
   } else if (key == "CENTRAL_SHARDS") {

@@ -24,6 +24,7 @@ struct Config {
   int ring_window = 4;                                               // HVDTORCH_RING_WINDOW
   int central_shards = 1;                                            // HVDTORCH_CENTRAL_SHARDS
   bool calibrate = true;                                             // HVDTORCH_CALIBRATE
+  std::string timeline;                                              // HVDTORCH_TIMELINE (path)
 
   struct Knob {
     std::string name;  // without the HVDTORCH_ prefix

@@ -14,12 +14,13 @@ namespace hvdtorch {
 
 Engine::Engine(Config config, Topology topo, Transports transports)
     : config_(std::move(config)),
+      timeline_(config_.timeline, topo.rank),
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native,
                 config_.timeout),
       reducers_(RingOptions{config_.ring_segment_bytes, config_.ring_window},
                 CentralOptions{config_.central_shards, config_.ring_segment_bytes}),
-      executor_(data_ctx_, reducers_),
+      executor_(data_ctx_, reducers_, timeline_),
       control_(control_ctx_) {
   if (config_.shm && !transports.shm_token.empty())
     reducers_.setNode(std::make_unique<NodeAllreduce>(
@@ -69,6 +70,7 @@ int64_t Engine::submit(EntryPtr entry) {
                                  "' is already pending; names of outstanding ops must be unique"));
   const int64_t handle = next_handle_++;
   handles_.emplace(handle, entry->state);
+  timeline_.begin(req.name, "NEGOTIATE");
   incoming_.push_back(std::move(entry));
   incoming_cv_.notify_one();
   return handle;
@@ -99,6 +101,7 @@ void Engine::shutdown() {
   }
   exec_cv_.notify_all();
   if (executor_thread_.joinable()) executor_thread_.join();
+  timeline_.close();
 }
 
 void Engine::failEverything(const std::string& why) {
@@ -216,6 +219,11 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& op : ready)
         if (op.entry) pending_names_.erase(op.entry->request.name);
+    }
+    for (const auto& op : ready) {
+      if (!op.entry) continue;
+      timeline_.end(op.entry->request.name, "NEGOTIATE");
+      timeline_.begin(op.entry->request.name, "QUEUE");
     }
     std::vector<WorkUnit> units = planWork(ready, config_.fusion_threshold);
     {

@@ -33,6 +33,7 @@
 #include "engine/entry.h"
 #include "engine/executor.h"
 #include "engine/response_cache.h"
+#include "timeline/timeline.h"
 #include "transport/context.h"
 
 namespace hvdtorch {
@@ -84,6 +85,7 @@ class Engine {
                                          const std::string& plane);
 
   Config config_;
+  Timeline timeline_;
   Context control_ctx_;
   Context data_ctx_;
   ReducerSet reducers_;

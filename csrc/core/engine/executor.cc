@@ -8,7 +8,22 @@
 
 namespace hvdtorch {
 
+void Executor::mark(const WorkUnit& unit, const std::string& phase, bool begin) {
+  if (!timeline_.enabled()) return;
+  const Entry* last = nullptr;
+  for (const auto& p : unit.pieces) {
+    if (p.entry.get() == last) continue;  // a grouped op contributes several pieces
+    last = p.entry.get();
+    if (begin) {
+      timeline_.begin(p.entry->request.name, phase);
+    } else {
+      timeline_.end(p.entry->request.name, phase);
+    }
+  }
+}
+
 void Executor::run(WorkUnit& unit) {
+  mark(unit, "QUEUE", false);
   if (!unit.error.empty()) {
     for (auto& p : unit.pieces) p.entry->state->fail(unit.error);
     return;
@@ -32,13 +47,16 @@ void Executor::allreduce(WorkUnit& unit) {
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   Reducer& reducer = reducers_.resolve(req.reducer, ctx_, count * dtypeSize(dtype), dtype, req.op);
 
+  const std::string collective = strCat("ALLREDUCE:", reducer.name());
   if (unit.pieces.size() == 1) {
     // One tensor: reduce straight in the output, no fusion-buffer copies.
     const auto& p = unit.pieces.front();
     TensorBuffer& in = *p.entry->inputs[p.tensor];
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     copyScaled(out.data(), in.data(), count, dtype, req.prescale);
+    mark(unit, collective, true);
     if (ctx_.size() > 1) reducer.allreduce(ctx_, out.data(), count, dtype, req.op);
+    mark(unit, collective, false);
     copyScaled(out.data(), out.data(), count, dtype, req.postscale);
     finishPiece(p);
     return;
@@ -47,21 +65,27 @@ void Executor::allreduce(WorkUnit& unit) {
   const size_t esize = dtypeSize(dtype);
   char* fused = static_cast<char*>(fusion_.reserve(count * esize));
   size_t off = 0;
+  mark(unit, "MEMCPY_IN_FUSION", true);
   for (const auto& p : unit.pieces) {
     TensorBuffer& in = *p.entry->inputs[p.tensor];
     const size_t n = static_cast<size_t>(in.numel());
     copyScaled(fused + off * esize, in.data(), n, dtype, req.prescale);
     off += n;
   }
+  mark(unit, "MEMCPY_IN_FUSION", false);
+  mark(unit, collective, true);
   if (ctx_.size() > 1) reducer.allreduce(ctx_, fused, count, dtype, req.op);
+  mark(unit, collective, false);
+  mark(unit, "MEMCPY_OUT_FUSION", true);
   off = 0;
   for (const auto& p : unit.pieces) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     const size_t n = static_cast<size_t>(out.numel());
     copyScaled(out.data(), fused + off * esize, n, dtype, req.postscale);
     off += n;
-    finishPiece(p);
   }
+  mark(unit, "MEMCPY_OUT_FUSION", false);
+  for (const auto& p : unit.pieces) finishPiece(p);
 }
 
 void Executor::allgather(WorkUnit& unit) {
@@ -82,7 +106,9 @@ void Executor::allgather(WorkUnit& unit) {
   }
   shape[0] = total_rows;
   TensorPtr out = e.allocate(shape);
+  mark(unit, "ALLGATHER", true);
   ringAllgatherv(ctx_, in.data(), out->data(), bytes);
+  mark(unit, "ALLGATHER", false);
   e.outputs = {out};
   e.state->complete(e.outputs);
 }
@@ -92,11 +118,13 @@ void Executor::broadcast(WorkUnit& unit) {
   TensorBuffer& in = *e.inputs[0];
   TensorBuffer& out = *e.outputs[0];
   if (ctx_.rank() == e.request.root && in.data() != out.data()) std::memcpy(out.data(), in.data(), in.bytes());
+  mark(unit, "BROADCAST", true);
   if (ctx_.native() != nullptr) {
     ctx_.native()->broadcast(out.data(), out.bytes(), e.request.root);
   } else {
     chainBroadcast(ctx_, out.data(), out.bytes(), e.request.root);
   }
+  mark(unit, "BROADCAST", false);
   e.state->complete(e.outputs);
 }
 

@@ -5,13 +5,15 @@
 #include "algorithms/reducer_set.h"
 #include "engine/entry.h"
 #include "engine/fusion.h"
+#include "timeline/timeline.h"
 #include "transport/context.h"
 
 namespace hvdtorch {
 
 class Executor {
  public:
-  Executor(Context& ctx, ReducerSet& reducers) : ctx_(ctx), reducers_(reducers) {}
+  Executor(Context& ctx, ReducerSet& reducers, Timeline& timeline)
+      : ctx_(ctx), reducers_(reducers), timeline_(timeline) {}
 
   // Runs one unit. Errors from the transport propagate (the engine then fails
   // everything: ranks may have diverged); errors carried by the unit itself
@@ -24,9 +26,12 @@ class Executor {
   void broadcast(WorkUnit& unit);
   void barrier(WorkUnit& unit);
   static void finishPiece(const WorkUnit::Piece& piece);
+  // Marks `phase` begun (or ended) for every op of the unit.
+  void mark(const WorkUnit& unit, const std::string& phase, bool begin);
 
   Context& ctx_;
   ReducerSet& reducers_;
+  Timeline& timeline_;
   FusionBuffer fusion_;
 };
 
