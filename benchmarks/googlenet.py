@@ -11,7 +11,7 @@ The drivers benchmarks/run_torchrun.sh and run_mpirun.sh run world sizes
 Settings:
   compute  GoogLeNet, 64 px images, batch 16 per rank (compute dominates)
   small    GoogLeNet, 32 px images, batch 8 per rank (communication matters)
-  comm     FCHeavyNet (conv trunk + 2x2048 FC head, 16 M parameters), 32 px, batch 8
+  comm     FCHeavyNet (conv trunk + 2x2048 FC head, 12.7 M parameters), 32 px, batch 8
 Data: synthetic, or --data DIR (an ImageFolder, e.g. from make_dataset.py).
 
 `solo` runs the bare model on every rank with no communication at all: the
