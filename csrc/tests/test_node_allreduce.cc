@@ -4,7 +4,6 @@
 // persistent arena across calls; and failures: a missing rank, a rank that
 // leaves, a process killed with SIGKILL. Intra-host phases go through the
 // shared-memory arena, cross-host hops over the in-process fabric.
-#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include "algorithms/node_allreduce.h"
 #include "algorithms/reduce_kernels.h"
 #include "check.h"
+#include "shm_entries.h"
 #include "common/error.h"
 #include "ranks.h"
 
@@ -34,17 +34,7 @@ std::string uniquePrefix() {
   return strCat("/hvdtest-", getpid(), "-node", n++);
 }
 
-std::vector<std::string> shmEntries(const std::string& prefix) {
-  std::vector<std::string> found;
-  DIR* d = opendir("/dev/shm");
-  if (!d) return found;
-  while (dirent* e = readdir(d)) {
-    const std::string name = std::string("/") + e->d_name;
-    if (name.compare(0, prefix.size(), prefix) == 0) found.push_back(name);
-  }
-  closedir(d);
-  return found;
-}
+using hvdtorch::test::shmEntries;
 
 // Rank r's value at index i: small integers, exact in every tested dtype
 // (sums of up to 5 ranks, products of up to 4).

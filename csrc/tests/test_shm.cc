@@ -3,7 +3,6 @@
 // are threads (each with its own mapping) or, where real process death
 // matters, fork()ed children. Every name carries this process's pid, and the
 // last test checks that nothing is left in /dev/shm.
-#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 
 #include "algorithms/ring_allreduce.h"
 #include "check.h"
+#include "shm_entries.h"
 #include "common/error.h"
 #include "ranks.h"
 #include "transport/shm_link.h"
@@ -32,18 +32,7 @@ namespace {
 
 std::string prefixFor(const std::string& tag) { return strCat("/hvdtest-", getpid(), "-", tag); }
 
-// Entries of /dev/shm whose name starts with `prefix` (given with its '/').
-std::vector<std::string> shmEntries(const std::string& prefix) {
-  std::vector<std::string> found;
-  DIR* d = opendir("/dev/shm");
-  if (!d) return found;
-  while (dirent* e = readdir(d)) {
-    const std::string name = std::string("/") + e->d_name;
-    if (name.compare(0, prefix.size(), prefix) == 0) found.push_back(name);
-  }
-  closedir(d);
-  return found;
-}
+using hvdtorch::test::shmEntries;
 
 bool exists(const std::string& name) {
   for (const std::string& e : shmEntries(name))

@@ -53,6 +53,18 @@ def every_reducer(layout: str):
     hvd.shutdown()
 
 
+def _allreduce_until_error(x, tag):
+    """Node all-reduces until the dead or frozen peer is noticed; returns the seconds it took."""
+    t0 = time.time()
+    try:
+        for i in range(1000):
+            hvd.allreduce(x, reducer="node", name=f"{tag}.{i}")
+    except hvd.HvdError as e:
+        print(f"rank {hvd.rank()} raised after {time.time() - t0:.1f}s: {e}", flush=True)
+    else:
+        raise AssertionError("no error although a peer died or stopped")
+
+
 def dies_during_node_allreduce():
     hvd.init()
     r = hvd.rank()
@@ -62,13 +74,7 @@ def dies_during_node_allreduce():
     if r == 1:
         time.sleep(60)  # killed here by the harness
     time.sleep(0.5)
-    try:
-        for i in range(1000):
-            hvd.allreduce(x, reducer="node", name=f"n.{i}")
-    except hvd.HvdError as e:
-        print(f"rank {r} raised: {e}", flush=True)
-    else:
-        raise AssertionError("no error although rank 1 died")
+    _allreduce_until_error(x, "n")
     hvd.shutdown()
 
 
@@ -83,11 +89,4 @@ def stopped_peer_hits_deadline():
         # SIGSTOPped here, then SIGCONT after the others gave up.
         return
     time.sleep(0.5)
-    t0 = time.time()
-    try:
-        for i in range(1000):
-            hvd.allreduce(x, reducer="node", name=f"s.{i}")
-    except hvd.HvdError as e:
-        print(f"rank {r} raised after {time.time() - t0:.1f}s: {e}", flush=True)
-    else:
-        raise AssertionError("no error although rank 1 stopped")
+    _allreduce_until_error(x, "s")
