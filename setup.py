@@ -55,4 +55,8 @@ setup(
     ext_modules=[CMakeExtension("hvdtorch._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
+    # torch is deliberately not listed: hvdtorch is compiled against the torch
+    # already installed, and a requirement would let pip fetch another build.
+    # numpy is needed by torch.distributed's object collectives.
+    install_requires=["numpy"],
 )
