@@ -10,24 +10,15 @@
 #include "check.h"
 #include "common/error.h"
 #include "ranks.h"
+#include "reference.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::runRanks;
 
 namespace {
 
-// Rank r's value at index i: small integers, so float sums are exact.
-float valueOf(int r, size_t i) { return static_cast<float>((r * 7 + i * 3) % 11) - 5.f; }
-
-float reference(ReduceOp op, int p, size_t i) {
-  float acc = valueOf(0, i);
-  for (int r = 1; r < p; ++r) {
-    const float v = valueOf(r, i);
-    acc = op == ReduceOp::kSum ? acc + v : op == ReduceOp::kMin ? std::min(acc, v)
-        : op == ReduceOp::kMax ? std::max(acc, v) : acc * v;
-  }
-  return acc;
-}
+using hvdtorch::test::reference;
+using hvdtorch::test::valueOf;
 
 void checkReducer(const std::function<std::unique_ptr<Reducer>()>& make, const char* what) {
   for (int p : {1, 2, 3, 4, 5}) {
@@ -36,7 +27,7 @@ void checkReducer(const std::function<std::unique_ptr<Reducer>()>& make, const c
         runRanks(p, [&](Context& ctx) {
           auto reducer = make();
           std::vector<float> buf(count);
-          for (size_t i = 0; i < count; ++i) buf[i] = valueOf(ctx.rank(), i);
+          for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(valueOf(ctx.rank(), i));
           reducer->allreduce(ctx, buf.data(), count, DataType::kFloat32, op);
           size_t bad = 0;
           for (size_t i = 0; i < count; ++i) bad += buf[i] != reference(op, p, i);
@@ -66,7 +57,7 @@ TEST(ring_half_precision) {
     RingAllreduce ring({64, 2});
     const size_t n = 999;
     std::vector<uint16_t> buf(n);
-    for (size_t i = 0; i < n; ++i) buf[i] = floatToBf16(valueOf(ctx.rank(), i));
+    for (size_t i = 0; i < n; ++i) buf[i] = floatToBf16(static_cast<float>(valueOf(ctx.rank(), i)));
     ring.allreduce(ctx, buf.data(), n, DataType::kBFloat16, ReduceOp::kSum);
     for (size_t i = 0; i < n; ++i) CHECK(bf16ToFloat(buf[i]) == reference(ReduceOp::kSum, 3, i));
   });

@@ -35,8 +35,13 @@ struct Cluster {
   }
   ~Cluster() {
     // Shut down all ranks concurrently, as separate processes would.
+    onEveryRank([](int, Engine& e) { e.shutdown(); });
+  }
+  // Runs fn(rank, engine) for every rank at once, one thread each, as the
+  // ranks' own processes would, and waits for all of them.
+  void onEveryRank(const std::function<void(int, Engine&)>& fn) {
     std::vector<std::thread> ts;
-    for (auto& e : engines) ts.emplace_back([&e] { e->shutdown(); });
+    for (int r = 0; r < static_cast<int>(engines.size()); ++r) ts.emplace_back([&, r] { fn(r, *engines[r]); });
     for (auto& t : ts) t.join();
   }
   InProcFabric control, data;
@@ -68,29 +73,24 @@ TEST(out_of_order_submission_and_cache) {
   const int p = 3;
   Cluster c(p);
   for (int iter = 0; iter < 5; ++iter) {  // iterations >= 1 hit the response cache
-    std::vector<std::thread> ts;
-    for (int r = 0; r < p; ++r) {
-      ts.emplace_back([&, r] {
-        Engine& eng = *c.engines[r];
-        std::vector<EntryPtr> es;
-        std::vector<int64_t> hs;
-        for (int k = 0; k < 6; ++k) {
-          // Rank r submits in a rotated order: negotiation must match by name.
-          const int j = (k + r) % 6;
-          es.push_back(allreduceEntry("t" + std::to_string(j), {j + 1, 3}, float(r + j), ReduceOp::kSum, 0.5));
-          hs.push_back(eng.submit(es.back()));
-        }
-        for (int k = 0; k < 6; ++k) {
-          CHECK(waitDone(eng, hs[k]));
-          CHECK_MSG(eng.state(hs[k])->error().empty(), "%s", eng.state(hs[k])->error().c_str());
-          const int j = (k + r) % 6;
-          const float want = 0.5f * float(0 + 1 + 2 + 3 * j);
-          CHECK_MSG(first(es[k]) == want, "iter %d rank %d t%d: %g vs %g", iter, r, j, first(es[k]), want);
-          eng.release(hs[k]);
-        }
-      });
-    }
-    for (auto& t : ts) t.join();
+    c.onEveryRank([&](int r, Engine& eng) {
+      std::vector<EntryPtr> es;
+      std::vector<int64_t> hs;
+      for (int k = 0; k < 6; ++k) {
+        // Rank r submits in a rotated order: negotiation must match by name.
+        const int j = (k + r) % 6;
+        es.push_back(allreduceEntry("t" + std::to_string(j), {j + 1, 3}, float(r + j), ReduceOp::kSum, 0.5));
+        hs.push_back(eng.submit(es.back()));
+      }
+      for (int k = 0; k < 6; ++k) {
+        CHECK(waitDone(eng, hs[k]));
+        CHECK_MSG(eng.state(hs[k])->error().empty(), "%s", eng.state(hs[k])->error().c_str());
+        const int j = (k + r) % 6;
+        const float want = 0.5f * float(0 + 1 + 2 + 3 * j);
+        CHECK_MSG(first(es[k]) == want, "iter %d rank %d t%d: %g vs %g", iter, r, j, first(es[k]), want);
+        eng.release(hs[k]);
+      }
+    });
   }
 }
 
@@ -98,23 +98,18 @@ TEST(mismatch_fails_on_every_rank_and_engine_goes_on) {
   const int p = 3;
   Cluster c(p);
   std::vector<std::string> errors(p);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < p; ++r) {
-    ts.emplace_back([&, r] {
-      Engine& eng = *c.engines[r];
-      auto e = allreduceEntry("x", {r == 2 ? 5 : 4}, 1.f);
-      const int64_t h = eng.submit(e);
-      CHECK(waitDone(eng, h));
-      errors[r] = eng.state(h)->error();
-      // The engine still works afterwards.
-      auto ok = allreduceEntry("y", {2}, 1.f);
-      const int64_t h2 = eng.submit(ok);
-      CHECK(waitDone(eng, h2));
-      CHECK(eng.state(h2)->error().empty());
-      CHECK(first(ok) == 3.f);
-    });
-  }
-  for (auto& t : ts) t.join();
+  c.onEveryRank([&](int r, Engine& eng) {
+    auto e = allreduceEntry("x", {r == 2 ? 5 : 4}, 1.f);
+    const int64_t h = eng.submit(e);
+    CHECK(waitDone(eng, h));
+    errors[r] = eng.state(h)->error();
+    // The engine still works afterwards.
+    auto ok = allreduceEntry("y", {2}, 1.f);
+    const int64_t h2 = eng.submit(ok);
+    CHECK(waitDone(eng, h2));
+    CHECK(eng.state(h2)->error().empty());
+    CHECK(first(ok) == 3.f);
+  });
   for (int r = 0; r < p; ++r) {
     CHECK_MSG(errors[r].find("mismatched allreduce 'x'") != std::string::npos, "rank %d: %s", r, errors[r].c_str());
     CHECK(errors[r].find("ranks [0, 1]") != std::string::npos);
@@ -152,42 +147,37 @@ TEST(missing_rank_times_out_with_names) {
 TEST(allgather_uneven_and_broadcast) {
   const int p = 3;
   Cluster c(p);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < p; ++r) {
-    ts.emplace_back([&, r] {
-      Engine& eng = *c.engines[r];
-      auto g = std::make_shared<Entry>();
-      g->request.type = OpType::kAllgather;
-      g->request.name = "g";
-      g->request.tensors = {{DataType::kInt32, {r, 2}}};  // rank 0 contributes no rows
-      auto in = std::make_shared<HostTensor>(DataType::kInt32, std::vector<int64_t>{r, 2});
-      for (int i = 0; i < 2 * r; ++i) static_cast<int32_t*>(in->data())[i] = r * 100 + i;
-      g->inputs = {in};
-      g->allocate = [](const std::vector<int64_t>& shape) { return std::make_shared<HostTensor>(DataType::kInt32, shape); };
-      const int64_t h = eng.submit(g);
+  c.onEveryRank([&](int r, Engine& eng) {
+    auto g = std::make_shared<Entry>();
+    g->request.type = OpType::kAllgather;
+    g->request.name = "g";
+    g->request.tensors = {{DataType::kInt32, {r, 2}}};  // rank 0 contributes no rows
+    auto in = std::make_shared<HostTensor>(DataType::kInt32, std::vector<int64_t>{r, 2});
+    for (int i = 0; i < 2 * r; ++i) static_cast<int32_t*>(in->data())[i] = r * 100 + i;
+    g->inputs = {in};
+    g->allocate = [](const std::vector<int64_t>& shape) { return std::make_shared<HostTensor>(DataType::kInt32, shape); };
+    const int64_t h = eng.submit(g);
 
-      auto b = std::make_shared<Entry>();
-      b->request.type = OpType::kBroadcast;
-      b->request.name = "b";
-      b->request.root = 1;
-      b->request.tensors = {{DataType::kFloat64, {3}}};
-      auto bt = std::make_shared<HostTensor>(DataType::kFloat64, std::vector<int64_t>{3});
-      for (int i = 0; i < 3; ++i) static_cast<double*>(bt->data())[i] = r * 10 + i;
-      b->inputs = {bt};
-      b->outputs = {bt};
-      const int64_t hb = eng.submit(b);
+    auto b = std::make_shared<Entry>();
+    b->request.type = OpType::kBroadcast;
+    b->request.name = "b";
+    b->request.root = 1;
+    b->request.tensors = {{DataType::kFloat64, {3}}};
+    auto bt = std::make_shared<HostTensor>(DataType::kFloat64, std::vector<int64_t>{3});
+    for (int i = 0; i < 3; ++i) static_cast<double*>(bt->data())[i] = r * 10 + i;
+    b->inputs = {bt};
+    b->outputs = {bt};
+    const int64_t hb = eng.submit(b);
 
-      CHECK(waitDone(eng, h));
-      CHECK_MSG(eng.state(h)->error().empty(), "%s", eng.state(h)->error().c_str());
-      const auto& out = eng.state(h)->outputs();
-      CHECK(out.size() == 1 && out[0]->shape() == (std::vector<int64_t>{0 + 1 + 2, 2}));
-      const int32_t* o = static_cast<const int32_t*>(out[0]->data());
-      CHECK(o[0] == 100 && o[1] == 101 && o[2] == 200 && o[5] == 203);
-      CHECK(waitDone(eng, hb));
-      for (int i = 0; i < 3; ++i) CHECK(static_cast<double*>(bt->data())[i] == 10 + i);
-    });
-  }
-  for (auto& t : ts) t.join();
+    CHECK(waitDone(eng, h));
+    CHECK_MSG(eng.state(h)->error().empty(), "%s", eng.state(h)->error().c_str());
+    const auto& out = eng.state(h)->outputs();
+    CHECK(out.size() == 1 && out[0]->shape() == (std::vector<int64_t>{0 + 1 + 2, 2}));
+    const int32_t* o = static_cast<const int32_t*>(out[0]->data());
+    CHECK(o[0] == 100 && o[1] == 101 && o[2] == 200 && o[5] == 203);
+    CHECK(waitDone(eng, hb));
+    for (int i = 0; i < 3; ++i) CHECK(static_cast<double*>(bt->data())[i] == 10 + i);
+  });
 }
 
 TEST(fusion_of_many_small_tensors) {
@@ -195,23 +185,18 @@ TEST(fusion_of_many_small_tensors) {
   cfg.fusion_threshold = 1000;  // forces several fused units
   const int p = 2;
   Cluster c(p, cfg);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < p; ++r) {
-    ts.emplace_back([&, r] {
-      Engine& eng = *c.engines[r];
-      std::vector<EntryPtr> es;
-      std::vector<int64_t> hs;
-      for (int k = 0; k < 40; ++k) {
-        es.push_back(allreduceEntry("f" + std::to_string(k), {k % 7 + 1, 5}, float(k + r)));
-        hs.push_back(eng.submit(es.back()));
-      }
-      for (int k = 0; k < 40; ++k) {
-        CHECK(waitDone(eng, hs[k]));
-        CHECK(first(es[k]) == float(2 * k + 1));
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
+  c.onEveryRank([&](int r, Engine& eng) {
+    std::vector<EntryPtr> es;
+    std::vector<int64_t> hs;
+    for (int k = 0; k < 40; ++k) {
+      es.push_back(allreduceEntry("f" + std::to_string(k), {k % 7 + 1, 5}, float(k + r)));
+      hs.push_back(eng.submit(es.back()));
+    }
+    for (int k = 0; k < 40; ++k) {
+      CHECK(waitDone(eng, hs[k]));
+      CHECK(first(es[k]) == float(2 * k + 1));
+    }
+  });
 }
 
 TEST(shutdown_fails_pending_and_rejects_new) {

@@ -17,6 +17,7 @@
 #include "algorithms/node_allreduce.h"
 #include "algorithms/reduce_kernels.h"
 #include "check.h"
+#include "reference.h"
 #include "shm_entries.h"
 #include "common/error.h"
 #include "ranks.h"
@@ -36,19 +37,8 @@ std::string uniquePrefix() {
 
 using hvdtorch::test::shmEntries;
 
-// Rank r's value at index i: small integers, exact in every tested dtype
-// (sums of up to 5 ranks, products of up to 4).
-double valueOf(int r, size_t i) { return static_cast<double>((r * 7 + i * 3) % 11) - 5.0; }
-
-double reference(ReduceOp op, int p, size_t i) {
-  double acc = valueOf(0, i);
-  for (int r = 1; r < p; ++r) {
-    const double v = valueOf(r, i);
-    acc = op == ReduceOp::kSum ? acc + v : op == ReduceOp::kMin ? std::min(acc, v)
-        : op == ReduceOp::kMax ? std::max(acc, v) : acc * v;
-  }
-  return acc;
-}
+using hvdtorch::test::reference;
+using hvdtorch::test::valueOf;
 
 void put(DataType t, void* buf, size_t i, double v) {
   switch (t) {
