@@ -75,6 +75,10 @@ class DistributedModel(torch.nn.Module):
         if not order:
             return
         self._rebuild_pending = False
+        # With sync="explicit" the last pass may still be in flight (forward
+        # before sync_gradients()): its results land in the old buckets, so
+        # finish it first. A no-op when nothing is pending.
+        self._reducer.finalize()
         full = torch.tensor(complete_order(order, len(self._params)), dtype=torch.int64)
         agreed = ops.broadcast(full, root_rank=0, name=f"{self._name}.bucket_order").tolist()
         self._reducer.rebuild(plan_buckets(self._params, agreed, self._fusion_bytes, self._first_bucket_bytes))

@@ -131,6 +131,22 @@ def check_special_models():
     assert list(wrapped.state_dict()) == list(Net().state_dict())
     wrapped.train()
     assert wrapped.module.training
+    # sync="explicit" with a forward before sync_gradients() on the iteration
+    # that rebuilds the buckets.
+    torch.manual_seed(6)
+    base = Net()
+    ref = train_reference(copy.deepcopy(base), "sgd", n, steps=3)
+    model = hvd.DistributedModel(copy.deepcopy(base), sync="explicit", fusion_bytes=2048, first_bucket_bytes=256)
+    opt = make_opt("sgd", model.parameters())
+    for s in range(3):
+        x, y = batch(s, n)
+        opt.zero_grad()
+        F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+        with torch.enable_grad():
+            model(shard(x, r)[:1])  # a forward before the sync, grad mode on
+        model.sync_gradients()
+        opt.step()
+    assert_params_close(model.module, ref, "explicit sync with a forward before sync_gradients")
     # An unused branch on one rank only: must not hang, and the gradients average.
     torch.manual_seed(2)
     lin = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 3), "b": torch.nn.Linear(3, 3)})
