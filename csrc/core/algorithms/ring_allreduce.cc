@@ -17,17 +17,20 @@ struct Message {
   size_t count;    // elements
 };
 
+// Appends chunk `chunk`'s segments, as messages of step `step`.
+void appendSegments(std::vector<Message>& msgs, int step, int chunk, int p, size_t count, size_t seg_elems) {
+  const Range r = evenSplit(count, p, chunk);
+  for (size_t done = 0; done < r.count; done += seg_elems)
+    msgs.push_back({step, r.offset + done, std::min(seg_elems, r.count - done)});
+}
+
 // The messages a rank at ring position `pos` receives, in order. The chunk
 // received at step t is (pos - t - 1) mod p; the left neighbour sends exactly
 // this sequence, so both sides agree on every message size.
 std::vector<Message> scheduleFor(int pos, int p, size_t count, size_t seg_elems) {
   std::vector<Message> msgs;
-  for (int step = 0; step < 2 * (p - 1); ++step) {
-    const int chunk = ((pos - step - 1) % p + p) % p;
-    const Range r = evenSplit(count, p, chunk);
-    for (size_t done = 0; done < r.count; done += seg_elems)
-      msgs.push_back({step, r.offset + done, std::min(seg_elems, r.count - done)});
-  }
+  for (int step = 0; step < 2 * (p - 1); ++step)
+    appendSegments(msgs, step, ((pos - step - 1) % p + p) % p, p, count, seg_elems);
   return msgs;
 }
 
@@ -59,13 +62,8 @@ void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members
 
   // What I send is what my right neighbour receives; what I receive, my own schedule.
   const std::vector<Message> recvs = scheduleFor(pos, p, count, seg_elems);
-  const std::vector<Message> sends_step0 = [&] {
-    std::vector<Message> s;
-    const Range r = evenSplit(count, p, pos);
-    for (size_t done = 0; done < r.count; done += seg_elems)
-      s.push_back({0, r.offset + done, std::min(seg_elems, r.count - done)});
-    return s;
-  }();
+  std::vector<Message> sends_step0;  // my own chunk; later sends forward what arrives
+  appendSegments(sends_step0, 0, pos, p, count, seg_elems);
 
   const size_t slot_bytes = seg_elems * esize;
   if (scratch_.size() < slot_bytes * window) scratch_.resize(slot_bytes * window);

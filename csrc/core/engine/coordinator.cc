@@ -96,6 +96,16 @@ std::optional<Response> Coordinator::checkStall(const std::string& what, OpType 
   return std::nullopt;
 }
 
+std::vector<bool> Coordinator::submitted(const std::string& name, const Pending& pending,
+                                         const ResponseCache& cache, const BitRanks& bit_ranks) const {
+  const int id = cache.idOf(name);
+  const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
+  std::vector<bool> has(size_);
+  for (int r = 0; r < size_; ++r)
+    has[r] = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]);
+  return has;
+}
+
 ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const ResponseCache& cache,
                                   Clock::time_point now) {
   ResponseList out;
@@ -119,7 +129,7 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
   }
 
   // Which ranks have each cache bit set this cycle.
-  std::map<uint32_t, std::vector<bool>> bit_ranks;
+  BitRanks bit_ranks;
   for (uint32_t id = 0; id < cache.size(); ++id) {
     std::vector<bool> has(size_, false);
     bool any = false;
@@ -135,12 +145,8 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
   // Uncached entries, completed by full requests and/or cache bits.
   std::vector<std::pair<uint64_t, std::string>> complete;
   for (auto& [name, pending] : table_) {
-    const int id = cache.idOf(name);
-    const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
-    bool all = true;
-    for (int r = 0; r < size_ && all; ++r)
-      all = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]);
-    if (all) complete.emplace_back(pending.arrival, name);
+    const std::vector<bool> has = submitted(name, pending, cache, bit_ranks);
+    if (std::all_of(has.begin(), has.end(), [](bool b) { return b; })) complete.emplace_back(pending.arrival, name);
   }
   std::sort(complete.begin(), complete.end());
   std::vector<Response> from_table;
@@ -169,13 +175,12 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
   // Stall inspection and deadlines for what is still incomplete.
   for (auto it = table_.begin(); it != table_.end();) {
     Pending& pending = it->second;
+    const std::vector<bool> has = submitted(it->first, pending, cache, bit_ranks);
     const int id = cache.idOf(it->first);
     const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
-    std::vector<bool> has(size_);
     OpType type = OpType::kAllreduce;
     std::string what;
     for (int r = 0; r < size_; ++r) {
-      has[r] = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]);
       if (pending.by_rank[r]) {
         type = pending.by_rank[r]->type;
         if (what.empty()) what = pending.by_rank[r]->describe();

@@ -36,7 +36,6 @@ class Coordinator {
 
   ResponseList process(const std::vector<RankMessage>& msgs, const ResponseCache& cache, Clock::time_point now);
 
-  size_t pendingCount() const { return table_.size(); }
 
  private:
   struct Pending {
@@ -50,7 +49,11 @@ class Coordinator {
     bool warned = false;
   };
 
+  using BitRanks = std::map<uint32_t, std::vector<bool>>;
   static std::string rankList(const std::vector<int>& ranks);
+  // Per rank: has it submitted `name`, in full or by its cache bit?
+  std::vector<bool> submitted(const std::string& name, const Pending& pending, const ResponseCache& cache,
+                              const BitRanks& bit_ranks) const;
   std::string validate(const std::vector<Request>& reqs) const;
   Response makeResponse(const std::vector<Request>& reqs) const;
   // Checks an incomplete op; returns an error response once it has timed out.
