@@ -54,14 +54,6 @@ def _require() -> _State:
     return _state
 
 
-def _timeout_seconds(options: Dict[str, str]) -> float:
-    value = options.get("timeout", os.environ.get("HVDTORCH_TIMEOUT", "600"))
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"hvdtorch: timeout {value!r} is not a number of seconds") from None
-
-
 def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
     """Creates the default process group from the launcher's environment.
 
@@ -106,8 +98,7 @@ def init(comm=None, process_sets=None, **options) -> None:
         if _state is not None:
             return
         opts = {str(k): str(v) for k, v in options.items()}
-        _C.check_options(opts)
-        timeout = datetime.timedelta(seconds=_timeout_seconds(opts))
+        timeout = datetime.timedelta(seconds=_C.resolve_timeout(opts))
         info = launch.detect()
         owns_default = not dist.is_initialized()
         store_path = _join_default_group(info, timeout) if owns_default else None

@@ -261,5 +261,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (const auto& k : Config::knobs()) out.emplace_back("HVDTORCH_" + k.name, k.default_value, k.help);
     return out;
   });
-  m.def("check_options", [](const std::map<std::string, std::string>& options) { Config::load(options); });
+  // Validates the options (ValueError names a bad one) and returns the
+  // effective HVDTORCH_TIMEOUT in seconds: Config is the one place knobs are
+  // parsed, so Python gives torch.distributed the same deadline.
+  m.def("resolve_timeout", [](const std::map<std::string, std::string>& options) {
+    return std::chrono::duration<double>(Config::load(options).timeout).count();
+  });
 }
