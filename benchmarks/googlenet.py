@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import hvdtorch as hvd  # noqa: E402
-from hvdtorch.data import ImageFolder, Shard  # noqa: E402
+from hvdtorch.data import batches  # noqa: E402
 from hvdtorch.models import FCHeavyNet, GoogLeNet  # noqa: E402
 
 SETTINGS = {
@@ -59,37 +59,6 @@ def build(setting):
     return FCHeavyNet(num_classes=25, image_size=s["image_size"])
 
 
-class Batches:
-    """Synthetic batches (regenerated cheaply) or an ImageFolder shard."""
-
-    def __init__(self, args, setting, rank, size):
-        s = SETTINGS[setting]
-        self.batch, self.size = s["batch"], s["image_size"]
-        self.loader = None
-        if args.data:
-            ds = ImageFolder(args.data, self.size)
-            self.sampler = Shard(len(ds), rank, size)
-            self.loader = torch.utils.data.DataLoader(ds, batch_size=self.batch, sampler=self.sampler,
-                                                      drop_last=True, num_workers=0)
-            self.it = iter(self.loader)
-            self.epoch = 0
-        else:
-            g = torch.Generator().manual_seed(rank)
-            self.x = torch.randn(self.batch, 3, self.size, self.size, generator=g)
-            self.y = torch.randint(0, 25, (self.batch,), generator=g)
-
-    def next(self):
-        if self.loader is None:
-            return self.x, self.y
-        try:
-            return next(self.it)
-        except StopIteration:
-            self.epoch += 1
-            self.sampler.set_epoch(self.epoch)
-            self.it = iter(self.loader)
-            return next(self.it)
-
-
 def run_config(args, setting, name, rank, size):
     model = build(setting)
     if name == "solo":
@@ -107,11 +76,12 @@ def run_config(args, setting, name, rank, size):
                                      sync="explicit", name=f"bench.{name}")
         sync = model.sync_gradients
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    data = Batches(args, setting, rank, size)
+    s = SETTINGS[setting]
+    data = batches(args.data, s["image_size"], s["batch"], 25, rank, size)
     phases = {k: [] for k in ("data", "forward", "backward", "sync", "optim", "total")}
     for it in range(args.warmup + args.iters):
         t0 = time.perf_counter()
-        x, y = data.next()
+        x, y = next(data)
         t1 = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
         t2 = time.perf_counter()

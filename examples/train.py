@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdtorch as hvd
-from hvdtorch.data import ImageFolder, Shard
+from hvdtorch.data import batches
 from hvdtorch.models import GoogLeNet
 
 
@@ -39,24 +39,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def batches(args, rank, size):
-    """Yields (images, labels) forever."""
-    if args.data:
-        ds = ImageFolder(args.data, args.image_size)
-        sampler = Shard(len(ds), rank, size)
-        loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-        epoch = 0
-        while True:
-            sampler.set_epoch(epoch)
-            yield from loader
-            epoch += 1
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g)
-    y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
-    while True:
-        yield x, y
-
-
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -69,7 +51,7 @@ def main(argv=None):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
 
-    data = batches(args, rank, size)
+    data = batches(args.data, args.image_size, args.batch_size, args.num_classes, rank, size)
     step_times = []
     for step in range(args.warmup + args.steps):
         t0 = time.perf_counter()

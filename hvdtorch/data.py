@@ -1,5 +1,6 @@
 """Minimal image data for examples and benchmarks (no torchvision needed):
-an ImageFolder reader (root/<class>/<image>.jpg) and per-rank sharding."""
+an ImageFolder reader (root/<class>/<image>.jpg), per-rank sharding, and
+the batch stream both use."""
 import os
 from typing import List, Tuple
 
@@ -53,3 +54,23 @@ class Shard(torch.utils.data.Sampler):
 
     def __len__(self):
         return self.length // self.size
+
+
+def batches(data_dir, image_size: int, batch_size: int, num_classes: int, rank: int, size: int):
+    """Yields (images, labels) forever: this rank's shard of an ImageFolder
+    (``data_dir``, reshuffled every epoch, no loader workers), or, without
+    ``data_dir``, one fixed synthetic batch seeded by the rank."""
+    if data_dir:
+        ds = ImageFolder(data_dir, image_size)
+        sampler = Shard(len(ds), rank, size)
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True)
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(batch_size, 3, image_size, image_size, generator=g)
+    y = torch.randint(0, num_classes, (batch_size,), generator=g)
+    while True:
+        yield x, y
