@@ -20,7 +20,9 @@ def mismatched_shape():
         print(f"rank {r} raised in {time.time() - t0:.2f}s: {msg}")
     else:
         raise AssertionError("mismatched shapes did not raise")
-    assert time.time() - t0 < 5, "mismatch took too long to report"
+    # A mismatch is reported in the cycle that sees it, far below the deadline.
+    timeout = float(os.environ["HVDTORCH_TIMEOUT"])
+    assert time.time() - t0 < timeout / 4, f"mismatch took too long to report (HVDTORCH_TIMEOUT={timeout:g})"
     # The job goes on after a mismatch.
     assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(hvd.size())))
     hvd.shutdown()
