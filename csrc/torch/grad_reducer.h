@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/allreduce.h"
 
 namespace hvdtorch {
 
@@ -43,10 +44,10 @@ using AccumulatorPtr =
 
 struct GradReducerOptions {
   std::string name;            // unique per model, same on every rank
-  ReducerKind reducer = ReducerKind::kAuto;
-  ReduceOp op = ReduceOp::kSum;
+  std::string reducer;         // as ops::AllreduceOptions::reducer
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum
   double prescale = 1.0;
-  double postscale = 1.0;      // Average already folded in (1/size)
+  double postscale = 1.0;
   bool pipeline = true;
   bool sync_on_backward = true;
   bool fuse = true;            // let the engine fuse buckets ready together
@@ -99,6 +100,7 @@ class GradientReducer {
   std::shared_ptr<Engine> engine_;
   std::vector<at::Tensor> params_;
   GradReducerOptions opts_;
+  ops::AllreduceOptions allreduce_;   // what every bucket launch asks for, less name and tensors
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;     // param index -> bucket
   std::vector<size_t> slot_of_;       // param index -> position in its bucket
