@@ -154,7 +154,7 @@ TEST(grouped_allgather) {
   });
 }
 
-TEST(average_is_folded_into_the_postscale) {
+TEST(average_divides_by_the_size_after_the_postscale_is_kept) {
   const int p = 2;
   Cluster c(p);
   c.onEveryRank([&](int r, Engine& eng) {
@@ -165,7 +165,7 @@ TEST(average_is_folded_into_the_postscale) {
     o.outputs = {t};
     o.postscale = 3.0;
     const ReduceArgs args = ops::allreduceArgs(eng, o);
-    CHECK(args.op == ReduceOp::kSum && args.postscale == 1.5 && args.reducer == kAutoReducer);
+    CHECK(args.op == ReduceOp::kAverage && args.postscale == 3.0 && args.reducer == kAutoReducer);
     finish(eng, ops::allreduce(eng, std::move(o)));
     CHECK(contents<float>(t) == std::vector<float>(3, 3.0f * (1 + 3) / 2));
   });

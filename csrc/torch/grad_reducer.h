@@ -47,7 +47,7 @@ struct GradReducerOptions {
   std::string reducer;         // as ops::AllreduceOptions::reducer
   ReduceOp op = ReduceOp::kAverage;  // Average or Sum
   double prescale = 1.0;
-  double postscale = 1.0;
+  double postscale = 1.0;      // the user's; Average divides by the size on top
   bool pipeline = true;
   bool sync_on_backward = true;
   bool fuse = true;            // let the engine fuse buckets ready together

@@ -270,10 +270,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (const auto& k : Config::knobs()) out.emplace_back("HVDTORCH_" + k.name, k.default_value, k.help);
     return out;
   });
-  // Validates the options (ValueError names a bad one) and returns the
-  // effective HVDTORCH_TIMEOUT in seconds: Config is the one place knobs are
-  // parsed, so Python gives torch.distributed the same deadline.
-  m.def("resolve_timeout", [](const std::map<std::string, std::string>& options) {
-    return std::chrono::duration<double>(Config::load(options).timeout).count();
+  // Validates the options (ValueError names a bad one) and returns what the
+  // Python side needs before the engine exists: the effective HVDTORCH_TIMEOUT
+  // in seconds (torch.distributed gets the same deadline) and
+  // HVDTORCH_HOSTNAME. Config is the one place knobs are parsed.
+  m.def("resolve_options", [](const std::map<std::string, std::string>& options) {
+    const Config c = Config::load(options);
+    py::dict d;
+    d["timeout"] = std::chrono::duration<double>(c.timeout).count();
+    d["hostname"] = c.hostname;
+    return d;
   });
 }

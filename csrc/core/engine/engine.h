@@ -98,7 +98,7 @@ class Engine {
   std::mutex mu_;
   std::condition_variable incoming_cv_;
   std::deque<EntryPtr> incoming_;
-  std::unordered_set<std::string> pending_names_;
+  std::unordered_set<std::string> pending_names_;  // taken until the op finishes (OpState's on-done hook)
   std::unordered_map<int64_t, std::shared_ptr<OpState>> handles_;
   int64_t next_handle_ = 1;
   bool shutdown_requested_ = false;

@@ -20,6 +20,12 @@ size_t rowElems(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+// Average is the one reduce op no reducer sees: it is a Sum whose result is
+// divided by the number of ranks on the way out (exactly, for integers).
+ReduceOp Executor::reducedOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+int64_t Executor::averageDivisor(ReduceOp op) const { return op == ReduceOp::kAverage ? ctx_.size() : 1; }
+
 void Executor::mark(const WorkUnit& unit, const std::string& phase, bool begin) {
   if (!timeline_.enabled()) return;
   const Entry* last = nullptr;
@@ -60,7 +66,9 @@ void Executor::allreduce(WorkUnit& unit) {
   const DataType dtype = req.tensors[unit.pieces.front().tensor].dtype;
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
-  Reducer& reducer = reducers_.resolve(args.reducer, ctx_, count * dtypeSize(dtype), dtype, args.op);
+  const ReduceOp op = reducedOp(args.op);
+  const int64_t divisor = averageDivisor(args.op);
+  Reducer& reducer = reducers_.resolve(args.reducer, ctx_, count * dtypeSize(dtype), dtype, op);
 
   const std::string collective = strCat("ALLREDUCE:", reducer.name());
   if (unit.pieces.size() == 1) {
@@ -70,9 +78,9 @@ void Executor::allreduce(WorkUnit& unit) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     copyScaled(out.data(), in.data(), count, dtype, args.prescale);
     mark(unit, collective, true);
-    if (ctx_.size() > 1) reducer.allreduce(ctx_, out.data(), count, dtype, args.op);
+    if (ctx_.size() > 1) reducer.allreduce(ctx_, out.data(), count, dtype, op);
     mark(unit, collective, false);
-    copyScaled(out.data(), out.data(), count, dtype, args.postscale);
+    copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
     finishPiece(p);
     return;
   }
@@ -89,14 +97,14 @@ void Executor::allreduce(WorkUnit& unit) {
   }
   mark(unit, "MEMCPY_IN_FUSION", false);
   mark(unit, collective, true);
-  if (ctx_.size() > 1) reducer.allreduce(ctx_, fused, count, dtype, args.op);
+  if (ctx_.size() > 1) reducer.allreduce(ctx_, fused, count, dtype, op);
   mark(unit, collective, false);
   mark(unit, "MEMCPY_OUT_FUSION", true);
   off = 0;
   for (const auto& p : unit.pieces) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     const size_t n = static_cast<size_t>(out.numel());
-    copyScaled(out.data(), fused + off * esize, n, dtype, args.postscale);
+    copyAveraged(out.data(), fused + off * esize, n, dtype, divisor, args.postscale);
     off += n;
   }
   mark(unit, "MEMCPY_OUT_FUSION", false);
@@ -240,15 +248,16 @@ void Executor::reducescatterRun(Entry& e, const ReducescatterPlan& plan, size_t 
       at += n;
     }
   }
+  const ReduceOp op = reducedOp(args.op);
   if (p > 1) {
-    Reducer& reducer = reducers_.reduceScatterer(ctx_, (block_at[p - 1] + counts[p - 1]) * esize, dtype, args.op);
-    reducer.reduceScatter(ctx_, buf, counts, dtype, args.op);
+    Reducer& reducer = reducers_.reduceScatterer(ctx_, (block_at[p - 1] + counts[p - 1]) * esize, dtype, op);
+    reducer.reduceScatter(ctx_, buf, counts, dtype, op);
   }
-  // Unpack my block, postscaled.
+  // Unpack my block: averaged if so asked, postscaled.
   size_t at = block_at[me];
   for (size_t t = first; t < last; ++t) {
     const size_t n = static_cast<size_t>(plan.rows[t * p + me]) * row[t];
-    copyScaled(outputs[t]->data(), buf + at * esize, n, dtype, args.postscale);
+    copyAveraged(outputs[t]->data(), buf + at * esize, n, dtype, averageDivisor(args.op), args.postscale);
     at += n;
   }
 }

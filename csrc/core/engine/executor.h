@@ -33,6 +33,9 @@ class Executor {
   void reducescatterRun(Entry& e, const ReducescatterPlan& plan, size_t first, size_t last,
                         const std::vector<TensorPtr>& outputs);
   static void finishPiece(const WorkUnit::Piece& piece);
+  // What the reducers run for `op`, and what the result is divided by.
+  static ReduceOp reducedOp(ReduceOp op);
+  int64_t averageDivisor(ReduceOp op) const;
   // Marks `phase` begun (or ended) for every op of the unit.
   void mark(const WorkUnit& unit, const std::string& phase, bool begin);
 

@@ -42,8 +42,9 @@ struct TensorSpec {
 
 // ---- request payloads ----------------------------------------------------
 
-// All-reduce and reduce-scatter. `op` is never Average here: Average is Sum
-// and a postscale, folded in by the op's entry function (csrc/core/ops).
+// All-reduce and reduce-scatter. Average reaches the executor as such: it
+// runs a Sum and divides by the number of ranks on the way out (exactly for
+// integers), then applies the postscale. No reducer ever sees Average.
 struct ReduceArgs {
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;

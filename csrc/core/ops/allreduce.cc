@@ -10,8 +10,9 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
   ReduceArgs args = reduceArgs(where, opts.op, opts.prescale, opts.postscale, opts.inputs);
   try {
     args.reducer = parseReducer(opts.reducer.empty() ? engine.config().reducer : opts.reducer);
-    for (const auto& t : opts.inputs)
-      engine.reducers().check(args.reducer, engine.dataContext(), t->dtype(), args.op);
+    // The reducers run Average as a Sum.
+    const ReduceOp reduced = args.op == ReduceOp::kAverage ? ReduceOp::kSum : args.op;
+    for (const auto& t : opts.inputs) engine.reducers().check(args.reducer, engine.dataContext(), t->dtype(), reduced);
   } catch (const InvalidArgument& err) {
     throw InvalidArgument(strCat(where.str(), ": ", err.what()));
   }

@@ -35,10 +35,6 @@ ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double
   args.op = op;
   args.prescale = prescale;
   args.postscale = postscale;
-  if (op == ReduceOp::kAverage) {
-    args.op = ReduceOp::kSum;
-    args.postscale = postscale / where.engine.topo().size;
-  }
   return args;
 }
 

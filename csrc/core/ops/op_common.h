@@ -4,8 +4,9 @@
 // reducing ops (all-reduce, reduce-scatter), applied here and nowhere else:
 //  * the reduce op must be one of Horovod's values; Adasum only where a
 //    registered reducer serves it;
-//  * Average becomes Sum with the postscale multiplied by 1/size;
 //  * bool tensors take neither Average nor scale factors.
+// Average itself travels as such; the executor runs it as a Sum divided by
+// the number of ranks on the way out (exactly, for integers).
 #pragma once
 
 #include <string>
