@@ -12,7 +12,10 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
     args.reducer = parseReducer(opts.reducer.empty() ? engine.config().reducer : opts.reducer);
     // The reducers run Average as a Sum.
     const ReduceOp reduced = args.op == ReduceOp::kAverage ? ReduceOp::kSum : args.op;
-    for (const auto& t : opts.inputs) engine.reducers().check(args.reducer, engine.dataContext(), t->dtype(), reduced);
+    const auto ps = engine.processSet(opts.process_set_id);
+    const ReducerSet& reducers = ps && ps->member() ? *ps->reducers : engine.reducers();
+    const Context& ctx = ps && ps->member() ? *ps->data : engine.dataContext();
+    for (const auto& t : opts.inputs) reducers.check(args.reducer, ctx, t->dtype(), reduced);
   } catch (const InvalidArgument& err) {
     throw InvalidArgument(strCat(where.str(), ": ", err.what()));
   }

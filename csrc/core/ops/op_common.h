@@ -26,8 +26,10 @@ struct OpWhere {
 // Horovod's op values (Average 0 ... Product 5); InvalidArgument otherwise.
 ReduceOp toReduceOp(int value);
 
-// Only the global set (id 0) exists so far.
-void checkProcessSet(const OpWhere& where, int32_t process_set_id);
+// The process set an op goes to: it must exist and include this rank
+// (InvalidArgument naming the set otherwise). Sizes and ranks in an op's
+// arguments are the set's.
+std::shared_ptr<const ProcessSet> checkProcessSet(const OpWhere& where, int32_t process_set_id);
 
 TensorSpec specOf(const TensorBuffer& t);
 
