@@ -16,8 +16,8 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
     : engine_(std::move(engine)), params_(std::move(params)), opts_(std::move(options)) {
   if (opts_.backward_passes_per_step < 1)
     throw InvalidArgument(strCat("backward_passes_per_step must be >= 1, got ", opts_.backward_passes_per_step));
-  if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum)
-    throw InvalidArgument(strCat(opts_.name, ": gradients are reduced with Average or Sum, not ",
+  if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum && opts_.op != ReduceOp::kAdasum)
+    throw InvalidArgument(strCat(opts_.name, ": gradients are reduced with Average, Sum or Adasum, not ",
                                  reduceOpName(opts_.op)));
   allreduce_.op = opts_.op;
   allreduce_.prescale = opts_.prescale;

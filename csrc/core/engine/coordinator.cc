@@ -74,7 +74,7 @@ Response Coordinator::makeResponse(const std::vector<Request>& reqs) const {
     if (root < 0 || root >= size_)
       s.error = strCat("broadcast '", reqs[0].name, "': root rank ", root, " is not in [0, ", size_, ")");
   }
-  if (!s.error.empty()) return s;
+  if (!s.error.empty() || planIndexFor(s.type) == 0) return s;
   std::vector<const Request*> by_rank(size_);
   for (int r = 0; r < size_; ++r) by_rank[r] = &reqs[r];
   try {

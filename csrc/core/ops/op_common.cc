@@ -25,8 +25,6 @@ TensorSpec specOf(const TensorBuffer& t) { return TensorSpec{t.dtype(), t.shape(
 
 ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double postscale,
                       const std::vector<TensorPtr>& tensors) {
-  if (op == ReduceOp::kAdasum)
-    throw InvalidArgument(strCat(where.str(), ": Adasum is not supported by hvdtorch; use Sum or Average"));
   for (const auto& t : tensors) {
     if (t->dtype() != DataType::kBool) continue;
     if (op == ReduceOp::kAverage)

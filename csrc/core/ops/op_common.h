@@ -2,8 +2,7 @@
 // "rank r: <op> '<name>'" prefix of its errors, built only when one is
 // raised), tensor specs, the process-set check, and the policy of the
 // reducing ops (all-reduce, reduce-scatter), applied here and nowhere else:
-//  * the reduce op must be one of Horovod's values; Adasum only where a
-//    registered reducer serves it;
+//  * the reduce op must be one of Horovod's values;
 //  * bool tensors take neither Average nor scale factors.
 // Average itself travels as such; the executor runs it as a Sum divided by
 // the number of ranks on the way out (exactly, for integers).

@@ -42,7 +42,6 @@ class Context {
   NativeCollectives* native() const { return native_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   Deadline deadline() const { return Deadline::after(timeout_); }
-  bool hasLocalTransport() const { return static_cast<bool>(local_links_); }
 
   // The link to `peer`, created on first use. Both ends must ask for their
   // link in a compatible order (any algorithm that talks to a peer does).
