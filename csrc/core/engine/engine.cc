@@ -161,6 +161,7 @@ void Engine::controlLoop() {
 }
 
 void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
+  timeline_.markCycle();
   const int me = control_ctx_.rank();
   RankMessage msg;
   std::deque<EntryPtr> fresh;
