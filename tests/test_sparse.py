@@ -22,3 +22,7 @@ def test_sparse_adam_gets_sparse_gradients_back_with_sparse_as_dense():
 
 def test_gradient_turning_sparse_after_the_first_step_is_a_clear_error():
     run_ranks("tests.workers.sparse:check_sparse_gradient_turning_up_late", 2, timeout=60)
+
+
+def test_distributed_model_rejects_sparse_embeddings_clearly():
+    run_ranks("tests.workers.sparse:check_distributed_model_rejects_sparse_embeddings", 2, timeout=60)

@@ -190,3 +190,14 @@ def check_sparse_adam_with_sparse_as_dense():
             opt.step()
     torch.testing.assert_close(base.weight.detach(), ref.weight.detach(), atol=1e-6, rtol=1e-5)
     hvd.shutdown()
+
+
+def check_distributed_model_rejects_sparse_embeddings():
+    hvd.init()
+    try:
+        hvd.DistributedModel(EmbeddingNet())
+    except ValueError as e:
+        assert "['emb']" in str(e) and "DistributedOptimizer" in str(e), e
+    else:
+        raise AssertionError("DistributedModel accepted a sparse embedding")
+    hvd.shutdown()
