@@ -25,6 +25,9 @@ How:
     reducer whether to reduce it; a callback queued on the autograd engine
     marks the end of the pass. torch.autograd.grad() does not accumulate and
     so counts no pass.
+  * With sparse_as_dense, a post-accumulate-grad hook (which also runs
+    before the C++ reducer's hook) replaces a sparse .grad by its dense form
+    (a pre-hook may not change the layout of a gradient).
   * Which parameters have sparse gradients is learnt in the first step:
     until the first synchronize() there is no C++ reducer; that
     synchronize() reduces every gradient itself, all ranks agree (one
@@ -45,6 +48,12 @@ from .compression import Compression
 def _on_grad(sync_ref, index: int, grads):
     sync = sync_ref()  # the hooks must not keep the optimizer alive
     return None if sync is None else sync.on_grad(index, grads)
+
+
+def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
+    sync = sync_ref()
+    if sync is not None:
+        sync.densify(index, param)
 
 
 def _remove_hooks(handles) -> None:
@@ -84,28 +93,31 @@ class GradientSync:
             self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]
         handles = [acc.register_prehook(lambda grads, i=i: _on_grad(me, i, grads))
                    for i, acc in enumerate(self._accumulators)]
+        if sparse_as_dense:
+            handles += [p.register_post_accumulate_grad_hook(lambda p, i=i: _on_accumulated(me, i, p))
+                        for i, p in enumerate(self._params)]
         weakref.finalize(self, _remove_hooks, handles)
 
     # ---- during backward ----------------------------------------------------
 
-    def on_grad(self, index: int, grads):
-        """Runs before parameter ``index`` accumulates ``grads[0]``; returns
-        the gradients to accumulate instead, or None to keep them."""
+    def on_grad(self, index: int, grads) -> None:
+        """Runs before parameter ``index`` accumulates ``grads[0]``."""
         if not self._in_pass:
             self._begin_pass()
         grad = grads[0]
-        if grad is None or not grad.is_sparse:
-            return None
-        if self._sparse_as_dense:
-            self._densified.setdefault(index, grad.sparse_dim())
-            return (grad.to_dense(),) + tuple(grads[1:])
-        if self._sparse_dims is not None and not self._sparse_dims[index]:
+        if (grad is not None and grad.is_sparse and not self._sparse_as_dense and self._sparse_dims is not None
+                and not self._sparse_dims[index]):
             raise ValueError(
                 f"hvdtorch: rank {runtime.rank()}: parameter '{self._names[index]}' got a sparse gradient, but its "
                 "gradient was dense (or absent) on every rank in the first step, which fixed that it is reduced "
                 "densely; use DistributedOptimizer(sparse_as_dense=True), or produce the same kind of gradient "
                 "from the first step on")
-        return None
+
+    def densify(self, index: int, param: torch.Tensor) -> None:
+        """sparse_as_dense: runs once ``param.grad`` is accumulated."""
+        if param.grad is not None and param.grad.is_sparse:
+            self._densified.setdefault(index, param.grad.sparse_dim())
+            param.grad = param.grad.to_dense()
 
     def _begin_pass(self) -> None:
         k = self._passes_per_step
@@ -131,7 +143,11 @@ class GradientSync:
         return self._passes > 0
 
     def reset(self, backward_passes_per_step: Optional[int] = None) -> None:
-        """Forgets the passes counted so far (load_state_dict, set_backward_passes_per_step)."""
+        """Forgets the passes counted so far (load_state_dict, set_backward_passes_per_step).
+        Reductions backward already launched are waited for (every rank launched
+        them, so this rank alone can wait), so nothing writes into .grad later."""
+        if self._reducer is not None:
+            self._reducer.finalize()
         if backward_passes_per_step is not None:
             if int(backward_passes_per_step) < 1:
                 raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")

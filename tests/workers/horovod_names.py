@@ -245,6 +245,8 @@ def check_optimizer_misuse():
         # zero_grad() between backward and step(): AssertionError (the gradients are in flight).
         expect(AssertionError, opt.zero_grad, "zero_grad")
     shard_loss(model, 1, r, n).backward()
+    # torch.autograd.grad accumulates nothing, so it is no backward pass.
+    torch.autograd.grad(shard_loss(model, 9, r, n), list(model.parameters()))
     if n > 1:
         # A third pass with backward_passes_per_step=2: AssertionError during backward.
         expect(AssertionError, lambda: shard_loss(model, 2, r, n).backward(), "backward_passes_per_step=2")
