@@ -5,7 +5,7 @@ Contract (the same as Horovod's DistributedOptimizer):
   * Gradients are reduced once every ``backward_passes_per_step`` (k)
     backward passes; the passes in between accumulate locally. A (k+1)-th
     pass before synchronize()/step() raises AssertionError during that
-    backward, before anything of it is reduced.
+    backward, before it touches .grad.
   * synchronize() returns with every gradient reduced: after the k-th pass by
     waiting for the reductions backward launched, earlier (fewer passes, or
     none: a second step()) by reducing what .grad holds now. A parameter
@@ -45,9 +45,10 @@ from . import _C, ops, runtime, sparse
 from .compression import Compression
 
 
-def _on_grad(sync_ref, index: int, grads):
+def _on_grad(sync_ref, index: int, grads) -> None:
     sync = sync_ref()  # the hooks must not keep the optimizer alive
-    return None if sync is None else sync.on_grad(index, grads)
+    if sync is not None:
+        sync.on_grad(index, grads)
 
 
 def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
