@@ -66,7 +66,7 @@ class GradientSync:
     def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], name: str, op: int,
                  prescale: float, postscale: float, compression, backward_passes_per_step: int,
                  sparse_as_dense: bool, plan_layout: Callable[[List[torch.Tensor]], List[List[int]]],
-                 fuse: bool, reducer: Optional[str]):
+                 fuse: bool, reducer: Optional[str], process_set):
         if int(backward_passes_per_step) < 1:
             raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self._params = list(params)
@@ -79,6 +79,7 @@ class GradientSync:
         self._plan_layout = plan_layout
         self._fuse = fuse
         self._reducer_kind = reducer or ""
+        self._process_set = process_set  # an added set this rank is in, of more than one rank
         self._reducer = None
         self._sparse_dims: Optional[List[int]] = None  # per parameter after the first step; 0: dense
         self._dense: List[int] = []
@@ -173,7 +174,8 @@ class GradientSync:
         if self._sparse_as_dense:
             dims = [0] * len(self._params)
         else:
-            dims = sparse.agree_sparse_dims([p.grad for p in self._params], f"{self._name}.sparse_dims")
+            dims = sparse.agree_sparse_dims([p.grad for p in self._params], f"{self._name}.sparse_dims",
+                                            self._process_set)
         self._dense = [i for i, d in enumerate(dims) if d == 0]
         self._sparse = [i for i, d in enumerate(dims) if d > 0]
         self._reduce_dense_now(self._dense)
@@ -185,7 +187,8 @@ class GradientSync:
             self._reducer = _C.GradientReducer(
                 runtime.state().engine, dense_params, self._plan_layout(dense_params), self._name,
                 self._reducer_kind, self._op, self._prescale, self._postscale, True, False, self._fuse, 1,
-                self._compression is Compression.fp16)
+                self._compression is Compression.fp16,
+                process_set_id=ops._check_process_set(self._process_set))
 
     def _reduce_dense_now(self, indices: Sequence[int]) -> None:
         """Reduces the dense gradients of ``indices`` as they are now (one
@@ -201,7 +204,7 @@ class GradientSync:
             packed = [self._compression.compress(g) for g in grads]
             h = ops.grouped_allreduce_async_([c for c, _ in packed], name=f"{self._name}.now.{dtype}", op=self._op,
                                              prescale_factor=self._prescale, postscale_factor=self._postscale,
-                                             reducer=self._reducer_kind or None)
+                                             reducer=self._reducer_kind or None, process_set=self._process_set)
             handles.append((h, grads, packed))
         for h, grads, packed in handles:
             ops.synchronize(h)
@@ -214,6 +217,7 @@ class GradientSync:
         for i in self._sparse:
             p = self._params[i]
             grad = sparse.as_sparse(p.grad, p, self._sparse_dims[i])
-            started.append((p, sparse.sparse_allreduce_async(grad, name=f"{self._name}.sparse.{i}", op=self._op)))
+            started.append((p, sparse.sparse_allreduce_async(grad, name=f"{self._name}.sparse.{i}", op=self._op,
+                                                             process_set=self._process_set)))
         for p, handle in started:
             p.grad = handle()

@@ -20,13 +20,14 @@ from . import ops, runtime
 from .buckets import plan_buckets
 from .compression import Compression
 from .gradient_sync import GradientSync
+from .process_sets import set_id
 
 _instance_ids = itertools.count()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer):
+                 gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer, process_set=None):
         super(self.__class__, self).__init__(params)
         if op not in (ops.Average, ops.Sum):
             raise ValueError("hvdtorch: DistributedOptimizer supports op=hvd.Average or hvd.Sum")
@@ -44,11 +45,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hvd_synchronized = False
         self._hvd_should_synchronize = True
         self._hvd_sync = None
-        if runtime.size() > 1:  # one rank: nothing to reduce, no hooks (as Horovod)
+        process_set = process_set or ops.global_process_set
+        # As Horovod: on a rank outside the set, or in a set of one, nothing
+        # is reduced and no hook is installed; it is the plain optimizer.
+        if process_set.included() and process_set.size() > 1:
             self._hvd_sync = GradientSync(
                 trainable, [names[id(p)] for p in trainable], name, op, 1.0 / f, f, compression,
                 backward_passes_per_step, sparse_as_dense,
-                lambda dense: _layout(dense, groups, fusion_bytes), fusion_bytes > 0, reducer)
+                lambda dense: _layout(dense, groups, fusion_bytes), fusion_bytes > 0, reducer, process_set)
 
     def synchronize(self):
         """Returns once every gradient of the backward passes so far is reduced."""
@@ -171,9 +175,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     num_groups / groups: as in Horovod, how parameters are grouped into
     all-reduces (an int, or lists of parameters); default: fusion buckets
     of ``fusion_bytes``. sparse_as_dense: reduce sparse gradients densely
-    (all-reduce) instead of by all-gather."""
-    if process_set is not None and process_set is not ops.global_process_set:
-        raise ValueError("hvdtorch supports only the global process set")
+    (all-reduce) instead of by all-gather. process_set: gradients are
+    averaged over its ranks; on ranks outside it this is the plain optimizer."""
+    set_id(process_set, member=False)  # an added set; ranks outside it step locally
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
     if num_groups != 0:
@@ -183,4 +187,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = num_groups
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer)
+               gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer, process_set)

@@ -46,29 +46,32 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None, op:
                            process_set=None) -> SparseHandle:
     """Starts the reduction of a sparse COO tensor (op: Average, the default, or Sum)."""
     ops._check_process_set(process_set)
+    process_set = process_set or ops.global_process_set
     op = ops.Average if op is None else op
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         got = type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else f"a {tensor.layout} tensor"
         raise ValueError(f"hvdtorch: rank {runtime.rank()}: sparse_allreduce expects a sparse COO tensor, got {got}")
     if op not in (ops.Average, ops.Sum):
         raise ValueError(f"hvdtorch: rank {runtime.rank()}: sparse_allreduce reduces with Average or Sum only "
-                         f"(got {ops._OP_NAMES.get(op, op)})")
-    name = name or runtime.next_name("sparse_allreduce")
+                         f"(got op {op!r})")
+    name = ops._name("sparse_allreduce", name, process_set.process_set_id)
     local = tensor.coalesce()  # merge duplicates before sending them
     # All-gather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
-    indices_handle = ops.allgather_async(local.indices().t().contiguous(), name=f"{name}.indices")
-    values_handle = ops.allgather_async(local.values().contiguous(), name=f"{name}.values")
-    return SparseHandle(indices_handle, values_handle, tensor, op, runtime.size())
+    indices_handle = ops.allgather_async(local.indices().t().contiguous(), name=f"{name}.indices",
+                                         process_set=process_set)
+    values_handle = ops.allgather_async(local.values().contiguous(), name=f"{name}.values", process_set=process_set)
+    return SparseHandle(indices_handle, values_handle, tensor, op, process_set.size())
 
 
-def agree_sparse_dims(grads: Sequence[Optional[torch.Tensor]], name: str) -> List[int]:
+def agree_sparse_dims(grads: Sequence[Optional[torch.Tensor]], name: str, process_set=None) -> List[int]:
     """For each gradient slot, the sparse_dim it has on the ranks where it is
     sparse (0: dense or absent everywhere). A collective: every rank must call
-    it with the same number of slots, and all learn the same answer."""
+    it with the same number of slots (every member of ``process_set``), and
+    all learn the same answer."""
     mine = torch.tensor([g.sparse_dim() if g is not None and g.is_sparse else 0 for g in grads], dtype=torch.int32)
     if mine.numel() == 0:
         return []
-    return [int(d) for d in ops.allreduce(mine, op=ops.Max, name=name)]
+    return [int(d) for d in ops.allreduce(mine, op=ops.Max, name=name, process_set=process_set)]
 
 
 def as_sparse(grad: Optional[torch.Tensor], like: torch.Tensor, sparse_dim: int) -> torch.Tensor:

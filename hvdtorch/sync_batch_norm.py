@@ -105,8 +105,8 @@ class SyncBatchNorm(_BatchNorm):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_set=None, device=None, dtype=None):
-        ops._check_process_set(process_set)
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        # Statistics cover the batches of this set's ranks (default: every rank).
         self.process_set = process_set
 
     def _check_input_dim(self, input):
@@ -124,7 +124,7 @@ class SyncBatchNorm(_BatchNorm):
                                 self.eps)
         running_mean = self.running_mean if self.track_running_stats else None
         running_var = self.running_var if self.track_running_stats else None
-        if runtime.size() == 1:
+        if (self.process_set or ops.global_process_set).size() == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, True, factor, self.eps)
         return _SyncBatchNormFn.apply(input, self.weight, self.bias, running_mean, running_var, self.eps, factor,
                                       self.process_set)

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/allreduce.h"
 
 namespace hvdtorch {
 
@@ -43,14 +44,15 @@ using AccumulatorPtr =
 
 struct GradReducerOptions {
   std::string name;            // unique per model, same on every rank
-  ReducerKind reducer = ReducerKind::kAuto;
-  ReduceOp op = ReduceOp::kSum;
+  std::string reducer;         // as ops::AllreduceOptions::reducer
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum
   double prescale = 1.0;
   double postscale = 1.0;      // the user's; Average divides by the size on top
   bool pipeline = true;
   bool sync_on_backward = true;
   bool fuse = true;            // let the engine fuse buckets ready together
   int backward_passes_per_step = 1;
+  int32_t process_set_id = 0;  // the set whose members average these gradients
   // Dtype of the buckets for floating-point params (fp16 compression);
   // Undefined = the parameter's own dtype (gradients become bucket views).
   c10::optional<at::ScalarType> wire_dtype;
@@ -97,8 +99,10 @@ class GradientReducer {
   at::Tensor slotView(const Bucket& b, size_t slot) const;
 
   std::shared_ptr<Engine> engine_;
+  int set_size_ = 1;  // ranks that average these gradients (the process set's size)
   std::vector<at::Tensor> params_;
   GradReducerOptions opts_;
+  ops::AllreduceOptions allreduce_;   // what every bucket launch asks for, less name and tensors
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;     // param index -> bucket
   std::vector<size_t> slot_of_;       // param index -> position in its bucket
