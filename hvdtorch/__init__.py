@@ -10,6 +10,7 @@ A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .distributed_model import DistributedModel
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .optimizer import DistributedOptimizer
 from .alltoall import alltoall, alltoall_async
 from .ops import (Adasum, Average, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
@@ -19,9 +20,12 @@ from .ops import (Adasum, Average, HvdError, Max, Min, Product, Sum, allgather, 
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reducescatter import (grouped_reducescatter, grouped_reducescatter_async, reducescatter,
                             reducescatter_async)
-from .runtime import (cross_rank, cross_size, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-                      local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                      shutdown, size)
+from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+                      is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from .sparse import sparse_allreduce_async
+from .sync_batch_norm import SyncBatchNorm
+from .timeline import start_timeline, stop_timeline
 
 __version__ = "0.1.0"
 

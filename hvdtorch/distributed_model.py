@@ -47,6 +47,12 @@ class DistributedModel(torch.nn.Module):
             raise ValueError("hvdtorch: DistributedModel reduces gradients with hvd.Average or hvd.Sum")
         if gradient_predivide_factor <= 0:
             raise ValueError("hvdtorch: gradient_predivide_factor must be positive")
+        sparse = [n or type(m).__name__ for n, m in module.named_modules()
+                  if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
+        if sparse:
+            raise ValueError(f"hvdtorch: DistributedModel reduces dense gradients, but {sparse} make sparse ones "
+                             "(sparse=True); use sparse=False there, or hvd.DistributedOptimizer, which "
+                             "all-gathers sparse gradients")
         self.module = module
         st = runtime.state()
         # Gradients are averaged over the process set's ranks (all by default).

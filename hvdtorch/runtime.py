@@ -33,6 +33,7 @@ class _State:
     cross_rank: int
     cross_size: int
     launcher: str
+    homogeneous: bool  # every host runs the same number of ranks
     control_group: object
     data_group: object
     owns_default_group: bool
@@ -122,7 +123,9 @@ def init(comm=None, process_sets=None, **options) -> None:
         topo = engine.topology()
         _state = _State(engine=engine, rank=rank, size=size, local_rank=topo["local_rank"],
                         local_size=topo["local_size"], cross_rank=topo["cross_rank"],
-                        cross_size=topo["cross_size"], launcher=info.launcher, control_group=control,
+                        cross_size=topo["cross_size"], launcher=info.launcher,
+                        homogeneous=topo["homogeneous"],
+                        control_group=control,
                         data_group=data, owns_default_group=owns_default, store_path=store_path,
                         options=opts)
     # Outside the lock: adding sets runs collectives, which need the state.
@@ -201,12 +204,14 @@ def cross_size() -> int:
 
 
 def is_homogeneous() -> bool:
-    st = _require()
-    return st.size == st.local_size * st.cross_size
+    """True when every host runs the same number of ranks (the same answer on every rank)."""
+    return _require().homogeneous
 
 
 def mpi_threads_supported() -> bool:
-    return False
+    # Horovod raises when MPI is not in use, and hvdtorch never uses it.
+    raise ValueError("hvdtorch does not run on MPI (it meets the ranks through torch.distributed), "
+                     "so MPI multi-threading does not apply")
 
 
 def mpi_enabled() -> bool:
@@ -223,6 +228,23 @@ def gloo_enabled() -> bool:
 
 def gloo_built() -> bool:
     return True
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """False: this build moves CPU tensors only (a CUDA tensor is rejected with a clear error)."""
+    return False
+
+
+def rocm_built() -> bool:
+    return False
 
 
 def nccl_built() -> bool:

@@ -166,6 +166,10 @@ class PyEngine {
     return out;
   }
 
+  void startTimeline(const std::string& path, bool mark_cycles) {
+    engine_->timeline().start(path, engine_->topo().rank, mark_cycles);
+  }
+
   void shutdown() {
     py::gil_scoped_release nogil;
     engine_->shutdown();
@@ -180,6 +184,7 @@ class PyEngine {
     d["local_size"] = t.local_size;
     d["cross_rank"] = t.cross_rank;
     d["cross_size"] = t.cross_size;
+    d["homogeneous"] = t.homogeneous();
     return d;
   }
 
@@ -279,6 +284,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("poll", &PyEngine::poll)
       .def("wait", &PyEngine::wait)
       .def("shutdown", &PyEngine::shutdown)
+      .def("start_timeline", &PyEngine::startTimeline)
+      .def("stop_timeline", [](PyEngine& e) { e.engine()->timeline().stop(); })
       .def("topology", &PyEngine::topology)
       .def("choose_reducer", &PyEngine::chooseReducer)
       .def("link_kinds", &PyEngine::linkKinds)

@@ -349,6 +349,7 @@ void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<Ready
 }
 
 void Engine::runCycle() {
+  timeline_.markCycle();
   const int me = control_ctx_.rank();
   RankMessage msg;
   std::deque<EntryPtr> fresh;
