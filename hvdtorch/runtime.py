@@ -43,6 +43,10 @@ class _State:
 
 
 _state: Optional[_State] = None
+# The env:// rendezvous store (torchrun, or MASTER_ADDR/MASTER_PORT) and how
+# many times this process has joined through it.
+_env_store = None
+_generation = 0
 
 
 class NotInitializedError(ValueError):
@@ -68,8 +72,16 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
         os.environ.setdefault("MASTER_ADDR", info.master_addr or "127.0.0.1")
         if info.master_port is None:
             raise ValueError("hvdtorch: MASTER_PORT is not set")
-        dist.init_process_group(backend, init_method="env://", rank=info.rank, world_size=info.size,
-                                timeout=timeout)
+        # One rendezvous store per process, kept across shutdown()/init():
+        # rebuilding it on the same port would let a fast rank reach rank 0's
+        # old store (not torn down yet) and read the last generation's
+        # addresses. Each init() meets under a key prefix of its own instead.
+        global _env_store, _generation
+        if _env_store is None:
+            _env_store, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
+        _generation += 1
+        store = dist.PrefixStore(f"hvdtorch.init{_generation}", _env_store)
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.size, timeout=timeout)
         return None
     if not info.single_host_by_launcher:
         raise ValueError(
