@@ -197,10 +197,28 @@ def kill_tree(pid: int) -> None:
             pass
 
 
+# Processes running now, so that an interrupted run can stop them.
+_live: Dict[int, subprocess.Popen] = {}
+_live_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def stop_everything() -> None:
+    _stopping.set()
+    with _live_lock:
+        pids = list(_live)
+    for pid in pids:
+        kill_tree(pid)
+
+
 def run(cmd: Sequence[str], cwd: str, env: Dict[str, str], timeout: float) -> RunResult:
     t0 = time.monotonic()
-    proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    with _live_lock:
+        if _stopping.is_set():
+            return RunResult("error", "interrupted\n", 0.0)
+        proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        _live[proc.pid] = proc
     chunks: List[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(65536), b"")),
                               daemon=True)
@@ -212,7 +230,15 @@ def run(cmd: Sequence[str], cwd: str, env: Dict[str, str], timeout: float) -> Ru
         kill_tree(proc.pid)
         proc.wait()
         status = "timeout"
+    except BaseException:  # interrupted: leave nothing running
+        kill_tree(proc.pid)
+        proc.wait()
+        raise
     reader.join(timeout=10)
+    with _live_lock:
+        _live.pop(proc.pid, None)
+    if _stopping.is_set():
+        status = "error"
     out = b"".join(chunks).decode(errors="replace")
     return RunResult(status, out + f"\n[exit {proc.returncode}]\n", time.monotonic() - t0)
 
@@ -412,6 +438,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="virtualenv whose python builds and tests (default $VENV or .venv)")
     ap.add_argument("--no-baseline", action="store_true", help="skip running the tests on the unmutated tree")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # revert on kill as on Ctrl-C
 
     mutants = load_mutants(args.mutants)
     problems = problems_of(mutants, ROOT)
@@ -480,7 +507,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lock = threading.Lock()
 
     def worker(tree: Tree) -> None:
-        while True:
+        while not _stopping.is_set():
             try:
                 m = todo.get_nowait()
             except queue.Empty:
@@ -494,11 +521,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         for t in threads:
             t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.5)
+    except KeyboardInterrupt:
+        print("mutants: interrupted; reverting the running mutations", file=sys.stderr)
+        stop_everything()
         for t in threads:
             t.join()
-    except KeyboardInterrupt:
-        print("mutants: interrupted; the running mutations are reverted", file=sys.stderr)
-        raise
+        print_table([results[m.id] for m in chosen if m.id in results])
+        return 130
     outcomes = [results[m.id] for m in chosen if m.id in results]
     print()
     print_table(outcomes)
