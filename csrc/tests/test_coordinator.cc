@@ -167,6 +167,24 @@ TEST(a_failing_rank_wins_over_one_stopping_normally) {
   CHECK(k.shutdown && k.shutdown_rank == 1 && k.shutdown_reason.empty());
 }
 
+TEST(mismatch_pairs_each_variant_with_the_ranks_that_sent_it) {
+  // Four ranks, three variants, not in contiguous runs of ranks.
+  Fixture f(4);
+  auto m = quiet(4);
+  m[0].uncached = {allreduce("m", 4)};
+  m[1].uncached = {allreduce("m", 5)};
+  m[2].uncached = {allreduce("m", 4)};
+  m[3].uncached = {allreduce("m", 6)};
+  const ResponseList l = f.cycle(m, milliseconds(0));
+  CHECK(l.responses.size() == 1);
+  if (l.responses.size() != 1) return;
+  const std::string& e = l.responses[0].error;
+  CHECK_MSG(contains(e, "mismatched allreduce 'm' across ranks: shape [4] vs [5]"), "%s", e.c_str());
+  CHECK_MSG(contains(e, "ranks [0, 2] submitted allreduce 'm' (float32 [4], Sum)"), "%s", e.c_str());
+  CHECK_MSG(contains(e, "ranks [1] submitted allreduce 'm' (float32 [5], Sum)"), "%s", e.c_str());
+  CHECK_MSG(contains(e, "ranks [3] submitted allreduce 'm' (float32 [6], Sum)"), "%s", e.c_str());
+}
+
 TEST(broadcast_root_outside_the_world_is_an_error) {
   for (int root : {-1, 2, 3}) {
     Fixture f(2);
