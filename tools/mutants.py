@@ -10,8 +10,9 @@ one source file, and names the tests that must fail because of it (a C++ test
 binary such as `test_engine`, or a pytest node id such as
 `tests/test_errors.py::test_x`). The script
 
-  1. checks that every selected snippet occurs exactly once in its file, and
-     stops before anything else if one does not (the list cannot rot silently);
+  1. checks that every snippet occurs exactly once in its file (a snippet
+     starting with white space only at the start of a line), and stops before
+     anything else if one does not (the list cannot rot silently);
   2. copies the tracked (and untracked, not ignored) files into a scratch tree
      (default build/mutants/tree0) and builds it there once, in the scratch
      tree's own build directory (ccache makes the first build cheap);
@@ -104,6 +105,18 @@ def is_ctest(test: str) -> bool:
     return bool(CTEST_NAME.match(test))
 
 
+def locate(text: str, find: str) -> List[int]:
+    """Where `find` occurs in `text`. A snippet that starts with white space
+    matches only at the start of a line, so its indentation tells apart the
+    same statement at different depths."""
+    at, out = text.find(find), []
+    while at >= 0:
+        if not find[:1].isspace() or at == 0 or text[at - 1] == "\n":
+            out.append(at)
+        at = text.find(find, at + 1)
+    return out
+
+
 # ---- the list ----------------------------------------------------------------
 
 def load_mutants(path: str) -> List[Mutant]:
@@ -148,7 +161,7 @@ def problems_of(mutants: Sequence[Mutant], root: str) -> List[str]:
             continue
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        n = text.count(m.find)
+        n = len(locate(text, m.find))
         if n != 1:
             errors.append(f"{where}: the snippet occurs {n} times (must be exactly once): {m.find!r}")
     return errors
@@ -364,11 +377,12 @@ def evaluate(tree: Tree, m: Mutant, default_timeout: float, logs: str) -> Outcom
         original = f.read()
     log = [f"mutation {m.id}: {m.what}\n{m.file}\n- {m.find}\n+ {m.replace}\n"]
     try:
-        if original.count(m.find) != 1:
+        where = locate(original, m.find)
+        if len(where) != 1:
             out.status, out.by = "error", "snippet not found in the scratch tree"
             return out
         with open(path, "w", encoding="utf-8") as f:
-            f.write(original.replace(m.find, m.replace))
+            f.write(original[:where[0]] + m.replace + original[where[0] + len(m.find):])
         b = tree.prepare(m, budget)
         log.append(f"\n==== build ({b.seconds:.0f} s)\n{b.output}")
         if b.status == "timeout":

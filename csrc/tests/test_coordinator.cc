@@ -20,6 +20,14 @@ Request allreduce(const std::string& name, int64_t n = 4) {
   q.type = OpType::kAllreduce;
   q.name = name;
   q.tensors = {{DataType::kFloat32, {n}}};
+  q.args = ReduceArgs{};
+  return q;
+}
+
+Request broadcast(const std::string& name, int32_t root) {
+  Request q = allreduce(name);
+  q.type = OpType::kBroadcast;
+  q.args = BroadcastArgs{root};
   return q;
 }
 
@@ -28,7 +36,7 @@ std::vector<RankMessage> quiet(int p) { return std::vector<RankMessage>(p); }
 
 std::vector<std::string> namesOf(const ResponseList& l) {
   std::vector<std::string> out;
-  for (const auto& s : l.responses) out.push_back(s.names.at(0));
+  for (const auto& s : l.responses) out.push_back(s.name);
   return out;
 }
 
@@ -77,7 +85,7 @@ TEST(ready_ops_are_answered_in_order_of_first_arrival) {
   m[1].uncached = {allreduce("x"), allreduce("y"), allreduce("z")};
   const ResponseList l = f.cycle(m, milliseconds(2));
   CHECK_MSG(namesOf(l) == (std::vector<std::string>{"z", "y", "x"}), "got %zu responses, first %s",
-            l.responses.size(), l.responses.empty() ? "-" : l.responses[0].names[0].c_str());
+            l.responses.size(), l.responses.empty() ? "-" : l.responses[0].name.c_str());
 }
 
 TEST(cached_op_ready_only_once_every_rank_set_its_bit) {
@@ -189,12 +197,7 @@ TEST(broadcast_root_outside_the_world_is_an_error) {
   for (int root : {-1, 2, 3}) {
     Fixture f(2);
     auto m = quiet(2);
-    for (auto& msg : m) {
-      Request q = allreduce("b");
-      q.type = OpType::kBroadcast;
-      q.root = root;
-      msg.uncached = {q};
-    }
+    for (auto& msg : m) msg.uncached = {broadcast("b", root)};
     const ResponseList l = f.cycle(m, milliseconds(0));
     CHECK(l.responses.size() == 1);
     if (l.responses.size() == 1)
@@ -203,12 +206,7 @@ TEST(broadcast_root_outside_the_world_is_an_error) {
   }
   Fixture f(2);
   auto m = quiet(2);
-  for (auto& msg : m) {
-    Request q = allreduce("ok");
-    q.type = OpType::kBroadcast;
-    q.root = 1;
-    msg.uncached = {q};
-  }
+  for (auto& msg : m) msg.uncached = {broadcast("ok", 1)};
   const ResponseList l = f.cycle(m, milliseconds(0));
   CHECK(l.responses.size() == 1 && l.responses[0].error.empty());
 }
@@ -226,7 +224,10 @@ TEST(allgather_response_carries_every_ranks_first_dimension) {
   }
   const ResponseList l = f.cycle(m, milliseconds(0));
   CHECK(l.responses.size() == 1 && l.responses[0].error.empty());
-  if (l.responses.size() == 1) CHECK(l.responses[0].first_dims == (std::vector<int64_t>{0, 2, 5}));
+  if (l.responses.size() == 1 && std::holds_alternative<AllgatherPlan>(l.responses[0].plan))
+    CHECK(std::get<AllgatherPlan>(l.responses[0].plan).first_dims == (std::vector<int64_t>{0, 2, 5}));
+  else
+    CHECK_MSG(false, "no allgather plan in the response");
 }
 
 HVD_TEST_MAIN()

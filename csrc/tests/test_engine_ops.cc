@@ -11,14 +11,18 @@
 #include "check.h"
 #include "cluster.h"
 #include "common/error.h"
+#include "ops/allgather.h"
+#include "ops/allreduce.h"
+#include "ops/broadcast.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::Cluster;
-using hvdtorch::test::waitDone;
 
 namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+bool waitDone(Engine& eng, int64_t h) { return eng.state(h)->waitFor(std::chrono::milliseconds(10000)); }
 
 TensorPtr floats(int64_t n, float value) {
   auto t = std::make_shared<HostTensor>(DataType::kFloat32, std::vector<int64_t>{n});
@@ -28,18 +32,15 @@ TensorPtr floats(int64_t n, float value) {
 
 float at(const TensorPtr& t, int64_t i) { return static_cast<const float*>(t->data())[i]; }
 
-// An in-place all-reduce of one float32 tensor per entry of `sizes`.
-EntryPtr grouped(const std::string& name, const std::vector<int64_t>& sizes, ReduceOp op = ReduceOp::kSum) {
-  auto e = std::make_shared<Entry>();
-  e->request.type = OpType::kAllreduce;
-  e->request.name = name;
-  e->request.op = op;
-  for (int64_t n : sizes) {
-    e->request.tensors.push_back({DataType::kFloat32, {n}});
-    e->inputs.push_back(floats(n, 1.f));
-    e->outputs.push_back(e->inputs.back());
-  }
-  return e;
+// An in-place all-reduce of one float32 tensor (all ones) per entry of `sizes`.
+ops::AllreduceOptions grouped(const std::string& name, const std::vector<int64_t>& sizes,
+                              ReduceOp op = ReduceOp::kSum) {
+  ops::AllreduceOptions o;
+  o.name = name;
+  o.op = op;
+  for (int64_t n : sizes) o.inputs.push_back(floats(n, 1.f));
+  o.outputs = o.inputs;
+  return o;
 }
 
 }  // namespace
@@ -51,19 +52,20 @@ TEST(grouped_average_with_scales_gives_each_tensor_its_own_result) {
   const int p = 3;
   Cluster c(p);
   c.onEveryRank([&](int r, Engine& eng) {
-    auto e = grouped("g", {3, 5, 2}, ReduceOp::kAverage);
-    e->request.prescale = 2.0;
-    e->request.postscale = 5.0;
-    for (size_t k = 0; k < e->inputs.size(); ++k)
-      for (int64_t i = 0; i < e->inputs[k]->numel(); ++i)
-        static_cast<float*>(e->inputs[k]->data())[i] = float((r + 1) * (int(k) + 1) + i);
-    const int64_t h = eng.submit(e);
+    ops::AllreduceOptions o = grouped("g", {3, 5, 2}, ReduceOp::kAverage);
+    o.prescale = 2.0;
+    o.postscale = 5.0;
+    for (size_t k = 0; k < o.inputs.size(); ++k)
+      for (int64_t i = 0; i < o.inputs[k]->numel(); ++i)
+        static_cast<float*>(o.inputs[k]->data())[i] = float((r + 1) * (int(k) + 1) + i);
+    const std::vector<TensorPtr> outs = o.outputs;
+    const int64_t h = ops::allreduce(eng, std::move(o));
     CHECK(waitDone(eng, h));
     CHECK_MSG(eng.state(h)->error().empty(), "%s", eng.state(h)->error().c_str());
-    for (size_t k = 0; k < e->outputs.size(); ++k) {
-      for (int64_t i = 0; i < e->outputs[k]->numel(); ++i) {
+    for (size_t k = 0; k < outs.size(); ++k) {
+      for (int64_t i = 0; i < outs[k]->numel(); ++i) {
         const float want = float(20 * (int(k) + 1) + 10 * i);
-        const float got = at(e->outputs[k], i);
+        const float got = at(outs[k], i);
         CHECK_MSG(std::fabs(got - want) <= 1e-4f * want, "rank %d tensor %zu [%lld]: %g, want %g", r, k,
                   static_cast<long long>(i), double(got), double(want));
       }
@@ -76,7 +78,8 @@ TEST(group_size_that_differs_across_ranks_is_a_mismatch) {
     Cluster c(2);
     std::vector<std::string> errors(2);
     c.onEveryRank([&](int r, Engine& eng) {
-      const int64_t h = eng.submit(grouped("g", r == fewer ? std::vector<int64_t>{4} : std::vector<int64_t>{4, 4}));
+      const int64_t h =
+          ops::allreduce(eng, grouped("g", r == fewer ? std::vector<int64_t>{4} : std::vector<int64_t>{4, 4}));
       CHECK(waitDone(eng, h));
       errors[r] = eng.state(h)->error();
     });
@@ -92,20 +95,18 @@ TEST(out_of_place_broadcast_sends_the_roots_input) {
   Cluster c(p);
   for (int root = 0; root < p; ++root) {
     c.onEveryRank([&](int r, Engine& eng) {
-      auto e = std::make_shared<Entry>();
-      e->request.type = OpType::kBroadcast;
-      e->request.name = "b" + std::to_string(root);
-      e->request.root = root;
-      e->request.tensors = {{DataType::kFloat32, {4}}};
-      e->inputs = {floats(4, float(10 * (r + 1)))};
-      e->outputs = {floats(4, -1.f)};
-      const int64_t h = eng.submit(e);
+      ops::BroadcastOptions o;
+      o.name = "b" + std::to_string(root);
+      o.root = root;
+      o.input = floats(4, float(10 * (r + 1)));
+      o.output = floats(4, -1.f);
+      const TensorPtr in = o.input, out = o.output;
+      const int64_t h = ops::broadcast(eng, std::move(o));
       CHECK(waitDone(eng, h));
       CHECK_MSG(eng.state(h)->error().empty(), "%s", eng.state(h)->error().c_str());
       for (int i = 0; i < 4; ++i) {
-        CHECK_MSG(at(e->outputs[0], i) == float(10 * (root + 1)), "root %d rank %d: got %g", root, r,
-                  double(at(e->outputs[0], i)));
-        CHECK(at(e->inputs[0], i) == float(10 * (r + 1)));  // the input is left alone
+        CHECK_MSG(at(out, i) == float(10 * (root + 1)), "root %d rank %d: got %g", root, r, double(at(out, i)));
+        CHECK(at(in, i) == float(10 * (r + 1)));  // the input is left alone
       }
     });
   }
@@ -116,17 +117,18 @@ TEST(cached_name_with_a_new_signature_on_one_rank_is_a_mismatch) {
   // Negotiated once (and cached), then reused with the same signature.
   for (int iter = 0; iter < 2; ++iter) {
     c.onEveryRank([&](int, Engine& eng) {
-      auto e = grouped("x", {4});
-      const int64_t h = eng.submit(e);
+      ops::AllreduceOptions o = grouped("x", {4});
+      const TensorPtr out = o.outputs[0];
+      const int64_t h = ops::allreduce(eng, std::move(o));
       CHECK(waitDone(eng, h));
       CHECK_MSG(eng.state(h)->error().empty(), "%s", eng.state(h)->error().c_str());
-      CHECK(at(e->outputs[0], 0) == 2.f);
+      CHECK(at(out, 0) == 2.f);
     });
   }
   // Rank 1 changes the shape under the same name: an error on both ranks.
   std::vector<std::string> errors(2);
   c.onEveryRank([&](int r, Engine& eng) {
-    const int64_t h = eng.submit(grouped("x", {r == 1 ? 5 : 4}));
+    const int64_t h = ops::allreduce(eng, grouped("x", {r == 1 ? 5 : 4}));
     CHECK(waitDone(eng, h));
     errors[r] = eng.state(h)->error();
   });
@@ -136,11 +138,12 @@ TEST(cached_name_with_a_new_signature_on_one_rank_is_a_mismatch) {
   // Both ranks move to the new shape: renegotiated, then served from the cache again.
   for (int iter = 0; iter < 2; ++iter) {
     c.onEveryRank([&](int, Engine& eng) {
-      auto e = grouped("x", {5});
-      const int64_t h = eng.submit(e);
+      ops::AllreduceOptions o = grouped("x", {5});
+      const TensorPtr out = o.outputs[0];
+      const int64_t h = ops::allreduce(eng, std::move(o));
       CHECK(waitDone(eng, h));
       CHECK_MSG(eng.state(h)->error().empty(), "iteration %d: %s", iter, eng.state(h)->error().c_str());
-      CHECK(at(e->outputs[0], 4) == 2.f);
+      CHECK(at(out, 4) == 2.f);
     });
   }
 }
@@ -151,17 +154,15 @@ TEST(allgather_repeated_under_one_name_follows_the_new_first_dimensions) {
   for (int iter = 0; iter < 4; ++iter) {
     c.onEveryRank([&](int r, Engine& eng) {
       const int64_t rows = (r + iter) % 3;  // changes every call; some ranks send nothing
-      auto e = std::make_shared<Entry>();
-      e->request.type = OpType::kAllgather;
-      e->request.name = "gather";
-      e->request.tensors = {{DataType::kInt32, {rows, 2}}};
       auto in = std::make_shared<HostTensor>(DataType::kInt32, std::vector<int64_t>{rows, 2});
       for (int64_t i = 0; i < 2 * rows; ++i) static_cast<int32_t*>(in->data())[i] = int32_t(100 * r + i);
-      e->inputs = {in};
-      e->allocate = [](const std::vector<int64_t>& shape) {
-        return std::make_shared<HostTensor>(DataType::kInt32, shape);
+      ops::AllgatherOptions o;
+      o.name = "gather";
+      o.inputs = {in};
+      o.allocate = [](DataType dtype, const std::vector<int64_t>& shape) {
+        return std::make_shared<HostTensor>(dtype, shape);
       };
-      const int64_t h = eng.submit(e);
+      const int64_t h = ops::allgather(eng, std::move(o));
       CHECK(waitDone(eng, h));
       CHECK_MSG(eng.state(h)->error().empty(), "iteration %d: %s", iter, eng.state(h)->error().c_str());
       if (!eng.state(h)->error().empty()) return;

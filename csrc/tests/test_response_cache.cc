@@ -16,7 +16,9 @@ Request allreduce(const std::string& name, int64_t n = 4, ReduceOp op = ReduceOp
   q.type = OpType::kAllreduce;
   q.name = name;
   q.tensors = {{DataType::kFloat32, {n}}};
-  q.op = op;
+  ReduceArgs args;
+  args.op = op;
+  q.args = args;
   return q;
 }
 
@@ -32,7 +34,7 @@ TEST(lookup_needs_the_same_name_and_signature) {
   CHECK_MSG(cache.lookup(allreduce("a", 5)) == -1, "a new shape under a cached name was taken for the old one");
   CHECK(cache.lookup(allreduce("a", 4, ReduceOp::kMax)) == -1);
   Request scaled = allreduce("a");
-  scaled.postscale = 0.5;
+  std::get<ReduceArgs>(scaled.args).postscale = 0.5;
   CHECK(cache.lookup(scaled) == -1);
   // idOf ignores the signature.
   CHECK(cache.idOf("a") == 0 && cache.idOf("c") == -1);
@@ -77,6 +79,7 @@ TEST(allgather_is_never_cached) {
   CHECK(cache.size() == 0 && cache.lookup(g) == -1);
   Request b = allreduce("b");
   b.type = OpType::kBroadcast;
+  b.args = BroadcastArgs{0};
   Request barrier;
   barrier.type = OpType::kBarrier;
   barrier.name = "barrier.0";
