@@ -71,6 +71,8 @@ class Engine {
   const Config& config() const { return config_; }
   ReducerSet& reducers() { return reducers_; }
   Context& dataContext() { return data_ctx_; }
+  // Started and stopped at run time by hvd.start_timeline()/stop_timeline().
+  Timeline& timeline() { return timeline_; }
 
  private:
   void controlLoop();
