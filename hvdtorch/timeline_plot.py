@@ -5,7 +5,7 @@ trace without step marks): one lane for compute (FORWARD, BACKWARD), one for
 the busy phases of communication (copies into and out of the fusion buffer,
 the collective), one for the waits (NEGOTIATE, QUEUE; many ops wait at once).
 Bottom: per rank, a stacked bar of the time per step in each compute and busy
-communication phase, next to the measured step time. Overlapping phases make
+communication phase, next to the mean step time. Overlapping phases make
 the stack taller than the step: the height above the step line is overlap.
 """
 from typing import Dict, List, Sequence
@@ -90,18 +90,16 @@ def plot(summaries: List[RankSummary], out_path: str):
         bars.bar(x, heights, bottom=bottoms, color=colors[p], label=p, width=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for i, s in enumerate(summaries):
-        if s.step_ms_median is not None:
-            bars.hlines(s.step_ms_median, i - 0.35, i + 0.35, colors="black", linestyles="dashed")
-            bars.text(i + 0.37, s.step_ms_median, f"step {s.step_ms_median:.1f} ms", va="center", fontsize=8)
-        if s.overlap is not None:
-            bars.text(i, bottoms[i], f"{s.overlap * 100:.0f}% of comm\nin backward", ha="center", va="bottom",
-                      fontsize=8)
-    bars.set_xticks(x, [f"rank {s.rank}" for s in summaries])
+        if s.step_ms_mean is not None:
+            bars.hlines(s.step_ms_mean, i - 0.35, i + 0.35, colors="black", linestyles="dashed")
+            bars.text(i + 0.37, s.step_ms_mean, f"step {s.step_ms_mean:.1f} ms", va="center", fontsize=8)
+    bars.set_xticks(x, [f"rank {s.rank}" + (f"\n{s.overlap * 100:.0f}% of comm in backward" if s.overlap is not None
+                                            else "") for s in summaries])
     bars.set_xlim(-0.7, len(summaries) - 0.3 + 0.6)
-    bars.set_ylim(0, max(bottoms + [s.step_ms_median or 0 for s in summaries]) * 1.25 or 1)
+    bars.set_ylim(0, max(bottoms + [s.step_ms_mean or 0 for s in summaries]) * 1.25 or 1)
     unit = "ms per step" if any(s.steps for s in summaries) else "ms (whole trace)"
     bars.set_ylabel(unit)
-    bars.set_title("time per phase (stacked; dashed: median step time)")
+    bars.set_title("mean time per step in each phase (stacked; dashed: mean step time)")
     bars.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)

@@ -71,6 +71,7 @@ class RankSummary:
     span_ms: float
     steps: int
     step_ms_median: Optional[float]
+    step_ms_mean: Optional[float]
     step_ms_min: Optional[float]
     step_ms_max: Optional[float]
     phases: List[PhaseStats]
@@ -231,6 +232,7 @@ def summarize_rank(path: str, rank: int, top: int = 10) -> RankSummary:
     return RankSummary(
         rank=rank, path=path, span_ms=span / 1e3, steps=steps,
         step_ms_median=statistics.median(step_durations) / 1e3 if steps else None,
+        step_ms_mean=statistics.fmean(step_durations) / 1e3 if steps else None,
         step_ms_min=min(step_durations) / 1e3 if steps else None,
         step_ms_max=max(step_durations) / 1e3 if steps else None,
         phases=phases, slowest_ops=ops, comm_busy_ms=comm_busy / 1e3, comm_in_backward_ms=in_backward / 1e3,
@@ -264,8 +266,9 @@ def format_summary(summaries: Sequence[RankSummary]) -> str:
     for s in summaries:
         lines.append(f"rank {s.rank}: {s.path}  ({s.span_ms:.1f} ms traced)")
         if s.steps:
-            lines.append(f"  steps: {s.steps} complete; step time median {s.step_ms_median:.2f} ms "
-                         f"(min {s.step_ms_min:.2f}, max {s.step_ms_max:.2f})")
+            lines.append(f"  steps: {s.steps} complete; step time median {s.step_ms_median:.2f} ms, mean "
+                         f"{s.step_ms_mean:.2f} (min {s.step_ms_min:.2f}, max {s.step_ms_max:.2f}); ms/step below "
+                         "are means over the complete steps")
         else:
             lines.append("  steps: none (no FORWARD marks: a DistributedModel writes them)")
         lines.append(f"  {'phase':<24} {'count':>6} {'total ms':>10} {'ms/step':>9} {'% of comm':>9}")
