@@ -40,7 +40,7 @@ def make_data(n: int, seed: int):
     shifts = torch.randint(-2, 3, (n, 2), generator=g)
     for i in range(n):
         images[i] = torch.roll(images[i], shifts=(int(shifts[i, 0]), int(shifts[i, 1])), dims=(1, 2))
-    images += 1.2 * torch.randn(images.shape, generator=g)
+    images += 3.0 * torch.randn(images.shape, generator=g)
     return images, labels
 
 
@@ -69,7 +69,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--global-batch", type=int, default=64, help="split evenly over the processes")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--train-size", type=int, default=4096)
     p.add_argument("--val-size", type=int, default=1000)
