@@ -25,7 +25,7 @@ _instance_ids = itertools.count()
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, fusion_bytes, reducer):
-        super(self.__class__, self).__init__(params)
+        super(self._hvd_class, self).__init__(params)
         if op not in (ops.Average, ops.Sum):
             raise ValueError("hvdtorch: DistributedOptimizer supports op=hvd.Average or hvd.Sum")
         all_params = []
@@ -80,10 +80,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if not self._hvd_skip_sync:
             self.synchronize()
-        return super(self.__class__, self).step(closure)
+        return super(self._hvd_class, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        return super(self._hvd_class, self).zero_grad(set_to_none=set_to_none)
 
 
 def _split_by_dtype(params, layout):
@@ -112,5 +112,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if sparse_as_dense:
         warnings.warn("hvdtorch: sparse_as_dense has no effect; gradients are dense")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    # The methods call the wrapped class through _hvd_class, not self.__class__: a subclass made of the
+    # instance's class (Lightning's LightningOptimizer does that) would make self.__class__ recurse.
+    cls._hvd_class = cls
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, fusion_bytes, reducer)
