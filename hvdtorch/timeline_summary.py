@@ -282,9 +282,10 @@ def format_summary(summaries: Sequence[RankSummary]) -> str:
         else:
             lines.append(f"  communication busy {s.comm_busy_ms:.2f} ms (no BACKWARD marks: overlap unknown)")
         if s.slowest_ops:
-            lines.append(f"  slowest ops{'':<26} {'start ms':>9} {'latency ms':>11}  longest phase")
+            width = max(34, max(len(o.op) for o in s.slowest_ops))
+            lines.append(f"  {'slowest ops':<{width + 2}} {'start ms':>9} {'latency ms':>11}  longest phase")
             for o in s.slowest_ops:
-                lines.append(f"    {o.op:<34} {o.start_ms:>9.2f} {o.latency_ms:>11.3f}  "
+                lines.append(f"    {o.op:<{width}} {o.start_ms:>9.2f} {o.latency_ms:>11.3f}  "
                              f"{o.slowest_phase} {o.slowest_phase_ms:.3f} ms")
         if s.unmatched:
             lines.append(f"  note: {s.unmatched} begin/end events without a partner (trace cut short)")
