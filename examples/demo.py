@@ -93,7 +93,7 @@ def plot(one, two, googlenet, path):
         n = run["processes"]
         label = f"{n} process{'es' if n > 1 else ''}"
         curve.plot(range(1, len(run["losses"]) + 1), run["losses"], style, lw=1, label=f"loss, {label}")
-    curve.set_xlabel("step (global batch %d)" % one["global_batch"])
+    curve.set_xlabel(f"step (global batch {one['global_batch']})")
     curve.set_ylabel("training loss")
     curve.set_yscale("log")
     acc = curve.twinx()

@@ -73,7 +73,7 @@ def plot(summaries: List[RankSummary], out_path: str):
     gantt.set_yticks(yticks, ylabels)
     gantt.invert_yaxis()
     gantt.set_xlabel("ms (from the start of the window)")
-    shown = "last %d steps" % STEPS_SHOWN if any(s.steps >= STEPS_SHOWN for s in summaries) else "whole trace"
+    shown = f"last {STEPS_SHOWN} steps" if any(s.steps >= STEPS_SHOWN for s in summaries) else "whole trace"
     gantt.set_title(f"timeline per rank ({shown})")
     gantt.legend(handles=[Patch(color=colors[p], label=p) for p in phases], fontsize=7,
                  loc="upper left", bbox_to_anchor=(1.0, 1.0))
