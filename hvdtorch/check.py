@@ -257,8 +257,9 @@ def format_report(r: Dict[str, object]) -> str:
         how = "fitted at init" if r.get("job") else "defaults: one process, nothing to measure"
         lines += ["", f"reducers (cost model t(n) = alpha + beta*n, {how})"]
         for name, m in red["cost_model"].items():
-            lines.append(f"  {name:<8} alpha {m['alpha_s'] * 1e6:9.1f} us   beta {m['beta_s_per_byte'] * 1e9:8.3f} ns/B"
-                         f"  ({1 / m['beta_s_per_byte'] / 1e9:.2f} GB/s)" if m["beta_s_per_byte"] > 0 else "")
+            beta = m["beta_s_per_byte"]
+            rate = f"  ({1 / beta / 1e9:.2f} GB/s)" if beta > 0 else ""
+            lines.append(f"  {name:<8} alpha {m['alpha_s'] * 1e6:9.1f} us   beta {beta * 1e9:8.3f} ns/B{rate}")
         lines.append("  auto picks: " + ", ".join(f"{_human_bytes(int(n))} -> {k}"
                                                    for n, k in red["auto_picks"].items()))
     if "job" in r:

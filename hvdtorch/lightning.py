@@ -33,10 +33,16 @@ import os
 from typing import Any, Dict, Optional, Union
 
 import torch
-from lightning.fabric.plugins import ClusterEnvironment
-from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+import torch.distributed as dist
+
+try:
+    from lightning.fabric.plugins import ClusterEnvironment
+    from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
+    from lightning.pytorch.trainer.states import TrainerFn
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+except ImportError as error:
+    raise ImportError(f"hvdtorch.lightning needs Lightning 2.6 ({error}): pip install --no-deps -r "
+                      "requirements-lightning.txt (lightning==2.6.6 and its pinned pure-Python dependencies)") from error
 
 import hvdtorch as hvd
 
@@ -162,16 +168,14 @@ class HvdtorchStrategy(ParallelStrategy):
     def reduce(self, tensor, group: Optional[Any] = None, reduce_op: Optional[Union[str, Any]] = "mean"):
         if not isinstance(tensor, torch.Tensor):
             return tensor
-        if group is not None:
-            raise ValueError("hvdtorch strategy: metrics are reduced over all ranks (group must be None)")
+        _check_group(group, "reduce")
         op = _reduce_op(reduce_op)
         if op == hvd.Average and not (tensor.is_floating_point() or tensor.is_complex()):
             tensor = tensor.double()
         return hvd.allreduce(tensor.detach() if tensor.requires_grad else tensor, op=op)
 
     def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False):
-        if group is not None:
-            raise ValueError("hvdtorch strategy: all_gather runs over all ranks (group must be None)")
+        _check_group(group, "all_gather")
         # hvd.allgather concatenates on dim 0 (and is differentiable); Lightning wants one row per rank.
         return hvd.allgather((tensor if sync_grads else tensor.detach()).unsqueeze(0))
 
@@ -193,6 +197,11 @@ class HvdtorchStrategy(ParallelStrategy):
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(cls.strategy_name, cls,
                                    description="data parallel with hvdtorch (launch with torchrun or mpirun)")
+
+
+def _check_group(group, what: str) -> None:
+    if group is not None and group is not dist.group.WORLD:
+        raise ValueError(f"hvdtorch strategy: {what} runs over all ranks (group must be None or the world group)")
 
 
 def _named_in(module: torch.nn.Module, optimizer: torch.optim.Optimizer):
