@@ -76,8 +76,9 @@ def test_summary_matches_the_raw_events(traces):
         assert s["comm_busy_ms"] == pytest.approx(busy.sum() / 1e3)
         assert s["comm_in_backward_ms"] == pytest.approx((busy & backward).sum() / 1e3)
         assert s["overlap"] == pytest.approx((busy & backward).sum() / busy.sum())
-        # the head's bucket is reduced while backward sleeps in the first layer
-        assert s["overlap"] > 0.2
+        # the head's bucket is reduced while backward sleeps before the first layer: the comparison above
+        # covers a real overlap, not an empty one
+        assert s["comm_in_backward_ms"] > 0 and s["overlap"] > 0
         # slowest ops: a real NEGOTIATE begin and a real end of that op, longest first
         ops = s["slowest_ops"]
         assert len(ops) == 4 and [o["latency_ms"] for o in ops] == sorted((o["latency_ms"] for o in ops), reverse=True)
@@ -97,7 +98,8 @@ def test_table_output(traces):
     _, paths, _ = traces
     p = _cli("summarize", paths[0])
     assert p.returncode == 0, p.stderr
-    for text in ("rank 0:", "steps: 4 complete", "ALLREDUCE:", "MEMCPY_IN_FUSION", "inside backward", "slowest ops"):
+    for text in ("rank 0:", "steps: 4 complete", "FORWARD", "BACKWARD", "NEGOTIATE", "ALLREDUCE:", "inside backward",
+                 "slowest ops"):
         assert text in p.stdout
 
 

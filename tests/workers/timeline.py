@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import hvdtorch as hvd
 
 STEPS = 5
-BACKWARD_SLEEP_S = 0.03
+BACKWARD_SLEEP_S = 0.1
 
 
 class SlowBackward(torch.autograd.Function):
