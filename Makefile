@@ -28,9 +28,10 @@ $(VENV)/.system-deps:
 	fi
 	@mkdir -p $(VENV) && touch $@
 
-$(VENV)/.deps: requirements-dev.txt $(VENV)/.system-deps
+$(VENV)/.deps: requirements-dev.txt requirements-lightning.txt $(VENV)/.system-deps
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PIP) install -q --disable-pip-version-check --no-deps -r requirements-lightning.txt
 	@touch $@
 
 build: $(VENV)/.deps

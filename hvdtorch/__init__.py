@@ -7,6 +7,12 @@
 
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 """
+try:
+    from . import _C  # noqa: F401  (the compiled core; everything below needs it)
+except ImportError as _error:
+    raise ImportError(f"hvdtorch: the compiled extension hvdtorch._C cannot be loaded ({_error}); build it with "
+                      "`pip install --no-build-isolation .` (or `make build`) against the torch installed here, "
+                      "then run `python -m hvdtorch.check`") from _error
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .distributed_model import DistributedModel

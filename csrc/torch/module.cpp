@@ -318,4 +318,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["hostname"] = c.hostname;
     return d;
   });
+  // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so
+  // that a trace shows how communication overlaps compute). No-ops while no timeline is written.
+  m.def("timeline_enabled", [](PyEngine& e) { return e.engine()->timeline().enabled(); });
+  m.def("timeline_begin", [](PyEngine& e, const std::string& op, const std::string& phase) {
+    e.engine()->timeline().begin(op, phase);
+  });
+  m.def("timeline_end", [](PyEngine& e, const std::string& op, const std::string& phase) {
+    e.engine()->timeline().end(op, phase);
+  });
 }
