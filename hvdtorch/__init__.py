@@ -19,6 +19,9 @@ from .runtime import (cross_rank, cross_size, gloo_built, gloo_enabled, init, is
                       local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                       shutdown, size)
 
+# Horovod's name for the error a lost peer raises (what hvd.elastic.run recovers from).
+HorovodInternalError = HvdError
+
 __version__ = "0.1.0"
 
 

@@ -62,7 +62,7 @@ int64_t Engine::submit(EntryPtr entry) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (!failure_.empty()) throw CollectiveError(failure_);
+  if (!failure_.empty()) throw CollectiveError(strCat(req.describe(), ": ", failure_));
   if (shutdown_requested_ || stopped_)
     throw CollectiveError(strCat("rank ", topo().rank, ": hvdtorch has been shut down; call hvdtorch.init() again"));
   if (!pending_names_.insert(req.name).second)
@@ -110,6 +110,11 @@ void Engine::shutdown() {
   exec_cv_.notify_all();
   if (executor_thread_.joinable()) executor_thread_.join();
   timeline_.close();
+  // Nothing runs any more: let go of the transports now, not when the last
+  // owner of this engine (a DistributedModel, say) goes away, so that
+  // shutdown() leaves no process group thread or socket behind.
+  control_ctx_.close();
+  data_ctx_.close();
 }
 
 void Engine::failEverything(const std::string& why) {
@@ -125,9 +130,10 @@ void Engine::failEverything(const std::string& why) {
     std::lock_guard<std::mutex> lock(exec_mu_);
     queued.swap(exec_queue_);
   }
-  for (auto& e : incoming) e->state->fail(why);
+  // Each op's error names the op as well as the cause.
+  for (auto& e : incoming) e->state->fail(strCat(e->request.describe(), ": ", why));
   for (auto& u : queued)
-    for (auto& p : u.pieces) p.entry->state->fail(why);
+    for (auto& p : u.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", why));
 }
 
 void Engine::controlLoop() {
@@ -174,7 +180,7 @@ void Engine::controlLoop() {
         control_.sendLastWord(last.serialize(),
                               std::min<std::chrono::milliseconds>(config_.timeout, std::chrono::seconds(2)));
       }
-      for (auto& [name, entry] : pending_) entry->state->fail(reason);
+      for (auto& [name, entry] : pending_) entry->state->fail(strCat(entry->request.describe(), ": ", reason));
       pending_.clear();
       stop = true;
     }
@@ -297,7 +303,7 @@ void Engine::executorLoop() {
     const Request& req = unit.pieces.front().entry->request;
     try {
       if (!failure.empty()) {
-        for (auto& p : unit.pieces) p.entry->state->fail(failure);
+        for (auto& p : unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", failure));
         continue;
       }
       executor_.run(unit);
