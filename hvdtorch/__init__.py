@@ -11,10 +11,14 @@ from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_s
 from .compression import Compression
 from .distributed_model import DistributedModel
 from .optimizer import DistributedOptimizer
+from .alltoall import alltoall, alltoall_async
 from .ops import (Adasum, Average, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
                   allreduce_, allreduce_async, allreduce_async_, barrier, broadcast, broadcast_, broadcast_async,
-                  broadcast_async_, global_process_set, grouped_allreduce, grouped_allreduce_,
-                  grouped_allreduce_async, grouped_allreduce_async_, poll, synchronize)
+                  broadcast_async_, grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                  grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, poll, synchronize)
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .reducescatter import (grouped_reducescatter, grouped_reducescatter_async, reducescatter,
+                            reducescatter_async)
 from .runtime import (cross_rank, cross_size, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
                       local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                       shutdown, size)

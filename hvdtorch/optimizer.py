@@ -24,7 +24,7 @@ _instance_ids = itertools.count()
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, fusion_bytes, reducer):
+                 gradient_predivide_factor, groups, fusion_bytes, reducer, process_set=None):
         super(self.__class__, self).__init__(params)
         if op not in (ops.Average, ops.Sum):
             raise ValueError("hvdtorch: DistributedOptimizer supports op=hvd.Average or hvd.Sum")
@@ -62,7 +62,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hvd_reducer = _C.GradientReducer(
             runtime.state().engine, all_params, layout, f"optimizer{next(_instance_ids)}", reducer or "", op,
             1.0 / f, f, True, False, fusion_bytes > 0, int(backward_passes_per_step),
-            compression is Compression.fp16)
+            compression is Compression.fp16, process_set_id=ops._check_process_set(process_set))
 
     def synchronize(self):
         """Waits until every gradient of the last backward pass is reduced."""
@@ -105,12 +105,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     num_groups / groups: as in Horovod, how parameters are grouped into
     all-reduces (an int, or lists of parameters); default: fusion buckets
     of ``fusion_bytes``."""
-    if process_set is not None and process_set is not ops.global_process_set:
-        raise ValueError("hvdtorch supports only the global process set")
+    ops._check_process_set(process_set)
     if num_groups and groups is None:
         groups = num_groups
     if sparse_as_dense:
         warnings.warn("hvdtorch: sparse_as_dense has no effect; gradients are dense")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, fusion_bytes, reducer)
+               gradient_predivide_factor, groups, fusion_bytes, reducer, process_set)

@@ -92,15 +92,16 @@ def init(comm=None, process_sets=None, **options) -> None:
 
     Options override HVDTORCH_* environment variables; the key is the variable
     name without the prefix, in lower case (``init(timeout=30,
-    fusion_threshold=16 << 20, reducer="ring")``). ``comm`` and
-    ``process_sets`` exist for Horovod compatibility; only the global set is
-    supported.
+    fusion_threshold=16 << 20, reducer="ring")``). ``process_sets``: a list
+    of ProcessSet (or rank lists) to add once running, as Horovod takes it
+    (``"dynamic"`` is accepted too: sets can always be added later).
     """
     global _state
     from . import _C  # noqa: F401  (fails early and clearly if the build is missing)
 
-    if comm is not None or process_sets not in (None, "dynamic", []):
-        raise ValueError("hvdtorch supports only the global process set (comm=None, process_sets=None)")
+    if comm is not None:
+        raise ValueError("hvdtorch: comm= (MPI communicators) is not supported; launch with torchrun or mpirun "
+                         "and pass process_sets=[hvd.ProcessSet([...]), ...] for subsets of ranks")
     with _lock:
         if _state is not None:
             return
@@ -131,6 +132,9 @@ def init(comm=None, process_sets=None, **options) -> None:
                         cross_size=topo["cross_size"], launcher=info.launcher, control_group=control,
                         data_group=data, owns_default_group=owns_default, store_path=store_path,
                         shm_token=shm_token, options=opts)
+    # Outside the lock: adding sets runs collectives, which need the state.
+    from . import process_sets as _process_sets
+    _process_sets._setup(process_sets)
 
 
 def shutdown() -> None:
@@ -140,6 +144,8 @@ def shutdown() -> None:
         st, _state = _state, None
     if st is None:
         return
+    from . import process_sets as _process_sets
+    _process_sets._forget()
     st.engine.shutdown()
     for group in (st.data_group, st.control_group):
         try:
