@@ -293,6 +293,16 @@ void Engine::controlLoop() {
 }
 
 void Engine::prepareMessage(ProcessSet& ps, RankMessage& msg) {
+  // An op reported by its cache bit whose entry was evicted since (the cache
+  // was full) is negotiated in full again.
+  for (auto it = ps.cached_pending.begin(); it != ps.cached_pending.end();) {
+    if (ps.cache->idOf(it->second) == static_cast<int>(it->first)) {
+      ++it;
+      continue;
+    }
+    msg.uncached.push_back(ps.pending.at(it->second)->request);
+    it = ps.cached_pending.erase(it);
+  }
   for (auto& e : ps.fresh) {
     const int id = ps.cache->lookup(e->request);
     if (id >= 0) {
@@ -321,6 +331,7 @@ std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list)
   for (uint32_t id : list.cached_ready) {
     // Every rank submitted exactly the cached request, so its plan follows.
     const Request& cached = ps.cache->at(id);
+    ps.cache->touch(id);  // in list order on every rank, so LRU order stays identical
     Response s;
     s.type = cached.type;
     s.name = cached.name;
