@@ -7,6 +7,7 @@
 
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 """
+from . import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler)
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .distributed_model import DistributedModel

@@ -297,8 +297,14 @@ class Hosts:
                        capture_output=True, timeout=20)
 
     def torchrun(self, script: str, *args: str, nproc: int = 2, env: Optional[Dict[str, str]] = None,
-                 torchrun_args: Sequence[str] = (), port: int = 29400) -> Job:
-        """Starts one torchrun agent per host (--nnodes=n, static rendezvous at host 0)."""
+                 torchrun_args: Sequence[str] = (), port: int = 29400, elastic: Optional[str] = None,
+                 rdzv_conf: str = "") -> Job:
+        """Starts one torchrun agent per host: --nnodes=n with the static
+        rendezvous at host 0, or with elastic="MIN:MAX" --nnodes=MIN:MAX and
+        the c10d rendezvous (endpoint on host 0, `rdzv_conf` its --rdzv-conf).
+        Host 0's agent is told to host the rendezvous store (is_host): torchrun
+        recognises its own address by the machine's host name, which resolves
+        to no address inside a namespace."""
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
         procs, logs = [], []
         for i, ns in enumerate(self.names):
@@ -309,9 +315,15 @@ class Hosts:
                 e.update({k: str(v) for k, v in env.items()})
             log = os.path.join(self.logdir, f"agent{i}-{len(self.jobs)}.log")
             logs.append(log)
-            cmd = ["ip", "netns", "exec", ns, torchrun, f"--nnodes={self.n}", f"--node_rank={i}",
-                   f"--nproc_per_node={nproc}", f"--master_addr={self.addr(0)}", f"--master_port={port}",
-                   *torchrun_args, script, *args]
+            if elastic:
+                rdzv = [f"--nnodes={elastic}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.addr(0)}:{port}",
+                        "--rdzv-id=hvdtorch-test", f"--local-addr={self.addr(i)}",
+                        f"--rdzv-conf={rdzv_conf + ',' if rdzv_conf else ''}is_host={int(i == 0)}"]
+            else:
+                rdzv = [f"--nnodes={self.n}", f"--node_rank={i}", f"--master_addr={self.addr(0)}",
+                        f"--master_port={port}"]
+            cmd = ["ip", "netns", "exec", ns, torchrun, *rdzv, f"--nproc_per_node={nproc}", *torchrun_args,
+                   script, *args]
             with open(log, "w") as out:
                 procs.append(subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT,
                                               start_new_session=True))
@@ -319,9 +331,14 @@ class Hosts:
         self.jobs.append(job)
         return job
 
-    def processes(self) -> List[int]:
-        """Every process inside the host namespaces (agents and workers)."""
-        return [p for ns in self.names for p in _pids_in(ns)]
+    def processes(self, host: Optional[int] = None) -> List[int]:
+        """Every process inside the host namespaces (or host `host`'s): agents and workers."""
+        names = self.names if host is None else [self.names[host]]
+        return [p for ns in names for p in _pids_in(ns)]
+
+    def kill_host(self, i: int) -> None:
+        """The host leaves: every process on it is SIGKILLed at once."""
+        _kill_all_in(self.names[i])
 
 
 def clean_env() -> Dict[str, str]:
