@@ -13,6 +13,7 @@ except ImportError as _error:
     raise ImportError(f"hvdtorch: the compiled extension hvdtorch._C cannot be loaded ({_error}); build it with "
                       "`pip install --no-build-isolation .` (or `make build`) against the torch installed here, "
                       "then run `python -m hvdtorch.check`") from _error
+from . import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler)
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .distributed_model import DistributedModel
@@ -32,6 +33,9 @@ from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
 from .sparse import sparse_allreduce_async
 from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
+
+# Horovod's name for the error a lost peer raises (what hvd.elastic.run recovers from).
+HorovodInternalError = HvdError
 
 __version__ = "0.1.0"
 

@@ -17,6 +17,12 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+# Imported before any process group exists on purpose: this module's
+# functions take `group=group.WORLD` as default arguments, evaluated at import,
+# so importing it later (torch.optim does, through torch._dynamo) would pin the
+# default group that init() creates, and with it Gloo's threads and sockets,
+# for the life of the process, past shutdown().
+import torch.distributed.nn.functional  # noqa: F401
 
 from . import launch
 
@@ -38,6 +44,7 @@ class _State:
     data_group: object
     owns_default_group: bool
     store_path: Optional[str]
+    shm_token: str  # names this job's shared-memory segments (/dev/shm/hvdtorch-<token>...)
     options: Dict[str, str] = field(default_factory=dict)
     name_counters: Dict[str, int] = field(default_factory=dict)
 
@@ -139,7 +146,7 @@ def init(comm=None, process_sets=None, **options) -> None:
                         homogeneous=topo["homogeneous"],
                         control_group=control,
                         data_group=data, owns_default_group=owns_default, store_path=store_path,
-                        options=opts)
+                        shm_token=shm_token, options=opts)
     # Outside the lock: adding sets runs collectives, which need the state.
     from . import process_sets as _process_sets
     _process_sets._setup(process_sets)

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include "common/error.h"
+#include "python_errors.h"
 #include "torch_tensor.h"
 
 namespace hvdtorch {
@@ -45,7 +46,11 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [this, i](const variable_list& outputs, const variable_list& /*inputs*/) {
-          onGradReady(i);
+          try {
+            onGradReady(i);
+          } catch (...) {
+            rethrowForAutograd(std::current_exception());
+          }
           return outputs;
         })));
     accumulators_.push_back(std::move(acc));
@@ -138,7 +143,13 @@ void GradientReducer::startPass() {
   }
   if (!recorded_order_) ready_order_.clear();
   // Runs once the whole backward pass is done, on the autograd engine's thread.
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { endOfBackward(); });
+  torch::autograd::Engine::get_default_engine().queue_callback([this] {
+    try {
+      endOfBackward();
+    } catch (...) {
+      rethrowForAutograd(std::current_exception());
+    }
+  });
 }
 
 void GradientReducer::writeSlot(Bucket& b, size_t slot) {
