@@ -11,7 +11,7 @@ Failures raise ``hvdtorch.HvdError`` (a RuntimeError) on every rank involved,
 naming the op and the ranks; bad arguments raise ValueError before anything is
 sent.
 """
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 

@@ -110,7 +110,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if num_groups and groups is None:
         groups = num_groups
     if sparse_as_dense:
-        warnings.warn("hvdtorch: sparse_as_dense has no effect; gradients are dense")
+        warnings.warn("hvdtorch: sparse_as_dense has no effect; gradients are dense", stacklevel=2)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, fusion_bytes, reducer)

@@ -116,6 +116,7 @@ def test_two_torchrun_agents_emulate_two_hosts():
     different HVDTORCH_HOSTNAME per agent: local/cross sizes follow, and the
     node reducer's cross-host phase goes over the c10d link."""
     import re
+
     from tests.harness import free_port
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     port = str(free_port())
@@ -129,7 +130,7 @@ def test_two_torchrun_agents_emulate_two_hosts():
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [a.communicate(timeout=150)[0] for a in agents]
     assert all(a.returncode == 0 for a in agents), "\n".join(outs)
-    lines = [l for o in outs for l in o.splitlines() if l.startswith("TOPOLOGY")]
+    lines = [line for o in outs for line in o.splitlines() if line.startswith("TOPOLOGY")]
     assert len(lines) == 4, outs
     for line in lines:
         f = dict(kv.split("=", 1) for kv in line.split()[1:5] + line.split()[5:8])
