@@ -90,9 +90,11 @@ lint-clang-tidy: $(VENV)/.deps
 	  | { grep -vE '^[0-9]+ warnings? generated\.$$|^$$' || true; }
 
 format: $(VENV)/.deps
-	$(CLANG_FORMAT) -i $(CXX_FILES)
-	$(RUFF) check --select I --fix -q .
-	$(RUFF) format -q .
+	@echo "== clang-format -i (csrc)"
+	@$(CLANG_FORMAT) -i $(CXX_FILES)
+	@echo "== ruff: sort imports, format"
+	@$(RUFF) check --select I --fix -q .
+	@$(RUFF) format -q .
 
 clean:
 	rm -rf build hvdtorch/_C*.so *.egg-info
