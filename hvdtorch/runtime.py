@@ -98,7 +98,8 @@ def init(comm=None, process_sets=None, **options) -> None:
         if _state is not None:
             return
         opts = {str(k): str(v) for k, v in options.items()}
-        timeout = datetime.timedelta(seconds=_C.resolve_timeout(opts))
+        resolved = _C.resolve_options(opts)
+        timeout = datetime.timedelta(seconds=resolved["timeout"])
         info = launch.detect()
         owns_default = not dist.is_initialized()
         store_path = _join_default_group(info, timeout) if owns_default else None
@@ -110,7 +111,8 @@ def init(comm=None, process_sets=None, **options) -> None:
         # job's shared-memory segments: launcher run ids are not unique
         # enough (torchrun's default is "none").
         gathered: List[Optional[tuple]] = [None] * size
-        dist.all_gather_object(gathered, (launch.hostname(), secrets.token_hex(6)), group=control)
+        host = resolved["hostname"] or launch.hostname()
+        dist.all_gather_object(gathered, (host, secrets.token_hex(6)), group=control)
         index: Dict[str, int] = {}
         host_of_rank = [index.setdefault(h, len(index)) for h, _ in gathered]
         shm_token = f"{os.getuid()}-{gathered[0][1]}"

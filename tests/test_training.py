@@ -18,3 +18,13 @@ def test_unused_tied_and_mixed_dtype_parameters(nranks):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_accumulation_optimizer_and_broadcasts(nranks):
     run_ranks("tests.workers.training:check_accumulation_and_optimizer", nranks, timeout=180)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_unused_parameters_zero_filled_every_iteration(nranks):
+    run_ranks("tests.workers.training:check_unused_zero_fill_over_iterations", nranks, timeout=120)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_gradient_predivide_factor(nranks):
+    run_ranks("tests.workers.training:check_gradient_predivide_factor", nranks, timeout=120)

@@ -1,13 +1,20 @@
 // Runs a function as p in-process "ranks" (threads) over an InProcFabric, each
-// with its own Context, and rethrows the first failure. Used by the algorithm
-// tests. `local_links`, when given, makes the links between ranks of the same
-// host (e.g. shared-memory links); the fabric stays the remote transport, so
-// cross-host hops go over it as they would over c10d.
+// with its own Context. Used by the algorithm tests. `local_links`, when
+// given, makes the links between ranks of the same host (e.g. shared-memory
+// links); the fabric stays the remote transport, so cross-host hops go over
+// it as they would over c10d.
+//
+// Every rank runs to its own end: a failing rank does not tear the fabric
+// down under the others, so a test of failure detection sees what each
+// surviving rank detected by itself (bounded by the links' deadlines).
+// runRanksOutcomes() returns each rank's outcome; runRanks() prints every
+// failing rank's error and rethrows the lowest failing rank's exception.
 #pragma once
 
+#include <cstdio>
 #include <exception>
 #include <functional>
-#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -18,14 +25,20 @@ namespace hvdtorch::test {
 
 using LocalLinkMaker = std::function<std::unique_ptr<Link>(int self, int peer)>;
 
-inline void runRanks(const std::vector<int>& host_of_rank, const std::function<void(Context&)>& body,
-                     std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
-                     const LocalLinkMaker& local_links = nullptr) {
+struct RankOutcome {
+  std::exception_ptr error;  // null: the body returned normally
+  std::string what;          // error's message, "" on success
+  bool ok() const { return !error; }
+};
+
+inline std::vector<RankOutcome> runRanksOutcomes(const std::vector<int>& host_of_rank,
+                                                 const std::function<void(Context&)>& body,
+                                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
+                                                 const LocalLinkMaker& local_links = nullptr) {
   const int p = static_cast<int>(host_of_rank.size());
   InProcFabric fabric(p);
+  std::vector<RankOutcome> out(p);
   std::vector<std::thread> threads;
-  std::exception_ptr first;
-  std::mutex mu;
   for (int r = 0; r < p; ++r) {
     threads.emplace_back([&, r] {
       try {
@@ -34,14 +47,29 @@ inline void runRanks(const std::vector<int>& host_of_rank, const std::function<v
         Context ctx(Topology::build(r, host_of_rank), [&, r](int peer) { return fabric.link(r, peer); },
                     std::move(local), nullptr, timeout);
         body(ctx);
+      } catch (const std::exception& e) {
+        out[r].error = std::current_exception();
+        out[r].what = e.what();
       } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-        fabric.close();  // unblock the other ranks
+        out[r].error = std::current_exception();
+        out[r].what = "(not a std::exception)";
       }
     });
   }
   for (auto& t : threads) t.join();
+  return out;
+}
+
+inline void runRanks(const std::vector<int>& host_of_rank, const std::function<void(Context&)>& body,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
+                     const LocalLinkMaker& local_links = nullptr) {
+  const auto outcomes = runRanksOutcomes(host_of_rank, body, timeout, local_links);
+  std::exception_ptr first;
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    if (outcomes[r].ok()) continue;
+    std::fprintf(stderr, "  rank %zu failed: %s\n", r, outcomes[r].what.c_str());
+    if (!first) first = outcomes[r].error;
+  }
   if (first) std::rethrow_exception(first);
 }
 

@@ -4,6 +4,7 @@
 // uneven first dimensions, broadcast, and shutdown.
 #include <atomic>
 #include <barrier>
+#include <cstring>
 #include <thread>
 
 #include "check.h"
@@ -64,6 +65,93 @@ EntryPtr allreduceEntry(const std::string& name, std::vector<int64_t> shape, flo
 }
 
 float first(const EntryPtr& e) { return static_cast<float*>(e->outputs[0]->data())[0]; }
+
+// An entry of any op, with every signature field settable, for the mismatch
+// table. Inputs are zeros; allgather allocates its output.
+struct Spec {
+  OpType type = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape{4};
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0, postscale = 1.0;
+  ReducerKind reducer = ReducerKind::kAuto;
+  bool fuse = true;
+};
+
+EntryPtr entryOf(const std::string& name, const Spec& s) {
+  auto e = std::make_shared<Entry>();
+  Request& q = e->request;
+  q.type = s.type;
+  q.name = name;
+  q.op = s.op;
+  q.root = s.root;
+  q.prescale = s.prescale;
+  q.postscale = s.postscale;
+  q.reducer = s.reducer;
+  q.fuse = s.fuse;
+  if (s.type == OpType::kBarrier) return e;
+  q.tensors = {{s.dtype, s.shape}};
+  auto t = std::make_shared<HostTensor>(s.dtype, s.shape);
+  std::memset(t->data(), 0, t->bytes());
+  e->inputs = {t};
+  if (s.type == OpType::kAllgather) {
+    const DataType dt = s.dtype;
+    e->allocate = [dt](const std::vector<int64_t>& shape) { return std::make_shared<HostTensor>(dt, shape); };
+  } else {
+    e->outputs = {t};
+  }
+  return e;
+}
+
+template <typename T>
+EntryPtr typedAllreduce(const std::string& name, DataType dt, const std::vector<T>& values, ReduceOp op,
+                        double prescale = 1.0, double postscale = 1.0) {
+  Spec s;
+  s.dtype = dt;
+  s.shape = {static_cast<int64_t>(values.size())};
+  s.op = op;
+  s.prescale = prescale;
+  s.postscale = postscale;
+  EntryPtr e = entryOf(name, s);
+  std::memcpy(e->inputs[0]->data(), values.data(), values.size() * sizeof(T));
+  return e;
+}
+
+template <typename T>
+std::vector<T> valuesOf(const EntryPtr& e) {
+  const T* p = static_cast<const T*>(e->outputs[0]->data());
+  return std::vector<T>(p, p + e->outputs[0]->numel());
+}
+
+// A buffer that, once armed, blocks the first thread that asks for its data
+// (the engine's executor) until opened: it holds an op "running".
+class GateTensor : public HostTensor {
+ public:
+  using HostTensor::HostTensor;
+  void* data() override {
+    if (armed.exchange(false)) {
+      entered = true;
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; });
+    }
+    return HostTensor::data();
+  }
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  std::atomic<bool> armed{false};
+  std::atomic<bool> entered{false};
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
 
 bool waitDone(Engine& eng, int64_t h) { return eng.state(h)->waitFor(std::chrono::milliseconds(10000)); }
 
@@ -218,6 +306,151 @@ TEST(shutdown_fails_pending_and_rejects_new) {
     }
   }
   CHECK(threw);
+}
+
+TEST(name_stays_taken_until_the_op_finishes) {
+  Cluster c(2);
+  auto gate = std::make_shared<GateTensor>(DataType::kFloat32, std::vector<int64_t>{4});
+  for (int i = 0; i < 4; ++i) static_cast<float*>(gate->HostTensor::data())[i] = 1.f;
+  auto held = allreduceEntry("x", {4}, 1.f);
+  held->inputs = {gate};
+  held->outputs = {gate};
+  gate->armed = true;
+  const int64_t h0 = c.engines[0]->submit(held);
+  const int64_t h1 = c.engines[1]->submit(allreduceEntry("x", {4}, 1.f));
+  for (int i = 0; i < 1000 && !gate->entered; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(gate->entered);  // negotiated, and now running on rank 0
+  // Negotiated is not finished: the name is still taken.
+  CHECK_THROWS(c.engines[0]->submit(allreduceEntry("x", {4}, 1.f)), InvalidArgument);
+  gate->open();
+  CHECK(waitDone(*c.engines[0], h0));
+  CHECK(waitDone(*c.engines[1], h1));
+  CHECK(first(held) == 2.f);
+  // Finished: the name is free again the moment wait returns.
+  c.onEveryRank([&](int, Engine& eng) {
+    auto again = allreduceEntry("x", {4}, 1.f);
+    const int64_t h = eng.submit(again);
+    CHECK(waitDone(eng, h));
+    CHECK_MSG(eng.state(h)->error().empty(), "%s", eng.state(h)->error().c_str());
+  });
+}
+
+TEST(integer_average_is_exact_division) {
+  // References are exact integers written out, not the engine's arithmetic.
+  const int64_t big = (int64_t(1) << 53) + 1;
+  {
+    Cluster c(2);
+    c.onEveryRank([&](int r, Engine& eng) {
+      auto e = typedAllreduce<int64_t>("big", DataType::kInt64, {big, -big, r == 0 ? -7 : 2, 5}, ReduceOp::kAverage);
+      const int64_t h = eng.submit(e);
+      CHECK(waitDone(eng, h));
+      const auto got = valuesOf<int64_t>(e);
+      // (-7 + 2) / 2 truncates toward zero: -2, not -3; 10 / 2 = 5.
+      CHECK_MSG(got == (std::vector<int64_t>{big, -big, -2, 5}), "rank %d: %lld %lld %lld %lld", r,
+                static_cast<long long>(got[0]), static_cast<long long>(got[1]), static_cast<long long>(got[2]),
+                static_cast<long long>(got[3]));
+    });
+  }
+  {
+    // Pre- and postscale on integers, where their order shows: each rank's
+    // 3 or 5 is prescaled by 0.5 first (1 and 2, truncated), summed (3),
+    // averaged exactly (1), then postscaled by 3: 3. Scaling the sum instead
+    // would give (8 * 0.5 / 2) * 3 = 6.
+    Cluster c(2);
+    c.onEveryRank([&](int r, Engine& eng) {
+      auto e = typedAllreduce<int32_t>("scaled", DataType::kInt32, {r == 0 ? 3 : 5}, ReduceOp::kAverage, 0.5, 3.0);
+      const int64_t h = eng.submit(e);
+      CHECK(waitDone(eng, h));
+      CHECK_MSG(valuesOf<int32_t>(e)[0] == 3, "rank %d: got %d", r, valuesOf<int32_t>(e)[0]);
+    });
+  }
+}
+
+TEST(float_average_applies_user_postscale_and_prescale) {
+  // Ranks hold 1, 2, 3: Average with prescale 2 and postscale 5 is
+  // (2 + 4 + 6) / 3 * 5 = 20. Ignoring the postscale gives 4; ignoring the
+  // division gives 60; ignoring the prescale gives 10. Fused and unfused.
+  for (bool fuse : {false, true}) {
+    Cluster c(3);
+    c.onEveryRank([&](int r, Engine& eng) {
+      std::vector<EntryPtr> es;
+      std::vector<int64_t> hs;
+      for (int k = 0; k < 3; ++k) {
+        Spec s;
+        s.shape = {3};
+        s.op = ReduceOp::kAverage;
+        s.prescale = 2.0;
+        s.postscale = 5.0;
+        s.fuse = fuse;
+        es.push_back(entryOf("avg" + std::to_string(k), s));
+        for (int i = 0; i < 3; ++i) static_cast<float*>(es.back()->inputs[0]->data())[i] = float(r + 1);
+        hs.push_back(eng.submit(es.back()));
+      }
+      for (int k = 0; k < 3; ++k) {
+        CHECK(waitDone(eng, hs[k]));
+        CHECK_MSG(first(es[k]) == 20.f, "fuse=%d rank %d op %d: got %g", int(fuse), r, k, double(first(es[k])));
+      }
+    });
+  }
+}
+
+TEST(every_mismatch_fails_on_every_rank_naming_both_sides) {
+  // Rank 1 differs from rank 0 in exactly one signature field per case. Every
+  // rank must get the error, which says what differs and what each side sent.
+  struct Case {
+    const char* what;  // must appear in the message
+    Spec a, b;
+    const char* a_says;  // must appear: rank 0's side, as describe() prints it
+    const char* b_says;  // rank 1's side
+  };
+  std::vector<Case> cases;
+  auto add = [&](const char* what, auto change, const char* a_says, const char* b_says, Spec base = {}) {
+    Spec b = base;
+    change(b);
+    cases.push_back({what, base, b, a_says, b_says});
+  };
+  add("dtype float32 vs float64", [](Spec& s) { s.dtype = DataType::kFloat64; }, "float32 [4]", "float64 [4]");
+  add("shape [4] vs [5]", [](Spec& s) { s.shape = {5}; }, "float32 [4]", "float32 [5]");
+  add("reduce op Sum vs Max", [](Spec& s) { s.op = ReduceOp::kMax; }, "Sum", "Max");
+  add("reduce op Sum vs Average", [](Spec& s) { s.op = ReduceOp::kAverage; }, "Sum", "Average");
+  add("scale factors (prescale 1, postscale 1) vs (prescale 2, postscale 1)", [](Spec& s) { s.prescale = 2; },
+      "ranks [0]", "ranks [1]");
+  add("scale factors (prescale 1, postscale 1) vs (prescale 1, postscale 0.5)", [](Spec& s) { s.postscale = 0.5; },
+      "ranks [0]", "ranks [1]");
+  add("reducer auto vs ring", [](Spec& s) { s.reducer = ReducerKind::kRing; }, "ranks [0]", "ranks [1]");
+  add("fusion on vs off", [](Spec& s) { s.fuse = false; }, "ranks [0]", "ranks [1]");
+  add("operation allreduce vs broadcast", [](Spec& s) { s.type = OpType::kBroadcast; }, "allreduce 'm", "broadcast 'm");
+  Spec bcast;
+  bcast.type = OpType::kBroadcast;
+  add("root rank 0 vs 1", [](Spec& s) { s.root = 1; }, "root 0", "root 1", bcast);
+  Spec gather;
+  gather.type = OpType::kAllgather;
+  gather.shape = {2, 3};
+  add("shape [2, 3] vs [2, 4]", [](Spec& s) { s.shape = {2, 4}; }, "int", "int", gather);
+  cases.back().a_says = "float32 [2, 3]";
+  cases.back().b_says = "float32 [2, 4]";
+
+  Cluster c(2);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& cs = cases[k];
+    const std::string name = "m" + std::to_string(k);
+    std::vector<std::string> errors(2);
+    c.onEveryRank([&](int r, Engine& eng) {
+      const int64_t h = eng.submit(entryOf(name, r == 0 ? cs.a : cs.b));
+      CHECK(waitDone(eng, h));
+      errors[r] = eng.state(h)->error();
+    });
+    for (int r = 0; r < 2; ++r) {
+      const std::string& e = errors[r];
+      CHECK_MSG(e.find("mismatched") != std::string::npos && e.find(cs.what) != std::string::npos,
+                "case '%s', rank %d: %s", cs.what, r, e.c_str());
+      CHECK_MSG(e.find(std::string("ranks [0] submitted ")) != std::string::npos &&
+                    e.find(std::string("ranks [1] submitted ")) != std::string::npos,
+                "case '%s', rank %d: %s", cs.what, r, e.c_str());
+      CHECK_MSG(e.find(cs.a_says) != std::string::npos && e.find(cs.b_says) != std::string::npos,
+                "case '%s', rank %d: %s", cs.what, r, e.c_str());
+    }
+  }
 }
 
 HVD_TEST_MAIN()

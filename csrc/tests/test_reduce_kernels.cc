@@ -101,4 +101,53 @@ TEST(bool_reductions_are_logical) {
   CHECK_THROWS(checkReducible(DataType::kFloat32, ReduceOp::kAdasum), InvalidArgument);
 }
 
+TEST(integer_average_divides_exactly) {
+  // Expected values are written out by hand (exact integer division toward
+  // zero), not computed the way the kernel computes them.
+  {
+    // 49 ranks each holding 1: sum 49, average exactly 1 (49 * (1/49.0) is
+    // 0.99999... in double and would truncate to 0).
+    int32_t v[1] = {49};
+    copyAveraged(v, v, 1, DataType::kInt32, 49, 1.0);
+    CHECK_MSG(v[0] == 1, "got %d", v[0]);
+  }
+  {
+    // Two ranks holding 2^53 + 1: the sum 2^54 + 2 halves to 2^53 + 1 exactly.
+    const int64_t big = (int64_t(1) << 53) + 1;
+    int64_t v[1] = {2 * big};
+    copyAveraged(v, v, 1, DataType::kInt64, 2, 1.0);
+    CHECK_MSG(v[0] == 9007199254740993LL, "got %lld", static_cast<long long>(v[0]));
+  }
+  {
+    // Sign-mixed sums truncate toward zero (floor would give -4 and -3).
+    int16_t src[6] = {-7, 7, -6, 5, 0, -1};
+    int16_t dst[6];
+    copyAveraged(dst, src, 6, DataType::kInt16, 2, 1.0);
+    const int16_t want[6] = {-3, 3, -3, 2, 0, 0};
+    for (int i = 0; i < 6; ++i) CHECK_MSG(dst[i] == want[i], "i=%d got %d want %d", i, dst[i], want[i]);
+  }
+  {
+    uint8_t v[2] = {255, 7};
+    copyAveraged(v, v, 2, DataType::kUInt8, 2, 1.0);
+    CHECK(v[0] == 127 && v[1] == 3);
+  }
+  {
+    // The postscale comes after the exact division: (7 / 2) * 3 = 9, where
+    // 7 * (3 / 2.0) would give 10.
+    int32_t v[1] = {7};
+    copyAveraged(v, v, 1, DataType::kInt32, 2, 3.0);
+    CHECK_MSG(v[0] == 9, "got %d", v[0]);
+  }
+  {
+    // Floating types fold the divisor into the factor: 3 / 4 * 2 = 1.5.
+    float v[1] = {3.f};
+    copyAveraged(v, v, 1, DataType::kFloat32, 4, 2.0);
+    CHECK(v[0] == 1.5f);
+  }
+  {
+    int32_t v[1] = {5};
+    CHECK_THROWS(copyAveraged(v, v, 1, DataType::kInt32, 0, 1.0), InvalidArgument);
+  }
+}
+
 HVD_TEST_MAIN()

@@ -61,8 +61,14 @@ void waitOrThrow(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
 
 }  // namespace
 
+C10dLink::C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer, int channel)
+    : pg_(std::move(pg)), peer_(peer), channel_(channel) {
+  if (channel < 0 || channel >= kChannels)
+    throw InvalidArgument(strCat("c10d link to rank ", peer, ": channel ", channel, " is not in [0, ", kChannels, ")"));
+}
+
 std::unique_ptr<LinkRequest> C10dLink::isend(const void* data, size_t bytes) {
-  const int tag = static_cast<int>(send_seq_++ & kTagMask);
+  const int tag = tagOf(send_seq_++);
   if (bytes == 0) return std::make_unique<DoneRequest>();
   std::vector<at::Tensor> t{bytesView(data, bytes)};
   try {
@@ -73,7 +79,7 @@ std::unique_ptr<LinkRequest> C10dLink::isend(const void* data, size_t bytes) {
 }
 
 std::unique_ptr<LinkRequest> C10dLink::irecv(void* data, size_t bytes) {
-  const int tag = static_cast<int>(recv_seq_++ & kTagMask);
+  const int tag = tagOf(recv_seq_++);
   if (bytes == 0) return std::make_unique<DoneRequest>();
   std::vector<at::Tensor> t{bytesView(data, bytes)};
   try {

@@ -14,20 +14,33 @@
 namespace hvdtorch {
 
 // Point-to-point messages to one peer through pg->send/recv. Each direction
-// numbers its messages and uses the number as the Gloo tag, so every message
+// numbers its messages and puts the number in the Gloo tag, so every message
 // has its own slot and matching never depends on Gloo's queueing order.
+//
+// `channel` (0 .. kChannels-1) lets several independent streams share one
+// process group: the tag is (sequence << kChannelBits) | channel, so links
+// of different channels between the same two ranks never match each
+// other's messages (each process set talks on channels of its own).
 class C10dLink : public Link {
  public:
-  C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer) : pg_(std::move(pg)), peer_(peer) {}
+  static constexpr int kChannelBits = 12;
+  static constexpr int kChannels = 1 << kChannelBits;
+
+  C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer, int channel = 0);
   int peer() const override { return peer_; }
   const char* kind() const override { return "c10d"; }
   std::unique_ptr<LinkRequest> isend(const void* data, size_t bytes) override;
   std::unique_ptr<LinkRequest> irecv(void* data, size_t bytes) override;
 
  private:
-  static constexpr uint32_t kTagMask = (1u << 30) - 1;
+  int tagOf(uint32_t seq) const {
+    return static_cast<int>(((seq & kSeqMask) << kChannelBits) | static_cast<uint32_t>(channel_));
+  }
+  // Tags must be non-negative ints: 31 bits, of which kChannelBits name the channel.
+  static constexpr uint32_t kSeqMask = (1u << (31 - kChannelBits)) - 1;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   int peer_;
+  int channel_;
   uint32_t send_seq_ = 0;
   uint32_t recv_seq_ = 0;
 };

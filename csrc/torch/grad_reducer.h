@@ -46,7 +46,7 @@ struct GradReducerOptions {
   ReducerKind reducer = ReducerKind::kAuto;
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;
-  double postscale = 1.0;      // Average already folded in (1/size)
+  double postscale = 1.0;      // the user's; Average divides by the size on top
   bool pipeline = true;
   bool sync_on_backward = true;
   bool fuse = true;            // let the engine fuse buckets ready together

@@ -61,10 +61,6 @@ class PyEngine {
     if (op < 0 || op > 5) throw InvalidArgument(strCat(where("allreduce", name), ": unknown reduce op ", op));
     for (const auto& t : inputs)
       checkReducible(toDataType(t.scalar_type(), strCat("rank ", rank, ": ", where("allreduce", name))), q.op);
-    if (q.op == ReduceOp::kAverage) {
-      q.op = ReduceOp::kSum;
-      postscale /= engine_->topo().size;
-    }
     q.prescale = prescale;
     q.postscale = postscale;
     q.reducer = parseReducerKind(reducer.empty() ? engine_->config().reducer : reducer);
@@ -196,11 +192,8 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
   o.name = name;
   o.reducer = parseReducerKind(reducer.empty() ? engine.engine()->config().reducer : reducer);
   o.op = static_cast<ReduceOp>(op);
-  if (o.op == ReduceOp::kAverage) {
-    o.op = ReduceOp::kSum;
-    postscale /= engine.engine()->topo().size;
-  }
-  if (o.op != ReduceOp::kSum) throw InvalidArgument(strCat(name, ": gradients are reduced with Average or Sum"));
+  if (o.op != ReduceOp::kSum && o.op != ReduceOp::kAverage)
+    throw InvalidArgument(strCat(name, ": gradients are reduced with Average or Sum"));
   o.prescale = prescale;
   o.postscale = postscale;
   o.pipeline = pipeline;
@@ -261,10 +254,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (const auto& k : Config::knobs()) out.emplace_back("HVDTORCH_" + k.name, k.default_value, k.help);
     return out;
   });
-  // Validates the options (ValueError names a bad one) and returns the
-  // effective HVDTORCH_TIMEOUT in seconds: Config is the one place knobs are
-  // parsed, so Python gives torch.distributed the same deadline.
-  m.def("resolve_timeout", [](const std::map<std::string, std::string>& options) {
-    return std::chrono::duration<double>(Config::load(options).timeout).count();
+  // Validates the options (ValueError names a bad one) and returns what the
+  // Python side needs before the engine exists: the effective HVDTORCH_TIMEOUT
+  // in seconds (torch.distributed gets the same deadline) and
+  // HVDTORCH_HOSTNAME. Config is the one place knobs are parsed.
+  m.def("resolve_options", [](const std::map<std::string, std::string>& options) {
+    const Config c = Config::load(options);
+    py::dict d;
+    d["timeout"] = std::chrono::duration<double>(c.timeout).count();
+    d["hostname"] = c.hostname;
+    return d;
   });
 }

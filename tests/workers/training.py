@@ -262,3 +262,78 @@ def check_accumulation_and_optimizer():
     assert hvd.broadcast_object({"a": r}, root_rank=root) == {"a": root}
     assert hvd.allgather_object(("x", r)) == [("x", k) for k in range(n)]
     hvd.shutdown()
+
+
+def _branch_usage(step: int, k: int) -> bool:
+    """Whether rank k uses branch b in `step`: everyone does, except rank 1 in
+    step 2 (a parameter unused on one rank only, in a later iteration, so a
+    bucket still holding an older gradient would show)."""
+    return not (step == 2 and k == 1)
+
+
+def _branchy_local_grads(base, step, k):
+    """Rank k's local gradients of `base` (a fresh copy) in `step`."""
+    m = copy.deepcopy(base)
+    x = torch.full((2, 3), float(k + 1 + step))
+    m(x, use_b=_branch_usage(step, k)).square().sum().backward()
+    return {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for name, p in m.named_parameters()}
+
+
+def check_unused_zero_fill_over_iterations():
+    """Gradients of every step must be the average of every rank's local
+    gradient of that step, with zeros for a branch a rank did not use; the
+    parameters do not move (lr 0), so each step's reference is exact."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(2)
+    base = _Branchy(torch.nn.ModuleDict({"a": torch.nn.Linear(3, 3), "b": torch.nn.Linear(3, 3)}))
+    for how in ("model", "optimizer", "model-one-bucket"):
+        net = copy.deepcopy(base)
+        if how == "optimizer":
+            model = net
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.0),
+                                           named_parameters=net.named_parameters(), fusion_bytes=1 << 20)
+        else:
+            model = hvd.DistributedModel(net, fusion_bytes=(1 << 20) if how == "model-one-bucket" else 64,
+                                         first_bucket_bytes=64, name=f"zero.{how}")
+            opt = torch.optim.SGD(net.parameters(), lr=0.0)
+        for step in range(5):
+            for set_to_none in (True, False):  # .grad dropped, or kept and zeroed
+                opt.zero_grad(set_to_none=set_to_none)
+                x = torch.full((2, 3), float(r + 1 + step))
+                model(x, use_b=_branch_usage(step, r)).square().sum().backward()
+                opt.step()
+                local = [_branchy_local_grads(base, step, k) for k in range(n)]
+                for name, p in net.named_parameters():
+                    want = sum(g[name] for g in local) / n
+                    torch.testing.assert_close(p.grad, want, msg=lambda m: f"{how}, step {step}, {name}: {m}")
+    hvd.shutdown()
+
+
+def check_gradient_predivide_factor():
+    """gradient_predivide_factor splits the average into a prescale 1/f and a
+    postscale f/size: training must equal the single-process reference for
+    any f (dropping the postscale f would shrink every step by f)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for f in (2.0, 4.0):
+        torch.manual_seed(11)
+        base = Net()
+        ref = train_reference(copy.deepcopy(base), "sgd", n)
+        model = hvd.DistributedModel(copy.deepcopy(base), gradient_predivide_factor=f, fusion_bytes=4096,
+                                     name=f"predivide.{f}")
+        opt = make_opt("sgd", model.parameters())
+        net2 = copy.deepcopy(base)
+        opt2 = hvd.DistributedOptimizer(make_opt("sgd", net2.parameters()), named_parameters=net2.named_parameters(),
+                                        gradient_predivide_factor=f)
+        for s in range(STEPS):
+            x, y = batch(s, n)
+            opt.zero_grad()
+            F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+            opt.step()
+            opt2.zero_grad()
+            F.cross_entropy(net2(shard(x, r)), shard(y, r)).backward()
+            opt2.step()
+        assert_params_close(model.module, ref, f"DistributedModel gradient_predivide_factor={f}")
+        assert_params_close(net2, ref, f"DistributedOptimizer gradient_predivide_factor={f}")
+    hvd.shutdown()

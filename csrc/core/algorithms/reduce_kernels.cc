@@ -219,7 +219,32 @@ void copyScaledHalf(uint16_t* __restrict dst, const uint16_t* __restrict src, si
   const float f = static_cast<float>(factor);
   for (size_t i = 0; i < n; ++i) dst[i] = FromF(ToF(src[i]) * f);
 }
+template <typename T>
+void divideLoop(T* __restrict dst, const T* __restrict src, size_t n, int64_t divisor) {
+  // Integer division in C++ truncates toward zero; widen so int8/uint8 do not
+  // promote through int in surprising ways and int64 stays exact.
+  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<int64_t>(src[i]) / divisor);
+}
 }  // namespace
+
+void copyAveraged(void* dst, const void* src, size_t count, DataType dtype, int64_t divisor, double factor) {
+  if (divisor <= 0) throw InvalidArgument(strCat("copyAveraged: divisor ", divisor, " is not positive"));
+  if (divisor == 1 || isFloating(dtype)) {
+    copyScaled(dst, src, count, dtype, factor / static_cast<double>(divisor));
+    return;
+  }
+  if (count == 0) return;
+  switch (dtype) {
+    case DataType::kUInt8: divideLoop(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, divisor); break;
+    case DataType::kInt8: divideLoop(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, divisor); break;
+    case DataType::kInt16: divideLoop(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, divisor); break;
+    case DataType::kInt32: divideLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, divisor); break;
+    case DataType::kInt64: divideLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, divisor); break;
+    default:
+      throw InvalidArgument(strCat("Average is not defined for ", dtypeName(dtype), " tensors"));
+  }
+  scaleBuffer(dst, count, dtype, factor);
+}
 
 void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double factor) {
   if (count == 0) return;

@@ -33,7 +33,17 @@ uint16_t floatToBf16(float f);
 
 namespace hvdtorch {
 // dst[i] = src[i] * factor (a plain copy when factor == 1). Used to fuse the
-// prescale into the copy into the fusion buffer and the postscale (Average)
-// into the copy out of it, so scaling costs no extra pass over memory.
+// prescale into the copy into the fusion buffer, so scaling costs no extra
+// pass over memory. dst may equal src.
 void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double factor);
+
+// dst[i] = (src[i] / divisor) * factor: the last step of every all-reduce,
+// fused with the copy out of the fusion buffer. divisor is the number of
+// ranks for Average and 1 otherwise; factor is the user's postscale.
+// Floating types fold both into one factor. Integer types divide exactly,
+// truncating toward zero, before the factor is applied (in double, truncated,
+// as for any scaled integer tensor), so an integer Average never passes
+// through floating point: 2^53+1 stays exact, and 49 summed over 49 ranks
+// averages to 1, not to 0. dst may equal src.
+void copyAveraged(void* dst, const void* src, size_t count, DataType dtype, int64_t divisor, double factor);
 }  // namespace hvdtorch

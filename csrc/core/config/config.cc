@@ -22,6 +22,7 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
       {"TIMELINE", "", "Chrome-trace file written by rank 0 ({rank} in the path: every rank); empty: off"},
       {"CALIBRATE", "1", "measure every reducer at init to fit the cost model of reducer=auto; 0 uses defaults"},
+      {"HOSTNAME", "", "this rank's host identity (ranks with equal names share memory); empty: the real host name"},
   };
   return k;
 }
@@ -76,6 +77,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     ring_window = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "TIMELINE") {
     timeline = v;
+  } else if (key == "HOSTNAME") {
+    hostname = v;
   } else if (key == "CALIBRATE") {
     calibrate = toBool(key, v);
   } else if (key == "CENTRAL_SHARDS") {

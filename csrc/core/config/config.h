@@ -25,6 +25,7 @@ struct Config {
   int central_shards = 1;                                            // HVDTORCH_CENTRAL_SHARDS
   bool calibrate = true;                                             // HVDTORCH_CALIBRATE
   std::string timeline;                                              // HVDTORCH_TIMELINE (path)
+  std::string hostname;                                              // HVDTORCH_HOSTNAME (empty: the real one)
 
   struct Knob {
     std::string name;  // without the HVDTORCH_ prefix

@@ -41,7 +41,17 @@ std::vector<char> ControlPlane::exchange(std::vector<char> mine, const Decide& d
   const int p = ctx_.size();
   if (ctx_.rank() != 0) {
     Link& root = ctx_.link(0);
-    sendBytes(root, mine, ctx_.deadline());
+    try {
+      sendBytes(root, mine, ctx_.deadline());
+    } catch (const std::exception&) {
+      // Rank 0 may have stopped right after its last word (sendLastWord):
+      // that reply, if it is already here, says why; prefer it to "closed".
+      try {
+        return recvBytes(root, Deadline::after(std::chrono::milliseconds(200)));
+      } catch (const std::exception&) {
+      }
+      throw;
+    }
     return recvBytes(root, ctx_.deadline());
   }
   std::vector<std::vector<char>> all(p);
@@ -50,6 +60,19 @@ std::vector<char> ControlPlane::exchange(std::vector<char> mine, const Decide& d
   std::vector<char> reply = decide(all);
   for (int r = 1; r < p; ++r) sendBytes(ctx_.link(r), reply, ctx_.deadline());
   return reply;
+}
+
+void ControlPlane::sendLastWord(const std::vector<char>& last, std::chrono::milliseconds within) {
+  const Deadline d = Deadline::after(within);
+  for (int r = 1; r < ctx_.size(); ++r) {
+    Link* link = ctx_.openLink(r);  // never create a link now: that could wait for a dead peer
+    if (link == nullptr) continue;
+    try {
+      sendBytes(*link, last, d);
+    } catch (const std::exception&) {
+      // That rank is gone or stuck; the others still deserve the message.
+    }
+  }
 }
 
 }  // namespace hvdtorch

@@ -5,6 +5,7 @@
 // interleaving on one channel.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <vector>
 
@@ -21,6 +22,13 @@ class ControlPlane {
   // call `decide`, send the result to every rank and return it.
   using Decide = std::function<std::vector<char>(std::vector<std::vector<char>>&)>;
   std::vector<char> exchange(std::vector<char> mine, const Decide& decide);
+
+  // Rank 0 only, once an exchange has failed (a peer died or timed out):
+  // sends `last` to every rank whose link is open, as the reply to whatever
+  // it sent, so that the survivors learn the real cause instead of seeing
+  // only that rank 0 went away. Best effort: unreachable ranks are skipped,
+  // and the whole call returns within `within`.
+  void sendLastWord(const std::vector<char>& last, std::chrono::milliseconds within);
 
  private:
   void sendBytes(Link& link, const std::vector<char>& bytes, Deadline d);

@@ -68,6 +68,14 @@ int64_t Engine::submit(EntryPtr entry) {
   if (!pending_names_.insert(req.name).second)
     throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " named '", req.name,
                                  "' is already pending; names of outstanding ops must be unique"));
+  // The name stays taken until the op finishes (not merely until it is
+  // negotiated): a second op of the same name could otherwise be accepted
+  // while the first one still runs, and the two would be matched with the
+  // wrong peers' ops.
+  entry->state->setOnDone([this, name = req.name] {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_names_.erase(name);
+  });
   const int64_t handle = next_handle_++;
   handles_.emplace(handle, entry->state);
   timeline_.begin(req.name, "NEGOTIATE");
@@ -149,9 +157,24 @@ void Engine::controlLoop() {
         return stopped_;
       }();
     } catch (const std::exception& e) {
-      failEverything(strCat("rank ", control_ctx_.rank(), ": lost contact with the other ranks during negotiation: ",
-                            e.what()));
-      for (auto& [name, entry] : pending_) entry->state->fail(failure_);
+      const std::string why = strCat("rank ", control_ctx_.rank(),
+                                     ": lost contact with the other ranks during negotiation: ", e.what());
+      failEverything(why);
+      std::string reason;  // the first failure on this rank, which may predate this one
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        reason = failure_;
+      }
+      if (coordinator) {
+        // The other ranks only see rank 0 go away; tell them what it saw.
+        ResponseList last;
+        last.shutdown = true;
+        last.shutdown_rank = control_ctx_.rank();
+        last.shutdown_reason = reason;
+        control_.sendLastWord(last.serialize(),
+                              std::min<std::chrono::milliseconds>(config_.timeout, std::chrono::seconds(2)));
+      }
+      for (auto& [name, entry] : pending_) entry->state->fail(reason);
       pending_.clear();
       stop = true;
     }
@@ -215,11 +238,6 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
     ready.push_back({s, std::move(e)});
   }
   if (!ready.empty()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& op : ready)
-        if (op.entry) pending_names_.erase(op.entry->request.name);
-    }
     for (const auto& op : ready) {
       if (!op.entry) continue;
       timeline_.end(op.entry->request.name, "NEGOTIATE");

@@ -77,7 +77,6 @@ class Engine {
   void executorLoop();
   void runCycle(ResponseCache& cache, Coordinator* coordinator);
   void failEverything(const std::string& why);
-  void finishName(const std::string& name);
   void warn(const std::string& msg);
   // Same-host links of one plane ("c" control, "d" data): shared memory
   // unless HVDTORCH_SHM=0 or no token was given.
@@ -95,7 +94,7 @@ class Engine {
   std::mutex mu_;
   std::condition_variable incoming_cv_;
   std::deque<EntryPtr> incoming_;
-  std::unordered_set<std::string> pending_names_;
+  std::unordered_set<std::string> pending_names_;  // taken until the op finishes (OpState's on-done hook)
   std::unordered_map<int64_t, std::shared_ptr<OpState>> handles_;
   int64_t next_handle_ = 1;
   bool shutdown_requested_ = false;

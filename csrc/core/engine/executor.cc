@@ -45,7 +45,12 @@ void Executor::allreduce(WorkUnit& unit) {
   const DataType dtype = req.tensors[unit.pieces.front().tensor].dtype;
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
-  Reducer& reducer = reducers_.resolve(req.reducer, ctx_, count * dtypeSize(dtype), dtype, req.op);
+  // Average is the one reduce op no reducer sees: it is a Sum whose result is
+  // divided by the number of ranks on the way out (exactly, for integers).
+  const bool average = req.op == ReduceOp::kAverage;
+  const ReduceOp op = average ? ReduceOp::kSum : req.op;
+  const int64_t divisor = average ? ctx_.size() : 1;
+  Reducer& reducer = reducers_.resolve(req.reducer, ctx_, count * dtypeSize(dtype), dtype, op);
 
   const std::string collective = strCat("ALLREDUCE:", reducer.name());
   if (unit.pieces.size() == 1) {
@@ -55,9 +60,9 @@ void Executor::allreduce(WorkUnit& unit) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     copyScaled(out.data(), in.data(), count, dtype, req.prescale);
     mark(unit, collective, true);
-    if (ctx_.size() > 1) reducer.allreduce(ctx_, out.data(), count, dtype, req.op);
+    if (ctx_.size() > 1) reducer.allreduce(ctx_, out.data(), count, dtype, op);
     mark(unit, collective, false);
-    copyScaled(out.data(), out.data(), count, dtype, req.postscale);
+    copyAveraged(out.data(), out.data(), count, dtype, divisor, req.postscale);
     finishPiece(p);
     return;
   }
@@ -74,14 +79,14 @@ void Executor::allreduce(WorkUnit& unit) {
   }
   mark(unit, "MEMCPY_IN_FUSION", false);
   mark(unit, collective, true);
-  if (ctx_.size() > 1) reducer.allreduce(ctx_, fused, count, dtype, req.op);
+  if (ctx_.size() > 1) reducer.allreduce(ctx_, fused, count, dtype, op);
   mark(unit, collective, false);
   mark(unit, "MEMCPY_OUT_FUSION", true);
   off = 0;
   for (const auto& p : unit.pieces) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     const size_t n = static_cast<size_t>(out.numel());
-    copyScaled(out.data(), fused + off * esize, n, dtype, req.postscale);
+    copyAveraged(out.data(), fused + off * esize, n, dtype, divisor, req.postscale);
     off += n;
   }
   mark(unit, "MEMCPY_OUT_FUSION", false);

@@ -31,7 +31,9 @@ struct Request {
   OpType type = OpType::kAllreduce;
   std::string name;
   std::vector<TensorSpec> tensors;  // more than one for grouped_allreduce
-  ReduceOp op = ReduceOp::kSum;     // never Average here: Average = Sum + postscale
+  // Average reaches the executor as such: it runs a Sum and divides by the
+  // number of ranks on the way out (exactly for integers), then postscale.
+  ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
   double prescale = 1.0;
   double postscale = 1.0;

@@ -23,6 +23,13 @@ Link& Context::link(int peer) {
   return remoteLink(peer);
 }
 
+Link* Context::openLink(int peer) {
+  if (peer < 0 || peer >= topo_.size || peer == topo_.rank) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (local_links_ && topo_.sameHost(peer)) return local_[peer].get();
+  return remote_[peer].get();
+}
+
 std::vector<std::string> Context::linkKinds(int peer) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> kinds;

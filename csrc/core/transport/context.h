@@ -39,6 +39,9 @@ class Context {
   Link& link(int peer);
   // Force a specific transport for this hop (used by tests and ablations).
   Link& remoteLink(int peer);
+  // The link link(peer) would return if it already exists, else nullptr
+  // (never creates one).
+  Link* openLink(int peer);
   // Transport kinds of the links created so far to `peer` ("shm", "c10d",
   // ...), for tests and diagnostics.
   std::vector<std::string> linkKinds(int peer);

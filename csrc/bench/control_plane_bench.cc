@@ -1,0 +1,205 @@
+// Scale of negotiation: N in-process ranks (threads over in-process links),
+// one steady-state cycle after another, for
+//   star     every rank sends its RankMessage (cache bits) to rank 0, which
+//            runs the coordinator and sends the ResponseList back (today's
+//            ControlPlane::exchange),
+//   flat     the bitwise-AND all-reduce by recursive doubling,
+//   hier     the same with hosts of 8 ranks: a tree inside each host, one
+//            rank per host across hosts,
+// and with a share of cycles carrying an uncached request (the AND's status
+// bit then sends that cycle through the star as well).
+// Prints, per N and path, the busiest rank's messages and bytes per cycle
+// and the cycle latency (median and p10-p90 over rounds), then projects the
+// star and the AND to 1,024 and 16,384 ranks with an alpha-beta model whose
+// per-message cost is fitted from these measurements.
+//
+// usage: bench_control_plane [max_ranks=256] [cycles=200]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/bit_allreduce.h"
+#include "engine/control_plane.h"
+#include "engine/coordinator.h"
+#include "engine/request.h"
+#include "engine/response_cache.h"
+#include "transport/context.h"
+#include "transport/inproc_link.h"
+
+using namespace hvdtorch;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kCached = 64;   // cached ops known to every rank
+constexpr int kPending = 16;  // of which pending in a cycle
+constexpr int kPerHost = 8;
+
+class CountingLink : public Link {
+ public:
+  CountingLink(std::unique_ptr<Link> inner, std::atomic<long>* msgs, std::atomic<long>* bytes)
+      : inner_(std::move(inner)), msgs_(msgs), bytes_(bytes) {}
+  int peer() const override { return inner_->peer(); }
+  const char* kind() const override { return inner_->kind(); }
+  std::unique_ptr<LinkRequest> isend(const void* d, size_t n) override {
+    ++*msgs_;
+    *bytes_ += static_cast<long>(n);
+    return inner_->isend(d, n);
+  }
+  std::unique_ptr<LinkRequest> irecv(void* d, size_t n) override {
+    ++*msgs_;
+    *bytes_ += static_cast<long>(n);
+    return inner_->irecv(d, n);
+  }
+
+ private:
+  std::unique_ptr<Link> inner_;
+  std::atomic<long>* msgs_;
+  std::atomic<long>* bytes_;
+};
+
+Request cachedRequest(int i) {
+  Request q;
+  q.name = "grad." + std::to_string(i);
+  q.tensors = {{DataType::kFloat32, {1024}}};
+  return q;
+}
+
+enum class Path { kStar, kFlat, kHier };
+const char* pathName(Path p) { return p == Path::kStar ? "star" : p == Path::kFlat ? "flat" : "hier"; }
+
+struct Result {
+  double median_us, p10_us, p90_us;
+  double busiest_msgs, busiest_bytes;  // per cycle
+};
+
+// `uncached_every`: every k-th cycle carries one uncached request on every
+// rank (0: never).
+Result run(int n, Path path, int cycles, int uncached_every) {
+  std::vector<int> hosts(n);
+  for (int r = 0; r < n; ++r) hosts[r] = path == Path::kHier ? r / kPerHost : 0;
+  InProcFabric fabric(n), local(n);
+  std::vector<std::atomic<long>> msgs(n), bytes(n);
+  std::vector<double> round_us;
+  std::atomic<int> arrived{0};
+  std::atomic<int> round{0};
+  const int rounds = 5;
+  const int per_round = std::max(1, cycles / rounds);
+  std::vector<Clock::time_point> round_start(rounds), round_end(rounds);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Context::LinkFactory remote = [&, r](int peer) {
+        return std::make_unique<CountingLink>(fabric.link(r, peer), &msgs[r], &bytes[r]);
+      };
+      Context::LinkFactory same_host;
+      if (path == Path::kHier)
+        same_host = [&, r](int peer) { return std::make_unique<CountingLink>(local.link(r, peer), &msgs[r], &bytes[r]); };
+      Context ctx(Topology::build(r, hosts), remote, same_host, nullptr, std::chrono::milliseconds(60000));
+      ControlPlane plane(ctx);
+      ResponseCache cache(kCached);
+      for (int i = 0; i < kCached; ++i) cache.put(cachedRequest(i));
+      Coordinator coord(n, std::chrono::seconds(60), std::chrono::seconds(600), [](const std::string&) {});
+      for (int k = 0; k < rounds; ++k) {
+        // Align the rounds: nobody starts before everyone finished the last one.
+        const int target = (k + 1) * n;
+        arrived.fetch_add(1);
+        while (arrived.load() < target) std::this_thread::yield();
+        if (r == 0) round_start[k] = Clock::now();
+        for (int c = 0; c < per_round; ++c) {
+          const bool uncached = uncached_every > 0 && (k * per_round + c) % uncached_every == 0;
+          RankMessage m;
+          m.cache_bits.assign(cache.words(), 0);
+          for (int i = 0; i < kPending; ++i) m.cache_bits[i / 64] |= uint64_t(1) << (i % 64);
+          if (uncached) m.uncached.push_back(cachedRequest(1000 + k * per_round + c));
+          bool need_star = path == Path::kStar;
+          if (path != Path::kStar) {
+            // Word 0: status ("nothing uncached here" = 1, ANDed), then the bits.
+            std::vector<uint64_t> v(1 + m.cache_bits.size());
+            v[0] = uncached ? 0 : 1;
+            std::copy(m.cache_bits.begin(), m.cache_bits.end(), v.begin() + 1);
+            bitAndAllreduce(ctx, v, ctx.deadline(),
+                            path == Path::kFlat ? BitAllreduceShape::kFlat : BitAllreduceShape::kHierarchical);
+            need_star = v[0] == 0;
+          }
+          if (need_star) {
+            plane.exchange(m.serialize(), [&](std::vector<std::vector<char>>& all) {
+              std::vector<RankMessage> ms;
+              for (const auto& b : all) ms.push_back(RankMessage::parse(b));
+              return coord.process(ms, cache, Coordinator::Clock::now()).serialize();
+            });
+          }
+        }
+        if (r == 0) round_end[k] = Clock::now();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<double> per_cycle;
+  for (int k = 0; k < rounds; ++k)
+    per_cycle.push_back(std::chrono::duration<double, std::micro>(round_end[k] - round_start[k]).count() / per_round);
+  std::sort(per_cycle.begin(), per_cycle.end());
+  long worst_msgs = 0, worst_bytes = 0;
+  for (int r = 0; r < n; ++r) {
+    worst_msgs = std::max(worst_msgs, msgs[r].load());
+    worst_bytes = std::max(worst_bytes, bytes[r].load());
+  }
+  const double total = double(rounds * per_round);
+  return {per_cycle[rounds / 2], per_cycle.front(), per_cycle.back(), worst_msgs / total, worst_bytes / total};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int max_ranks = argc > 1 ? std::atoi(argv[1]) : 256;
+  const int cycles = argc > 2 ? std::atoi(argv[2]) : 200;
+  std::printf("# control-plane cycle, in-process ranks (threads), %d cached ops, %d pending per cycle, "
+              "hier: %d ranks per host\n", kCached, kPending, kPerHost);
+  std::printf("%-6s %-8s %-10s %12s %14s %12s %22s\n", "ranks", "path", "uncached", "msgs/cycle", "bytes/cycle",
+              "cycle us", "p10-p90 us");
+  struct Row {
+    int n;
+    Path path;
+    int uncached;
+    Result r;
+  };
+  std::vector<Row> rows;
+  for (int n = 2; n <= max_ranks; n *= 2) {
+    for (int uncached : {0, 10}) {
+      for (Path p : {Path::kStar, Path::kFlat, Path::kHier}) {
+        if (p == Path::kHier && n <= kPerHost) continue;
+        const Result res = run(n, p, cycles, uncached);
+        rows.push_back({n, p, uncached, res});
+        std::printf("%-6d %-8s %-10s %12.1f %14.0f %12.1f %10.1f-%-10.1f\n", n, pathName(p),
+                    uncached ? "1 in 10" : "none", res.busiest_msgs, res.busiest_bytes, res.median_us, res.p10_us,
+                    res.p90_us);
+        std::fflush(stdout);
+      }
+    }
+  }
+  // Model: the busiest rank's messages are handled one after another, so a
+  // cycle costs about alpha per message it handles (in-process links on this
+  // machine); fit alpha from the all-cached star and flat rows at the largest N.
+  double alpha_star = 0, alpha_flat = 0;
+  for (const Row& row : rows) {
+    if (row.uncached || row.n != rows.back().n) continue;
+    if (row.path == Path::kStar) alpha_star = row.r.median_us / row.r.busiest_msgs;
+    if (row.path == Path::kFlat) alpha_flat = row.r.median_us / row.r.busiest_msgs;
+  }
+  std::printf("\n# projection (alpha-beta, per-message cost fitted here: star %.2f us, AND %.2f us)\n", alpha_star,
+              alpha_flat);
+  std::printf("%-8s %-6s %12s %12s\n", "ranks", "path", "msgs/cycle", "cycle us");
+  for (int n : {1024, 16384}) {
+    const double star_msgs = 2.0 * (n - 1);
+    const double flat_msgs = 2.0 * std::floor(std::log2(n)) + 2;
+    std::printf("%-8d %-6s %12.0f %12.0f\n", n, "star", star_msgs, star_msgs * alpha_star);
+    std::printf("%-8d %-6s %12.0f %12.0f\n", n, "flat", flat_msgs, flat_msgs * alpha_flat);
+  }
+  return 0;
+}

@@ -1,0 +1,101 @@
+// A Device is where a buffer lives, and the few operations the engine needs
+// on memory there without the host ever touching it: copies, the element-wise
+// reduce and scale kernels, fill, and ordering through streams and events.
+// Core stays torch-free and CUDA-free: this header names no CUDA type. The
+// CPU implementation (cpu_device.h) runs today's kernels; the CUDA one
+// (cuda_device.h, built from .cu files by nvcc) runs the same arithmetic on
+// the GPU.
+//
+// Contract (every implementation keeps it):
+//  * Pointers passed to an operation are memory of this device, except the
+//    host side of copyToHost/copyFromHost (which should be pinned for the
+//    copy to be asynchronous on a GPU).
+//  * Every operation is enqueued on `stream` (nullptr: the device's own
+//    engine stream) and may return before it ran. Later operations on the
+//    same stream see its results; other streams only after a wait() on an
+//    event recorded after it. On the CPU every operation has finished when
+//    the call returns, and events are complete as soon as recorded.
+//  * The host never waits on the submit path: ordering between the caller's
+//    stream and the engine's goes through record()/wait(). synchronize() is
+//    for callers that need values on the host.
+//  * Arithmetic is that of reduce_kernels.h, whatever the device: float16 and
+//    bfloat16 are widened to float and rounded once; bool Sum/Max is OR and
+//    Min/Product AND; integer Average divides exactly, truncating toward
+//    zero, before the factor. Results are bit-identical across devices for
+//    the integer types and for one reduction of two float buffers.
+//  * Failures throw CollectiveError naming the device and the operation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/dtype.h"
+
+namespace hvdtorch {
+
+enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1 };
+
+struct DeviceId {
+  DeviceKind kind = DeviceKind::kCpu;
+  int index = -1;  // the CUDA ordinal; -1 for the CPU
+  bool operator==(const DeviceId& o) const { return kind == o.kind && index == o.index; }
+  bool operator!=(const DeviceId& o) const { return !(*this == o); }
+  std::string str() const;  // "cpu", "cuda:1"
+};
+
+// Opaque handles; each implementation defines what is inside.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceId id() const = 0;
+
+  // Device memory, for scratch and staging buffers the engine owns.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+
+  virtual void copy(void* dst, const void* src, size_t bytes, Stream* stream) = 0;
+  virtual void copyToHost(void* host_dst, const void* src, size_t bytes, Stream* stream) = 0;
+  virtual void copyFromHost(void* dst, const void* host_src, size_t bytes, Stream* stream) = 0;
+  // Sets every byte of dst[0 .. bytes) to `byte`.
+  virtual void fill(void* dst, size_t bytes, uint8_t byte, Stream* stream) = 0;
+
+  // dst[i] = dst[i] (op) src[i]; op is Sum, Min, Max or Product.
+  virtual void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op,
+                          Stream* stream) = 0;
+  // dst[i] = src[i] * factor (dst may equal src).
+  virtual void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double factor,
+                          Stream* stream) = 0;
+  // dst[i] = (src[i] / divisor) * factor, as copyAveraged in reduce_kernels.h.
+  virtual void copyAveraged(void* dst, const void* src, size_t count, DataType dtype, int64_t divisor,
+                            double factor, Stream* stream) = 0;
+
+  // A new stream owned by the caller.
+  virtual std::unique_ptr<Stream> newStream() = 0;
+  // A stream made elsewhere (e.g. the framework's current stream, passed as
+  // its native handle), not owned: the wrapper never destroys it.
+  virtual std::unique_ptr<Stream> wrapStream(void* native) = 0;
+  // An event that can be recorded and waited on; `interprocess` ones can be
+  // shared with another process on the same device (CUDA IPC).
+  virtual std::unique_ptr<Event> newEvent(bool interprocess = false) = 0;
+  virtual void record(Event& event, Stream* stream) = 0;
+  // Work enqueued on `stream` after this call starts once `event` completed.
+  virtual void wait(Stream* stream, Event& event) = 0;
+  virtual bool query(Event& event) = 0;      // completed?
+  virtual void synchronize(Event& event) = 0;  // blocks the host until completed
+};
+
+// The host: shared, stateless, always available.
+Device& cpuDevice();
+
+}  // namespace hvdtorch
