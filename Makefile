@@ -19,7 +19,7 @@ RUN_CLANG_TIDY ?= run-clang-tidy-19
 RUFF := $(VENV)/bin/ruff
 # compile_commands.json of a core-only configure (no torch needed) for clang-tidy.
 LINT_BUILD_DIR := build/lint
-CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' | sort)
+CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
 .PHONY: all build test test-cpp test-py demo clean system-deps lint format \
