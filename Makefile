@@ -85,7 +85,7 @@ lint-ruff-format: $(VENV)/.deps
 # Only configures (seconds): clang-tidy needs the compile commands, not objects.
 lint-clang-tidy: $(VENV)/.deps
 	@echo "== clang-tidy (csrc/core, $(TIDY_JOBS) jobs)"
-	@cmake -S . -B $(LINT_BUILD_DIR) -DHVDTORCH_BUILD_TESTS=OFF >/dev/null
+	@cmake -S . -B $(LINT_BUILD_DIR) -DHVDTORCH_BUILD_TESTS=OFF -DHVDTORCH_CUDA=OFF >/dev/null
 	@set -o pipefail; $(RUN_CLANG_TIDY) -quiet -j $(TIDY_JOBS) -p $(LINT_BUILD_DIR) '/csrc/core/.*\.cc$$' 2>&1 \
 	  | { grep -vE '^[0-9]+ warnings? generated\.$$|^$$' || true; }
 
