@@ -26,7 +26,6 @@ Min = 3
 Max = 4
 Product = 5
 
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
 # handle -> function turning the engine's outputs into the user's result
 _finishers: Dict[int, Callable[[List[torch.Tensor]], object]] = {}
@@ -37,14 +36,11 @@ def _engine():
 
 
 def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
+    """Horovod's deprecated ``average=`` mapped onto ``op`` (the core checks the op itself)."""
     if op is not None and average is not None:
         raise ValueError("hvdtorch: pass either op= or the deprecated average=, not both")
     if op is None:
         op = Sum if average is False else Average
-    if op not in _OP_NAMES:
-        raise ValueError(f"hvdtorch: unknown reduce op {op!r}; use hvdtorch.Average/Sum/Min/Max/Product")
-    if op == Adasum:
-        raise ValueError("hvdtorch: Adasum is not supported; use Average or Sum")
     return op
 
 
@@ -196,13 +192,23 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # ---- allgather ----------------------------------------------------------------
 
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """A scalar gathers as one row."""
+    return t.reshape(1) if t.dim() == 0 else t
+
+
 def allgather_async(tensor, name=None, process_set=None) -> int:
     """Concatenates every rank's tensor along dimension 0 (sizes may differ there)."""
     _check_process_set(process_set)
-    src = _contiguous(tensor, "allgather")
-    scalar = src.dim() == 0
-    h = _engine().allgather(src.reshape(1) if scalar else src, name or runtime.next_name("allgather"))
+    src = _as_rows(_contiguous(tensor, "allgather"))
+    h = _engine().allgather([src], name or runtime.next_name("allgather"))
     return _register(h, lambda outs: outs[0])
+
+
+def _rows_of_every_rank(dim0s: Sequence[int]) -> torch.Tensor:
+    """[size, len(dim0s)]: every rank's first dimension of each tensor."""
+    mine = torch.tensor(list(dim0s), dtype=torch.int64)
+    return synchronize(allgather_async(mine.reshape(1, -1)))
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -215,8 +221,7 @@ class _AllgatherFn(torch.autograd.Function):
     def backward(ctx, grad):
         # Horovod's rule: average the incoming gradient, then take this rank's rows.
         reduced = synchronize(allreduce_async(grad, op=Average))
-        dims = synchronize(allgather_async(torch.tensor([ctx.dim0], dtype=torch.int64)))
-        offset = int(dims[: runtime.rank()].sum())
+        offset = int(_rows_of_every_rank([ctx.dim0])[: runtime.rank(), 0].sum())
         return reduced.narrow(0, offset, ctx.dim0), None
 
 
@@ -225,27 +230,48 @@ def allgather(tensor, name=None, process_set=None) -> torch.Tensor:
     return _AllgatherFn.apply(tensor, name or runtime.next_name("allgather"))
 
 
+def grouped_allgather_async(tensors, name=None, process_set=None) -> int:
+    """All-gathers a list of tensors as one negotiated unit; synchronize() returns the list."""
+    _check_process_set(process_set)
+    srcs = [_as_rows(_contiguous(t, "grouped_allgather")) for t in tensors]
+    h = _engine().allgather(srcs, name or runtime.next_name("grouped_allgather"))
+    return _register(h, lambda outs: list(outs))
+
+
+class _GroupedAllgatherFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        ctx.dim0s = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name=name)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # As for allgather, per tensor: the averaged gradient's rows of this rank.
+        reduced = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=Average))
+        offsets = _rows_of_every_rank(ctx.dim0s)[: runtime.rank()].sum(0).tolist()
+        return (None, *[g.narrow(0, int(o), n) for g, o, n in zip(reduced, offsets, ctx.dim0s)])
+
+
+def grouped_allgather(tensors, name=None, process_set=None) -> List[torch.Tensor]:
+    """All-gathers each tensor of a list, negotiated as one unit; differentiable."""
+    _check_process_set(process_set)
+    return list(_GroupedAllgatherFn.apply(name or runtime.next_name("grouped_allgather"), *tensors))
+
+
 # ---- broadcast ----------------------------------------------------------------
-
-def _check_root(root_rank: int) -> int:
-    size = runtime.size()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
-        raise ValueError(f"hvdtorch: root_rank {root_rank!r} is not a rank in [0, {size})")
-    return root_rank
-
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None) -> int:
     _check_process_set(process_set)
     src = _contiguous(tensor, "broadcast")
     out = src.clone(memory_format=torch.contiguous_format)
-    h = _engine().broadcast(src, out, _check_root(root_rank), name or runtime.next_name("broadcast"))
+    h = _engine().broadcast(src, out, root_rank, name or runtime.next_name("broadcast"))
     return _register(h, lambda _outs: out)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> int:
     _check_process_set(process_set)
     buf = _contiguous(tensor, "broadcast_")
-    h = _engine().broadcast(buf, buf, _check_root(root_rank), name or runtime.next_name("broadcast"))
+    h = _engine().broadcast(buf, buf, root_rank, name or runtime.next_name("broadcast"))
     if buf is tensor:
         return _register(h, lambda _outs: tensor)
     return _register(h, lambda _outs: tensor.copy_(buf))
@@ -272,7 +298,7 @@ class _BroadcastFn(torch.autograd.Function):
 
 def broadcast(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
     _check_process_set(process_set)
-    return _BroadcastFn.apply(tensor, _check_root(root_rank), name or runtime.next_name("broadcast"))
+    return _BroadcastFn.apply(tensor, root_rank, name or runtime.next_name("broadcast"))
 
 
 # ---- barrier, poll, synchronize --------------------------------------------

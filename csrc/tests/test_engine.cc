@@ -7,47 +7,16 @@
 #include <cstring>
 #include <thread>
 
+#include "algorithms/reducer_registry.h"
 #include "check.h"
+#include "cluster.h"
 #include "common/error.h"
 #include "engine/engine.h"
-#include "transport/inproc_link.h"
 
 using namespace hvdtorch;
+using hvdtorch::test::Cluster;
 
 namespace {
-
-struct Cluster {
-  explicit Cluster(int p, Config cfg = {}) : control(p), data(p) {
-    cfg.cycle_time = std::chrono::microseconds(200);
-    cfg.timeout = std::chrono::milliseconds(5000);
-    // Concurrently, as separate processes would: construction calibrates
-    // the reducers, which is a collective.
-    engines.resize(p);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < p; ++r) {
-      ts.emplace_back([this, r, p, cfg] {
-        Engine::Transports t;
-        t.control = [this, r](int peer) { return control.link(r, peer); };
-        t.data = [this, r](int peer) { return data.link(r, peer); };
-        engines[r] = std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t);
-      });
-    }
-    for (auto& t : ts) t.join();
-  }
-  ~Cluster() {
-    // Shut down all ranks concurrently, as separate processes would.
-    onEveryRank([](int, Engine& e) { e.shutdown(); });
-  }
-  // Runs fn(rank, engine) for every rank at once, one thread each, as the
-  // ranks' own processes would, and waits for all of them.
-  void onEveryRank(const std::function<void(int, Engine&)>& fn) {
-    std::vector<std::thread> ts;
-    for (int r = 0; r < static_cast<int>(engines.size()); ++r) ts.emplace_back([&, r] { fn(r, *engines[r]); });
-    for (auto& t : ts) t.join();
-  }
-  InProcFabric control, data;
-  std::vector<std::unique_ptr<Engine>> engines;
-};
 
 EntryPtr allreduceEntry(const std::string& name, std::vector<int64_t> shape, float value,
                         ReduceOp op = ReduceOp::kSum, double postscale = 1.0) {
@@ -55,8 +24,10 @@ EntryPtr allreduceEntry(const std::string& name, std::vector<int64_t> shape, flo
   e->request.type = OpType::kAllreduce;
   e->request.name = name;
   e->request.tensors = {{DataType::kFloat32, shape}};
-  e->request.op = op;
-  e->request.postscale = postscale;
+  ReduceArgs args;
+  args.op = op;
+  args.postscale = postscale;
+  e->request.args = args;
   auto t = std::make_shared<HostTensor>(DataType::kFloat32, shape);
   for (int64_t i = 0; i < t->numel(); ++i) static_cast<float*>(t->data())[i] = value;
   e->inputs = {t};
@@ -75,7 +46,7 @@ struct Spec {
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
   double prescale = 1.0, postscale = 1.0;
-  ReducerKind reducer = ReducerKind::kAuto;
+  ReducerId reducer = kAutoReducer;
   bool fuse = true;
 };
 
@@ -84,20 +55,15 @@ EntryPtr entryOf(const std::string& name, const Spec& s) {
   Request& q = e->request;
   q.type = s.type;
   q.name = name;
-  q.op = s.op;
-  q.root = s.root;
-  q.prescale = s.prescale;
-  q.postscale = s.postscale;
-  q.reducer = s.reducer;
-  q.fuse = s.fuse;
+  if (s.type == OpType::kAllreduce) q.args = ReduceArgs{s.op, s.prescale, s.postscale, s.reducer, s.fuse};
+  if (s.type == OpType::kBroadcast) q.args = BroadcastArgs{s.root};
   if (s.type == OpType::kBarrier) return e;
   q.tensors = {{s.dtype, s.shape}};
   auto t = std::make_shared<HostTensor>(s.dtype, s.shape);
   std::memset(t->data(), 0, t->bytes());
   e->inputs = {t};
   if (s.type == OpType::kAllgather) {
-    const DataType dt = s.dtype;
-    e->allocate = [dt](const std::vector<int64_t>& shape) { return std::make_shared<HostTensor>(dt, shape); };
+    e->allocate = [](DataType dt, const std::vector<int64_t>& shape) { return std::make_shared<HostTensor>(dt, shape); };
   } else {
     e->outputs = {t};
   }
@@ -243,13 +209,15 @@ TEST(allgather_uneven_and_broadcast) {
     auto in = std::make_shared<HostTensor>(DataType::kInt32, std::vector<int64_t>{r, 2});
     for (int i = 0; i < 2 * r; ++i) static_cast<int32_t*>(in->data())[i] = r * 100 + i;
     g->inputs = {in};
-    g->allocate = [](const std::vector<int64_t>& shape) { return std::make_shared<HostTensor>(DataType::kInt32, shape); };
+    g->allocate = [](DataType dtype, const std::vector<int64_t>& shape) {
+      return std::make_shared<HostTensor>(dtype, shape);
+    };
     const int64_t h = eng.submit(g);
 
     auto b = std::make_shared<Entry>();
     b->request.type = OpType::kBroadcast;
     b->request.name = "b";
-    b->request.root = 1;
+    b->request.args = BroadcastArgs{1};
     b->request.tensors = {{DataType::kFloat64, {3}}};
     auto bt = std::make_shared<HostTensor>(DataType::kFloat64, std::vector<int64_t>{3});
     for (int i = 0; i < 3; ++i) static_cast<double*>(bt->data())[i] = r * 10 + i;
@@ -417,7 +385,7 @@ TEST(every_mismatch_fails_on_every_rank_naming_both_sides) {
       "ranks [0]", "ranks [1]");
   add("scale factors (prescale 1, postscale 1) vs (prescale 1, postscale 0.5)", [](Spec& s) { s.postscale = 0.5; },
       "ranks [0]", "ranks [1]");
-  add("reducer auto vs ring", [](Spec& s) { s.reducer = ReducerKind::kRing; }, "ranks [0]", "ranks [1]");
+  add("reducer auto vs ring", [](Spec& s) { s.reducer = parseReducer("ring"); }, "ranks [0]", "ranks [1]");
   add("fusion on vs off", [](Spec& s) { s.fuse = false; }, "ranks [0]", "ranks [1]");
   add("operation allreduce vs broadcast", [](Spec& s) { s.type = OpType::kBroadcast; }, "allreduce 'm", "broadcast 'm");
   Spec bcast;

@@ -16,8 +16,23 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
     : engine_(std::move(engine)), params_(std::move(params)), opts_(std::move(options)) {
   if (opts_.backward_passes_per_step < 1)
     throw InvalidArgument(strCat("backward_passes_per_step must be >= 1, got ", opts_.backward_passes_per_step));
+  if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum)
+    throw InvalidArgument(strCat(opts_.name, ": gradients are reduced with Average or Sum, not ",
+                                 reduceOpName(opts_.op)));
+  allreduce_.op = opts_.op;
+  allreduce_.prescale = opts_.prescale;
+  allreduce_.postscale = opts_.postscale;
+  allreduce_.reducer = opts_.reducer;
+  allreduce_.fuse = opts_.fuse;
   ready_.assign(params_.size(), false);
   rebuild(buckets);
+  // Bad options (an unknown or unavailable reducer, say) fail here, not in
+  // the first backward pass.
+  ops::AllreduceOptions probe = allreduce_;
+  probe.name = opts_.name;
+  for (const auto& b : buckets_)
+    probe.inputs.push_back(std::make_shared<TorchTensor>(b.flat, toDataType(b.flat.scalar_type(), opts_.name)));
+  ops::allreduceArgs(*engine_, probe);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].requires_grad())
       throw InvalidArgument(strCat(opts_.name, ": parameter ", i, " does not require grad"));
@@ -157,21 +172,13 @@ void GradientReducer::onGradReady(size_t index) {
 void GradientReducer::launch(size_t index) {
   Bucket& b = buckets_[index];
   b.launched = true;
-  auto e = std::make_shared<Entry>();
-  Request& q = e->request;
-  q.type = OpType::kAllreduce;
-  q.name = strCat(opts_.name, ".g", generation_, ".b", index);
-  q.op = opts_.op;
-  q.prescale = opts_.prescale;
-  q.postscale = opts_.postscale;
-  q.reducer = opts_.reducer;
-  q.fuse = opts_.fuse;
-  auto buf = std::make_shared<TorchTensor>(b.flat, toDataType(b.flat.scalar_type(), q.name));
-  q.tensors = {TensorSpec{buf->dtype(), buf->shape()}};
-  e->inputs = {buf};
-  e->outputs = {buf};
-  b.state = e->state;
-  const int64_t handle = engine_->submit(std::move(e));
+  ops::AllreduceOptions o = allreduce_;
+  o.name = strCat(opts_.name, ".g", generation_, ".b", index);
+  auto buf = std::make_shared<TorchTensor>(b.flat, toDataType(b.flat.scalar_type(), o.name));
+  o.inputs = {buf};
+  o.outputs = {std::move(buf)};
+  const int64_t handle = ops::allreduce(*engine_, std::move(o));
+  b.state = engine_->state(handle);
   engine_->release(handle);  // we wait on the state itself
 }
 

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/allreduce.h"
 
 namespace hvdtorch {
 
@@ -43,8 +44,8 @@ using AccumulatorPtr =
 
 struct GradReducerOptions {
   std::string name;            // unique per model, same on every rank
-  ReducerKind reducer = ReducerKind::kAuto;
-  ReduceOp op = ReduceOp::kSum;
+  std::string reducer;         // as ops::AllreduceOptions::reducer
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum
   double prescale = 1.0;
   double postscale = 1.0;      // the user's; Average divides by the size on top
   bool pipeline = true;
@@ -99,6 +100,7 @@ class GradientReducer {
   std::shared_ptr<Engine> engine_;
   std::vector<at::Tensor> params_;
   GradReducerOptions opts_;
+  ops::AllreduceOptions allreduce_;   // what every bucket launch asks for, less name and tensors
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;     // param index -> bucket
   std::vector<size_t> slot_of_;       // param index -> position in its bucket

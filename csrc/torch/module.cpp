@@ -1,18 +1,26 @@
 // The Python extension hvdtorch._C: the only translation unit that includes
-// torch/extension.h. It adapts torch tensors and process groups to the core
-// engine and translates errors (CollectiveError -> hvdtorch.HvdError, a
-// RuntimeError; InvalidArgument -> ValueError).
+// torch/extension.h. It converts types only -- torch tensors and process
+// groups to the core's buffers and links, Python ints to core enums -- and
+// calls the core's per-op entry functions (csrc/core/ops), which hold every
+// check and policy. Errors are translated (CollectiveError ->
+// hvdtorch.HvdError, a RuntimeError; InvalidArgument -> ValueError).
 #include <torch/extension.h>
 
 #include <chrono>
 #include <map>
 
 #include "c10d_link.h"
-#include "algorithms/reduce_kernels.h"
 #include "common/error.h"
 #include "config/config.h"
 #include "grad_reducer.h"
 #include "engine/engine.h"
+#include "ops/allgather.h"
+#include "ops/allreduce.h"
+#include "ops/alltoall.h"
+#include "ops/barrier.h"
+#include "ops/broadcast.h"
+#include "ops/op_common.h"
+#include "ops/reducescatter.h"
 #include "torch_tensor.h"
 
 namespace py = pybind11;
@@ -20,10 +28,10 @@ using namespace hvdtorch;
 
 namespace {
 
-std::string where(const char* op, const std::string& name) { return strCat(op, " '", name, "'"); }
-
+// at::Tensor -> the core's buffer. Refuses what the core cannot take, naming
+// the rank, op and tensor; everything else about the op is checked in core.
 TensorPtr wrap(const at::Tensor& t, const char* op, const std::string& name, int rank) {
-  const std::string w = strCat("rank ", rank, ": ", where(op, name));
+  const std::string w = strCat("rank ", rank, ": ", op, " '", name, "'");
   if (t.is_sparse()) throw InvalidArgument(strCat(w, ": sparse tensors are not supported; densify them first"));
   if (!t.device().is_cpu())
     throw InvalidArgument(strCat(w, ": tensor is on ", t.device().str(),
@@ -32,7 +40,20 @@ TensorPtr wrap(const at::Tensor& t, const char* op, const std::string& name, int
   return std::make_shared<TorchTensor>(t, toDataType(t.scalar_type(), w));
 }
 
-TensorSpec specOf(const TensorPtr& t) { return TensorSpec{t->dtype(), t->shape()}; }
+std::vector<TensorPtr> wrapAll(const std::vector<at::Tensor>& ts, const char* op, const std::string& name, int rank) {
+  std::vector<TensorPtr> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(wrap(t, op, name, rank));
+  return out;
+}
+
+// Outputs the engine makes once their shape is negotiated, on the inputs' device.
+OutputAllocator allocatorLike(const at::Tensor& t) {
+  const at::TensorOptions opts = t.options();
+  return [opts](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+    return std::make_shared<TorchTensor>(at::empty(shape, opts.dtype(toScalarType(dtype))), dtype);
+  };
+}
 
 class PyEngine {
  public:
@@ -50,63 +71,56 @@ class PyEngine {
 
   int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                     const std::string& name, int op, double prescale, double postscale, const std::string& reducer) {
-    const int rank = engine_->topo().rank;
-    if (inputs.empty() || inputs.size() != outputs.size())
-      throw InvalidArgument(strCat("rank ", rank, ": ", where("allreduce", name), ": needs as many outputs as inputs"));
-    auto e = std::make_shared<Entry>();
-    Request& q = e->request;
-    q.type = OpType::kAllreduce;
-    q.name = name;
-    q.op = static_cast<ReduceOp>(op);
-    if (op < 0 || op > 5) throw InvalidArgument(strCat(where("allreduce", name), ": unknown reduce op ", op));
-    for (const auto& t : inputs)
-      checkReducible(toDataType(t.scalar_type(), strCat("rank ", rank, ": ", where("allreduce", name))), q.op);
-    q.prescale = prescale;
-    q.postscale = postscale;
-    q.reducer = parseReducerKind(reducer.empty() ? engine_->config().reducer : reducer);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      e->inputs.push_back(wrap(inputs[i], "allreduce", name, rank));
-      e->outputs.push_back(wrap(outputs[i], "allreduce", name, rank));
-      q.tensors.push_back(specOf(e->inputs.back()));
-      if (e->inputs.back()->numel() != e->outputs.back()->numel() ||
-          e->inputs.back()->dtype() != e->outputs.back()->dtype())
-        throw InvalidArgument(strCat("rank ", rank, ": ", where("allreduce", name), ": output does not match input"));
-    }
-    return submit(std::move(e));
+    ops::AllreduceOptions o;
+    o.inputs = wrapAll(inputs, "allreduce", name, rank());
+    o.outputs = wrapAll(outputs, "allreduce", name, rank());
+    o.op = ops::toReduceOp(op);
+    o.prescale = prescale;
+    o.postscale = postscale;
+    o.reducer = reducer;
+    o.name = name;
+    return ops::allreduce(*engine_, std::move(o));
   }
 
-  int64_t allgather(const at::Tensor& input, const std::string& name) {
-    auto e = std::make_shared<Entry>();
-    e->request.type = OpType::kAllgather;
-    e->request.name = name;
-    e->inputs.push_back(wrap(input, "allgather", name, engine_->topo().rank));
-    e->request.tensors.push_back(specOf(e->inputs.back()));
-    const at::TensorOptions opts = input.options();
-    const DataType dtype = e->inputs.back()->dtype();
-    e->allocate = [opts, dtype](const std::vector<int64_t>& shape) -> TensorPtr {
-      return std::make_shared<TorchTensor>(at::empty(shape, opts), dtype);
-    };
-    return submit(std::move(e));
+  int64_t allgather(const std::vector<at::Tensor>& inputs, const std::string& name) {
+    ops::AllgatherOptions o;
+    o.inputs = wrapAll(inputs, "allgather", name, rank());
+    if (!inputs.empty()) o.allocate = allocatorLike(inputs[0]);
+    o.name = name;
+    return ops::allgather(*engine_, std::move(o));
   }
 
   int64_t broadcast(const at::Tensor& input, const at::Tensor& output, int root, const std::string& name) {
-    const int rank = engine_->topo().rank;
-    auto e = std::make_shared<Entry>();
-    e->request.type = OpType::kBroadcast;
-    e->request.name = name;
-    e->request.root = root;
-    e->inputs.push_back(wrap(input, "broadcast", name, rank));
-    e->outputs.push_back(wrap(output, "broadcast", name, rank));
-    e->request.tensors.push_back(specOf(e->inputs.back()));
-    return submit(std::move(e));
+    ops::BroadcastOptions o;
+    o.input = wrap(input, "broadcast", name, rank());
+    o.output = wrap(output, "broadcast", name, rank());
+    o.root = root;
+    o.name = name;
+    return ops::broadcast(*engine_, std::move(o));
   }
 
-  int64_t barrier(const std::string& name) {
-    auto e = std::make_shared<Entry>();
-    e->request.type = OpType::kBarrier;
-    e->request.name = name;
-    return submit(std::move(e));
+  int64_t alltoall(const at::Tensor& input, const std::vector<int64_t>& splits, const std::string& name) {
+    ops::AlltoallOptions o;
+    o.input = wrap(input, "alltoall", name, rank());
+    o.splits = splits;
+    o.allocate = allocatorLike(input);
+    o.name = name;
+    return ops::alltoall(*engine_, std::move(o));
   }
+
+  int64_t reducescatter(const std::vector<at::Tensor>& inputs, const std::string& name, int op, double prescale,
+                        double postscale) {
+    ops::ReducescatterOptions o;
+    o.inputs = wrapAll(inputs, "reducescatter", name, rank());
+    if (!inputs.empty()) o.allocate = allocatorLike(inputs[0]);
+    o.op = ops::toReduceOp(op);
+    o.prescale = prescale;
+    o.postscale = postscale;
+    o.name = name;
+    return ops::reducescatter(*engine_, std::move(o));
+  }
+
+  int64_t barrier(const std::string& name) { return ops::barrier(*engine_, ops::BarrierOptions{name}); }
 
   bool poll(int64_t handle) { return engine_->state(handle)->done(); }
 
@@ -161,25 +175,27 @@ class PyEngine {
   // reducer -> (alpha seconds, beta seconds per byte) of the auto cost model.
   py::dict costModel() {
     py::dict d;
-    const CostModel& m = engine_->reducers().model();
-    for (ReducerKind k : {ReducerKind::kRing, ReducerKind::kNode, ReducerKind::kCentral, ReducerKind::kNative})
-      if (m.available(k)) d[reducerKindName(k)] = py::make_tuple(m.alpha[static_cast<int>(k)], m.beta[static_cast<int>(k)]);
+    const ReducerSet& set = engine_->reducers();
+    for (size_t i = 0; i < set.size(); ++i) {
+      const auto id = static_cast<ReducerId>(i);
+      if (set.available(id) && reducerRegistry()[i].automatic)
+        d[reducerName(id)] = py::make_tuple(set.model().alpha[i], set.model().beta[i]);
+    }
     return d;
   }
 
   std::string chooseReducer(size_t bytes, at::ScalarType dtype) {
     auto& ctx = engine_->dataContext();
-    return reducerKindName(engine_->reducers().choose(ctx, bytes, toDataType(dtype, "choose_reducer"), ReduceOp::kSum));
+    return reducerName(engine_->reducers().choose(ctx, bytes, toDataType(dtype, "choose_reducer"), ReduceOp::kSum));
   }
 
+  const std::shared_ptr<Engine>& engine() const { return engine_; }
+
  private:
-  int64_t submit(EntryPtr e) { return engine_->submit(std::move(e)); }
+  int rank() const { return engine_->topo().rank; }
 
   std::unique_ptr<C10dNative> native_;
   std::shared_ptr<Engine> engine_;
-
- public:
-  const std::shared_ptr<Engine>& engine() const { return engine_; }
 };
 
 std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
@@ -190,10 +206,8 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
                                                      bool fp16_wire) {
   GradReducerOptions o;
   o.name = name;
-  o.reducer = parseReducerKind(reducer.empty() ? engine.engine()->config().reducer : reducer);
-  o.op = static_cast<ReduceOp>(op);
-  if (o.op != ReduceOp::kSum && o.op != ReduceOp::kAverage)
-    throw InvalidArgument(strCat(name, ": gradients are reduced with Average or Sum"));
+  o.reducer = reducer;
+  o.op = ops::toReduceOp(op);
   o.prescale = prescale;
   o.postscale = postscale;
   o.pipeline = pipeline;
@@ -229,6 +243,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("allreduce", &PyEngine::allreduce)
       .def("allgather", &PyEngine::allgather)
       .def("broadcast", &PyEngine::broadcast)
+      .def("alltoall", &PyEngine::alltoall)
+      .def("reducescatter", &PyEngine::reducescatter)
       .def("barrier", &PyEngine::barrier)
       .def("poll", &PyEngine::poll)
       .def("wait", &PyEngine::wait)

@@ -1,6 +1,6 @@
 // The backend's own all-reduce (Gloo's ring/halving-doubling, NCCL), used as
 // the baseline and as the fallback where our transports do not apply. Dtypes
-// the backend cannot reduce (bool on Gloo, for instance) go through the ring.
+// the backend cannot reduce (bool on Gloo, for instance) go through a ring.
 #pragma once
 
 #include "algorithms/reducer.h"
@@ -10,12 +10,15 @@ namespace hvdtorch {
 
 class NativeAllreduce : public Reducer {
  public:
-  explicit NativeAllreduce(RingAllreduce* fallback) : fallback_(fallback) {}
+  explicit NativeAllreduce(RingOptions fallback = {}) : fallback_(fallback) {}
   const char* name() const override { return "native"; }
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
+  // Its cost model describes the backend's own all-reduce, so `auto` picks it
+  // only where the backend reduces the dtype itself.
+  bool autoCandidate(const Context& ctx, DataType dtype, ReduceOp op) const override;
 
  private:
-  RingAllreduce* fallback_;
+  RingAllreduce fallback_;
 };
 
 }  // namespace hvdtorch

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "algorithms/arena_reduce_scatter.h"
 #include "algorithms/reduce_kernels.h"
 #include "common/error.h"
 #include "transport/shm_arena.h"
@@ -27,30 +28,19 @@ ShmArena& NodeAllreduce::arena(Context& ctx) {
   return *arena_;
 }
 
-void NodeAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) {
-  const Topology& t = ctx.topo();
-  if (count == 0 || t.size == 1) return;
-  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax && op != ReduceOp::kProduct)
+void NodeAllreduce::checkUsable(const Context& ctx, DataType dtype, ReduceOp op, size_t min_slot_elems) const {
+  if (!Reducer::supports(ctx, dtype, op))
     throw InvalidArgument(strCat("node reducer: op ", reduceOpName(op), " is not an element-wise reduction"));
+  if (opts_.slot_bytes / dtypeSize(dtype) < min_slot_elems)
+    throw InvalidArgument(strCat("node reducer: slot of ", opts_.slot_bytes, " bytes holds fewer than ",
+                                 min_slot_elems, " ", dtypeName(dtype), " elements"));
   if (!broken_.empty()) throw CollectiveError(broken_);
-  if (!t.homogeneous()) {
-    // Slices would not line up across hosts of different local_size.
-    ring_.allreduce(ctx, data, count, dtype, op);
-    return;
-  }
-  if (t.local_size == 1) {
-    ring_.allreduceAmong(ctx, t.cross_ranks, data, count, dtype, op);
-    return;
-  }
-  const size_t esize = dtypeSize(dtype);
-  const size_t chunk = opts_.slot_bytes / esize;
-  if (chunk == 0)
-    throw InvalidArgument(strCat("node reducer: slot of ", opts_.slot_bytes, " bytes is smaller than one ",
-                                 dtypeName(dtype), " element"));
+}
+
+template <typename Body>
+void NodeAllreduce::guarded(Body&& body) {
   try {
-    char* base = static_cast<char*>(data);
-    for (size_t done = 0; done < count; done += chunk)
-      reduceChunk(ctx, base + done * esize, std::min(chunk, count - done), dtype, op);
+    body();
   } catch (const InvalidArgument&) {
     throw;  // raised before anything was shared: the ranks are still in step
   } catch (const std::exception& e) {
@@ -62,6 +52,28 @@ void NodeAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType d
   }
 }
 
+void NodeAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) {
+  const Topology& t = ctx.topo();
+  if (count == 0 || t.size == 1) return;
+  checkUsable(ctx, dtype, op, 1);
+  if (!t.homogeneous()) {
+    // Slices would not line up across hosts of different local_size.
+    ring_.allreduce(ctx, data, count, dtype, op);
+    return;
+  }
+  if (t.local_size == 1) {
+    ring_.allreduceAmong(ctx, t.cross_ranks, data, count, dtype, op);
+    return;
+  }
+  const size_t esize = dtypeSize(dtype);
+  const size_t chunk = opts_.slot_bytes / esize;
+  guarded([&] {
+    char* base = static_cast<char*>(data);
+    for (size_t done = 0; done < count; done += chunk)
+      reduceChunk(ctx, base + done * esize, std::min(chunk, count - done), dtype, op);
+  });
+}
+
 void NodeAllreduce::reduceChunk(Context& ctx, char* data, size_t count, DataType dtype, ReduceOp op) {
   const Topology& t = ctx.topo();
   ShmArena& a = arena(ctx);
@@ -69,26 +81,61 @@ void NodeAllreduce::reduceChunk(Context& ctx, char* data, size_t count, DataType
   const int me = t.local_rank;
   const int local = t.local_size;
   const int set = static_cast<int>(chunks_++ % 2);
-  char* mine = a.slot(set, me);
 
-  // 1. Reduce-scatter inside the host: my slice of every local rank's slot
-  //    into my own slot (nobody else reads my slice before the next barrier).
-  std::memcpy(mine, data, count * esize);
-  a.barrier(ctx.deadline(), "after copy-in");
-  const Range s = evenSplit(count, local, me);
-  const size_t at = s.offset * esize;
-  for (int j = 0; j < local; ++j)
-    if (j != me) reduceInto(mine + at, a.slot(set, j) + at, s.count, dtype, op);
+  // 1. Reduce-scatter inside the host: local rank j reduces slice j of the
+  //    chunk (the slot holds the chunk in its own layout).
+  std::vector<ArenaPart> parts(local);
+  for (int j = 0; j < local; ++j) {
+    const Range r = evenSplit(count, local, j);
+    parts[j] = ArenaPart{r.offset, r.offset, r.count};
+  }
+  char* mine = arenaReduceScatter(a, set, data, parts, dtype, op, ctx.deadline());
 
   // 2. Across hosts, among the ranks holding the same slice.
-  if (t.cross_size > 1) ring_.allreduceAmong(ctx, t.cross_ranks, mine + at, s.count, dtype, op);
+  if (t.cross_size > 1) ring_.allreduceAmong(ctx, t.cross_ranks, mine, parts[me].count, dtype, op);
 
   // 3. All-gather inside the host: every slice from its owner's slot.
   a.barrier(ctx.deadline(), "after reduce");
-  for (int j = 0; j < local; ++j) {
-    const Range r = evenSplit(count, local, j);
-    std::memcpy(data + r.offset * esize, a.slot(set, j) + r.offset * esize, r.count * esize);
-  }
+  for (int j = 0; j < local; ++j)
+    std::memcpy(data + parts[j].from * esize, a.slot(set, j) + parts[j].at * esize, parts[j].count * esize);
+}
+
+bool NodeAllreduce::hasReduceScatter(const Context& ctx) const {
+  const Topology& t = ctx.topo();
+  return t.num_hosts == 1 && t.size > 1;
+}
+
+void NodeAllreduce::reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
+                                  ReduceOp op) {
+  const Topology& t = ctx.topo();
+  if (!hasReduceScatter(ctx))
+    throw InvalidArgument(strCat("rank ", t.rank, ": the node reduce-scatter runs on one host only"));
+  if (static_cast<int>(counts.size()) != t.size)
+    throw InvalidArgument(strCat("rank ", t.rank, ": reduce-scatter needs one block size per rank"));
+  checkUsable(ctx, dtype, op, static_cast<size_t>(t.local_size));
+  const size_t esize = dtypeSize(dtype);
+  const int local = t.local_size;
+  const int me = t.local_rank;
+  // Each round takes up to `per` elements of every block; block j's part
+  // sits at j * per in the slot.
+  const size_t per = opts_.slot_bytes / esize / local;
+  const std::vector<size_t> offsets = blockOffsets(counts);
+  const size_t rounds_span = *std::max_element(counts.begin(), counts.end());
+  char* base = static_cast<char*>(data);
+  guarded([&] {
+    ShmArena& a = arena(ctx);
+    std::vector<ArenaPart> parts(local);
+    for (size_t done = 0; done < rounds_span; done += per) {
+      for (int j = 0; j < local; ++j) {
+        const int owner = t.local_ranks[j];
+        const size_t left = counts[owner] > done ? counts[owner] - done : 0;
+        parts[j] = ArenaPart{offsets[owner] + done, j * per, std::min(per, left)};
+      }
+      const int set = static_cast<int>(chunks_++ % 2);
+      const char* reduced = arenaReduceScatter(a, set, base, parts, dtype, op, ctx.deadline());
+      std::memcpy(base + parts[me].from * esize, reduced, parts[me].count * esize);
+    }
+  });
 }
 
 }  // namespace hvdtorch

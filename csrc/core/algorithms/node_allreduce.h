@@ -14,7 +14,12 @@
 //     the remote transport. Skipped with one host.
 //  3. intra-host all-gather: barrier; every local rank copies every slice
 //     (slice j from local rank j's slot) out into its buffer.
-// Chunks alternate between two buffer sets, so the copy-in of chunk k+1
+// Step 1 is arenaReduceScatter (arena_reduce_scatter.h). On one host the
+// reducer also serves reduce-scatter with uneven blocks: rounds of step 1
+// alone, each local rank taking up to slot/local_size elements of every
+// block, then copying its reduced part out (one barrier per round).
+//
+// Chunks (and reduce-scatter rounds) alternate between two buffer sets, so the copy-in of chunk k+1
 // cannot overwrite what a slower rank is still copying out of chunk k (the
 // first barrier of chunk k+2, which reuses the set, orders it). The
 // alternation runs across calls for the same reason. Two barriers per chunk.
@@ -37,6 +42,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "algorithms/reducer.h"
 #include "algorithms/ring_allreduce.h"
@@ -60,9 +66,18 @@ class NodeAllreduce : public Reducer {
   ~NodeAllreduce() override;
   const char* name() const override { return "node"; }
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
+  // One host with several ranks: the reduce-scatter runs in shared memory.
+  bool hasReduceScatter(const Context& ctx) const override;
+  void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
+                     ReduceOp op) override;
 
  private:
   ShmArena& arena(Context& ctx);
+  void checkUsable(const Context& ctx, DataType dtype, ReduceOp op, size_t min_slot_elems) const;
+  // Runs `body` and, if it fails after anything was shared, marks the
+  // reducer broken (see above).
+  template <typename Body>
+  void guarded(Body&& body);
   void reduceChunk(Context& ctx, char* data, size_t count, DataType dtype, ReduceOp op);
 
   NodeOptions opts_;

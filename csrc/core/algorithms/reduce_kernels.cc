@@ -158,13 +158,6 @@ void scaleHalfLoop(uint16_t* __restrict buf, size_t n, double factor) {
 
 }  // namespace
 
-void checkReducible(DataType dtype, ReduceOp op) {
-  if (op == ReduceOp::kAdasum)
-    throw InvalidArgument("Adasum is not supported by hvdtorch; use Sum or Average");
-  if (dtype == DataType::kBool && op == ReduceOp::kAverage)
-    throw InvalidArgument("Average is not defined for bool tensors; use Min (and) or Max (or)");
-}
-
 void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0) return;
   if (dtype == DataType::kBool) {

@@ -20,9 +20,6 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
 // truncated toward zero (Horovod's behaviour for scaled integer tensors).
 void scaleBuffer(void* buf, size_t count, DataType dtype, double factor);
 
-// Throws InvalidArgument when `op` is not defined for `dtype`.
-void checkReducible(DataType dtype, ReduceOp op);
-
 // Half-precision conversions (IEEE binary16 and bfloat16), round to nearest even.
 float halfToFloat(uint16_t h);
 uint16_t floatToHalf(float f);

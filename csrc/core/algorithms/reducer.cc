@@ -4,25 +4,18 @@
 
 namespace hvdtorch {
 
-ReducerKind parseReducerKind(const std::string& name) {
-  if (name == "auto" || name.empty()) return ReducerKind::kAuto;
-  if (name == "ring") return ReducerKind::kRing;
-  if (name == "node") return ReducerKind::kNode;
-  if (name == "central") return ReducerKind::kCentral;
-  if (name == "native") return ReducerKind::kNative;
-  throw InvalidArgument(strCat("unknown reducer '", name,
-                               "': expected one of auto, ring, node, central, native"));
+bool Reducer::supports(const Context&, DataType, ReduceOp op) const {
+  return op == ReduceOp::kSum || op == ReduceOp::kMin || op == ReduceOp::kMax || op == ReduceOp::kProduct;
 }
 
-const char* reducerKindName(ReducerKind kind) {
-  switch (kind) {
-    case ReducerKind::kAuto: return "auto";
-    case ReducerKind::kRing: return "ring";
-    case ReducerKind::kNode: return "node";
-    case ReducerKind::kCentral: return "central";
-    case ReducerKind::kNative: return "native";
-  }
-  return "unknown";
+void Reducer::reduceScatter(Context& ctx, void*, const std::vector<size_t>&, DataType, ReduceOp) {
+  throw InvalidArgument(strCat("rank ", ctx.rank(), ": reducer ", name(), " has no reduce-scatter"));
+}
+
+std::vector<size_t> blockOffsets(const std::vector<size_t>& counts) {
+  std::vector<size_t> offsets(counts.size(), 0);
+  for (size_t r = 1; r < counts.size(); ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
+  return offsets;
 }
 
 Range evenSplit(size_t count, size_t parts, size_t index) {

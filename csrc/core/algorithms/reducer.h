@@ -1,4 +1,6 @@
-// The reducer interface: an in-place all-reduce over every rank of a Context.
+// The reducer interface: an in-place all-reduce over every rank of a Context,
+// and optionally a reduce-scatter. Reducers are listed in one table
+// (reducer_registry.h), which is the only place that names them.
 //
 // Contract:
 //  * Every rank calls allreduce() with the same count, dtype and op, in the
@@ -10,11 +12,14 @@
 //  * Any count is valid, 0 and count < size included.
 //  * Failures (peer died, deadline) throw CollectiveError; the buffer is then
 //    undefined.
+//  * supports() is a pure function of the context, dtype and op, so every
+//    rank answers it alike (the auto choice relies on it).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
 #include "transport/context.h"
@@ -26,13 +31,32 @@ class Reducer {
   virtual ~Reducer() = default;
   virtual const char* name() const = 0;
   virtual void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // Whether allreduce() serves this dtype/op here (default: the element-wise
+  // ops Sum, Min, Max, Product on every dtype).
+  virtual bool supports(const Context& ctx, DataType dtype, ReduceOp op) const;
+  // Whether `auto` may pick it for this dtype/op (default: when supported).
+  virtual bool autoCandidate(const Context& ctx, DataType dtype, ReduceOp op) const {
+    return supports(ctx, dtype, op);
+  }
+
+  // Reduce-scatter, for reducers that have one on this context (default:
+  // none). `data` holds this rank's contribution: ctx.size() consecutive
+  // blocks, block r of `counts[r]` elements. On return block ctx.rank() holds
+  // the reduction of every rank's block ctx.rank(); the other blocks are
+  // undefined. Every rank passes the same counts.
+  virtual bool hasReduceScatter(const Context& ctx) const { return false; }
+  virtual void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
+                             ReduceOp op);
 };
 
-enum class ReducerKind { kAuto, kRing, kNode, kCentral, kNative };
+// Index of a reducer in the registry (reducer_registry.h); kAutoReducer lets
+// the cost model pick one per message. It travels in requests: every rank
+// runs the same binary, so the indices agree.
+using ReducerId = uint8_t;
+constexpr ReducerId kAutoReducer = 0xff;
 
-// "auto", "ring", "node", "central", "native"; throws InvalidArgument otherwise.
-ReducerKind parseReducerKind(const std::string& name);
-const char* reducerKindName(ReducerKind kind);
+// Offsets of consecutive blocks: offsets[r] = counts[0] + ... + counts[r-1].
+std::vector<size_t> blockOffsets(const std::vector<size_t>& counts);
 
 // Splits `count` elements into `parts` contiguous ranges as evenly as
 // possible (the first count % parts ranges get one extra element).

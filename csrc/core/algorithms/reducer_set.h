@@ -1,51 +1,47 @@
-// Owns one instance of every reducer (each keeps persistent scratch memory)
-// and resolves a requested kind, `auto` included, to the one that runs.
+// One instance of every registered reducer that can run in this job (each
+// keeps persistent scratch memory), and the choice among them.
 //
 // The `auto` rule is an alpha-beta cost model: for each candidate reducer the
 // time of an n-byte all-reduce is estimated as alpha + beta·n, and the
-// cheapest candidate wins. calibrate() measures every candidate at two sizes
-// on the real transports at init and fits alpha and beta; the times are
-// max-reduced over ranks first, so every rank holds the same model and makes
-// the same choice (they must: all ranks run the same reducer). Without
-// calibration, conservative defaults apply. The backend's native all-reduce
-// is a candidate only for dtypes/ops it supports.
+// cheapest candidate wins. calibrate() measures every automatic reducer at
+// two sizes on the real transports at init and fits alpha and beta; the times
+// are max-reduced over ranks first, so every rank holds the same model and
+// makes the same choice (they must: all ranks run the same reducer). Without
+// calibration, the registry's defaults apply.
 #pragma once
 
-#include <array>
 #include <memory>
+#include <vector>
 
-#include "algorithms/central_allreduce.h"
-#include "algorithms/native_allreduce.h"
-#include "algorithms/reducer.h"
-#include "algorithms/ring_allreduce.h"
+#include "algorithms/reducer_registry.h"
 
 namespace hvdtorch {
 
 struct CostModel {
-  // Seconds and seconds per byte, per ReducerKind (index = kind); a negative
-  // alpha marks a reducer that is not available.
-  std::array<double, 5> alpha{};
-  std::array<double, 5> beta{};
-  double estimate(ReducerKind k, size_t bytes) const {
-    return alpha[static_cast<int>(k)] + beta[static_cast<int>(k)] * static_cast<double>(bytes);
-  }
-  bool available(ReducerKind k) const { return alpha[static_cast<int>(k)] >= 0; }
+  // Seconds and seconds per byte, indexed by ReducerId.
+  std::vector<double> alpha;
+  std::vector<double> beta;
+  double estimate(ReducerId id, size_t bytes) const { return alpha[id] + beta[id] * static_cast<double>(bytes); }
 };
 
 class ReducerSet {
  public:
-  ReducerSet(RingOptions ring, CentralOptions central);
+  explicit ReducerSet(const ReducerEnv& env);
 
-  // Installs the node reducer (needs shared memory; absent when HVDTORCH_SHM=0).
-  void setNode(std::unique_ptr<Reducer> node);
-  bool hasNode() const { return static_cast<bool>(node_); }
-
-  Reducer& get(ReducerKind kind);
+  size_t size() const { return reducers_.size(); }
+  bool available(ReducerId id) const { return id < reducers_.size() && reducers_[id] != nullptr; }
+  // Throws InvalidArgument (the registry's reason) for an unavailable one.
+  Reducer& get(ReducerId id);
+  // Throws InvalidArgument when `id` (auto included) cannot serve dtype/op
+  // here; the message names the reducer and what it lacks.
+  void check(ReducerId id, const Context& ctx, DataType dtype, ReduceOp op) const;
   // The reducer `auto` chooses for `bytes` of `dtype`/`op` on this context.
-  ReducerKind choose(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) const;
-  Reducer& resolve(ReducerKind kind, const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) {
-    return get(kind == ReducerKind::kAuto ? choose(ctx, bytes, dtype, op) : kind);
+  ReducerId choose(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) const;
+  Reducer& resolve(ReducerId id, const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) {
+    return get(id == kAutoReducer ? choose(ctx, bytes, dtype, op) : id);
   }
+  // The cheapest available reducer with a reduce-scatter on this context.
+  Reducer& reduceScatterer(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op);
 
   // Collective: every rank must call it at the same point.
   void calibrate(Context& ctx);
@@ -53,10 +49,7 @@ class ReducerSet {
   const CostModel& model() const { return model_; }
 
  private:
-  RingAllreduce ring_;
-  CentralAllreduce central_;
-  NativeAllreduce native_;
-  std::unique_ptr<Reducer> node_;
+  std::vector<std::unique_ptr<Reducer>> reducers_;  // by ReducerId; null: cannot run here
   CostModel model_;
 };
 

@@ -10,46 +10,78 @@ namespace hvdtorch {
 
 namespace {
 
-// One message of the ring schedule: a segment of one chunk at one step.
+// One message of the ring schedule: a segment of one block at one step.
 struct Message {
   int step;        // 0 .. 2(p-1)-1; steps < p-1 are reduce-scatter
   size_t offset;   // element offset into the buffer
   size_t count;    // elements
 };
 
-// Appends chunk `chunk`'s segments, as messages of step `step`.
-void appendSegments(std::vector<Message>& msgs, int step, int chunk, int p, size_t count, size_t seg_elems) {
-  const Range r = evenSplit(count, p, chunk);
-  for (size_t done = 0; done < r.count; done += seg_elems)
-    msgs.push_back({step, r.offset + done, std::min(seg_elems, r.count - done)});
+int mod(int a, int p) { return ((a % p) + p) % p; }
+
+// Appends `block`'s segments, as messages of step `step`.
+void appendSegments(std::vector<Message>& msgs, int step, const Range& block, size_t seg_elems) {
+  for (size_t done = 0; done < block.count; done += seg_elems)
+    msgs.push_back({step, block.offset + done, std::min(seg_elems, block.count - done)});
 }
 
-// The messages a rank at ring position `pos` receives, in order. The chunk
-// received at step t is (pos - t - 1) mod p; the left neighbour sends exactly
-// this sequence, so both sides agree on every message size.
-std::vector<Message> scheduleFor(int pos, int p, size_t count, size_t seg_elems) {
+// The messages ring position `pos` receives, in order, over `steps` steps.
+// The block received at step s is (pos - s - 2) mod p; the left neighbour
+// sends exactly this sequence, so both sides agree on every message size.
+std::vector<Message> scheduleFor(int pos, int p, int steps, const std::vector<Range>& blocks, size_t seg_elems) {
   std::vector<Message> msgs;
-  for (int step = 0; step < 2 * (p - 1); ++step)
-    appendSegments(msgs, step, ((pos - step - 1) % p + p) % p, p, count, seg_elems);
+  for (int step = 0; step < steps; ++step) appendSegments(msgs, step, blocks[mod(pos - step - 2, p)], seg_elems);
   return msgs;
+}
+
+std::vector<int> allRanks(const Context& ctx) {
+  std::vector<int> all(ctx.size());
+  for (int r = 0; r < ctx.size(); ++r) all[r] = r;
+  return all;
 }
 
 }  // namespace
 
 void RingAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) {
-  std::vector<int> all(ctx.size());
-  for (int r = 0; r < ctx.size(); ++r) all[r] = r;
-  allreduceAmong(ctx, all, data, count, dtype, op);
+  allreduceAmong(ctx, allRanks(ctx), data, count, dtype, op);
 }
 
-void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members, void* data,
-                                   size_t count, DataType dtype, ReduceOp op) {
-  const int p = static_cast<int>(members.size());
+void RingAllreduce::reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
+                                  ReduceOp op) {
+  if (static_cast<int>(counts.size()) != ctx.size())
+    throw InvalidArgument(strCat("rank ", ctx.rank(), ": reduce-scatter needs one block size per rank"));
+  const std::vector<size_t> offsets = blockOffsets(counts);
+  std::vector<Range> blocks(counts.size());
+  for (size_t r = 0; r < counts.size(); ++r) blocks[r] = Range{offsets[r], counts[r]};
+  reduceScatterAmong(ctx, allRanks(ctx), data, blocks, dtype, op);
+}
+
+void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members, void* data, size_t count,
+                                   DataType dtype, ReduceOp op) {
+  const size_t p = members.size();
   if (p <= 1 || count == 0) return;
+  std::vector<Range> blocks(p);
+  for (size_t i = 0; i < p; ++i) blocks[i] = evenSplit(count, p, i);
+  run(ctx, members, data, blocks, dtype, op, true);
+}
+
+void RingAllreduce::reduceScatterAmong(Context& ctx, const std::vector<int>& members, void* data,
+                                       const std::vector<Range>& blocks, DataType dtype, ReduceOp op) {
+  if (blocks.size() != members.size())
+    throw InvalidArgument(strCat("rank ", ctx.rank(), ": ring reduce-scatter needs one block per member"));
+  if (members.size() <= 1) return;
+  run(ctx, members, data, blocks, dtype, op, false);
+}
+
+void RingAllreduce::run(Context& ctx, const std::vector<int>& members, void* data, const std::vector<Range>& blocks,
+                        DataType dtype, ReduceOp op, bool allgather) {
+  const int p = static_cast<int>(members.size());
   const auto it = std::find(members.begin(), members.end(), ctx.rank());
   if (it == members.end())
     throw InvalidArgument(strCat("rank ", ctx.rank(), ": ring called on a group it is not in"));
   const int pos = static_cast<int>(it - members.begin());
+  const int rs_steps = p - 1;
+  const int steps = allgather ? 2 * (p - 1) : p - 1;
 
   const size_t esize = dtypeSize(dtype);
   const size_t seg_elems = std::max<size_t>(1, opts_.segment_bytes / esize);
@@ -60,10 +92,11 @@ void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members
   Link& left = ctx.link(members[(pos - 1 + p) % p]);
   const Deadline deadline = ctx.deadline();
 
-  // What I send is what my right neighbour receives; what I receive, my own schedule.
-  const std::vector<Message> recvs = scheduleFor(pos, p, count, seg_elems);
-  std::vector<Message> sends_step0;  // my own chunk; later sends forward what arrives
-  appendSegments(sends_step0, 0, pos, p, count, seg_elems);
+  // What I receive follows my own schedule; what I send first is the block
+  // my right neighbour receives at step 0. Later sends forward what arrives.
+  const std::vector<Message> recvs = scheduleFor(pos, p, steps, blocks, seg_elems);
+  std::vector<Message> sends_step0;
+  appendSegments(sends_step0, 0, blocks[mod(pos - 1, p)], seg_elems);
 
   const size_t slot_bytes = seg_elems * esize;
   if (scratch_.size() < slot_bytes * window) scratch_.resize(slot_bytes * window);
@@ -83,8 +116,8 @@ void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members
   size_t next_post = 0;
   auto postRecv = [&]() {
     const Message& m = recvs[next_post];
-    void* dst = (m.step < p - 1) ? static_cast<void*>(scratch_.data() + (next_post % window) * slot_bytes)
-                                 : static_cast<void*>(base + m.offset * esize);
+    void* dst = (m.step < rs_steps) ? static_cast<void*>(scratch_.data() + (next_post % window) * slot_bytes)
+                                    : static_cast<void*>(base + m.offset * esize);
     pending.push_back(left.irecv(dst, m.count * esize));
     ++next_post;
   };
@@ -98,13 +131,13 @@ void RingAllreduce::allreduceAmong(Context& ctx, const std::vector<int>& members
     const Message& m = recvs[i];
     pending.front()->wait(deadline);
     pending.pop_front();
-    if (m.step < p - 1) {
+    if (m.step < rs_steps) {
       reduceInto(base + m.offset * esize, scratch_.data() + (i % window) * slot_bytes, m.count, dtype, op);
     }
     // The slot is free again: keep the window full.
     if (next_post < recvs.size()) postRecv();
     // Forward what was just completed: it is the next step's send.
-    if (m.step + 1 < 2 * (p - 1)) postSend(m);
+    if (m.step + 1 < steps) postSend(m);
   }
   for (auto& s : sends) s->wait(deadline);
 }

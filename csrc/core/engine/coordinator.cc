@@ -60,13 +60,21 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
 Response Coordinator::makeResponse(const std::vector<Request>& reqs) const {
   Response s;
   s.type = reqs[0].type;
-  s.names = {reqs[0].name};
+  s.name = reqs[0].name;
+  s.process_set_id = reqs[0].process_set_id;
   s.error = validate(reqs);
-  if (s.error.empty() && s.type == OpType::kBroadcast && (reqs[0].root < 0 || reqs[0].root >= size_))
-    s.error = strCat("broadcast '", reqs[0].name, "': root rank ", reqs[0].root, " is not in [0, ", size_, ")");
-  if (s.error.empty() && s.type == OpType::kAllgather) {
-    for (int r = 0; r < size_; ++r)
-      for (const auto& t : reqs[r].tensors) s.first_dims.push_back(t.shape.empty() ? 1 : t.shape[0]);
+  if (s.error.empty() && s.type == OpType::kBroadcast) {
+    const int32_t root = reqs[0].broadcast().root;
+    if (root < 0 || root >= size_)
+      s.error = strCat("broadcast '", reqs[0].name, "': root rank ", root, " is not in [0, ", size_, ")");
+  }
+  if (!s.error.empty()) return s;
+  std::vector<const Request*> by_rank(size_);
+  for (int r = 0; r < size_; ++r) by_rank[r] = &reqs[r];
+  try {
+    s.plan = makePlan(by_rank);
+  } catch (const InvalidArgument& e) {
+    s.error = strCat(opTypeName(s.type), " '", s.name, "': ", e.what());
   }
   return s;
 }
@@ -81,7 +89,7 @@ std::optional<Response> Coordinator::checkStall(const std::string& what, OpType 
   if (waited >= timeout_) {
     Response s;
     s.type = type;
-    s.names = {name};
+    s.name = name;
     s.error = strCat(what, ": ranks ", rankList(missing), " did not submit it within ", seconds(timeout_),
                      " s (HVDTORCH_TIMEOUT) while ranks ", rankList(ready),
                      " waited for it; the ranks have diverged (different op order, an uneven "

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "algorithms/node_allreduce.h"
-#include "algorithms/reduce_kernels.h"
 #include "common/error.h"
 #include "engine/fusion.h"
 #include "transport/shm_link.h"
@@ -18,14 +16,9 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native,
                 config_.timeout),
-      reducers_(RingOptions{config_.ring_segment_bytes, config_.ring_window},
-                CentralOptions{config_.central_shards, config_.ring_segment_bytes}),
+      reducers_(reducerEnv(config_, transports)),
       executor_(data_ctx_, reducers_, timeline_),
       control_(control_ctx_) {
-  if (config_.shm && !transports.shm_token.empty())
-    reducers_.setNode(std::make_unique<NodeAllreduce>(
-        NodeOptions{makeShmPrefix(transports.shm_token + "n"), size_t(4) << 20,
-                    RingOptions{config_.ring_segment_bytes, config_.ring_window}}));
   // Every rank constructs its engine in init(), so this collective lines up.
   if (config_.calibrate) reducers_.calibrate(data_ctx_);
   control_thread_ = std::thread([this] { controlLoop(); });
@@ -33,6 +26,14 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
 }
 
 Engine::~Engine() { shutdown(); }
+
+ReducerEnv Engine::reducerEnv(const Config& config, const Transports& t) {
+  ReducerEnv env;
+  env.ring = RingOptions{config.ring_segment_bytes, config.ring_window};
+  env.central = CentralOptions{config.central_shards, config.ring_segment_bytes};
+  if (config.shm && !t.shm_token.empty()) env.shm_prefix = makeShmPrefix(t.shm_token + "n");
+  return env;
+}
 
 Context::LinkFactory Engine::localLinks(const Config& config, const Topology& topo, const Transports& t,
                                         const std::string& plane) {
@@ -50,17 +51,6 @@ void Engine::warn(const std::string& msg) { std::fprintf(stderr, "%s\n", msg.c_s
 
 int64_t Engine::submit(EntryPtr entry) {
   const Request& req = entry->request;
-  if (req.type == OpType::kAllreduce) {
-    if (req.reducer == ReducerKind::kNode && !reducers_.hasNode())
-      throw InvalidArgument(strCat("rank ", topo().rank, ": allreduce '", req.name,
-                                   "': the node reducer needs shared memory, which is off (HVDTORCH_SHM=0)"));
-    for (const auto& t : req.tensors) {
-      checkReducible(t.dtype, req.op);
-      if (t.dtype == DataType::kBool && (req.prescale != 1.0 || req.postscale != 1.0))
-        throw InvalidArgument(strCat("rank ", topo().rank, ": allreduce '", req.name,
-                                     "': scale factors (and Average) are not defined for bool tensors"));
-    }
-  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) throw CollectiveError(failure_);
   if (shutdown_requested_ || stopped_)
@@ -224,14 +214,18 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
     return e;
   };
   for (uint32_t id : list.cached_ready) {
+    // Every rank submitted exactly the cached request, so its plan follows.
     const Request& cached = cache.at(id);
     Response s;
     s.type = cached.type;
-    s.names = {cached.name};
+    s.name = cached.name;
+    s.process_set_id = cached.process_set_id;
+    if (planIndexFor(cached.type) != 0)
+      s.plan = makePlan(std::vector<const Request*>(control_ctx_.size(), &cached));
     ready.push_back({std::move(s), take(cached.name)});
   }
   for (const Response& s : list.responses) {
-    EntryPtr e = take(s.names.front());
+    EntryPtr e = take(s.name);
     // Every rank holds this op when it succeeded, so every rank makes the
     // same cache update in the same order.
     if (e && s.error.empty()) cache.put(e->request);

@@ -57,7 +57,8 @@ class Engine {
 
   // Queues an op and returns its handle. Throws InvalidArgument for a name
   // already pending on this rank, CollectiveError once the engine has failed
-  // or shut down.
+  // or shut down. The entry is taken as built: the per-op entry functions in
+  // csrc/core/ops build and check it.
   int64_t submit(EntryPtr entry);
   // The state behind a handle (throws InvalidArgument for an unknown one).
   std::shared_ptr<OpState> state(int64_t handle);
@@ -70,7 +71,9 @@ class Engine {
   const Topology& topo() const { return data_ctx_.topo(); }
   const Config& config() const { return config_; }
   ReducerSet& reducers() { return reducers_; }
+  const ReducerSet& reducers() const { return reducers_; }
   Context& dataContext() { return data_ctx_; }
+  const Context& dataContext() const { return data_ctx_; }
 
  private:
   void controlLoop();
@@ -78,6 +81,7 @@ class Engine {
   void runCycle(ResponseCache& cache, Coordinator* coordinator);
   void failEverything(const std::string& why);
   void warn(const std::string& msg);
+  static ReducerEnv reducerEnv(const Config& config, const Transports& t);
   // Same-host links of one plane ("c" control, "d" data): shared memory
   // unless HVDTORCH_SHM=0 or no token was given.
   static Context::LinkFactory localLinks(const Config& config, const Topology& topo, const Transports& t,

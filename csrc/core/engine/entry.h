@@ -15,8 +15,11 @@ namespace hvdtorch {
 struct Entry {
   Request request;
   std::vector<TensorPtr> inputs;   // one per request tensor
-  std::vector<TensorPtr> outputs;  // allreduce/broadcast: may alias inputs (in place)
-  OutputAllocator allocate;        // allgather: called once the output shape is known
+  // Allreduce/broadcast: given by the caller, may alias inputs (in place).
+  // Allgather/alltoall/reducescatter: made by the engine through `allocate`
+  // once negotiation has fixed their shape (alltoall adds the received splits).
+  std::vector<TensorPtr> outputs;
+  OutputAllocator allocate;
   std::shared_ptr<OpState> state = std::make_shared<OpState>();
   std::atomic<int> pieces_left{0};  // fused pieces still to run (allreduce)
 };
@@ -24,7 +27,8 @@ struct Entry {
 using EntryPtr = std::shared_ptr<Entry>;
 
 // A unit of execution: what the executor runs as one collective. Allreduce
-// units may fuse pieces of several entries; other ops have one entry.
+// units may fuse pieces of several entries; other ops have one entry, and
+// carry the plan negotiation made for it.
 struct WorkUnit {
   struct Piece {
     EntryPtr entry;
@@ -32,8 +36,8 @@ struct WorkUnit {
   };
   OpType type = OpType::kAllreduce;
   std::vector<Piece> pieces;
-  std::string error;                 // non-empty: fail every entry, run nothing
-  std::vector<int64_t> first_dims;  // allgather
+  std::string error;  // non-empty: fail every entry, run nothing
+  OpPlan plan;
   size_t bytes = 0;
 };
 

@@ -25,7 +25,17 @@ class Executor {
   void allgather(WorkUnit& unit);
   void broadcast(WorkUnit& unit);
   void barrier(WorkUnit& unit);
+  void alltoall(WorkUnit& unit);
+  void reducescatter(WorkUnit& unit);
+  // Reduce-scatters tensors [first, last) of `e` (one dtype) into `outputs`
+  // as one collective: the tensors are packed block-major in the fusion
+  // buffer, block r holding rank r's rows of each.
+  void reducescatterRun(Entry& e, const ReducescatterPlan& plan, size_t first, size_t last,
+                        const std::vector<TensorPtr>& outputs);
   static void finishPiece(const WorkUnit::Piece& piece);
+  // What the reducers run for `op`, and what the result is divided by.
+  static ReduceOp reducedOp(ReduceOp op);
+  int64_t averageDivisor(ReduceOp op) const;
   // Marks `phase` begun (or ended) for every op of the unit.
   void mark(const WorkUnit& unit, const std::string& phase, bool begin);
 

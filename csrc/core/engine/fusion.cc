@@ -8,25 +8,27 @@ namespace hvdtorch {
 namespace {
 
 bool fusable(const Request& a, size_t ta, const Request& b, size_t tb) {
-  return a.fuse && b.fuse && a.tensors[ta].dtype == b.tensors[tb].dtype && a.op == b.op && a.prescale == b.prescale &&
-         a.postscale == b.postscale && a.reducer == b.reducer;
+  const ReduceArgs& x = a.reduce();
+  const ReduceArgs& y = b.reduce();
+  return x.fuse && y.fuse && a.tensors[ta].dtype == b.tensors[tb].dtype && x.op == y.op &&
+         x.prescale == y.prescale && x.postscale == y.postscale && x.reducer == y.reducer;
 }
 
 }  // namespace
 
-std::vector<WorkUnit> planWork(const std::vector<ReadyOp>& ready, size_t fusion_threshold) {
+std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_threshold) {
   std::vector<WorkUnit> units;
   // Index of the all-reduce unit still accepting pieces (an index, not a
   // pointer: `units` reallocates as it grows).
   constexpr size_t kNone = static_cast<size_t>(-1);
   size_t open = kNone;
-  for (const ReadyOp& op : ready) {
+  for (ReadyOp& op : ready) {
     if (!op.entry) continue;  // an error for an op this rank never submitted
     if (!op.response.error.empty() || op.response.type != OpType::kAllreduce) {
       WorkUnit u;
       u.type = op.response.type;
       u.error = op.response.error;
-      u.first_dims = op.response.first_dims;
+      u.plan = std::move(op.response.plan);
       u.pieces.push_back({op.entry, 0});
       units.push_back(std::move(u));
       open = kNone;

@@ -21,7 +21,8 @@ struct ReadyOp {
   EntryPtr entry;  // null when this rank has no such op (only for error responses)
 };
 
-std::vector<WorkUnit> planWork(const std::vector<ReadyOp>& ready, size_t fusion_threshold);
+// Moves each response's plan into its unit.
+std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_threshold);
 
 // A persistent buffer reused by every fused unit ("register once"): it only
 // grows, and is 64-byte aligned so kernels vectorise.

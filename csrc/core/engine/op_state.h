@@ -1,6 +1,7 @@
 // Completion state of one submitted operation, shared between the engine
 // (which completes it) and the caller (which polls or waits through a
-// handle). Outputs allocated by the engine (allgather) are published here.
+// handle). Outputs allocated by the engine (allgather, alltoall,
+// reducescatter) are published here.
 //
 // Contract:
 //  * complete() or fail() finishes the op exactly once; later calls are

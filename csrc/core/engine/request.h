@@ -1,15 +1,28 @@
 // Requests (what one rank asks the engine to do) and responses (what every
 // rank is told to do, identically, by the coordinator).
 //
+// Each carries a per-op payload instead of loose fields: a request's OpArgs
+// (the reduce op and scales of all-reduce and reduce-scatter, a broadcast's
+// root, an alltoall's splits) and a response's OpPlan (what negotiation
+// learned from every rank: allgather first dimensions, every rank's alltoall
+// splits, the reduce-scatter split). The alternative held always matches the
+// op type (argsFor/planFor below say which).
+//
 // A request's *signature* is everything that must agree across ranks for the
-// operation to be well-defined: op type, dtypes, shapes (for allgather, all
-// but the first dimension), reduce op, root, scale factors, reducer. The
-// coordinator compares signatures and turns any disagreement into an error
-// response that names the op and the ranks, on every rank.
+// operation to be well-defined: op type, process set, dtypes, shapes (for
+// allgather and alltoall, all but the first dimension), and the args that
+// are not per-rank (reduce op, scale factors, reducer, root; alltoall splits
+// are per-rank). The coordinator compares signatures and turns any
+// disagreement into an error response that names the op and the ranks, on
+// every rank.
+//
+// Wire format: versionless (every rank runs the same binary); the readers
+// check every enum and length and throw CollectiveError on a malformed frame.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "algorithms/reducer.h"
@@ -18,7 +31,7 @@
 
 namespace hvdtorch {
 
-enum class OpType : uint8_t { kAllreduce = 0, kAllgather, kBroadcast, kBarrier };
+enum class OpType : uint8_t { kAllreduce = 0, kAllgather, kBroadcast, kBarrier, kAlltoall, kReducescatter };
 const char* opTypeName(OpType t);
 
 struct TensorSpec {
@@ -27,21 +40,67 @@ struct TensorSpec {
   int64_t numel() const;
 };
 
+// ---- request payloads ----------------------------------------------------
+
+// All-reduce and reduce-scatter. Average reaches the executor as such: it
+// runs a Sum and divides by the number of ranks on the way out (exactly for
+// integers), then applies the postscale. No reducer ever sees Average.
+struct ReduceArgs {
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  ReducerId reducer = kAutoReducer;  // all-reduce only
+  // All-reduce only. False: never pack this op with others in a fusion
+  // buffer (the "no fusion" configurations of DistributedModel). Part of the
+  // signature, so every rank plans the same units.
+  bool fuse = true;
+};
+
+struct BroadcastArgs {
+  int32_t root = 0;
+};
+
+// Rows of dimension 0 this rank sends to each rank, in rank order.
+struct AlltoallArgs {
+  std::vector<int64_t> splits;
+};
+
+// monostate: allgather and barrier, which need nothing beyond the tensors.
+using OpArgs = std::variant<std::monostate, ReduceArgs, BroadcastArgs, AlltoallArgs>;
+
+// ---- response payloads ---------------------------------------------------
+
+// First dimension of every tensor on every rank: first_dims[rank * tensors + t].
+struct AllgatherPlan {
+  std::vector<int64_t> first_dims;
+};
+
+// Every rank's splits: splits[src * size + dst] rows go from src to dst.
+struct AlltoallPlan {
+  std::vector<int64_t> splits;
+};
+
+// Rows of dimension 0 each rank keeps: rows[t * size + rank]. The first
+// dim0 % size ranks get one row more than the others.
+struct ReducescatterPlan {
+  std::vector<int64_t> rows;
+};
+
+using OpPlan = std::variant<std::monostate, AllgatherPlan, AlltoallPlan, ReducescatterPlan>;
+
+// ---- messages --------------------------------------------------------------
+
 struct Request {
   OpType type = OpType::kAllreduce;
   std::string name;
-  std::vector<TensorSpec> tensors;  // more than one for grouped_allreduce
-  // Average reaches the executor as such: it runs a Sum and divides by the
-  // number of ranks on the way out (exactly for integers), then postscale.
-  ReduceOp op = ReduceOp::kSum;
-  int32_t root = 0;
-  double prescale = 1.0;
-  double postscale = 1.0;
-  ReducerKind reducer = ReducerKind::kAuto;
-  // False: never pack this op with others in a fusion buffer (the "no
-  // fusion" configurations of DistributedModel). Part of the signature, so
-  // every rank plans the same units.
-  bool fuse = true;
+  int32_t process_set_id = 0;  // 0: every rank (the only set so far)
+  std::vector<TensorSpec> tensors;  // more than one for grouped ops
+  OpArgs args;
+
+  // The payload of this op type (std::bad_variant_access on a mismatch: a bug).
+  const ReduceArgs& reduce() const { return std::get<ReduceArgs>(args); }
+  const BroadcastArgs& broadcast() const { return std::get<BroadcastArgs>(args); }
+  const AlltoallArgs& alltoall() const { return std::get<AlltoallArgs>(args); }
 
   void write(ByteWriter& w) const;
   static Request read(ByteReader& r);
@@ -51,13 +110,25 @@ struct Request {
   std::string describe() const;  // "allreduce 'grad.w' (float32 [4, 5], Sum)"
 };
 
+// The OpArgs / OpPlan alternative each op type carries.
+size_t argsIndexFor(OpType t);
+size_t planIndexFor(OpType t);
+
+// What negotiation tells every rank about an op every rank submitted with
+// matching signatures (by_rank[r]: rank r's request). Throws InvalidArgument
+// when the requests cannot run (alltoall splits that do not fit), which the
+// coordinator turns into an error response.
+OpPlan makePlan(const std::vector<const Request*>& by_rank);
+
+// Rows of dimension 0 rank `rank` of `size` keeps in a reduce-scatter.
+int64_t reducescatterRows(int64_t dim0, int size, int rank);
+
 struct Response {
   OpType type = OpType::kAllreduce;
-  std::vector<std::string> names;  // > 1 only for a grouped request (one name)
-  std::string error;                // non-empty: fail these ops on every rank
-  // Allgather: first dimension of every tensor on every rank,
-  // first_dims[rank * tensors + t].
-  std::vector<int64_t> first_dims;
+  std::string name;
+  int32_t process_set_id = 0;
+  std::string error;  // non-empty: fail this op on every rank
+  OpPlan plan;
 
   void write(ByteWriter& w) const;
   static Response read(ByteReader& r);

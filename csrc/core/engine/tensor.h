@@ -1,8 +1,8 @@
 // How the engine sees a framework tensor: a contiguous buffer with a dtype
 // and shape, kept alive by whoever implements it (csrc/torch wraps
 // at::Tensor). The engine never allocates framework memory itself; when an
-// output's size is known only after negotiation (allgather), it asks the
-// entry's allocator.
+// output's size is known only after negotiation (allgather, alltoall,
+// reducescatter), it asks the entry's allocator.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,7 @@ class TensorBuffer {
 };
 
 using TensorPtr = std::shared_ptr<TensorBuffer>;
-using OutputAllocator = std::function<TensorPtr(const std::vector<int64_t>& shape)>;
+using OutputAllocator = std::function<TensorPtr(DataType dtype, const std::vector<int64_t>& shape)>;
 
 // Plain heap memory, for the C++ tests and for internal scratch.
 class HostTensor : public TensorBuffer {

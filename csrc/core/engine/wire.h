@@ -1,6 +1,7 @@
-// Little-endian-agnostic (same-binary) byte serialisation for control
-// messages. Every rank runs the same build, so plain memcpy of PODs is fine;
-// strings and vectors are length-prefixed.
+// Byte serialisation for control messages. Every rank runs the same build, so
+// plain memcpy of PODs is fine (no versioning, no byte swapping); strings and
+// vectors are length-prefixed. A reader never trusts a length: a truncated or
+// malformed message throws CollectiveError.
 #pragma once
 
 #include <cstdint>
@@ -58,12 +59,17 @@ class ByteReader {
   template <typename T>
   std::vector<T> getVector() {
     const uint32_t n = get<uint32_t>();
+    need(static_cast<size_t>(n) * sizeof(T));  // before reserving: a corrupt length must not allocate
     std::vector<T> v;
     v.reserve(n);
     for (uint32_t i = 0; i < n; ++i) v.push_back(get<T>());
     return v;
   }
   bool done() const { return p_ == end_; }
+  // A message is parsed whole: bytes left over mean it was not what we think.
+  void expectEnd() const {
+    if (!done()) throw CollectiveError("corrupt control message (trailing bytes)");
+  }
 
  private:
   void need(size_t n) const {

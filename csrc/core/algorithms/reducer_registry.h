@@ -1,0 +1,49 @@
+// The table of reducers: the one place that names them. Adding a reducer is
+// writing its class (a Reducer, in its own files) and adding one row to the
+// table in reducer_registry.cc; parsing names, the `auto` choice, calibration
+// and the Python introspection all read the table.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algorithms/central_allreduce.h"
+#include "algorithms/reducer.h"
+#include "algorithms/ring_allreduce.h"
+
+namespace hvdtorch {
+
+// What the factories may use to build their reducer.
+struct ReducerEnv {
+  RingOptions ring;
+  CentralOptions central;
+  // Job-unique prefix for shared-memory segments (makeShmPrefix); empty when
+  // shared memory is off (HVDTORCH_SHM=0) or the job has no token.
+  std::string shm_prefix;
+};
+
+struct ReducerEntry {
+  const char* name;
+  // Builds the reducer for this job, or returns null when it cannot run here.
+  std::unique_ptr<Reducer> (*make)(const ReducerEnv& env);
+  // Why make() returned null, for the error of an explicit request.
+  const char* unavailable;
+  // The cost-model hook: alpha (seconds) and beta (seconds per byte) of an
+  // all-reduce until calibrate() measures them.
+  double alpha;
+  double beta;
+  // Whether `auto` may choose it (and calibrate() measures it).
+  bool automatic;
+};
+
+// Indexed by ReducerId.
+const std::vector<ReducerEntry>& reducerRegistry();
+
+// "auto" or "" -> kAutoReducer, a registered name -> its id; anything else
+// throws InvalidArgument listing the names.
+ReducerId parseReducer(const std::string& name);
+// "auto" for kAutoReducer.
+const char* reducerName(ReducerId id);
+
+}  // namespace hvdtorch

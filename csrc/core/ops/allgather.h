@@ -1,0 +1,21 @@
+// All-gather: every rank's tensor concatenated along dimension 0, which may
+// differ across ranks; a group (grouped_allgather) is negotiated as one unit.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace hvdtorch::ops {
+
+struct AllgatherOptions {
+  std::string name;
+  std::vector<TensorPtr> inputs;  // at least one dimension each
+  OutputAllocator allocate;      // makes each output once every rank's size is known
+  int32_t process_set_id = 0;
+};
+
+int64_t allgather(Engine& engine, AllgatherOptions opts);
+
+}  // namespace hvdtorch::ops

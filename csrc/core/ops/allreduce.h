@@ -1,0 +1,35 @@
+// All-reduce of one tensor, or of a group negotiated and fused as one unit
+// (grouped_allreduce).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace hvdtorch::ops {
+
+struct AllreduceOptions {
+  std::string name;
+  std::vector<TensorPtr> inputs;
+  // One per input, same dtype and element count; may alias the inputs (in place).
+  std::vector<TensorPtr> outputs;
+  ReduceOp op = ReduceOp::kAverage;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  // A registered reducer, "auto", or "" for the configured default (HVDTORCH_REDUCER).
+  std::string reducer;
+  bool fuse = true;  // false: never packed with other ops in a fusion buffer
+  int32_t process_set_id = 0;
+};
+
+// What `opts` asks the engine to do, checked (InvalidArgument naming the
+// rank, op and what is wrong): the reduce policy of op_common.h, then the
+// reducer, which must serve every input's dtype with that op here.
+ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts);
+
+// Checks everything that can be checked locally (nothing is sent when it
+// throws), builds the request and submits it; returns the handle.
+int64_t allreduce(Engine& engine, AllreduceOptions opts);
+
+}  // namespace hvdtorch::ops

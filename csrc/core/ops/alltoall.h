@@ -1,0 +1,28 @@
+// Alltoall: rank r sends rows [sum(splits[:d]), sum(splits[:d+1])) of
+// dimension 0 to rank d and receives, in rank order, what every rank sends
+// it. The receive sizes come from negotiation (every rank's splits travel in
+// the response), so the output is made only after it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace hvdtorch::ops {
+
+struct AlltoallOptions {
+  std::string name;
+  TensorPtr input;  // at least one dimension
+  // Rows sent to each rank, in rank order; empty: dimension 0 divided evenly
+  // (it must then be a multiple of the number of ranks).
+  std::vector<int64_t> splits;
+  // Makes the output and, as an int64 tensor of one entry per rank, the rows
+  // received from each rank; the op's outputs are {output, received splits}.
+  OutputAllocator allocate;
+  int32_t process_set_id = 0;
+};
+
+int64_t alltoall(Engine& engine, AlltoallOptions opts);
+
+}  // namespace hvdtorch::ops

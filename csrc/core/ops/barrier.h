@@ -1,0 +1,17 @@
+// Barrier: completes once every rank has submitted it.
+#pragma once
+
+#include <string>
+
+#include "engine/engine.h"
+
+namespace hvdtorch::ops {
+
+struct BarrierOptions {
+  std::string name;
+  int32_t process_set_id = 0;
+};
+
+int64_t barrier(Engine& engine, BarrierOptions opts);
+
+}  // namespace hvdtorch::ops

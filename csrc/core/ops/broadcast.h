@@ -1,0 +1,20 @@
+// Broadcast of the root rank's tensor into every rank's output.
+#pragma once
+
+#include <string>
+
+#include "engine/engine.h"
+
+namespace hvdtorch::ops {
+
+struct BroadcastOptions {
+  std::string name;
+  TensorPtr input;
+  TensorPtr output;  // same dtype and size; may alias the input (in place)
+  int root = 0;
+  int32_t process_set_id = 0;
+};
+
+int64_t broadcast(Engine& engine, BroadcastOptions opts);
+
+}  // namespace hvdtorch::ops

@@ -1,0 +1,41 @@
+#include "ops/op_common.h"
+
+#include "common/error.h"
+
+namespace hvdtorch::ops {
+
+std::string OpWhere::str() const { return strCat("rank ", engine.topo().rank, ": ", opTypeName(type), " '", name, "'"); }
+
+ReduceOp toReduceOp(int value) {
+  if (value < static_cast<int>(ReduceOp::kAverage) || value > static_cast<int>(ReduceOp::kProduct))
+    throw InvalidArgument(strCat("unknown reduce op ", value, "; use Average, Sum, Min, Max or Product"));
+  return static_cast<ReduceOp>(value);
+}
+
+void checkProcessSet(const OpWhere& where, int32_t process_set_id) {
+  if (process_set_id != 0)
+    throw InvalidArgument(strCat(where.str(), ": process set ", process_set_id,
+                                 " does not exist; only the global set (0) is supported"));
+}
+
+TensorSpec specOf(const TensorBuffer& t) { return TensorSpec{t.dtype(), t.shape()}; }
+
+ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double postscale,
+                      const std::vector<TensorPtr>& tensors) {
+  if (op == ReduceOp::kAdasum)
+    throw InvalidArgument(strCat(where.str(), ": Adasum is not supported by hvdtorch; use Sum or Average"));
+  for (const auto& t : tensors) {
+    if (t->dtype() != DataType::kBool) continue;
+    if (op == ReduceOp::kAverage)
+      throw InvalidArgument(strCat(where.str(), ": Average is not defined for bool tensors; use Min (and) or Max (or)"));
+    if (prescale != 1.0 || postscale != 1.0)
+      throw InvalidArgument(strCat(where.str(), ": scale factors are not defined for bool tensors"));
+  }
+  ReduceArgs args;
+  args.op = op;
+  args.prescale = prescale;
+  args.postscale = postscale;
+  return args;
+}
+
+}  // namespace hvdtorch::ops

@@ -1,0 +1,39 @@
+// What every op's entry function shares: where an op is (for the
+// "rank r: <op> '<name>'" prefix of its errors, built only when one is
+// raised), tensor specs, the process-set check, and the policy of the
+// reducing ops (all-reduce, reduce-scatter), applied here and nowhere else:
+//  * the reduce op must be one of Horovod's values; Adasum only where a
+//    registered reducer serves it;
+//  * bool tensors take neither Average nor scale factors.
+// Average itself travels as such; the executor runs it as a Sum divided by
+// the number of ranks on the way out (exactly, for integers).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace hvdtorch::ops {
+
+struct OpWhere {
+  const Engine& engine;
+  OpType type;
+  const std::string& name;
+  std::string str() const;  // "rank 2: allreduce 'grad.w'"
+};
+
+// Horovod's op values (Average 0 ... Product 5); InvalidArgument otherwise.
+ReduceOp toReduceOp(int value);
+
+// Only the global set (id 0) exists so far.
+void checkProcessSet(const OpWhere& where, int32_t process_set_id);
+
+TensorSpec specOf(const TensorBuffer& t);
+
+// The ReduceArgs of a reducing op over `tensors` (see above); the reducer
+// and fusion fields are left at their defaults.
+ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double postscale,
+                      const std::vector<TensorPtr>& tensors);
+
+}  // namespace hvdtorch::ops

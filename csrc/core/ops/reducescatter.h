@@ -1,0 +1,27 @@
+// Reduce-scatter: the reduction over ranks of each tensor, of which rank r
+// keeps its share of rows of dimension 0 -- dim0 / size rows, one more for
+// the first dim0 % size ranks (Horovod's split). A group
+// (grouped_reducescatter) is negotiated as one unit, and tensors of one
+// dtype in it run as one collective.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace hvdtorch::ops {
+
+struct ReducescatterOptions {
+  std::string name;
+  std::vector<TensorPtr> inputs;  // at least one dimension each; not modified
+  OutputAllocator allocate;      // makes each output (its share of the rows)
+  ReduceOp op = ReduceOp::kAverage;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t process_set_id = 0;
+};
+
+int64_t reducescatter(Engine& engine, ReducescatterOptions opts);
+
+}  // namespace hvdtorch::ops

@@ -1,0 +1,48 @@
+// p engines in one process, one per in-process "rank", over in-process
+// control and data fabrics: what the engine and op tests run against.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "transport/inproc_link.h"
+
+namespace hvdtorch::test {
+
+struct Cluster {
+  explicit Cluster(int p, Config cfg = {}) : control(p), data(p) {
+    cfg.cycle_time = std::chrono::microseconds(200);
+    cfg.timeout = std::chrono::milliseconds(5000);
+    // Concurrently, as separate processes would: construction calibrates
+    // the reducers, which is a collective.
+    engines.resize(p);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < p; ++r) {
+      ts.emplace_back([this, r, p, cfg] {
+        Engine::Transports t;
+        t.control = [this, r](int peer) { return control.link(r, peer); };
+        t.data = [this, r](int peer) { return data.link(r, peer); };
+        engines[r] = std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t);
+      });
+    }
+    for (auto& t : ts) t.join();
+  }
+  ~Cluster() {
+    // Shut down all ranks concurrently, as separate processes would.
+    onEveryRank([](int, Engine& e) { e.shutdown(); });
+  }
+  // Runs fn(rank, engine) for every rank at once, one thread each, as the
+  // ranks' own processes would, and waits for all of them.
+  void onEveryRank(const std::function<void(int, Engine&)>& fn) {
+    std::vector<std::thread> ts;
+    for (int r = 0; r < static_cast<int>(engines.size()); ++r) ts.emplace_back([&, r] { fn(r, *engines[r]); });
+    for (auto& t : ts) t.join();
+  }
+  InProcFabric control, data;
+  std::vector<std::unique_ptr<Engine>> engines;
+};
+
+}  // namespace hvdtorch::test
