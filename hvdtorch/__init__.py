@@ -7,9 +7,11 @@
 
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 """
+from .alltoall import alltoall, alltoall_async
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .distributed_model import DistributedModel
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .ops import (
     Adasum,
     Average,
@@ -29,7 +31,8 @@ from .ops import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    global_process_set,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
@@ -38,9 +41,14 @@ from .ops import (
     synchronize,
 )
 from .optimizer import DistributedOptimizer
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .reducescatter import grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async
 from .runtime import (
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
     gloo_built,
     gloo_enabled,
     init,
@@ -53,9 +61,13 @@ from .runtime import (
     mpi_threads_supported,
     nccl_built,
     rank,
+    rocm_built,
     shutdown,
     size,
 )
+from .sparse import sparse_allreduce_async
+from .sync_batch_norm import SyncBatchNorm
+from .timeline import start_timeline, stop_timeline
 
 __version__ = "0.1.0"
 

@@ -39,7 +39,7 @@ class DistributedModel(torch.nn.Module):
                  first_bucket_bytes: int = 1 << 20, pipeline: bool = True, sync: str = "backward",
                  op: int = ops.Average, backward_passes_per_step: int = 1, compression=Compression.none,
                  gradient_predivide_factor: float = 1.0, rebuild_buckets: bool = True,
-                 name: Optional[str] = None):
+                 name: Optional[str] = None, process_set=None):
         super().__init__()
         if sync not in ("backward", "explicit"):
             raise ValueError(f"hvdtorch: sync must be 'backward' or 'explicit', got {sync!r}")
@@ -47,8 +47,17 @@ class DistributedModel(torch.nn.Module):
             raise ValueError("hvdtorch: DistributedModel reduces gradients with hvd.Average or hvd.Sum")
         if gradient_predivide_factor <= 0:
             raise ValueError("hvdtorch: gradient_predivide_factor must be positive")
+        sparse = [n or type(m).__name__ for n, m in module.named_modules()
+                  if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
+        if sparse:
+            raise ValueError(f"hvdtorch: DistributedModel reduces dense gradients, but {sparse} make sparse ones "
+                             "(sparse=True); use sparse=False there, or hvd.DistributedOptimizer, which "
+                             "all-gathers sparse gradients")
         self.module = module
         st = runtime.state()
+        # Gradients are averaged over the process set's ranks (all by default).
+        self._process_set = process_set or ops.global_process_set
+        psid = ops._check_process_set(process_set)
         params = _trainable(module.parameters())
         self._params = params
         self._fusion_bytes = int(fusion_bytes)
@@ -60,10 +69,12 @@ class DistributedModel(torch.nn.Module):
         self._reducer = _C.GradientReducer(
             st.engine, params, layout, self._name, reducer or "", op,
             1.0 / f, f, bool(pipeline), sync == "backward", self._fusion_bytes > 0, int(backward_passes_per_step),
-            compression is Compression.fp16)
+            compression is Compression.fp16, process_set_id=psid)
         # Re-order buckets by the ready order observed in the first iteration
-        # (rank 0's, so every rank agrees). Pointless with one tensor per bucket.
-        self._rebuild_pending = rebuild_buckets and self._fusion_bytes > 0 and st.size > 1 and len(params) > 1
+        # (the set's first rank's, so every member agrees). Pointless with one
+        # tensor per bucket.
+        self._rebuild_pending = (rebuild_buckets and self._fusion_bytes > 0 and self._process_set.size() > 1
+                                 and len(params) > 1)
 
     def forward(self, *args, **kwargs):
         if self._rebuild_pending and torch.is_grad_enabled():
@@ -80,7 +91,8 @@ class DistributedModel(torch.nn.Module):
         # finish it first. A no-op when nothing is pending.
         self._reducer.finalize()
         full = torch.tensor(complete_order(order, len(self._params)), dtype=torch.int64)
-        agreed = ops.broadcast(full, root_rank=0, name=f"{self._name}.bucket_order").tolist()
+        agreed = ops.broadcast(full, root_rank=self._process_set.ranks[0], name=f"{self._name}.bucket_order",
+                               process_set=self._process_set).tolist()
         self._reducer.rebuild(plan_buckets(self._params, agreed, self._fusion_bytes, self._first_bucket_bytes))
 
     def sync_gradients(self) -> None:

@@ -11,12 +11,14 @@ Failures raise ``hvdtorch.HvdError`` (a RuntimeError) on every rank involved,
 naming the op and the ranks; bad arguments raise ValueError before anything is
 sent.
 """
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from . import runtime
 from ._C import HvdError  # noqa: F401  (re-exported)
+from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 
 # Reduce ops, with Horovod's values.
 Average = 0
@@ -39,30 +41,22 @@ def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
     """Horovod's deprecated ``average=`` mapped onto ``op`` (the core checks the op itself)."""
     if op is not None and average is not None:
         raise ValueError("hvdtorch: pass either op= or the deprecated average=, not both")
+    if average is not None:
+        warnings.warn("hvdtorch: average= is deprecated (as in Horovod); pass op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
     if op is None:
-        op = Sum if average is False else Average
+        op = Average if average is None or average else Sum
     return op
 
 
-def _check_process_set(process_set) -> None:
-    if process_set is not None and process_set is not global_process_set:
-        raise ValueError("hvdtorch supports only the global process set")
+def _check_process_set(process_set) -> int:
+    """The engine id of an op's process_set (ValueError for one not added or removed)."""
+    return set_id(process_set)
 
 
-class _GlobalProcessSet:
-    process_set_id = 0
-
-    def size(self):
-        return runtime.size()
-
-    def rank(self):
-        return runtime.rank()
-
-    def included(self):
-        return True
-
-
-global_process_set = _GlobalProcessSet()
+def _name(kind: str, name: Optional[str], psid: int) -> str:
+    """An op's name; unnamed ops are numbered per set, since only members call them."""
+    return name or runtime.next_name(kind if psid == 0 else f"{kind}.set{psid}")
 
 
 def _contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
@@ -82,31 +76,31 @@ def _register(handle: int, finish: Callable[[List[torch.Tensor]], object]) -> in
 # ---- allreduce ----------------------------------------------------------------
 
 def _allreduce_submit(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str, op: int,
-                      prescale_factor: float, postscale_factor: float, reducer: Optional[str]) -> int:
+                      prescale_factor: float, postscale_factor: float, reducer: Optional[str], psid: int = 0) -> int:
     return _engine().allreduce(list(inputs), list(outputs), name, op, float(prescale_factor),
-                               float(postscale_factor), reducer or "")
+                               float(postscale_factor), reducer or "", process_set_id=psid)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=None, reducer=None) -> int:
     """Starts an out-of-place all-reduce; synchronize() returns the result."""
-    _check_process_set(process_set)
+    psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
     src = _contiguous(tensor, "allreduce")
     out = torch.empty_like(src, memory_format=torch.contiguous_format)
-    name = name or runtime.next_name("allreduce")
-    h = _allreduce_submit([src], [out], name, op, prescale_factor, postscale_factor, reducer)
+    name = _name("allreduce", name, psid)
+    h = _allreduce_submit([src], [out], name, op, prescale_factor, postscale_factor, reducer, psid)
     return _register(h, lambda _outs: out)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=None, reducer=None) -> int:
     """Starts an in-place all-reduce of ``tensor``."""
-    _check_process_set(process_set)
+    psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
-    name = name or runtime.next_name("allreduce")
+    name = _name("allreduce", name, psid)
     buf = _contiguous(tensor, "allreduce_")
-    h = _allreduce_submit([buf], [buf], name, op, prescale_factor, postscale_factor, reducer)
+    h = _allreduce_submit([buf], [buf], name, op, prescale_factor, postscale_factor, reducer, psid)
     if buf is tensor:
         return _register(h, lambda _outs: tensor)
     return _register(h, lambda _outs: tensor.copy_(buf))
@@ -120,51 +114,54 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 
 class _AllreduceFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, reducer):
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, reducer, process_set):
         ctx.op, ctx.prescale, ctx.postscale, ctx.reducer = op, prescale_factor, postscale_factor, reducer
+        ctx.process_set = process_set
         return synchronize(allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor, reducer=reducer))
+                                           postscale_factor=postscale_factor, reducer=reducer,
+                                           process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad):
         # The gradient of an all-reduce is the same all-reduce of the gradient.
         g = synchronize(allreduce_async(grad, op=ctx.op, prescale_factor=ctx.prescale,
-                                        postscale_factor=ctx.postscale, reducer=ctx.reducer))
-        return g, None, None, None, None, None
+                                        postscale_factor=ctx.postscale, reducer=ctx.reducer,
+                                        process_set=ctx.process_set))
+        return g, None, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None, reducer=None) -> torch.Tensor:
     """All-reduces ``tensor`` across ranks (Average by default); differentiable."""
     from .compression import Compression
-    _check_process_set(process_set)
+    psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
     compression = compression or Compression.none
     compressed, cctx = compression.compress(tensor)
-    reduced = _AllreduceFn.apply(compressed, name or runtime.next_name("allreduce"), op, prescale_factor,
-                                 postscale_factor, reducer)
+    reduced = _AllreduceFn.apply(compressed, _name("allreduce", name, psid), op, prescale_factor,
+                                 postscale_factor, reducer, process_set)
     return compression.decompress(reduced, cctx)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None, reducer=None) -> int:
     """All-reduces a list of tensors as one negotiated unit (fused together)."""
-    _check_process_set(process_set)
+    psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
     srcs = [_contiguous(t, "grouped_allreduce") for t in tensors]
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in srcs]
-    name = name or runtime.next_name("grouped_allreduce")
-    h = _allreduce_submit(srcs, outs, name, op, prescale_factor, postscale_factor, reducer)
+    name = _name("grouped_allreduce", name, psid)
+    h = _allreduce_submit(srcs, outs, name, op, prescale_factor, postscale_factor, reducer, psid)
     return _register(h, lambda _outs: outs)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None, reducer=None) -> int:
-    _check_process_set(process_set)
+    psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
     bufs = [_contiguous(t, "grouped_allreduce_") for t in tensors]
-    name = name or runtime.next_name("grouped_allreduce")
-    h = _allreduce_submit(bufs, bufs, name, op, prescale_factor, postscale_factor, reducer)
+    name = _name("grouped_allreduce", name, psid)
+    h = _allreduce_submit(bufs, bufs, name, op, prescale_factor, postscale_factor, reducer, psid)
 
     def finish(_outs):
         for t, b in zip(tensors, bufs):
@@ -199,79 +196,89 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 def allgather_async(tensor, name=None, process_set=None) -> int:
     """Concatenates every rank's tensor along dimension 0 (sizes may differ there)."""
-    _check_process_set(process_set)
+    psid = _check_process_set(process_set)
     src = _as_rows(_contiguous(tensor, "allgather"))
-    h = _engine().allgather([src], name or runtime.next_name("allgather"))
+    h = _engine().allgather([src], _name("allgather", name, psid), process_set_id=psid)
     return _register(h, lambda outs: outs[0])
 
 
-def _rows_of_every_rank(dim0s: Sequence[int]) -> torch.Tensor:
-    """[size, len(dim0s)]: every rank's first dimension of each tensor."""
+def _rows_of_every_rank(dim0s: Sequence[int], process_set) -> torch.Tensor:
+    """[set size, len(dim0s)]: every member's first dimension of each tensor."""
     mine = torch.tensor(list(dim0s), dtype=torch.int64)
-    return synchronize(allgather_async(mine.reshape(1, -1)))
+    return synchronize(allgather_async(mine.reshape(1, -1), process_set=process_set))
+
+
+def _set_rank(process_set) -> int:
+    """This rank's position in the set (the rows of an allgather that are its own)."""
+    return (process_set or global_process_set).rank()
 
 
 class _AllgatherFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, process_set):
         ctx.dim0 = tensor.shape[0] if tensor.dim() > 0 else 1
-        return synchronize(allgather_async(tensor, name=name))
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name=name, process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad):
         # Horovod's rule: average the incoming gradient, then take this rank's rows.
-        reduced = synchronize(allreduce_async(grad, op=Average))
-        offset = int(_rows_of_every_rank([ctx.dim0])[: runtime.rank(), 0].sum())
-        return reduced.narrow(0, offset, ctx.dim0), None
+        ps = ctx.process_set
+        reduced = synchronize(allreduce_async(grad, op=Average, process_set=ps))
+        offset = int(_rows_of_every_rank([ctx.dim0], ps)[: _set_rank(ps), 0].sum())
+        return reduced.narrow(0, offset, ctx.dim0), None, None
 
 
 def allgather(tensor, name=None, process_set=None) -> torch.Tensor:
-    _check_process_set(process_set)
-    return _AllgatherFn.apply(tensor, name or runtime.next_name("allgather"))
+    psid = _check_process_set(process_set)
+    return _AllgatherFn.apply(tensor, _name("allgather", name, psid), process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None) -> int:
     """All-gathers a list of tensors as one negotiated unit; synchronize() returns the list."""
-    _check_process_set(process_set)
+    psid = _check_process_set(process_set)
     srcs = [_as_rows(_contiguous(t, "grouped_allgather")) for t in tensors]
-    h = _engine().allgather(srcs, name or runtime.next_name("grouped_allgather"))
+    h = _engine().allgather(srcs, _name("grouped_allgather", name, psid), process_set_id=psid)
     return _register(h, lambda outs: list(outs))
 
 
 class _GroupedAllgatherFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, *tensors):
+    def forward(ctx, name, process_set, *tensors):
         ctx.dim0s = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name=name)))
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name=name, process_set=process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
         # As for allgather, per tensor: the averaged gradient's rows of this rank.
-        reduced = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=Average))
-        offsets = _rows_of_every_rank(ctx.dim0s)[: runtime.rank()].sum(0).tolist()
-        return (None, *[g.narrow(0, int(o), n) for g, o, n in zip(reduced, offsets, ctx.dim0s)])
+        ps = ctx.process_set
+        reduced = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=Average, process_set=ps))
+        offsets = _rows_of_every_rank(ctx.dim0s, ps)[: _set_rank(ps)].sum(0).tolist()
+        return (None, None, *[g.narrow(0, int(o), n) for g, o, n in zip(reduced, offsets, ctx.dim0s)])
 
 
 def grouped_allgather(tensors, name=None, process_set=None) -> List[torch.Tensor]:
     """All-gathers each tensor of a list, negotiated as one unit; differentiable."""
-    _check_process_set(process_set)
-    return list(_GroupedAllgatherFn.apply(name or runtime.next_name("grouped_allgather"), *tensors))
+    psid = _check_process_set(process_set)
+    return list(_GroupedAllgatherFn.apply(_name("grouped_allgather", name, psid), process_set, *tensors))
 
 
 # ---- broadcast ----------------------------------------------------------------
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None) -> int:
-    _check_process_set(process_set)
+    """Starts a broadcast from ``root_rank`` (a global rank, also in a process set)."""
+    psid = _check_process_set(process_set)
     src = _contiguous(tensor, "broadcast")
     out = src.clone(memory_format=torch.contiguous_format)
-    h = _engine().broadcast(src, out, root_rank, name or runtime.next_name("broadcast"))
+    h = _engine().broadcast(src, out, root_rank, _name("broadcast", name, psid), process_set_id=psid)
     return _register(h, lambda _outs: out)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> int:
-    _check_process_set(process_set)
+    psid = _check_process_set(process_set)
     buf = _contiguous(tensor, "broadcast_")
-    h = _engine().broadcast(buf, buf, root_rank, name or runtime.next_name("broadcast"))
+    h = _engine().broadcast(buf, buf, root_rank, _name("broadcast", name, psid), process_set_id=psid)
     if buf is tensor:
         return _register(h, lambda _outs: tensor)
     return _register(h, lambda _outs: tensor.copy_(buf))
@@ -283,41 +290,45 @@ def broadcast_(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
 
 class _BroadcastFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name=name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name=name, process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad):
         # Horovod's rule: the averaged gradient flows back to the root only.
-        reduced = synchronize(allreduce_async(grad, op=Average))
+        reduced = synchronize(allreduce_async(grad, op=Average, process_set=ctx.process_set))
         if runtime.rank() != ctx.root:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
-    _check_process_set(process_set)
-    return _BroadcastFn.apply(tensor, root_rank, name or runtime.next_name("broadcast"))
+    psid = _check_process_set(process_set)
+    return _BroadcastFn.apply(tensor, root_rank, _name("broadcast", name, psid), process_set)
 
 
 # ---- barrier, poll, synchronize --------------------------------------------
 
 def barrier(process_set=None) -> None:
-    """Returns once every rank has called barrier()."""
-    _check_process_set(process_set)
-    h = _engine().barrier(runtime.next_name("barrier"))
+    """Returns once every rank (of the process set) has called barrier()."""
+    psid = _check_process_set(process_set)
+    h = _engine().barrier(_name("barrier", None, psid), process_set_id=psid)
     _register(h, lambda _outs: None)
     synchronize(h)
 
 
 def poll(handle: int) -> bool:
     """True once the op behind ``handle`` has finished (successfully or not)."""
+    if callable(handle):  # a handle made of several ops (sparse_allreduce_async)
+        return handle.poll()
     return _engine().poll(handle)
 
 
 def synchronize(handle: int):
     """Waits for the op behind ``handle`` and returns its result (raises its error)."""
+    if callable(handle):
+        return handle()
     finish = _finishers.pop(handle, None)
     if finish is None:
         raise ValueError(f"hvdtorch: unknown or already synchronized handle {handle!r}")

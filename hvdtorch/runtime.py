@@ -33,6 +33,7 @@ class _State:
     cross_rank: int
     cross_size: int
     launcher: str
+    homogeneous: bool  # every host runs the same number of ranks
     control_group: object
     data_group: object
     owns_default_group: bool
@@ -85,15 +86,16 @@ def init(comm=None, process_sets=None, **options) -> None:
 
     Options override HVDTORCH_* environment variables; the key is the variable
     name without the prefix, in lower case (``init(timeout=30,
-    fusion_threshold=16 << 20, reducer="ring")``). ``comm`` and
-    ``process_sets`` exist for Horovod compatibility; only the global set is
-    supported.
+    fusion_threshold=16 << 20, reducer="ring")``). ``process_sets``: a list
+    of ProcessSet (or rank lists) to add once running, as Horovod takes it
+    (``"dynamic"`` is accepted too: sets can always be added later).
     """
     global _state
     from . import _C  # noqa: F401  (fails early and clearly if the build is missing)
 
-    if comm is not None or process_sets not in (None, "dynamic", []):
-        raise ValueError("hvdtorch supports only the global process set (comm=None, process_sets=None)")
+    if comm is not None:
+        raise ValueError("hvdtorch: comm= (MPI communicators) is not supported; launch with torchrun or mpirun "
+                         "and pass process_sets=[hvd.ProcessSet([...]), ...] for subsets of ranks")
     with _lock:
         if _state is not None:
             return
@@ -121,9 +123,14 @@ def init(comm=None, process_sets=None, **options) -> None:
         topo = engine.topology()
         _state = _State(engine=engine, rank=rank, size=size, local_rank=topo["local_rank"],
                         local_size=topo["local_size"], cross_rank=topo["cross_rank"],
-                        cross_size=topo["cross_size"], launcher=info.launcher, control_group=control,
+                        cross_size=topo["cross_size"], launcher=info.launcher,
+                        homogeneous=topo["homogeneous"],
+                        control_group=control,
                         data_group=data, owns_default_group=owns_default, store_path=store_path,
                         options=opts)
+    # Outside the lock: adding sets runs collectives, which need the state.
+    from . import process_sets as _process_sets
+    _process_sets._setup(process_sets)
 
 
 def shutdown() -> None:
@@ -133,6 +140,8 @@ def shutdown() -> None:
         st, _state = _state, None
     if st is None:
         return
+    from . import process_sets as _process_sets
+    _process_sets._forget()
     st.engine.shutdown()
     for group in (st.data_group, st.control_group):
         try:
@@ -195,12 +204,14 @@ def cross_size() -> int:
 
 
 def is_homogeneous() -> bool:
-    st = _require()
-    return st.size == st.local_size * st.cross_size
+    """True when every host runs the same number of ranks (the same answer on every rank)."""
+    return _require().homogeneous
 
 
 def mpi_threads_supported() -> bool:
-    return False
+    # Horovod raises when MPI is not in use, and hvdtorch never uses it.
+    raise ValueError("hvdtorch does not run on MPI (it meets the ranks through torch.distributed), "
+                     "so MPI multi-threading does not apply")
 
 
 def mpi_enabled() -> bool:
@@ -217,6 +228,23 @@ def gloo_enabled() -> bool:
 
 def gloo_built() -> bool:
     return True
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """False: this build moves CPU tensors only (a CUDA tensor is rejected with a clear error)."""
+    return False
+
+
+def rocm_built() -> bool:
+    return False
 
 
 def nccl_built() -> bool:

@@ -16,14 +16,20 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
     : engine_(std::move(engine)), params_(std::move(params)), opts_(std::move(options)) {
   if (opts_.backward_passes_per_step < 1)
     throw InvalidArgument(strCat("backward_passes_per_step must be >= 1, got ", opts_.backward_passes_per_step));
-  if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum)
-    throw InvalidArgument(strCat(opts_.name, ": gradients are reduced with Average or Sum, not ",
+  if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum && opts_.op != ReduceOp::kAdasum)
+    throw InvalidArgument(strCat(opts_.name, ": gradients are reduced with Average, Sum or Adasum, not ",
                                  reduceOpName(opts_.op)));
   allreduce_.op = opts_.op;
   allreduce_.prescale = opts_.prescale;
   allreduce_.postscale = opts_.postscale;
   allreduce_.reducer = opts_.reducer;
   allreduce_.fuse = opts_.fuse;
+  allreduce_.process_set_id = opts_.process_set_id;
+  const auto set = engine_->processSet(opts_.process_set_id);
+  if (!set || !set->member())
+    throw InvalidArgument(strCat(opts_.name, ": process set ", opts_.process_set_id,
+                                 set ? " does not include this rank" : " does not exist"));
+  set_size_ = static_cast<int>(set->ranks.size());
   ready_.assign(params_.size(), false);
   rebuild(buckets);
   // Bad options (an unknown or unavailable reducer, say) fail here, not in
@@ -149,7 +155,7 @@ void GradientReducer::writeSlot(Bucket& b, size_t slot, bool zero) {
 void GradientReducer::onGradReady(size_t index) {
   // One rank: averaging is the identity (prescale x postscale = 1, Sum of
   // one), so gradients stay where autograd put them and nothing runs.
-  if (engine_->topo().size == 1 && opts_.prescale * opts_.postscale == 1.0) return;
+  if (set_size_ == 1 && opts_.prescale * opts_.postscale == 1.0) return;
   std::lock_guard<std::mutex> lock(mu_);
   // In explicit mode the caller may skip finalize(); the previous pass's
   // results are then waited for here, before its buckets are reused.

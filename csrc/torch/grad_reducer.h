@@ -52,6 +52,7 @@ struct GradReducerOptions {
   bool sync_on_backward = true;
   bool fuse = true;            // let the engine fuse buckets ready together
   int backward_passes_per_step = 1;
+  int32_t process_set_id = 0;  // the set whose members average these gradients
   // Dtype of the buckets for floating-point params (fp16 compression);
   // Undefined = the parameter's own dtype (gradients become bucket views).
   c10::optional<at::ScalarType> wire_dtype;
@@ -98,6 +99,7 @@ class GradientReducer {
   at::Tensor slotView(const Bucket& b, size_t slot) const;
 
   std::shared_ptr<Engine> engine_;
+  int set_size_ = 1;  // ranks that average these gradients (the process set's size)
   std::vector<at::Tensor> params_;
   GradReducerOptions opts_;
   ops::AllreduceOptions allreduce_;   // what every bucket launch asks for, less name and tensors

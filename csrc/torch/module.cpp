@@ -70,8 +70,10 @@ class PyEngine {
   }
 
   int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                    const std::string& name, int op, double prescale, double postscale, const std::string& reducer) {
+                    const std::string& name, int op, double prescale, double postscale, const std::string& reducer,
+                    int32_t process_set_id) {
     ops::AllreduceOptions o;
+    o.process_set_id = process_set_id;
     o.inputs = wrapAll(inputs, "allreduce", name, rank());
     o.outputs = wrapAll(outputs, "allreduce", name, rank());
     o.op = ops::toReduceOp(op);
@@ -82,16 +84,19 @@ class PyEngine {
     return ops::allreduce(*engine_, std::move(o));
   }
 
-  int64_t allgather(const std::vector<at::Tensor>& inputs, const std::string& name) {
+  int64_t allgather(const std::vector<at::Tensor>& inputs, const std::string& name, int32_t process_set_id) {
     ops::AllgatherOptions o;
+    o.process_set_id = process_set_id;
     o.inputs = wrapAll(inputs, "allgather", name, rank());
     if (!inputs.empty()) o.allocate = allocatorLike(inputs[0]);
     o.name = name;
     return ops::allgather(*engine_, std::move(o));
   }
 
-  int64_t broadcast(const at::Tensor& input, const at::Tensor& output, int root, const std::string& name) {
+  int64_t broadcast(const at::Tensor& input, const at::Tensor& output, int root, const std::string& name,
+                    int32_t process_set_id) {
     ops::BroadcastOptions o;
+    o.process_set_id = process_set_id;
     o.input = wrap(input, "broadcast", name, rank());
     o.output = wrap(output, "broadcast", name, rank());
     o.root = root;
@@ -99,8 +104,10 @@ class PyEngine {
     return ops::broadcast(*engine_, std::move(o));
   }
 
-  int64_t alltoall(const at::Tensor& input, const std::vector<int64_t>& splits, const std::string& name) {
+  int64_t alltoall(const at::Tensor& input, const std::vector<int64_t>& splits, const std::string& name,
+                   int32_t process_set_id) {
     ops::AlltoallOptions o;
+    o.process_set_id = process_set_id;
     o.input = wrap(input, "alltoall", name, rank());
     o.splits = splits;
     o.allocate = allocatorLike(input);
@@ -109,8 +116,9 @@ class PyEngine {
   }
 
   int64_t reducescatter(const std::vector<at::Tensor>& inputs, const std::string& name, int op, double prescale,
-                        double postscale) {
+                        double postscale, int32_t process_set_id) {
     ops::ReducescatterOptions o;
+    o.process_set_id = process_set_id;
     o.inputs = wrapAll(inputs, "reducescatter", name, rank());
     if (!inputs.empty()) o.allocate = allocatorLike(inputs[0]);
     o.op = ops::toReduceOp(op);
@@ -120,7 +128,21 @@ class PyEngine {
     return ops::reducescatter(*engine_, std::move(o));
   }
 
-  int64_t barrier(const std::string& name) { return ops::barrier(*engine_, ops::BarrierOptions{name}); }
+  int64_t barrier(const std::string& name, int32_t process_set_id) {
+    ops::BarrierOptions o{name};
+    o.process_set_id = process_set_id;
+    return ops::barrier(*engine_, std::move(o));
+  }
+
+  // Process sets: hvdtorch/process_sets.py makes add/remove collectives.
+  int32_t addProcessSet(const std::vector<int>& ranks) { return engine_->addProcessSet(ranks); }
+  void removeProcessSet(int32_t id) { engine_->removeProcessSet(id); }
+  // id -> global ranks, for every set this rank knows (members or not).
+  std::map<int32_t, std::vector<int>> processSets() const {
+    std::map<int32_t, std::vector<int>> out;
+    for (const auto& ps : engine_->processSets()) out[ps->id] = ps->ranks;
+    return out;
+  }
 
   bool poll(int64_t handle) { return engine_->state(handle)->done(); }
 
@@ -144,6 +166,10 @@ class PyEngine {
     return out;
   }
 
+  void startTimeline(const std::string& path, bool mark_cycles) {
+    engine_->timeline().start(path, engine_->topo().rank, mark_cycles);
+  }
+
   void shutdown() {
     py::gil_scoped_release nogil;
     engine_->shutdown();
@@ -158,6 +184,7 @@ class PyEngine {
     d["local_size"] = t.local_size;
     d["cross_rank"] = t.cross_rank;
     d["cross_size"] = t.cross_size;
+    d["homogeneous"] = t.homogeneous();
     return d;
   }
 
@@ -203,8 +230,9 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
                                                      const std::string& name, const std::string& reducer, int op,
                                                      double prescale, double postscale, bool pipeline,
                                                      bool sync_on_backward, bool fuse, int backward_passes_per_step,
-                                                     bool fp16_wire) {
+                                                     bool fp16_wire, int32_t process_set_id) {
   GradReducerOptions o;
+  o.process_set_id = process_set_id;
   o.name = name;
   o.reducer = reducer;
   o.op = ops::toReduceOp(op);
@@ -240,15 +268,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     const std::string&>(),
            py::arg("options"), py::arg("rank"), py::arg("host_of_rank"), py::arg("control_pg"), py::arg("data_pg"),
            py::arg("shm_token"))
-      .def("allreduce", &PyEngine::allreduce)
-      .def("allgather", &PyEngine::allgather)
-      .def("broadcast", &PyEngine::broadcast)
-      .def("alltoall", &PyEngine::alltoall)
-      .def("reducescatter", &PyEngine::reducescatter)
-      .def("barrier", &PyEngine::barrier)
+      .def("allreduce", &PyEngine::allreduce, py::arg("inputs"), py::arg("outputs"), py::arg("name"), py::arg("op"),
+           py::arg("prescale"), py::arg("postscale"), py::arg("reducer"), py::arg("process_set_id") = 0)
+      .def("allgather", &PyEngine::allgather, py::arg("inputs"), py::arg("name"), py::arg("process_set_id") = 0)
+      .def("broadcast", &PyEngine::broadcast, py::arg("input"), py::arg("output"), py::arg("root"), py::arg("name"),
+           py::arg("process_set_id") = 0)
+      .def("alltoall", &PyEngine::alltoall, py::arg("input"), py::arg("splits"), py::arg("name"),
+           py::arg("process_set_id") = 0)
+      .def("reducescatter", &PyEngine::reducescatter, py::arg("inputs"), py::arg("name"), py::arg("op"),
+           py::arg("prescale"), py::arg("postscale"), py::arg("process_set_id") = 0)
+      .def("barrier", &PyEngine::barrier, py::arg("name"), py::arg("process_set_id") = 0)
+      .def("add_process_set", &PyEngine::addProcessSet)
+      .def("remove_process_set", &PyEngine::removeProcessSet)
+      .def("process_sets", &PyEngine::processSets)
       .def("poll", &PyEngine::poll)
       .def("wait", &PyEngine::wait)
       .def("shutdown", &PyEngine::shutdown)
+      .def("start_timeline", &PyEngine::startTimeline)
+      .def("stop_timeline", [](PyEngine& e) { e.engine()->timeline().stop(); })
       .def("topology", &PyEngine::topology)
       .def("choose_reducer", &PyEngine::chooseReducer)
       .def("link_kinds", &PyEngine::linkKinds)
@@ -258,7 +295,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"),
            py::arg("name"), py::arg("reducer"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
            py::arg("pipeline"), py::arg("sync_on_backward"), py::arg("fuse"), py::arg("backward_passes_per_step"),
-           py::arg("fp16_wire"))
+           py::arg("fp16_wire"), py::arg("process_set_id") = 0)
       .def("rebuild", &GradientReducer::rebuild)
       .def("ready_order", &GradientReducer::readyOrder)
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())

@@ -1,5 +1,6 @@
 #include "algorithms/reducer_registry.h"
 
+#include "algorithms/adasum_allreduce.h"
 #include "algorithms/native_allreduce.h"
 #include "algorithms/node_allreduce.h"
 #include "common/error.h"
@@ -14,20 +15,23 @@ const std::vector<ReducerEntry>& reducerRegistry() {
       {"ring", [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
          return std::make_unique<RingAllreduce>(env.ring);
        },
-       "", 200e-6, 1.5e-9, true},
+       "", 200e-6, 1.5e-9, true, std::nullopt},
       {"node", [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
          if (env.shm_prefix.empty()) return nullptr;
          return std::make_unique<NodeAllreduce>(NodeOptions{env.shm_prefix, size_t(4) << 20, env.ring});
        },
-       "the node reducer needs shared memory, which is off (HVDTORCH_SHM=0)", 20e-6, 0.5e-9, true},
+       "the node reducer needs shared memory, which is off (HVDTORCH_SHM=0)", 20e-6, 0.5e-9, true, std::nullopt},
       {"central", [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
          return std::make_unique<CentralAllreduce>(env.central);
        },
-       "", 150e-6, 4e-9, true},
+       "", 150e-6, 4e-9, true, std::nullopt},
       {"native", [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
          return std::make_unique<NativeAllreduce>(env.ring);
        },
-       "", 100e-6, 3e-9, true},
+       "", 100e-6, 3e-9, true, std::nullopt},
+      // Serves only op Adasum, so `auto` picks it exactly for that op.
+      {"adasum", [](const ReducerEnv&) -> std::unique_ptr<Reducer> { return std::make_unique<AdasumAllreduce>(); },
+       "", 300e-6, 3e-9, true, ReduceOp::kAdasum},
   };
   return table;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,13 @@ struct ReducerEntry {
   // all-reduce until calibrate() measures them.
   double alpha;
   double beta;
-  // Whether `auto` may choose it (and calibrate() measures it).
+  // Whether `auto` may choose it (and calibrate() measures it) for the
+  // dtypes and ops it serves (Reducer::autoCandidate).
   bool automatic;
+  // The reduce op this reducer defines rather than merely implements
+  // (Adasum), if any: asking for the reducer by name turns a Sum or Average
+  // all-reduce into that op.
+  std::optional<ReduceOp> own_op;
 };
 
 // Indexed by ReducerId.

@@ -25,12 +25,14 @@ size_t dtypeSize(DataType t);
 const char* dtypeName(DataType t);
 bool isFloating(DataType t);
 
-// Reduction operators with Horovod's names. Average is Sum followed by a
-// postscale of 1/size; it never reaches a reduce kernel.
+// Reduction operators with Horovod's names. Average is a Sum divided by the
+// number of ranks on the way out (engine/executor.cc); it never reaches a
+// reduce kernel. Adasum is not element-wise: only the adasum reducer
+// (algorithms/adasum_allreduce.h) serves it.
 enum class ReduceOp : uint8_t {
   kAverage = 0,
   kSum = 1,
-  kAdasum = 2,  // reserved for Horovod enum compatibility; rejected
+  kAdasum = 2,
   kMin = 3,
   kMax = 4,
   kProduct = 5,

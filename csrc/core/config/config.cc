@@ -15,7 +15,7 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"CYCLE_TIME", "1", "milliseconds between negotiation cycles of the background thread"},
       {"FUSION_THRESHOLD", "67108864", "bytes of the fusion buffer; 0 disables fusion"},
       {"CACHE_CAPACITY", "1024", "negotiated ops remembered by the response cache; 0 disables it"},
-      {"REDUCER", "auto", "default all-reduce algorithm: auto, ring, node, central, native"},
+      {"REDUCER", "auto", "default all-reduce algorithm: auto, ring, node, central, native, adasum"},
       {"SHM", "1", "use shared memory between ranks on the same host; 0 forces the c10d link"},
       {"RING_SEGMENT_BYTES", "1048576", "bytes per pipelined segment of the ring"},
       {"RING_WINDOW", "4", "ring segments in flight at once"},

@@ -20,10 +20,15 @@ Coordinator::Coordinator(int size, std::chrono::milliseconds stall_warning, std:
                          WarnFn warn)
     : size_(size), stall_warning_(stall_warning), timeout_(timeout), warn_(std::move(warn)) {}
 
-std::string Coordinator::rankList(const std::vector<int>& ranks) {
+void Coordinator::setScope(std::vector<int> global_ranks, std::string scope) {
+  names_ = std::move(global_ranks);
+  scope_ = std::move(scope);
+}
+
+std::string Coordinator::rankList(const std::vector<int>& ranks) const {
   std::ostringstream os;
   os << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << (names_.empty() ? ranks[i] : names_[ranks[i]]);
   os << "]";
   return os.str();
 }
@@ -46,7 +51,8 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
   }
   if (leaders.size() == 1) return "";
   std::ostringstream os;
-  os << "mismatched " << opTypeName(reqs[0].type) << " '" << reqs[0].name << "' across ranks: "
+  os << "mismatched " << opTypeName(reqs[0].type) << " '" << reqs[0].name << "' across ranks"
+     << (scope_.empty() ? "" : " of " + scope_) << ": "
      << Request::signatureMismatch(reqs[leaders[0]], reqs[leaders[1]]) << ". ";
   for (size_t v = 0; v < leaders.size(); ++v) {
     std::vector<int> ranks;
@@ -68,7 +74,7 @@ Response Coordinator::makeResponse(const std::vector<Request>& reqs) const {
     if (root < 0 || root >= size_)
       s.error = strCat("broadcast '", reqs[0].name, "': root rank ", root, " is not in [0, ", size_, ")");
   }
-  if (!s.error.empty()) return s;
+  if (!s.error.empty() || planIndexFor(s.type) == 0) return s;
   std::vector<const Request*> by_rank(size_);
   for (int r = 0; r < size_; ++r) by_rank[r] = &reqs[r];
   try {
@@ -86,11 +92,12 @@ std::optional<Response> Coordinator::checkStall(const std::string& what, OpType 
   if (waited < stall_warning_ && waited < timeout_) return std::nullopt;
   std::vector<int> ready, missing;
   for (int r = 0; r < size_; ++r) (has[r] ? ready : missing).push_back(r);
+  const std::string where = scope_.empty() ? what : strCat(what, " in ", scope_);
   if (waited >= timeout_) {
     Response s;
     s.type = type;
     s.name = name;
-    s.error = strCat(what, ": ranks ", rankList(missing), " did not submit it within ", seconds(timeout_),
+    s.error = strCat(where, ": ranks ", rankList(missing), " did not submit it within ", seconds(timeout_),
                      " s (HVDTORCH_TIMEOUT) while ranks ", rankList(ready),
                      " waited for it; the ranks have diverged (different op order, an uneven "
                      "number of batches, or a rank that stopped)");
@@ -98,7 +105,7 @@ std::optional<Response> Coordinator::checkStall(const std::string& what, OpType 
   }
   if (!warned) {
     warned = true;
-    warn_(strCat("hvdtorch: stall: ", what, " has waited ", seconds(waited), " s: ready on ranks ",
+    warn_(strCat("hvdtorch: stall: ", where, " has waited ", seconds(waited), " s: ready on ranks ",
                  rankList(ready), ", missing on ranks ", rankList(missing)));
   }
   return std::nullopt;

@@ -36,6 +36,11 @@ class Coordinator {
 
   ResponseList process(const std::vector<RankMessage>& msgs, const ResponseCache& cache, Clock::time_point now);
 
+  // For a process set: messages name its members by their global ranks
+  // (global_ranks[i] for set rank i) and say which set ("process set 1
+  // [0, 2]"). The global set keeps the defaults (identity, no scope).
+  void setScope(std::vector<int> global_ranks, std::string scope);
+
 
  private:
   struct Pending {
@@ -50,7 +55,8 @@ class Coordinator {
   };
 
   using BitRanks = std::map<uint32_t, std::vector<bool>>;
-  static std::string rankList(const std::vector<int>& ranks);
+  // "[0, 2]": the given set ranks, printed as global ranks.
+  std::string rankList(const std::vector<int>& ranks) const;
   // Per rank: has it submitted `name`, in full or by its cache bit?
   std::vector<bool> submitted(const std::string& name, const Pending& pending, const ResponseCache& cache,
                               const BitRanks& bit_ranks) const;
@@ -65,6 +71,8 @@ class Coordinator {
   std::chrono::milliseconds stall_warning_;
   std::chrono::milliseconds timeout_;
   WarnFn warn_;
+  std::vector<int> names_;  // global rank of each set rank; empty: the same
+  std::string scope_;       // "" for the global set
   uint64_t next_arrival_ = 0;
   std::map<std::string, Pending> table_;
   std::map<uint32_t, BitState> bits_;

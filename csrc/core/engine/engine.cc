@@ -16,9 +16,24 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native,
                 config_.timeout),
-      reducers_(reducerEnv(config_, transports)),
+      reducers_(reducerEnv(config_, transports.shm_token, 0)),
       executor_(data_ctx_, reducers_, timeline_),
-      control_(control_ctx_) {
+      control_(control_ctx_),
+      shm_token_(transports.shm_token) {
+  global_ = std::make_shared<ProcessSet>();
+  global_->id = 0;
+  for (int r = 0; r < topo.size; ++r) global_->ranks.push_back(r);
+  global_->set_rank = topo.rank;
+  global_->control = &control_ctx_;
+  global_->data = &data_ctx_;
+  global_->reducers = &reducers_;
+  global_->executor = &executor_;
+  global_->plane = &control_;
+  global_->cache = std::make_unique<ResponseCache>(config_.cache_capacity);
+  if (topo.rank == 0)
+    global_->coordinator = std::make_unique<Coordinator>(topo.size, config_.stall_warning, config_.timeout,
+                                                         [this](const std::string& m) { warn(m); });
+  sets_.emplace(0, global_);
   // Every rank constructs its engine in init(), so this collective lines up.
   if (config_.calibrate) reducers_.calibrate(data_ctx_);
   control_thread_ = std::thread([this] { controlLoop(); });
@@ -27,11 +42,13 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
 
 Engine::~Engine() { shutdown(); }
 
-ReducerEnv Engine::reducerEnv(const Config& config, const Transports& t) {
+ReducerEnv Engine::reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id) {
   ReducerEnv env;
   env.ring = RingOptions{config.ring_segment_bytes, config.ring_window};
   env.central = CentralOptions{config.central_shards, config.ring_segment_bytes};
-  if (config.shm && !t.shm_token.empty()) env.shm_prefix = makeShmPrefix(t.shm_token + "n");
+  // Each set's node reducer has an arena of its own (its members only).
+  if (config.shm && !shm_token.empty())
+    env.shm_prefix = makeShmPrefix(shm_token + "n" + (set_id == 0 ? "" : std::to_string(set_id) + "s"));
   return env;
 }
 
@@ -47,24 +64,115 @@ Context::LinkFactory Engine::localLinks(const Config& config, const Topology& to
   return [cfg, rank](int peer) { return makeShmLink(cfg, rank, peer); };
 }
 
+// ---- process sets ------------------------------------------------------------
+
+int32_t Engine::addProcessSet(std::vector<int> ranks) {
+  const Topology& t = topo();
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty()) throw InvalidArgument(strCat("rank ", t.rank, ": a process set needs at least one rank"));
+  if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end())
+    throw InvalidArgument(strCat("rank ", t.rank, ": a process set lists rank ",
+                                 *std::adjacent_find(ranks.begin(), ranks.end()), " twice"));
+  if (ranks.front() < 0 || ranks.back() >= t.size)
+    throw InvalidArgument(strCat("rank ", t.rank, ": process set rank ", ranks.front() < 0 ? ranks.front() : ranks.back(),
+                                 " is not a rank in [0, ", t.size, ")"));
+  auto ps = std::make_shared<ProcessSet>();
+  ps->ranks = ranks;
+  const auto me = std::find(ranks.begin(), ranks.end(), t.rank);
+  ps->set_rank = me == ranks.end() ? -1 : static_cast<int>(me - ranks.begin());
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  for (const auto& [id, other] : sets_)
+    if (other->ranks == ranks)
+      throw InvalidArgument(strCat("rank ", t.rank, ": ", other->describe(), " already has these ranks"));
+  int32_t id = 1;
+  while (sets_.count(id)) ++id;
+  ps->id = id;
+  if (ps->member()) {
+    ps->own_control = Context::view(control_ctx_, ranks);
+    ps->own_data = Context::view(data_ctx_, ranks);
+    ps->own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, id));
+    ps->own_reducers->adoptModel(reducers_.model());  // the job's calibration serves every set
+    ps->own_executor = std::make_unique<Executor>(*ps->own_data, *ps->own_reducers, timeline_);
+    ps->own_plane = std::make_unique<ControlPlane>(*ps->own_control);
+    ps->control = ps->own_control.get();
+    ps->data = ps->own_data.get();
+    ps->reducers = ps->own_reducers.get();
+    ps->executor = ps->own_executor.get();
+    ps->plane = ps->own_plane.get();
+    ps->cache = std::make_unique<ResponseCache>(config_.cache_capacity);
+    if (ps->set_rank == 0) {
+      ps->coordinator = std::make_unique<Coordinator>(static_cast<int>(ranks.size()), config_.stall_warning,
+                                                      config_.timeout, [this](const std::string& m) { warn(m); });
+      ps->coordinator->setScope(ranks, ps->describe());
+    }
+  }
+  sets_.emplace(id, std::move(ps));
+  return id;
+}
+
+void Engine::removeProcessSet(int32_t id) {
+  const int me = topo().rank;
+  if (id == 0) throw InvalidArgument(strCat("rank ", me, ": the global process set (0) cannot be removed"));
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  auto it = sets_.find(id);
+  if (it == sets_.end()) throw InvalidArgument(strCat("rank ", me, ": process set ", id, " does not exist"));
+  if (it->second->outstanding > 0)
+    throw InvalidArgument(strCat("rank ", me, ": ", it->second->describe(), " still has ", it->second->outstanding.load(),
+                                 " op(s) in flight on this rank; synchronize them before removing it"));
+  sets_.erase(it);  // units still queued keep it alive (QueuedUnit)
+}
+
+std::shared_ptr<const ProcessSet> Engine::processSet(int32_t id) const { return findSet(id); }
+
+std::vector<std::shared_ptr<const ProcessSet>> Engine::processSets() const {
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  std::vector<std::shared_ptr<const ProcessSet>> out;
+  for (const auto& [id, ps] : sets_) out.push_back(ps);
+  return out;
+}
+
+std::shared_ptr<ProcessSet> Engine::findSet(int32_t id) const {
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<ProcessSet>> Engine::setsSnapshot() const {
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  std::vector<std::shared_ptr<ProcessSet>> out;
+  for (const auto& [id, ps] : sets_) out.push_back(ps);
+  return out;
+}
+
 void Engine::warn(const std::string& msg) { std::fprintf(stderr, "%s\n", msg.c_str()); }
 
 int64_t Engine::submit(EntryPtr entry) {
   const Request& req = entry->request;
+  std::shared_ptr<ProcessSet> ps = findSet(req.process_set_id);
+  if (!ps)
+    throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " '", req.name, "': process set ",
+                                 req.process_set_id, " does not exist (never added, or removed)"));
+  if (!ps->member())
+    throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " '", req.name, "': ",
+                                 ps->describe(), " does not include this rank"));
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) throw CollectiveError(failure_);
   if (shutdown_requested_ || stopped_)
     throw CollectiveError(strCat("rank ", topo().rank, ": hvdtorch has been shut down; call hvdtorch.init() again"));
-  if (!pending_names_.insert(req.name).second)
+  std::string key = strCat(req.process_set_id, ":", req.name);
+  if (!pending_names_.insert(key).second)
     throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " named '", req.name,
-                                 "' is already pending; names of outstanding ops must be unique"));
+                                 "' is already pending", req.process_set_id ? " in " + ps->describe() : "",
+                                 "; names of outstanding ops must be unique"));
   // The name stays taken until the op finishes (not merely until it is
   // negotiated): a second op of the same name could otherwise be accepted
   // while the first one still runs, and the two would be matched with the
   // wrong peers' ops.
-  entry->state->setOnDone([this, name = req.name] {
+  ++ps->outstanding;
+  entry->state->setOnDone([this, key = std::move(key), set = std::weak_ptr<ProcessSet>(ps)] {
+    if (auto p = set.lock()) --p->outstanding;
     std::lock_guard<std::mutex> lock(mu_);
-    pending_names_.erase(name);
+    pending_names_.erase(key);
   });
   const int64_t handle = next_handle_++;
   handles_.emplace(handle, entry->state);
@@ -104,7 +212,7 @@ void Engine::shutdown() {
 
 void Engine::failEverything(const std::string& why) {
   std::deque<EntryPtr> incoming;
-  std::deque<WorkUnit> queued;
+  std::deque<QueuedUnit> queued;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_.empty()) failure_ = why;
@@ -116,36 +224,42 @@ void Engine::failEverything(const std::string& why) {
     queued.swap(exec_queue_);
   }
   for (auto& e : incoming) e->state->fail(why);
-  for (auto& u : queued)
-    for (auto& p : u.pieces) p.entry->state->fail(why);
+  for (auto& q : queued)
+    for (auto& p : q.unit.pieces) p.entry->state->fail(why);
+}
+
+void Engine::failNegotiating(const std::function<std::string(const EntryPtr&)>& why) {
+  for (const auto& ps : setsSnapshot()) {
+    for (auto& e : ps->fresh) e->state->fail(why(e));
+    for (auto& [name, e] : ps->pending) e->state->fail(why(e));
+    ps->fresh.clear();
+    ps->pending.clear();
+    ps->cached_pending.clear();
+  }
 }
 
 void Engine::controlLoop() {
-  ResponseCache cache(config_.cache_capacity);
-  std::unique_ptr<Coordinator> coordinator;
-  if (control_ctx_.rank() == 0)
-    coordinator = std::make_unique<Coordinator>(control_ctx_.size(), config_.stall_warning, config_.timeout,
-                                                [this](const std::string& m) { warn(m); });
   bool stop = false;
   while (!stop) {
     {
-      // A rank with ops awaiting an answer runs a cycle every cycle_time. A
-      // rank with nothing pending sleeps until it gets work: an op can only
+      // A rank with ops awaiting an answer runs a cycle every cycle_time,
+      // and so does every rank while some process set has work anywhere (its
+      // members need every rank in the global exchange that starts each
+      // cycle). Otherwise a rank sleeps until it gets work: an op can only
       // become ready once every rank has submitted it, and then every rank
       // is polling. Idle ranks still join a cycle every kIdleWait, which
       // bounds how late they see stall warnings, timeouts and shutdown.
       constexpr auto kIdleWait = std::chrono::milliseconds(50);
-      const bool waiting = !pending_.empty() || !cached_pending_.empty();
+      bool waiting = others_busy_;
+      for (const auto& ps : setsSnapshot()) waiting = waiting || ps->busy();
       std::unique_lock<std::mutex> lock(mu_);
       const auto wait = waiting ? config_.cycle_time : std::chrono::duration_cast<std::chrono::microseconds>(kIdleWait);
       incoming_cv_.wait_for(lock, wait, [&] { return !incoming_.empty() || shutdown_requested_; });
     }
     try {
-      stop = [&] {
-        runCycle(cache, coordinator.get());
-        std::lock_guard<std::mutex> lock(mu_);
-        return stopped_;
-      }();
+      runCycle();
+      std::lock_guard<std::mutex> lock(mu_);
+      stop = stopped_;
     } catch (const std::exception& e) {
       const std::string why = strCat("rank ", control_ctx_.rank(),
                                      ": lost contact with the other ranks during negotiation: ", e.what());
@@ -155,7 +269,7 @@ void Engine::controlLoop() {
         std::lock_guard<std::mutex> lock(mu_);
         reason = failure_;
       }
-      if (coordinator) {
+      if (global_->coordinator) {
         // The other ranks only see rank 0 go away; tell them what it saw.
         ResponseList last;
         last.shutdown = true;
@@ -164,8 +278,7 @@ void Engine::controlLoop() {
         control_.sendLastWord(last.serialize(),
                               std::min<std::chrono::milliseconds>(config_.timeout, std::chrono::seconds(2)));
       }
-      for (auto& [name, entry] : pending_) entry->state->fail(reason);
-      pending_.clear();
+      failNegotiating([&](const EntryPtr&) { return reason; });
       stop = true;
     }
   }
@@ -173,7 +286,70 @@ void Engine::controlLoop() {
   stopped_ = true;
 }
 
-void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
+void Engine::prepareMessage(ProcessSet& ps, RankMessage& msg) {
+  for (auto& e : ps.fresh) {
+    const int id = ps.cache->lookup(e->request);
+    if (id >= 0) {
+      ps.cached_pending[static_cast<uint32_t>(id)] = e->request.name;
+    } else {
+      msg.uncached.push_back(e->request);
+    }
+    ps.pending[e->request.name] = std::move(e);
+  }
+  ps.fresh.clear();
+  msg.cache_bits.assign(ps.cache->words(), 0);
+  for (const auto& [id, name] : ps.cached_pending) msg.cache_bits[id / 64] |= uint64_t(1) << (id % 64);
+}
+
+std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list) {
+  std::vector<ReadyOp> ready;
+  auto take = [&](const std::string& name) -> EntryPtr {
+    auto it = ps.pending.find(name);
+    if (it == ps.pending.end()) return nullptr;
+    EntryPtr e = std::move(it->second);
+    ps.pending.erase(it);
+    const int id = ps.cache->idOf(name);
+    if (id >= 0) ps.cached_pending.erase(static_cast<uint32_t>(id));
+    return e;
+  };
+  for (uint32_t id : list.cached_ready) {
+    // Every rank submitted exactly the cached request, so its plan follows.
+    const Request& cached = ps.cache->at(id);
+    Response s;
+    s.type = cached.type;
+    s.name = cached.name;
+    s.process_set_id = cached.process_set_id;
+    if (planIndexFor(cached.type) != 0)
+      s.plan = makePlan(std::vector<const Request*>(ps.control->size(), &cached));
+    ready.push_back({std::move(s), take(cached.name)});
+  }
+  for (const Response& s : list.responses) {
+    EntryPtr e = take(s.name);
+    // Every rank holds this op when it succeeded, so every rank makes the
+    // same cache update in the same order.
+    if (e && s.error.empty()) ps.cache->put(e->request);
+    ready.push_back({s, std::move(e)});
+  }
+  return ready;
+}
+
+void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready) {
+  if (ready.empty()) return;
+  for (const auto& op : ready) {
+    if (!op.entry) continue;
+    timeline_.end(op.entry->request.name, "NEGOTIATE");
+    timeline_.begin(op.entry->request.name, "QUEUE");
+  }
+  std::vector<WorkUnit> units = planWork(ready, config_.fusion_threshold);
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    for (auto& u : units) exec_queue_.push_back({ps, std::move(u)});
+  }
+  exec_cv_.notify_one();
+}
+
+void Engine::runCycle() {
+  timeline_.markCycle();
   const int me = control_ctx_.rank();
   RankMessage msg;
   std::deque<EntryPtr> fresh;
@@ -183,67 +359,38 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
     msg.shutdown = shutdown_requested_ || !failure_.empty();
     msg.failure = failure_;
   }
+  const auto sets = setsSnapshot();  // ascending ids, the global set first
+  auto find = [&](int32_t id) -> std::shared_ptr<ProcessSet> {
+    for (const auto& ps : sets)
+      if (ps->id == id) return ps;
+    return nullptr;
+  };
   for (auto& e : fresh) {
-    const int id = cache.lookup(e->request);
-    if (id >= 0) {
-      cached_pending_[static_cast<uint32_t>(id)] = e->request.name;
-    } else {
-      msg.uncached.push_back(e->request);
+    auto ps = find(e->request.process_set_id);
+    if (!ps) {  // removed between submit and now
+      e->state->fail(strCat("rank ", me, ": ", e->request.describe(), ": process set ", e->request.process_set_id,
+                            " was removed"));
+      continue;
     }
-    pending_[e->request.name] = std::move(e);
+    ps->fresh.push_back(std::move(e));
   }
-  msg.cache_bits.assign(cache.words(), 0);
-  for (const auto& [id, name] : cached_pending_) msg.cache_bits[id / 64] |= uint64_t(1) << (id % 64);
+  for (const auto& ps : sets)
+    if (ps->id != 0 && ps->member() && ps->busy()) msg.busy_sets.push_back(ps->id);
+  prepareMessage(*global_, msg);
 
   const std::vector<char> reply = control_.exchange(msg.serialize(), [&](std::vector<std::vector<char>>& all) {
     std::vector<RankMessage> msgs;
     msgs.reserve(all.size());
     for (const auto& bytes : all) msgs.push_back(RankMessage::parse(bytes));
-    return coordinator->process(msgs, cache, Coordinator::Clock::now()).serialize();
+    ResponseList out = global_->coordinator->process(msgs, *global_->cache, Coordinator::Clock::now());
+    for (const auto& m : msgs) out.busy_sets.insert(out.busy_sets.end(), m.busy_sets.begin(), m.busy_sets.end());
+    std::sort(out.busy_sets.begin(), out.busy_sets.end());
+    out.busy_sets.erase(std::unique(out.busy_sets.begin(), out.busy_sets.end()), out.busy_sets.end());
+    return out.serialize();
   });
   const ResponseList list = ResponseList::parse(reply);
-
-  std::vector<ReadyOp> ready;
-  auto take = [&](const std::string& name) -> EntryPtr {
-    auto it = pending_.find(name);
-    if (it == pending_.end()) return nullptr;
-    EntryPtr e = std::move(it->second);
-    pending_.erase(it);
-    const int id = cache.idOf(name);
-    if (id >= 0) cached_pending_.erase(static_cast<uint32_t>(id));
-    return e;
-  };
-  for (uint32_t id : list.cached_ready) {
-    // Every rank submitted exactly the cached request, so its plan follows.
-    const Request& cached = cache.at(id);
-    Response s;
-    s.type = cached.type;
-    s.name = cached.name;
-    s.process_set_id = cached.process_set_id;
-    if (planIndexFor(cached.type) != 0)
-      s.plan = makePlan(std::vector<const Request*>(control_ctx_.size(), &cached));
-    ready.push_back({std::move(s), take(cached.name)});
-  }
-  for (const Response& s : list.responses) {
-    EntryPtr e = take(s.name);
-    // Every rank holds this op when it succeeded, so every rank makes the
-    // same cache update in the same order.
-    if (e && s.error.empty()) cache.put(e->request);
-    ready.push_back({s, std::move(e)});
-  }
-  if (!ready.empty()) {
-    for (const auto& op : ready) {
-      if (!op.entry) continue;
-      timeline_.end(op.entry->request.name, "NEGOTIATE");
-      timeline_.begin(op.entry->request.name, "QUEUE");
-    }
-    std::vector<WorkUnit> units = planWork(ready, config_.fusion_threshold);
-    {
-      std::lock_guard<std::mutex> lock(exec_mu_);
-      for (auto& u : units) exec_queue_.push_back(std::move(u));
-    }
-    exec_cv_.notify_one();
-  }
+  queueUnits(global_, takeReady(*global_, list));
+  others_busy_ = !list.busy_sets.empty();
 
   if (list.shutdown) {
     // Name the rank that stopped and, when it stopped on an error, that error:
@@ -255,12 +402,8 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
             : (list.shutdown_rank == me ? list.shutdown_reason
                                         : strCat("stopped because rank ", list.shutdown_rank,
                                                  " failed: ", list.shutdown_reason));
-    auto failPending = [&](const EntryPtr& e) {
-      e->state->fail(strCat("rank ", me, ": ", e->request.describe(), ": ", reason));
-    };
-    for (auto& [name, entry] : pending_) failPending(entry);
-    pending_.clear();
-    cached_pending_.clear();
+    auto why = [&](const EntryPtr& e) { return strCat("rank ", me, ": ", e->request.describe(), ": ", reason); };
+    failNegotiating(why);
     std::deque<EntryPtr> late;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -269,37 +412,60 @@ void Engine::runCycle(ResponseCache& cache, Coordinator* coordinator) {
       stopped_ = true;
       if (!list.shutdown_reason.empty() && failure_.empty()) failure_ = strCat("rank ", me, ": ", reason);
     }
-    for (auto& e : late) failPending(e);
+    for (auto& e : late) e->state->fail(why(e));
+    return;  // every rank stops here, before any set's exchange
   }
+  // Every rank got the same list: the members of each busy set meet in its
+  // exchange, in id order. A set unknown here is not this rank's (a member
+  // always has it: sets are added collectively before first use).
+  for (int32_t id : list.busy_sets) {
+    auto ps = find(id);
+    if (ps && ps->member()) runSetCycle(ps);
+  }
+}
+
+void Engine::runSetCycle(const std::shared_ptr<ProcessSet>& ps) {
+  RankMessage msg;  // sets never carry shutdown: the global exchange does
+  prepareMessage(*ps, msg);
+  const std::vector<char> reply = ps->plane->exchange(msg.serialize(), [&](std::vector<std::vector<char>>& all) {
+    std::vector<RankMessage> msgs;
+    msgs.reserve(all.size());
+    for (const auto& bytes : all) msgs.push_back(RankMessage::parse(bytes));
+    return ps->coordinator->process(msgs, *ps->cache, Coordinator::Clock::now()).serialize();
+  });
+  queueUnits(ps, takeReady(*ps, ResponseList::parse(reply)));
 }
 
 void Engine::executorLoop() {
   while (true) {
-    WorkUnit unit;
+    QueuedUnit item;
     {
       std::unique_lock<std::mutex> lock(exec_mu_);
       exec_cv_.wait(lock, [&] { return !exec_queue_.empty() || exec_stop_; });
       if (exec_queue_.empty()) return;  // stop requested and everything drained
-      unit = std::move(exec_queue_.front());
+      item = std::move(exec_queue_.front());
       exec_queue_.pop_front();
     }
+    WorkUnit& unit = item.unit;
     std::string failure;
     {
       std::lock_guard<std::mutex> lock(mu_);
       failure = failure_;
     }
     const Request& req = unit.pieces.front().entry->request;
+    const int me = data_ctx_.rank();
     try {
       if (!failure.empty()) {
         for (auto& p : unit.pieces) p.entry->state->fail(failure);
         continue;
       }
-      executor_.run(unit);
+      item.set->executor->run(unit);
     } catch (const InvalidArgument& e) {
-      for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", data_ctx_.rank(), ": ", e.what()));
+      for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", me, ": ", e.what()));
     } catch (const std::exception& e) {
-      const std::string why = strCat("rank ", data_ctx_.rank(), ": ", opTypeName(unit.type), " '", req.name,
-                                     "' failed: ", e.what());
+      const std::string in_set = item.set->id == 0 ? "" : " in " + item.set->describe();
+      const std::string why =
+          strCat("rank ", me, ": ", opTypeName(unit.type), " '", req.name, "'", in_set, " failed: ", e.what());
       for (auto& p : unit.pieces) p.entry->state->fail(why);
       failEverything(why);
       incoming_cv_.notify_all();  // the control thread tells the other ranks

@@ -2,13 +2,15 @@
 // cache, fusion planning) that feeds an executor thread (the collectives).
 //
 //   submit() --> incoming queue --> control thread: one cycle every
-//   HVDTORCH_CYCLE_TIME, exchanges RankMessage/ResponseList with rank 0,
-//   plans work units --> executor queue --> executor thread runs reducers,
-//   completes OpStates --> poll()/wait() through handles.
+//   HVDTORCH_CYCLE_TIME, exchanges RankMessage/ResponseList with rank 0
+//   (then, for each process set with work anywhere, with the set's first
+//   rank), plans work units --> executor queue --> executor thread runs
+//   reducers, completes OpStates --> poll()/wait() through handles.
 //
 // Every rank's control thread runs the same cycles in lockstep, and the
 // executor receives the same units in the same order on every rank, which is
 // what makes the collectives match without the caller ordering anything.
+// Process sets keep that property (process_set.h says how).
 //
 // Failure model: an error inside one op (mismatch, bad root, timeout of a
 // negotiation) fails that op on every rank and the engine goes on. A
@@ -19,6 +21,8 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +36,7 @@
 #include "engine/coordinator.h"
 #include "engine/entry.h"
 #include "engine/executor.h"
+#include "engine/process_set.h"
 #include "engine/response_cache.h"
 #include "timeline/timeline.h"
 #include "transport/context.h"
@@ -68,20 +73,48 @@ class Engine {
   // ops fail with a message naming the rank that shut down. Idempotent.
   void shutdown();
 
+  // Process sets (process_set.h). addProcessSet registers one on this rank
+  // and returns its id, the smallest unused one: every rank must add (and
+  // remove) the same sets in the same order, and must not submit to a new
+  // set before every rank has added it (hvdtorch.add_process_set is a
+  // collective that ensures both). `ranks`: distinct global ranks, any
+  // order, at least one. Throws InvalidArgument for a bad list or one equal
+  // to an existing set's. removeProcessSet: id 0, unknown ids, and a set
+  // with ops still outstanding on this rank are errors.
+  int32_t addProcessSet(std::vector<int> ranks);
+  void removeProcessSet(int32_t id);
+  // The set with this id, or null (never added, or removed).
+  std::shared_ptr<const ProcessSet> processSet(int32_t id) const;
+  std::vector<std::shared_ptr<const ProcessSet>> processSets() const;
+
   const Topology& topo() const { return data_ctx_.topo(); }
   const Config& config() const { return config_; }
   ReducerSet& reducers() { return reducers_; }
   const ReducerSet& reducers() const { return reducers_; }
   Context& dataContext() { return data_ctx_; }
   const Context& dataContext() const { return data_ctx_; }
+  // Started and stopped at run time by hvd.start_timeline()/stop_timeline().
+  Timeline& timeline() { return timeline_; }
 
  private:
   void controlLoop();
   void executorLoop();
-  void runCycle(ResponseCache& cache, Coordinator* coordinator);
+  // One cycle: the global set's exchange, then every busy set's, in id order.
+  void runCycle();
+  void runSetCycle(const std::shared_ptr<ProcessSet>& ps);
+  // Moves the set's fresh entries to pending and fills msg's cache bits and
+  // uncached requests.
+  void prepareMessage(ProcessSet& ps, RankMessage& msg);
+  // The ops `list` made ready in this set, as the fusion planner takes them.
+  std::vector<ReadyOp> takeReady(ProcessSet& ps, const ResponseList& list);
+  void queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready);
+  // Fails every op the control thread holds, in every set.
+  void failNegotiating(const std::function<std::string(const EntryPtr&)>& why);
+  std::vector<std::shared_ptr<ProcessSet>> setsSnapshot() const;
+  std::shared_ptr<ProcessSet> findSet(int32_t id) const;
   void failEverything(const std::string& why);
   void warn(const std::string& msg);
-  static ReducerEnv reducerEnv(const Config& config, const Transports& t);
+  static ReducerEnv reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id);
   // Same-host links of one plane ("c" control, "d" data): shared memory
   // unless HVDTORCH_SHM=0 or no token was given.
   static Context::LinkFactory localLinks(const Config& config, const Topology& topo, const Transports& t,
@@ -95,23 +128,32 @@ class Engine {
   Executor executor_;
   ControlPlane control_;
 
+  std::string shm_token_;
+
   std::mutex mu_;
   std::condition_variable incoming_cv_;
   std::deque<EntryPtr> incoming_;
-  std::unordered_set<std::string> pending_names_;  // taken until the op finishes (OpState's on-done hook)
+  // "<set id>:<name>" of every op submitted here and not finished (released
+  // by OpState's on-done hook): names are unique per set.
+  std::unordered_set<std::string> pending_names_;
   std::unordered_map<int64_t, std::shared_ptr<OpState>> handles_;
   int64_t next_handle_ = 1;
   bool shutdown_requested_ = false;
   bool stopped_ = false;
   std::string failure_;  // set once the engine can no longer run collectives
 
-  // Control-thread state.
-  std::unordered_map<std::string, EntryPtr> pending_;   // submitted, not yet ready
-  std::unordered_map<uint32_t, std::string> cached_pending_;  // cache id -> name
+  mutable std::mutex sets_mu_;
+  std::map<int32_t, std::shared_ptr<ProcessSet>> sets_;  // by id; 0 is the global set
+  std::shared_ptr<ProcessSet> global_;
+  bool others_busy_ = false;  // control thread: some set had work somewhere last cycle
 
+  struct QueuedUnit {
+    std::shared_ptr<ProcessSet> set;  // keeps a removed set alive until its last unit ran
+    WorkUnit unit;
+  };
   std::mutex exec_mu_;
   std::condition_variable exec_cv_;
-  std::deque<WorkUnit> exec_queue_;
+  std::deque<QueuedUnit> exec_queue_;
   bool exec_stop_ = false;
 
   std::thread control_thread_;

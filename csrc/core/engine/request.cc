@@ -262,6 +262,7 @@ std::vector<char> ResponseList::serialize() const {
   w.put<uint8_t>(shutdown);
   w.put(shutdown_rank);
   w.putString(shutdown_reason);
+  w.putVector(busy_sets);
   return std::move(w.bytes());
 }
 
@@ -274,6 +275,7 @@ ResponseList ResponseList::parse(const std::vector<char>& bytes) {
   l.shutdown = r.get<uint8_t>() != 0;
   l.shutdown_rank = r.get<int32_t>();
   l.shutdown_reason = r.getString();
+  l.busy_sets = r.getVector<int32_t>();
   r.expectEnd();
   return l;
 }
@@ -285,6 +287,7 @@ std::vector<char> RankMessage::serialize() const {
   w.putVector(cache_bits);
   w.put<uint32_t>(static_cast<uint32_t>(uncached.size()));
   for (const auto& q : uncached) q.write(w);
+  w.putVector(busy_sets);
   return std::move(w.bytes());
 }
 
@@ -296,6 +299,7 @@ RankMessage RankMessage::parse(const std::vector<char>& bytes) {
   m.cache_bits = r.getVector<uint64_t>();
   const uint32_t n = r.get<uint32_t>();
   for (uint32_t i = 0; i < n; ++i) m.uncached.push_back(Request::read(r));
+  m.busy_sets = r.getVector<int32_t>();
   r.expectEnd();
   return m;
 }

@@ -140,6 +140,9 @@ struct ResponseList {
   bool shutdown = false;
   int32_t shutdown_rank = -1;
   std::string shutdown_reason;  // the error that made a rank stop, if any
+  // Global set only: the process sets (ids > 0, ascending) some rank has
+  // work in; their members run those sets' exchanges next, in this order.
+  std::vector<int32_t> busy_sets;
 
   std::vector<char> serialize() const;
   static ResponseList parse(const std::vector<char>& bytes);
@@ -151,6 +154,7 @@ struct RankMessage {
   std::string failure;  // why this rank stops, when it stops on an error
   std::vector<uint64_t> cache_bits;    // bit i: cached request i is pending here
   std::vector<Request> uncached;      // new requests not in the cache
+  std::vector<int32_t> busy_sets;     // global set only: sets (id > 0) with work on this rank
 
   std::vector<char> serialize() const;
   static RankMessage parse(const std::vector<char>& bytes);

@@ -1,5 +1,6 @@
 #include "ops/allreduce.h"
 
+#include "algorithms/reducer_registry.h"
 #include "common/error.h"
 #include "ops/op_common.h"
 
@@ -10,13 +11,22 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
   ReduceArgs args = reduceArgs(where, opts.op, opts.prescale, opts.postscale, opts.inputs);
   try {
     args.reducer = parseReducer(opts.reducer.empty() ? engine.config().reducer : opts.reducer);
+    // A reducer that defines its own op (Adasum) makes a Sum or Average that op.
+    if (args.reducer != kAutoReducer) {
+      const auto& own = reducerRegistry()[args.reducer].own_op;
+      if (own && (args.op == ReduceOp::kSum || args.op == ReduceOp::kAverage)) args.op = *own;
+    }
     // The reducers run Average as a Sum.
     const ReduceOp reduced = args.op == ReduceOp::kAverage ? ReduceOp::kSum : args.op;
-    for (const auto& t : opts.inputs) engine.reducers().check(args.reducer, engine.dataContext(), t->dtype(), reduced);
+    const auto ps = engine.processSet(opts.process_set_id);
+    const ReducerSet& reducers = ps && ps->member() ? *ps->reducers : engine.reducers();
+    const Context& ctx = ps && ps->member() ? *ps->data : engine.dataContext();
+    for (const auto& t : opts.inputs) reducers.check(args.reducer, ctx, t->dtype(), reduced);
   } catch (const InvalidArgument& err) {
     throw InvalidArgument(strCat(where.str(), ": ", err.what()));
   }
-  args.fuse = opts.fuse;
+  // Adasum's dot products are per tensor: never fuse it with other tensors.
+  args.fuse = opts.fuse && args.op != ReduceOp::kAdasum;
   return args;
 }
 

@@ -25,7 +25,9 @@ struct AllreduceOptions {
 
 // What `opts` asks the engine to do, checked (InvalidArgument naming the
 // rank, op and what is wrong): the reduce policy of op_common.h, then the
-// reducer, which must serve every input's dtype with that op here.
+// reducer, which must serve every input's dtype with that op here. Asking
+// for a reducer that defines its own op (adasum) by name makes a Sum or
+// Average that op; Adasum is never fused (its dot products are per tensor).
 ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts);
 
 // Checks everything that can be checked locally (nothing is sent when it

@@ -19,11 +19,11 @@ std::string listStr(const std::vector<int64_t>& v) {
 
 int64_t alltoall(Engine& engine, AlltoallOptions opts) {
   const OpWhere where{engine, OpType::kAlltoall, opts.name};
-  checkProcessSet(where, opts.process_set_id);
+  const auto ps = checkProcessSet(where, opts.process_set_id);
   if (!opts.allocate) throw InvalidArgument(strCat(where.str(), ": needs an output allocator"));
   const std::vector<int64_t> shape = opts.input->shape();
   if (shape.empty()) throw InvalidArgument(strCat(where.str(), ": the tensor needs at least one dimension"));
-  const int size = engine.topo().size;
+  const int size = static_cast<int>(ps->ranks.size());
   const int64_t dim0 = shape[0];
   if (opts.splits.empty()) {
     if (dim0 % size != 0)

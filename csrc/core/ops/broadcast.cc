@@ -1,5 +1,7 @@
 #include "ops/broadcast.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "ops/op_common.h"
 
@@ -7,10 +9,16 @@ namespace hvdtorch::ops {
 
 int64_t broadcast(Engine& engine, BroadcastOptions opts) {
   const OpWhere where{engine, OpType::kBroadcast, opts.name};
-  checkProcessSet(where, opts.process_set_id);
-  const int size = engine.topo().size;
-  if (opts.root < 0 || opts.root >= size)
-    throw InvalidArgument(strCat(where.str(), ": root_rank ", opts.root, " is not a rank in [0, ", size, ")"));
+  const auto ps = checkProcessSet(where, opts.process_set_id);
+  // root_rank is a global rank (Horovod's rule, for sets too); the request
+  // carries its rank within the set, which is what the executor needs.
+  const auto at = std::find(ps->ranks.begin(), ps->ranks.end(), opts.root);
+  if (at == ps->ranks.end()) {
+    const int size = engine.topo().size;
+    throw InvalidArgument(ps->id == 0 ? strCat(where.str(), ": root_rank ", opts.root, " is not a rank in [0, ", size, ")")
+                                      : strCat(where.str(), ": root_rank ", opts.root, " is not in ", ps->describe()));
+  }
+  const int32_t set_root = static_cast<int32_t>(at - ps->ranks.begin());
   if (opts.input->numel() != opts.output->numel() || opts.input->dtype() != opts.output->dtype())
     throw InvalidArgument(strCat(where.str(), ": output does not match the input"));
   auto e = std::make_shared<Entry>();
@@ -18,7 +26,7 @@ int64_t broadcast(Engine& engine, BroadcastOptions opts) {
   q.type = OpType::kBroadcast;
   q.process_set_id = opts.process_set_id;
   q.tensors.push_back(specOf(*opts.input));
-  q.args = BroadcastArgs{opts.root};
+  q.args = BroadcastArgs{set_root};
   q.name = std::move(opts.name);
   e->inputs = {std::move(opts.input)};
   e->outputs = {std::move(opts.output)};

@@ -12,18 +12,19 @@ ReduceOp toReduceOp(int value) {
   return static_cast<ReduceOp>(value);
 }
 
-void checkProcessSet(const OpWhere& where, int32_t process_set_id) {
-  if (process_set_id != 0)
+std::shared_ptr<const ProcessSet> checkProcessSet(const OpWhere& where, int32_t process_set_id) {
+  auto ps = where.engine.processSet(process_set_id);
+  if (!ps)
     throw InvalidArgument(strCat(where.str(), ": process set ", process_set_id,
-                                 " does not exist; only the global set (0) is supported"));
+                                 " does not exist (never added, or removed)"));
+  if (!ps->member()) throw InvalidArgument(strCat(where.str(), ": ", ps->describe(), " does not include this rank"));
+  return ps;
 }
 
 TensorSpec specOf(const TensorBuffer& t) { return TensorSpec{t.dtype(), t.shape()}; }
 
 ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double postscale,
                       const std::vector<TensorPtr>& tensors) {
-  if (op == ReduceOp::kAdasum)
-    throw InvalidArgument(strCat(where.str(), ": Adasum is not supported by hvdtorch; use Sum or Average"));
   for (const auto& t : tensors) {
     if (t->dtype() != DataType::kBool) continue;
     if (op == ReduceOp::kAverage)

@@ -2,8 +2,7 @@
 // "rank r: <op> '<name>'" prefix of its errors, built only when one is
 // raised), tensor specs, the process-set check, and the policy of the
 // reducing ops (all-reduce, reduce-scatter), applied here and nowhere else:
-//  * the reduce op must be one of Horovod's values; Adasum only where a
-//    registered reducer serves it;
+//  * the reduce op must be one of Horovod's values;
 //  * bool tensors take neither Average nor scale factors.
 // Average itself travels as such; the executor runs it as a Sum divided by
 // the number of ranks on the way out (exactly, for integers).
@@ -26,8 +25,10 @@ struct OpWhere {
 // Horovod's op values (Average 0 ... Product 5); InvalidArgument otherwise.
 ReduceOp toReduceOp(int value);
 
-// Only the global set (id 0) exists so far.
-void checkProcessSet(const OpWhere& where, int32_t process_set_id);
+// The process set an op goes to: it must exist and include this rank
+// (InvalidArgument naming the set otherwise). Sizes and ranks in an op's
+// arguments are the set's.
+std::shared_ptr<const ProcessSet> checkProcessSet(const OpWhere& where, int32_t process_set_id);
 
 TensorSpec specOf(const TensorBuffer& t);
 

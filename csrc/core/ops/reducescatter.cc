@@ -18,6 +18,8 @@ int64_t reducescatter(Engine& engine, ReducescatterOptions opts) {
     if (t->shape().empty()) throw InvalidArgument(strCat(where.str(), ": tensors need at least one dimension"));
     q.tensors.push_back(specOf(*t));
   }
+  if (opts.op == ReduceOp::kAdasum)
+    throw InvalidArgument(strCat(where.str(), ": Adasum has no reduce-scatter; use Sum, Average, Min, Max or Product"));
   ReduceArgs args = reduceArgs(where, opts.op, opts.prescale, opts.postscale, opts.inputs);
   args.fuse = false;
   q.args = args;

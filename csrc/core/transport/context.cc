@@ -1,8 +1,49 @@
 #include "transport/context.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace hvdtorch {
+
+namespace {
+
+// A Link owned elsewhere (by the parent context), used through a view.
+class LinkRef : public Link {
+ public:
+  explicit LinkRef(Link& link) : link_(link) {}
+  int peer() const override { return link_.peer(); }
+  const char* kind() const override { return link_.kind(); }
+  std::unique_ptr<LinkRequest> isend(const void* data, size_t bytes) override { return link_.isend(data, bytes); }
+  std::unique_ptr<LinkRequest> irecv(void* data, size_t bytes) override { return link_.irecv(data, bytes); }
+
+ private:
+  Link& link_;
+};
+
+}  // namespace
+
+std::unique_ptr<Context> Context::view(Context& parent, const std::vector<int>& members) {
+  const Topology& pt = parent.topo();
+  const auto me = std::find(members.begin(), members.end(), pt.rank);
+  if (me == members.end())
+    throw InvalidArgument(strCat("rank ", pt.rank, " is not a member of the process set it is asked to view"));
+  // Dense host indices, in order of first appearance among the members.
+  std::vector<int> host_of_member;
+  std::vector<int> dense(pt.num_hosts, -1);
+  int hosts = 0;
+  for (int g : members) {
+    if (g < 0 || g >= pt.size) throw InvalidArgument(strCat("process set member ", g, " is not a rank"));
+    int& h = dense[pt.host_of_rank[g]];
+    if (h < 0) h = hosts++;
+    host_of_member.push_back(h);
+  }
+  Topology t = Topology::build(static_cast<int>(me - members.begin()), host_of_member);
+  LinkFactory through_parent = [&parent, members](int peer) {
+    return std::make_unique<LinkRef>(parent.link(members[peer]));
+  };
+  return std::make_unique<Context>(std::move(t), std::move(through_parent), nullptr, nullptr, parent.timeout());
+}
 
 Context::Context(Topology topo, LinkFactory remote_links, LinkFactory local_links,
                  NativeCollectives* native, std::chrono::milliseconds timeout)

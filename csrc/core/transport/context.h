@@ -26,13 +26,22 @@ class Context {
   Context(Topology topo, LinkFactory remote_links, LinkFactory local_links,
           NativeCollectives* native, std::chrono::milliseconds timeout);
 
+  // A process set's view of `parent`: rank i of the view is global rank
+  // members[i] (ascending, this rank among them). Its links are the parent's
+  // own link objects (shared memory or c10d, as the parent chose per hop),
+  // reached through non-owning references, so a set opens no transport of
+  // its own. The parent must outlive the view, and traffic on the shared
+  // links must stay in one order on both ends of every link (the engine
+  // runs every set's ops on one thread, in one order, on every rank). The
+  // view has no native collectives (the backend's group spans every rank).
+  static std::unique_ptr<Context> view(Context& parent, const std::vector<int>& members);
+
   const Topology& topo() const { return topo_; }
   int rank() const { return topo_.rank; }
   int size() const { return topo_.size; }
   NativeCollectives* native() const { return native_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   Deadline deadline() const { return Deadline::after(timeout_); }
-  bool hasLocalTransport() const { return static_cast<bool>(local_links_); }
 
   // The link to `peer`, created on first use. Both ends must ask for their
   // link in a compatible order (any algorithm that talks to a peer does).

@@ -25,7 +25,7 @@ struct ShmArena::Control {
 
 ShmArena::ShmArena(const std::string& name, int local_rank, const std::vector<int>& local_ranks,
                    size_t slot_bytes, Deadline deadline)
-    : local_rank_(local_rank), local_ranks_(local_ranks), slot_bytes_(slot_bytes) {
+    : local_rank_(local_rank), local_ranks_(local_ranks) {
   const int size = static_cast<int>(local_ranks.size());
   if (size < 1 || local_rank < 0 || local_rank >= size || slot_bytes == 0)
     throw InvalidArgument(strCat("node arena ", name, ": bad local rank ", local_rank, " of ", size,

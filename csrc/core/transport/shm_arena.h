@@ -34,7 +34,6 @@ class ShmArena {
 
   int localRank() const { return local_rank_; }
   int localSize() const { return static_cast<int>(local_ranks_.size()); }
-  size_t slotBytes() const { return slot_bytes_; }
   const std::string& name() const { return seg_.name(); }
 
   // Slot of local rank `owner` in buffer set `set` (0 or 1).
@@ -54,7 +53,6 @@ class ShmArena {
 
   int local_rank_;
   std::vector<int> local_ranks_;
-  size_t slot_bytes_;
   size_t slot_stride_;
   size_t slots_offset_;
   ShmSegment seg_;

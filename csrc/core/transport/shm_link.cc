@@ -409,8 +409,6 @@ ShmLink::~ShmLink() { state_->close(/*deliver=*/std::uncaught_exceptions() == 0)
 
 int ShmLink::peer() const { return state_->peer; }
 
-const std::string& ShmLink::segmentName() const { return state_->seg.name(); }
-
 std::unique_ptr<LinkRequest> ShmLink::isend(const void* data, size_t bytes) {
   State& s = *state_;
   auto op = std::make_shared<SendOp>();

@@ -71,8 +71,6 @@ class ShmLink : public Link {
   std::unique_ptr<LinkRequest> isend(const void* data, size_t bytes) override;
   std::unique_ptr<LinkRequest> irecv(void* data, size_t bytes) override;
 
-  const std::string& segmentName() const;
-
   struct State;  // shared with outstanding requests and the sender thread
 
  private:

@@ -1,0 +1,71 @@
+// A process set as the engine runs it: a list of global ranks with its own
+// negotiation (response cache, coordinator at the set's first rank, stall
+// check) over views of the job's control and data contexts (set rank i is
+// global rank ranks[i], on the same links), and its own reducers. The global
+// set (id 0, every rank) is one of them and uses the engine's own contexts.
+//
+// How sets run (Engine::controlLoop): every cycle starts with the global
+// set's exchange, in which each rank also reports the sets it has work in;
+// the coordinator returns their union, and then every member of each busy
+// set runs that set's exchange, in id order. All ranks therefore agree on
+// which exchanges happen in which order, and the units they produce reach
+// the one executor thread of every rank in one global order: a unit runs
+// once every member reached it, so sets that share ranks (and links) never
+// wait on each other in a cycle, and disjoint sets' ops run at the same
+// time on their different ranks.
+//
+// Fields are written by the control thread, except `outstanding` (the
+// submitting thread and the completion hook). Ids are agreed because every
+// rank adds and removes sets in the same order (a collective in Python).
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "algorithms/reducer_set.h"
+#include "engine/control_plane.h"
+#include "engine/coordinator.h"
+#include "engine/entry.h"
+#include "engine/executor.h"
+#include "engine/response_cache.h"
+#include "transport/context.h"
+
+namespace hvdtorch {
+
+struct ProcessSet {
+  int32_t id = 0;
+  std::vector<int> ranks;  // global ranks, ascending
+  int set_rank = -1;       // this rank's index in `ranks`; -1: not a member
+
+  // Where the set's traffic goes. The global set points at the engine's own
+  // parts; other sets own theirs (the own_* members), built only on members.
+  Context* control = nullptr;
+  Context* data = nullptr;
+  ReducerSet* reducers = nullptr;
+  Executor* executor = nullptr;
+  ControlPlane* plane = nullptr;
+  std::unique_ptr<Context> own_control, own_data;
+  std::unique_ptr<ReducerSet> own_reducers;
+  std::unique_ptr<Executor> own_executor;
+  std::unique_ptr<ControlPlane> own_plane;
+
+  // Negotiation state (control thread).
+  std::unique_ptr<ResponseCache> cache;
+  std::unique_ptr<Coordinator> coordinator;          // on the set's first rank
+  std::deque<EntryPtr> fresh;                        // submitted, not yet sent to the coordinator
+  std::unordered_map<std::string, EntryPtr> pending;  // sent, awaiting a response
+  std::unordered_map<uint32_t, std::string> cached_pending;  // cache id -> name
+
+  std::atomic<int> outstanding{0};  // ops of this set submitted here and not finished
+
+  bool member() const { return set_rank >= 0; }
+  bool busy() const { return !fresh.empty() || !pending.empty() || !cached_pending.empty(); }
+  // "process set 1 [0, 2]"
+  std::string describe() const;
+};
+
+}  // namespace hvdtorch

@@ -1,0 +1,170 @@
+"""Process sets: Horovod's subsets of ranks that run collectives of their own.
+
+    even = hvd.ProcessSet([0, 2])
+    hvd.init(process_sets=[even])          # or, once running: hvd.add_process_set([0, 2])
+    if even.included():
+        hvd.allreduce(t, process_set=even)  # only ranks 0 and 2 call it
+
+A set is a list of global ranks. Each set negotiates on its own (its own
+coordinator, response cache and stall check) and its ops run over the job's
+existing links, shared memory between members on one host and the c10d link
+otherwise; ops of disjoint sets run at the same time. Adding and removing a
+set are collectives over every rank: every rank calls them with the same
+ranks in the same order and gets the same id. As in Horovod, ranks given to
+ops of a set (broadcast's ``root_rank``) are global ranks; ``ProcessSet.rank()``
+is a rank's position inside the set (useful to pick its rows of an allgather).
+"""
+from typing import Dict, Iterable, List, Optional, Union
+
+from . import runtime
+
+# id -> the ProcessSet object every rank registered under it
+_registry: Dict[int, "ProcessSet"] = {}
+
+
+class ProcessSet:
+    """A set of global ranks; usable in ops once added (init or add_process_set)."""
+
+    def __init__(self, ranks: Iterable[int]):
+        if hasattr(ranks, "Get_group"):
+            raise ValueError("hvdtorch: process sets are lists of ranks; MPI communicators are not supported")
+        try:
+            self.ranks: List[int] = sorted(int(r) for r in ranks)
+        except TypeError as e:
+            raise ValueError(f"hvdtorch: a process set is a list of ranks, got {ranks!r}") from e
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"hvdtorch: process set {self.ranks} lists a rank twice")
+        self.process_set_id: Optional[int] = None
+
+    def size(self) -> Optional[int]:
+        """Number of ranks in the set; None until the set is added."""
+        return None if self.process_set_id is None else len(self.ranks)
+
+    def rank(self) -> Optional[int]:
+        """This rank's position in the set, -1 when not included; None until added."""
+        if self.process_set_id is None:
+            return None
+        me = runtime.rank()
+        return self.ranks.index(me) if me in self.ranks else -1
+
+    def included(self) -> Optional[bool]:
+        """Whether this rank is in the set; None until added."""
+        return None if self.process_set_id is None else runtime.rank() in self.ranks
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+class _GlobalProcessSet(ProcessSet):
+    """Every rank, id 0: the default of every op."""
+
+    def __init__(self):
+        self.process_set_id = 0
+
+    @property
+    def ranks(self) -> List[int]:  # type: ignore[override]
+        return list(range(runtime.size()))
+
+    def size(self) -> int:
+        return runtime.size()
+
+    def rank(self) -> int:
+        return runtime.rank()
+
+    def included(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "global_process_set"
+
+
+global_process_set = _GlobalProcessSet()
+
+
+def set_id(process_set, member: bool = True) -> int:
+    """The engine id of an op's ``process_set`` argument (None: the global set);
+    with ``member``, this rank must be in the set."""
+    if process_set is None or process_set is global_process_set:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"hvdtorch: process_set must be a hvdtorch.ProcessSet, got {type(process_set).__name__}")
+    if process_set.process_set_id is None:
+        raise ValueError(f"hvdtorch: {process_set} has not been added; use hvdtorch.add_process_set() or "
+                         "hvdtorch.init(process_sets=[...]) first")
+    if _registry.get(process_set.process_set_id) is not process_set:
+        raise ValueError(f"hvdtorch: {process_set} was removed")
+    if member and runtime.rank() not in process_set.ranks:
+        # Checked here too (the engine checks again) so that a rejected call
+        # does not number an unnamed op on this rank only.
+        raise ValueError(f"hvdtorch: rank {runtime.rank()}: {_describe(process_set)} does not include this rank")
+    return process_set.process_set_id
+
+
+def _describe(ps: ProcessSet) -> str:
+    return f"process set {ps.process_set_id} [{', '.join(map(str, ps.ranks))}]"
+
+
+def _reset_names(psid: int) -> None:
+    """Unnamed ops of a set are numbered per set; a new set under an old id starts again."""
+    counters = runtime.state().name_counters
+    for key in [k for k in counters if k.endswith(f".set{psid}")]:
+        del counters[key]
+
+
+def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:
+    """Adds a set on every rank (a collective: all ranks call it, same ranks, same order).
+
+    Returns the ProcessSet, now with its id. A set defined differently on
+    different ranks raises ValueError on every rank, naming what each rank passed."""
+    from . import ops
+    from .broadcast import allgather_object
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"hvdtorch: {ps} has been added already")
+    st = runtime.state()
+    bad = [r for r in ps.ranks if not 0 <= r < st.size]
+    if bad:
+        raise ValueError(f"hvdtorch: process set {ps.ranks}: ranks {bad} are not in [0, {st.size})")
+    # Every rank must define the same set: compare over the global set first,
+    # so that a disagreement is an error everywhere rather than a hang.
+    everyone = allgather_object(ps.ranks, name=runtime.next_name("add_process_set"))
+    if any(r != ps.ranks for r in everyone):
+        variants = "; ".join(f"rank {k}: {r}" for k, r in enumerate(everyone))
+        raise ValueError(f"hvdtorch: add_process_set was called with different ranks on different ranks ({variants})")
+    new_id = st.engine.add_process_set(ps.ranks)
+    _reset_names(new_id)
+    # No rank may submit to the set before every rank knows it.
+    ops.barrier()
+    ps.process_set_id = new_id
+    _registry[new_id] = ps
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Removes a set on every rank (a collective). Its ops must have finished."""
+    from . import ops
+    if process_set is global_process_set or process_set.process_set_id == 0:
+        raise ValueError("hvdtorch: the global process set cannot be removed")
+    psid = set_id(process_set, member=False)
+    ops.barrier()  # every rank is done with the set before anyone drops it
+    runtime.state().engine.remove_process_set(psid)
+    del _registry[psid]
+    _reset_names(psid)
+    process_set.process_set_id = None
+    return True
+
+
+def _setup(process_sets) -> None:
+    """hvd.init(process_sets=...): add each listed set, in order."""
+    _registry.clear()
+    if process_sets in (None, "dynamic"):
+        return
+    for ps in process_sets:
+        add_process_set(ps)
+
+
+def _forget() -> None:
+    """hvd.shutdown(): sets die with the engine."""
+    for ps in _registry.values():
+        ps.process_set_id = None
+    _registry.clear()

@@ -1,0 +1,10 @@
+"""Process sets: ops, gradients, training and errors inside subsets of ranks."""
+from tests.harness import run_ranks
+
+
+def test_process_sets_ops_training_and_errors():
+    run_ranks("tests.workers.process_sets:check_process_sets", 4, timeout=240)
+
+
+def test_mismatch_inside_a_set_names_the_set():
+    run_ranks("tests.workers.process_sets:check_mismatch_in_set", 4, timeout=120)
