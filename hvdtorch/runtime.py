@@ -12,6 +12,7 @@ import datetime
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -50,9 +51,8 @@ class _State:
 
 
 _state: Optional[_State] = None
-# The env:// rendezvous store (torchrun, or MASTER_ADDR/MASTER_PORT) and how
-# many times this process has joined through it.
-_env_store = None
+# How many times this process has joined a job through env:// (torchrun, or
+# MASTER_ADDR/MASTER_PORT): each init() meets under a key prefix of its own.
 _generation = 0
 
 
@@ -64,6 +64,38 @@ def _require() -> _State:
     if _state is None:
         raise NotInitializedError("hvdtorch has not been initialized; call hvdtorch.init() first")
     return _state
+
+
+def _open_env_store(info: launch.LaunchInfo, timeout: datetime.timedelta):
+    """The env:// rendezvous store of this init(), under this generation's prefix.
+
+    The store lives as long as the default group and goes with it at
+    shutdown(), so nothing (server thread, sockets) outlives hvdtorch. After
+    shutdown(); init(), a fast rank can still reach rank 0's previous store
+    (rank 0 has not shut down yet): rank 0 marks each generation's store as
+    open, and a rank that does not see the mark in time reconnects, until the
+    overall timeout."""
+    global _generation
+    _generation += 1
+    prefix = f"hvdtorch.init{_generation}"
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        base, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
+        store = dist.PrefixStore(prefix, base)
+        if info.rank == 0:
+            store.set("open", "1")
+            return store
+        left = deadline - time.monotonic()
+        try:
+            store.wait(["open"], datetime.timedelta(seconds=max(0.1, min(2.0, left))))
+            return store
+        except Exception as e:  # an old store that closed, or one that never gets the mark
+            del store, base
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"hvdtorch: rank {info.rank} did not meet rank 0's rendezvous store at "
+                                   f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
+                                   f"within {timeout.total_seconds():.0f} s: {e}") from e
+            time.sleep(0.05)
 
 
 def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
@@ -79,15 +111,7 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
         os.environ.setdefault("MASTER_ADDR", info.master_addr or "127.0.0.1")
         if info.master_port is None:
             raise ValueError("hvdtorch: MASTER_PORT is not set")
-        # One rendezvous store per process, kept across shutdown()/init():
-        # rebuilding it on the same port would let a fast rank reach rank 0's
-        # old store (not torn down yet) and read the last generation's
-        # addresses. Each init() meets under a key prefix of its own instead.
-        global _env_store, _generation
-        if _env_store is None:
-            _env_store, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
-        _generation += 1
-        store = dist.PrefixStore(f"hvdtorch.init{_generation}", _env_store)
+        store = _open_env_store(info, timeout)
         dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.size, timeout=timeout)
         return None
     if not info.single_host_by_launcher:
