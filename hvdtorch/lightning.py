@@ -42,7 +42,8 @@ try:
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 except ImportError as error:
     raise ImportError(f"hvdtorch.lightning needs Lightning 2.6 ({error}): pip install --no-deps -r "
-                      "requirements-lightning.txt (lightning==2.6.6 and its pinned pure-Python dependencies)") from error
+                      "requirements-lightning.txt (lightning==2.6.6 and its pinned pure-Python dependencies)"
+                      ) from error
 
 import hvdtorch as hvd
 

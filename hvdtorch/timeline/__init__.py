@@ -3,7 +3,7 @@ start_timeline / stop_timeline), and summarizing a trace from the command line:
 
     python -m hvdtorch.timeline summarize trace.json [--plot out.png] [--json]
 
-(the summary lives in timeline_summary.py, the plot in timeline_plot.py).
+(__main__.py; the summary lives in hvdtorch/timeline_summary.py, the plot in hvdtorch/timeline_plot.py).
 
     hvd.start_timeline("/tmp/trace.json")        # rank 0 writes it
     hvd.start_timeline("/tmp/trace-{rank}.json")  # every rank writes its own
@@ -15,7 +15,7 @@ The file is the same Chrome trace HVDTORCH_TIMELINE writes from init() on
 stop_timeline() finishes the file and is a no-op when nothing is recorded.
 Unlike Horovod, no environment variable has to be set beforehand.
 """
-from . import runtime
+from .. import runtime
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
@@ -30,10 +30,3 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 def stop_timeline() -> None:
     """Stops recording and closes the timeline file."""
     runtime.state().engine.stop_timeline()
-
-
-if __name__ == "__main__":
-    import sys
-
-    from .timeline_summary import main
-    sys.exit(main())
