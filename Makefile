@@ -1,6 +1,8 @@
 # make        set up .venv (torch 2.13.0 CPU + deps) and build hvdtorch (incremental)
 # make test   C++ unit tests (ctest) + Python multi-process tests (pytest)
 # make demo   the main job: multi-process training on CPU through torchrun
+# make mutants  mutation testing: every mutation in tools/mutants.toml must fail its tests (not part of make test)
+
 # make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
 # make format apply clang-format (csrc) and ruff's import sorting and formatter
 SHELL := /bin/bash
@@ -22,7 +24,7 @@ LINT_BUILD_DIR := build/lint
 CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
-.PHONY: all build test test-cpp test-py demo clean system-deps lint format \
+.PHONY: all build test test-cpp test-py demo mutants clean system-deps lint format \
         lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
 all: build
@@ -42,9 +44,10 @@ $(VENV)/.system-deps: Makefile
 	fi
 	@mkdir -p $(VENV) && touch $@
 
-$(VENV)/.deps: requirements-dev.txt $(VENV)/.system-deps
+$(VENV)/.deps: requirements-dev.txt requirements-lightning.txt $(VENV)/.system-deps
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PIP) install -q --disable-pip-version-check --no-deps -r requirements-lightning.txt
 	@touch $@
 
 build: $(VENV)/.deps
@@ -60,6 +63,12 @@ test: test-cpp test-py
 
 demo: build
 	$(PY) examples/demo.py
+
+# Builds its own copy of the tree under build/mutants (ccache keeps that cheap);
+# MUTANTS_ARGS takes mutation ids or options, e.g. MUTANTS_ARGS="-j2 ring-*".
+MUTANTS_ARGS ?=
+mutants: $(VENV)/.deps
+	$(PY) tools/mutants.py --venv $(VENV) $(MUTANTS_ARGS)
 
 # Every check runs, even after one fails; the summary names the failed ones.
 lint: $(VENV)/.deps

@@ -7,6 +7,13 @@
 
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 """
+try:
+    from . import _C  # noqa: F401  (the compiled core; everything below needs it)
+except ImportError as _error:
+    raise ImportError(f"hvdtorch: the compiled extension hvdtorch._C cannot be loaded ({_error}); build it with "
+                      "`pip install --no-build-isolation .` (or `make build`) against the torch installed here, "
+                      "then run `python -m hvdtorch.check`") from _error
+from . import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler)
 from .alltoall import alltoall, alltoall_async
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
@@ -68,6 +75,9 @@ from .runtime import (
 from .sparse import sparse_allreduce_async
 from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
+
+# Horovod's name for the error a lost peer raises (what hvd.elastic.run recovers from).
+HorovodInternalError = HvdError
 
 __version__ = "0.1.0"
 

@@ -28,7 +28,7 @@ _instance_ids = itertools.count()
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer, process_set=None):
-        super(self.__class__, self).__init__(params)
+        super(self._hvd_class, self).__init__(params)
         if op not in (ops.Average, ops.Sum):
             raise ValueError("hvdtorch: DistributedOptimizer supports op=hvd.Average or hvd.Sum")
         names = _parameter_names(self.param_groups, named_parameters)
@@ -77,21 +77,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "yourself (e.g. to clip gradients)", stacklevel=2)
             self.synchronize()
         self._hvd_synchronized = False
-        return super(self.__class__, self).step(closure)
+        return super(self._hvd_class, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
         if self._hvd_sync is not None and self._hvd_sync.pending():
             raise AssertionError("hvdtorch: optimizer.zero_grad() between loss.backward() and optimizer.step() "
                                  "(or synchronize()): the gradients of that backward pass are being reduced "
                                  "across ranks; zero them before backward or after step()")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        return super(self._hvd_class, self).zero_grad(set_to_none=set_to_none)
 
     def load_state_dict(self, *args, **kwargs):
         if self._hvd_sync is not None:
             self._hvd_sync.reset()
         self._hvd_synchronized = False
         self._hvd_should_synchronize = True
-        return super(self.__class__, self).load_state_dict(*args, **kwargs)
+        return super(self._hvd_class, self).load_state_dict(*args, **kwargs)
 
     def set_backward_passes_per_step(self, passes: int):
         """Changes how many backward passes are accumulated before each reduction."""
@@ -186,5 +186,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         if groups is None:
             groups = num_groups
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    # The methods call the wrapped class through _hvd_class, not self.__class__: a subclass made of the
+    # instance's class (Lightning's LightningOptimizer does that) would make self.__class__ recurse.
+    cls._hvd_class = cls
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer, process_set)

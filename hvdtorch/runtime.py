@@ -17,6 +17,12 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+# Imported before any process group exists on purpose: this module's
+# functions take `group=group.WORLD` as default arguments, evaluated at import,
+# so importing it later (torch.optim does, through torch._dynamo) would pin the
+# default group that init() creates, and with it Gloo's threads and sockets,
+# for the life of the process, past shutdown().
+import torch.distributed.nn.functional  # noqa: F401
 
 from . import launch
 
@@ -38,11 +44,16 @@ class _State:
     data_group: object
     owns_default_group: bool
     store_path: Optional[str]
+    shm_token: str  # names this job's shared-memory segments (/dev/shm/hvdtorch-<token>...)
     options: Dict[str, str] = field(default_factory=dict)
     name_counters: Dict[str, int] = field(default_factory=dict)
 
 
 _state: Optional[_State] = None
+# The env:// rendezvous store (torchrun, or MASTER_ADDR/MASTER_PORT) and how
+# many times this process has joined through it.
+_env_store = None
+_generation = 0
 
 
 class NotInitializedError(ValueError):
@@ -68,8 +79,16 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
         os.environ.setdefault("MASTER_ADDR", info.master_addr or "127.0.0.1")
         if info.master_port is None:
             raise ValueError("hvdtorch: MASTER_PORT is not set")
-        dist.init_process_group(backend, init_method="env://", rank=info.rank, world_size=info.size,
-                                timeout=timeout)
+        # One rendezvous store per process, kept across shutdown()/init():
+        # rebuilding it on the same port would let a fast rank reach rank 0's
+        # old store (not torn down yet) and read the last generation's
+        # addresses. Each init() meets under a key prefix of its own instead.
+        global _env_store, _generation
+        if _env_store is None:
+            _env_store, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
+        _generation += 1
+        store = dist.PrefixStore(f"hvdtorch.init{_generation}", _env_store)
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.size, timeout=timeout)
         return None
     if not info.single_host_by_launcher:
         raise ValueError(
@@ -127,7 +146,7 @@ def init(comm=None, process_sets=None, **options) -> None:
                         homogeneous=topo["homogeneous"],
                         control_group=control,
                         data_group=data, owns_default_group=owns_default, store_path=store_path,
-                        options=opts)
+                        shm_token=shm_token, options=opts)
     # Outside the lock: adding sets runs collectives, which need the state.
     from . import process_sets as _process_sets
     _process_sets._setup(process_sets)

@@ -1,5 +1,9 @@
-"""Recording the engine's timeline while the job runs (Horovod's
-start_timeline / stop_timeline).
+"""The engine's timeline: recording it while the job runs (Horovod's
+start_timeline / stop_timeline), and summarizing a trace from the command line:
+
+    python -m hvdtorch.timeline summarize trace.json [--plot out.png] [--json]
+
+(the summary lives in timeline_summary.py, the plot in timeline_plot.py).
 
     hvd.start_timeline("/tmp/trace.json")        # rank 0 writes it
     hvd.start_timeline("/tmp/trace-{rank}.json")  # every rank writes its own
@@ -26,3 +30,10 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 def stop_timeline() -> None:
     """Stops recording and closes the timeline file."""
     runtime.state().engine.stop_timeline()
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .timeline_summary import main
+    sys.exit(main())

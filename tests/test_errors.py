@@ -54,3 +54,22 @@ def test_live_rank_that_never_submits_gets_a_stall_warning_then_the_timeout(tmp_
         assert timeout <= float(m.group(1)) <= timeout + max(4.0, timeout / 2), r.output
         assert f"ranks [2] did not submit it within {timeout:g} s" in m.group(2), r.output
         assert "shut down" not in m.group(2), r.output
+
+
+def test_distributed_model_raises_hvd_error_out_of_backward_and_leaves_nothing():
+    """A peer killed in the middle of backward: loss.backward() raises
+    hvdtorch.HvdError (not the RuntimeError torch makes of other C++ errors),
+    naming the op and the dead rank; shutdown leaves no thread, fd or child;
+    init works again. (The same on several real hosts: test_faults.py.)"""
+    results = run_ranks("tests.workers.faults:train_until_fault", 2, args=["1", "3"], timeout=120,
+                        expect_success=False, env={"HVDTORCH_TIMEOUT": "20"}, kill_rank=1, kill_after="VICTIM")
+    out = results[0].output
+    assert results[0].returncode == 0, out
+    m = re.search(r"SURVIVOR rank=0 at=[0-9.]+ type=(\w+) error=(.*)", out)
+    assert m and m.group(1) == "HvdError", out
+    assert re.search(r"allreduce 'model0\.g\d+\.b\d+'", m.group(2)) and "rank 1" in m.group(2), m.group(2)
+    c = re.search(r"CLEAN rank=0 threads=(\d+)/(\d+) fds=(\d+)/(\d+) children=(\d+)", out)
+    assert c, out
+    t0, t1, f0, f1, kids = map(int, c.groups())
+    assert (t1, f1, kids) == (t0, f0, 0), c.group(0) + out[-3000:]
+    assert "REINIT-OK rank=0" in out, out

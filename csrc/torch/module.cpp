@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "config/config.h"
 #include "grad_reducer.h"
+#include "python_errors.h"
 #include "engine/engine.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
@@ -173,6 +174,7 @@ class PyEngine {
   void shutdown() {
     py::gil_scoped_release nogil;
     engine_->shutdown();
+    native_.reset();  // the engine no longer uses it; it holds the data process group
   }
 
   py::dict topology() const {
@@ -252,6 +254,7 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "hvdtorch C++ core (engine, reducers, transports)";
   static py::exception<CollectiveError> hvd_error(m, "HvdError", PyExc_RuntimeError);
+  setHvdErrorType(hvd_error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -317,5 +320,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["timeout"] = std::chrono::duration<double>(c.timeout).count();
     d["hostname"] = c.hostname;
     return d;
+  });
+  // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so
+  // that a trace shows how communication overlaps compute). No-ops while no timeline is written.
+  m.def("timeline_enabled", [](PyEngine& e) { return e.engine()->timeline().enabled(); });
+  m.def("timeline_begin", [](PyEngine& e, const std::string& op, const std::string& phase) {
+    e.engine()->timeline().begin(op, phase);
+  });
+  m.def("timeline_end", [](PyEngine& e, const std::string& op, const std::string& phase) {
+    e.engine()->timeline().end(op, phase);
   });
 }

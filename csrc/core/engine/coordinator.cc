@@ -212,8 +212,8 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
   }
   for (auto& [id, has] : bit_ranks) {
     auto [st, inserted] = bits_.try_emplace(id);
-    if (inserted) st->second.first_seen = now;
     const Request& q = cache.at(id);
+    if (inserted || st->second.name != q.name) st->second = BitState{now, false, q.name};
     auto err = checkStall(q.describe(), q.type, q.name, has, st->second.first_seen, st->second.warned, now);
     if (err) {
       out.responses.push_back(std::move(*err));

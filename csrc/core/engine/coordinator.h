@@ -52,6 +52,7 @@ class Coordinator {
   struct BitState {
     Clock::time_point first_seen;
     bool warned = false;
+    std::string name;  // the op behind the id (an evicted id is reused)
   };
 
   using BitRanks = std::map<uint32_t, std::vector<bool>>;

@@ -158,7 +158,7 @@ int64_t Engine::submit(EntryPtr entry) {
     throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " '", req.name, "': ",
                                  ps->describe(), " does not include this rank"));
   std::lock_guard<std::mutex> lock(mu_);
-  if (!failure_.empty()) throw CollectiveError(failure_);
+  if (!failure_.empty()) throw CollectiveError(strCat(req.describe(), ": ", failure_));
   if (shutdown_requested_ || stopped_)
     throw CollectiveError(strCat("rank ", topo().rank, ": hvdtorch has been shut down; call hvdtorch.init() again"));
   std::string key = strCat(req.process_set_id, ":", req.name);
@@ -210,6 +210,11 @@ void Engine::shutdown() {
   exec_cv_.notify_all();
   if (executor_thread_.joinable()) executor_thread_.join();
   timeline_.close();
+  // Nothing runs any more: let go of the transports now, not when the last
+  // owner of this engine (a DistributedModel, say) goes away, so that
+  // shutdown() leaves no process group thread or socket behind.
+  control_ctx_.close();
+  data_ctx_.close();
 }
 
 void Engine::failEverything(const std::string& why) {
@@ -225,9 +230,10 @@ void Engine::failEverything(const std::string& why) {
     std::lock_guard<std::mutex> lock(exec_mu_);
     queued.swap(exec_queue_);
   }
-  for (auto& e : incoming) e->state->fail(why);
+  // Each op's error names the op as well as the cause.
+  for (auto& e : incoming) e->state->fail(strCat(e->request.describe(), ": ", why));
   for (auto& q : queued)
-    for (auto& p : q.unit.pieces) p.entry->state->fail(why);
+    for (auto& p : q.unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", why));
 }
 
 void Engine::failNegotiating(const std::function<std::string(const EntryPtr&)>& why) {
@@ -280,7 +286,7 @@ void Engine::controlLoop() {
         control_.sendLastWord(last.serialize(),
                               std::min<std::chrono::milliseconds>(config_.timeout, std::chrono::seconds(2)));
       }
-      failNegotiating([&](const EntryPtr&) { return reason; });
+      failNegotiating([&](const EntryPtr& e) { return strCat(e->request.describe(), ": ", reason); });
       stop = true;
     }
   }
@@ -289,6 +295,16 @@ void Engine::controlLoop() {
 }
 
 void Engine::prepareMessage(ProcessSet& ps, RankMessage& msg) {
+  // An op reported by its cache bit whose entry was evicted since (the cache
+  // was full) is negotiated in full again.
+  for (auto it = ps.cached_pending.begin(); it != ps.cached_pending.end();) {
+    if (ps.cache->idOf(it->second) == static_cast<int>(it->first)) {
+      ++it;
+      continue;
+    }
+    msg.uncached.push_back(ps.pending.at(it->second)->request);
+    it = ps.cached_pending.erase(it);
+  }
   for (auto& e : ps.fresh) {
     const int id = ps.cache->lookup(e->request);
     if (id >= 0) {
@@ -317,6 +333,7 @@ std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list)
   for (uint32_t id : list.cached_ready) {
     // Every rank submitted exactly the cached request, so its plan follows.
     const Request& cached = ps.cache->at(id);
+    ps.cache->touch(id);  // in list order on every rank, so LRU order stays identical
     Response s;
     s.type = cached.type;
     s.name = cached.name;
@@ -458,7 +475,7 @@ void Engine::executorLoop() {
     const int me = data_ctx_.rank();
     try {
       if (!failure.empty()) {
-        for (auto& p : unit.pieces) p.entry->state->fail(failure);
+        for (auto& p : unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", failure));
         continue;
       }
       item.set->executor->run(unit);

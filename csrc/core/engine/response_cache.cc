@@ -1,5 +1,7 @@
 #include "engine/response_cache.h"
 
+#include "common/error.h"
+
 namespace hvdtorch {
 
 int ResponseCache::idOf(const std::string& name) const {
@@ -13,16 +15,31 @@ int ResponseCache::lookup(const Request& req) const {
   return Request::signatureMismatch(entries_[id], req).empty() ? id : -1;
 }
 
+void ResponseCache::touch(uint32_t id) {
+  if (id >= where_.size()) throw InvalidArgument(strCat("response cache: no entry ", id));
+  recency_.splice(recency_.end(), recency_, where_[id]);
+}
+
 void ResponseCache::put(const Request& req) {
-  if (!cacheable(req)) return;
+  if (!cacheable(req) || capacity_ == 0) return;
   auto it = by_name_.find(req.name);
   if (it != by_name_.end()) {
     entries_[it->second] = req;  // same name, new signature: replace in place
+    touch(it->second);
     return;
   }
-  if (entries_.size() >= capacity_) return;
-  by_name_.emplace(req.name, static_cast<uint32_t>(entries_.size()));
-  entries_.push_back(req);
+  uint32_t id;
+  if (entries_.size() < capacity_) {
+    id = static_cast<uint32_t>(entries_.size());
+    entries_.push_back(req);
+    where_.push_back(recency_.insert(recency_.end(), id));
+  } else {
+    id = recency_.front();
+    by_name_.erase(entries_[id].name);
+    entries_[id] = req;
+    touch(id);
+  }
+  by_name_.emplace(req.name, id);
 }
 
 }  // namespace hvdtorch

@@ -4,12 +4,17 @@
 // serialized request, and the coordinator finds what is ready everywhere with
 // an AND over the ranks' bit vectors.
 //
-// Every rank holds an identical copy: the cache is only ever changed by put()
-// calls made in response-list order, which is the same on every rank.
-// When full, new signatures are simply not cached (they keep being
-// negotiated in full); this keeps the update rule trivially deterministic.
+// Every rank holds an identical copy: the cache is only ever changed by
+// touch() and put() calls made in response-list order, which is the same on
+// every rank. When full, put() evicts the least recently used entry (used:
+// put, or touched because it ran from the cache) and gives its id to the new
+// signature; since every rank sees the same calls in the same order, every
+// rank evicts the same entry. A rank that had reported the evicted op by its
+// bit sends it in full in its next message (the engine checks, for each op
+// pending by bit, that its name still holds that id).
 #pragma once
 
+#include <list>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -37,12 +42,20 @@ class ResponseCache {
   size_t size() const { return entries_.size(); }
   size_t words() const { return (entries_.size() + 63) / 64; }
 
+  // Caches `req` (if cacheable) under its name, as the most recently used
+  // entry. Full: evicts the least recently used entry first and reuses its id.
   void put(const Request& req);
+  // Marks entry `id` as just used (it ran from the cache).
+  void touch(uint32_t id);
+  // Ids from the least to the most recently used (for tests and diagnostics).
+  std::vector<uint32_t> lruOrder() const { return {recency_.begin(), recency_.end()}; }
 
  private:
   size_t capacity_;
   std::vector<Request> entries_;
   std::unordered_map<std::string, uint32_t> by_name_;
+  std::list<uint32_t> recency_;                     // front: least recently used
+  std::vector<std::list<uint32_t>::iterator> where_;  // id -> its place in recency_
 };
 
 }  // namespace hvdtorch

@@ -55,6 +55,23 @@ Context::Context(Topology topo, LinkFactory remote_links, LinkFactory local_link
       remote_(topo_.size),
       local_(topo_.size) {}
 
+void Context::close() {
+  std::vector<std::unique_ptr<Link>> remote, local;
+  LinkFactory remote_factory, local_factory;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    remote.swap(remote_);
+    local.swap(local_);
+    remote_factory.swap(remote_factory_);
+    local_factory.swap(local_links_);
+    remote_.resize(topo_.size);
+    local_.resize(topo_.size);
+    closed_ = true;
+    native_ = nullptr;
+  }
+  // Destroyed outside the lock: a link's destructor may wait for its peer.
+}
+
 Link& Context::link(int peer) {
   if (local_links_ && topo_.sameHost(peer)) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -84,6 +101,7 @@ Link& Context::remoteLink(int peer) {
   if (peer < 0 || peer >= topo_.size || peer == topo_.rank)
     throw InvalidArgument(strCat("rank ", topo_.rank, ": no link to peer ", peer));
   std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) throw CollectiveError(strCat("rank ", topo_.rank, ": links are closed (hvdtorch was shut down)"));
   if (!remote_[peer]) remote_[peer] = remote_factory_(peer);
   return *remote_[peer];
 }

@@ -54,6 +54,10 @@ class Context {
   // Transport kinds of the links created so far to `peer` ("shm", "c10d",
   // ...), for tests and diagnostics.
   std::vector<std::string> linkKinds(int peer);
+  // Destroys every link and the factories (which may hold process groups and
+  // their threads and sockets alive) and forgets the native collectives.
+  // For shutdown, once nobody uses the links any more; a later link() throws.
+  void close();
 
  private:
   Topology topo_;
@@ -62,6 +66,7 @@ class Context {
   NativeCollectives* native_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
+  bool closed_ = false;
   std::vector<std::unique_ptr<Link>> remote_;
   std::vector<std::unique_ptr<Link>> local_;
 };

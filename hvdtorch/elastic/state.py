@@ -1,0 +1,210 @@
+"""Horovod's elastic state objects: State, ObjectState and TorchState.
+
+A state is what training needs to resume: model and optimizer state, any
+picklable extras (epoch, batch, ...) and ElasticSamplers. Its three verbs:
+
+  commit()   collective (every rank calls it at the same step): gathers the
+             samplers' processed indices from every rank, keeps a copy in
+             memory and, with a commit directory, writes it atomically to
+             <dir>/commit.pt (one writer per host: local rank 0), then waits
+             until every host has written. After commit() returns on any rank,
+             every host's copy holds this commit.
+  restore()  goes back to the last commit kept in memory (local).
+  sync()     collective: every rank takes rank 0's state (parameters,
+             optimizer state, extras, samplers with the union of what every
+             rank processed), and that becomes the commit kept in memory.
+
+Under torchrun a lost worker makes the agent restart every worker; the new
+processes find the last commit in the directory (hvd.elastic.run loads it on
+rank 0 and syncs it to everyone). The directory is HVDTORCH_ELASTIC_DIR or
+the commit_dir argument; without one, commits live in memory only and a
+restart starts from scratch.
+"""
+import copy
+import os
+from typing import Callable, Dict, List, Optional
+
+from .. import broadcast, ops, runtime
+from . import persist
+from .sampler import ElasticSampler
+
+COMMIT_FILE = "commit.pt"
+
+
+class State:
+    """Base class: reset callbacks, commit bookkeeping and persistence."""
+
+    def __init__(self, commit_dir: Optional[str] = None):
+        self._reset_callbacks: List[Callable[[], None]] = []
+        self._commit_dir = commit_dir or os.environ.get("HVDTORCH_ELASTIC_DIR") or None
+        self._commits = 0           # commits made by this job, resumed ones included
+        self._committed_size = None  # world size when the last commit was made
+
+    # -- Horovod's API -----------------------------------------------------
+    def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
+        """Functions called when training resumes with another number of ranks."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        self._gather()
+        self.save()
+        self._commits += 1
+        self._committed_size = runtime.size()
+        if self._commit_dir and runtime.local_rank() == 0:
+            persist.write_atomically(self.commit_path, self._snapshot())
+        if runtime.size() > 1:
+            ops.barrier()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Horovod polls its driver for host changes here; torchrun's agent
+        instead restarts the workers when hosts come or go, so nothing to do."""
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    # -- commits on disk ----------------------------------------------------
+    @property
+    def commit_path(self) -> Optional[str]:
+        return os.path.join(self._commit_dir, COMMIT_FILE) if self._commit_dir else None
+
+    @property
+    def commit_count(self) -> int:
+        """How many commits this job has made (counting those before a restart)."""
+        return self._commits
+
+    def _gather(self) -> None:
+        """Collective step of commit() before saving (samplers' processed indices)."""
+
+    def _saved(self) -> Dict:
+        raise NotImplementedError
+
+    def _load_saved(self, saved: Dict) -> None:
+        raise NotImplementedError
+
+    def _snapshot(self) -> Dict:
+        return {"format": 1, "commits": self._commits, "size": self._committed_size, "saved": self._saved()}
+
+    def load_last_commit(self) -> bool:
+        """Makes the commit in the directory (if any) this state's last commit
+        and restores it. Local; hvd.elastic.run calls it on rank 0 only."""
+        if not self._commit_dir:
+            return False
+        snap = persist.read(self.commit_path)
+        if snap is None:
+            return False
+        if snap.get("format") != 1:
+            raise ValueError(f"hvdtorch.elastic: {self.commit_path} is not a commit this version can read")
+        self._commits, self._committed_size = snap["commits"], snap["size"]
+        self._load_saved(snap["saved"])
+        self.restore()
+        return True
+
+    def _sync_bookkeeping(self) -> None:
+        self._commits, self._committed_size = broadcast.broadcast_object(
+            (self._commits, self._committed_size), 0, name="elastic.state.bookkeeping")
+
+
+class ObjectState(State):
+    """Picklable attributes (`ObjectState(epoch=0, batch=0)` -> state.epoch, state.batch)."""
+
+    def __init__(self, commit_dir: Optional[str] = None, **kwargs):
+        super().__init__(commit_dir)
+        self._names = list(kwargs)
+        self._saved_objects = dict(kwargs)
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+    def _objects(self) -> Dict:
+        return {k: getattr(self, k) for k in self._names}
+
+    def save(self) -> None:
+        self._saved_objects = copy.deepcopy(self._objects())
+
+    def restore(self) -> None:
+        for k, v in copy.deepcopy(self._saved_objects).items():
+            setattr(self, k, v)
+
+    def sync(self) -> None:
+        objects = broadcast.broadcast_object(self._objects(), 0, name="elastic.state.objects")
+        for k, v in objects.items():
+            setattr(self, k, v)
+        self._sync_bookkeeping()
+        self.save()
+
+    def _saved(self) -> Dict:
+        return {"objects": self._saved_objects}
+
+    def _load_saved(self, saved: Dict) -> None:
+        self._saved_objects = saved["objects"]
+
+
+class TorchState(ObjectState):
+    """A model, an optimizer and extras; ElasticSampler extras are kept in step
+    across ranks (their processed indices are the union over ranks)."""
+
+    def __init__(self, model=None, optimizer=None, commit_dir: Optional[str] = None, **kwargs):
+        self.model = model
+        self.optimizer = optimizer
+        self._samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
+        for k, v in self._samplers.items():
+            setattr(self, k, v)
+        super().__init__(commit_dir, **{k: v for k, v in kwargs.items() if k not in self._samplers})
+        self._saved_model = None
+        self._saved_optimizer = None
+        self._saved_samplers = {}
+        self.save()
+
+    def save(self) -> None:
+        super().save()
+        if self.model is not None:
+            self._saved_model = copy.deepcopy(self.model.state_dict())
+        if self.optimizer is not None:
+            self._saved_optimizer = copy.deepcopy(self.optimizer.state_dict())
+        self._saved_samplers = {k: s.state_dict() for k, s in self._samplers.items()}
+
+    def restore(self) -> None:
+        super().restore()
+        if self.model is not None:
+            self.model.load_state_dict(self._saved_model)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(self._saved_optimizer)
+        for k, s in self._samplers.items():
+            s.load_state_dict(self._saved_samplers[k])
+
+    def _gather(self) -> None:
+        for k, s in self._samplers.items():
+            if runtime.size() > 1:
+                every = broadcast.allgather_object(s.processed_indices, name=f"elastic.sampler.{k}.processed")
+                s.processed_indices = set().union(*every)
+
+    def sync(self) -> None:
+        if self.model is not None:
+            broadcast.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.optimizer is not None:
+            broadcast.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self._gather()
+        for k, s in self._samplers.items():
+            s.load_state_dict(broadcast.broadcast_object(s.state_dict(), 0, name=f"elastic.sampler.{k}.state"))
+        super().sync()  # extras and bookkeeping, then save()
+
+    def _saved(self) -> Dict:
+        out = super()._saved()
+        out.update(model=self._saved_model, optimizer=self._saved_optimizer, samplers=self._saved_samplers)
+        return out
+
+    def _load_saved(self, saved: Dict) -> None:
+        super()._load_saved(saved)
+        self._saved_model = saved["model"]
+        self._saved_optimizer = saved["optimizer"]
+        self._saved_samplers = saved["samplers"]
