@@ -127,6 +127,7 @@ std::shared_ptr<const ProcessSet> Engine::processSet(int32_t id) const { return 
 std::vector<std::shared_ptr<const ProcessSet>> Engine::processSets() const {
   std::lock_guard<std::mutex> lock(sets_mu_);
   std::vector<std::shared_ptr<const ProcessSet>> out;
+  out.reserve(sets_.size());
   for (const auto& [id, ps] : sets_) out.push_back(ps);
   return out;
 }
@@ -140,6 +141,7 @@ std::shared_ptr<ProcessSet> Engine::findSet(int32_t id) const {
 std::vector<std::shared_ptr<ProcessSet>> Engine::setsSnapshot() const {
   std::lock_guard<std::mutex> lock(sets_mu_);
   std::vector<std::shared_ptr<ProcessSet>> out;
+  out.reserve(sets_.size());
   for (const auto& [id, ps] : sets_) out.push_back(ps);
   return out;
 }
