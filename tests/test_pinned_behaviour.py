@@ -3,6 +3,7 @@ of tools/mutants.toml that the rest of the suite let through): the bucket
 layout of DistributedModel and DistributedOptimizer (a wrong layout still
 trains correctly, so only the layout itself can show it), and what a
 parameter unused in a pass contributes when gradients accumulate."""
+
 import torch
 
 from hvdtorch.buckets import complete_order, plan_buckets
@@ -47,7 +48,6 @@ def test_complete_order_appends_unready_parameters_in_reverse_registration_order
     assert complete_order([3, 1], 5) == [3, 1, 4, 2, 0]
     assert complete_order([], 3) == [2, 1, 0]
     assert complete_order([0, 1, 2], 3) == [0, 1, 2]
-
 
 
 def test_unused_parameter_keeps_what_it_accumulated():

@@ -32,6 +32,7 @@ script's deadline), SURVIVED (every listed test passed), build-broken.
 The shared virtualenv is used as is (VENV, default <repo>/.venv); builds and
 tests run under `nice`. Logs of every mutation are kept in <scratch>/logs/.
 """
+
 import argparse
 import fnmatch
 import os
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 try:
@@ -89,14 +90,14 @@ class Mutant:
 @dataclass
 class Outcome:
     mutant: Mutant
-    status: str = "?"          # killed | timeout | SURVIVED | build-broken | error
-    by: str = ""               # the test that killed it, or why it could not be judged
+    status: str = "?"  # killed | timeout | SURVIVED | build-broken | error
+    by: str = ""  # the test that killed it, or why it could not be judged
     seconds: float = 0.0
 
 
 @dataclass
 class RunResult:
-    status: str                # pass | fail | timeout | error
+    status: str  # pass | fail | timeout | error
     output: str
     seconds: float
 
@@ -119,6 +120,7 @@ def locate(text: str, find: str) -> List[int]:
 
 # ---- the list ----------------------------------------------------------------
 
+
 def load_mutants(path: str) -> List[Mutant]:
     with open(path, "rb") as f:
         data = tomllib.load(f)
@@ -127,8 +129,17 @@ def load_mutants(path: str) -> List[Mutant]:
         missing = [k for k in ("id", "file", "find", "replace", "what", "tests") if k not in m]
         if missing:
             raise SystemExit(f"mutants: entry {i} ({m.get('id', '?')}) of {path} lacks {', '.join(missing)}")
-        out.append(Mutant(id=m["id"], file=m["file"], find=m["find"], replace=m["replace"], what=m["what"],
-                          tests=list(m["tests"]), timeout=m.get("timeout")))
+        out.append(
+            Mutant(
+                id=m["id"],
+                file=m["file"],
+                find=m["find"],
+                replace=m["replace"],
+                what=m["what"],
+                tests=list(m["tests"]),
+                timeout=m.get("timeout"),
+            )
+        )
     return out
 
 
@@ -178,6 +189,7 @@ def select(mutants: Sequence[Mutant], patterns: Sequence[str]) -> List[Mutant]:
 
 
 # ---- processes -----------------------------------------------------------------
+
 
 def _children() -> Dict[int, List[int]]:
     kids: Dict[int, List[int]] = {}
@@ -229,12 +241,17 @@ def run(cmd: Sequence[str], cwd: str, env: Dict[str, str], timeout: float) -> Ru
     with _live_lock:
         if _stopping.is_set():
             return RunResult("error", "interrupted\n", 0.0)
-        proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["nice", "-n", "10", *cmd],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         _live[proc.pid] = proc
     chunks: List[bytes] = []
-    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(65536), b"")),
-                              daemon=True)
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(65536), b"")), daemon=True)
     reader.start()
     try:
         proc.wait(timeout=max(timeout, 1.0))
@@ -258,6 +275,7 @@ def run(cmd: Sequence[str], cwd: str, env: Dict[str, str], timeout: float) -> Ru
 
 # ---- one scratch tree ------------------------------------------------------------
 
+
 class Tree:
     """A copy of the repository with its own build directory."""
 
@@ -272,14 +290,16 @@ class Tree:
 
     def env(self) -> Dict[str, str]:
         e = dict(os.environ)
-        e.update({
-            "PYTHONPATH": self.path,
-            "PYTHONDONTWRITEBYTECODE": "1",  # a same-size mutation within one second would reuse a stale .pyc
-            "HVDTORCH_BUILD_DIR": self.build_dir,
-            "MAX_JOBS": self.jobs,
-            "OMPI_ALLOW_RUN_AS_ROOT": "1",
-            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        })
+        e.update(
+            {
+                "PYTHONPATH": self.path,
+                "PYTHONDONTWRITEBYTECODE": "1",  # a same-size mutation within one second would reuse a stale .pyc
+                "HVDTORCH_BUILD_DIR": self.build_dir,
+                "MAX_JOBS": self.jobs,
+                "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            }
+        )
         return e
 
     def sync(self, files: Sequence[str]) -> None:
@@ -323,14 +343,19 @@ class Tree:
         return r
 
     def build_ctests(self, names: Sequence[str], timeout: float) -> RunResult:
-        return run(["cmake", "--build", self.build_dir, "--target", *names, "--", "-j" + self.jobs], self.path,
-                   self.env(), timeout)
+        return run(
+            ["cmake", "--build", self.build_dir, "--target", *names, "--", "-j" + self.jobs],
+            self.path,
+            self.env(),
+            timeout,
+        )
 
     def run_test(self, test: str, timeout: float) -> RunResult:
         if is_ctest(test):
             return run([os.path.join(self.build_dir, test)], self.build_dir, self.env(), timeout)
-        r = run([self.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test], self.path, self.env(),
-                timeout)
+        r = run(
+            [self.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test], self.path, self.env(), timeout
+        )
         # 3: internal error, 4: usage error, 5: nothing collected: the list is wrong, not the code.
         m = re.search(r"\[exit (\d+)\]\n$", r.output)
         if r.status == "fail" and m and int(m.group(1)) in (3, 4, 5):
@@ -368,6 +393,7 @@ class Tree:
 
 # ---- the run ---------------------------------------------------------------------
 
+
 def evaluate(tree: Tree, m: Mutant, default_timeout: float, logs: str) -> Outcome:
     out = Outcome(m)
     budget = m.timeout or default_timeout
@@ -382,7 +408,7 @@ def evaluate(tree: Tree, m: Mutant, default_timeout: float, logs: str) -> Outcom
             out.status, out.by = "error", "snippet not found in the scratch tree"
             return out
         with open(path, "w", encoding="utf-8") as f:
-            f.write(original[:where[0]] + m.replace + original[where[0] + len(m.find):])
+            f.write(original[: where[0]] + m.replace + original[where[0] + len(m.find) :])
         b = tree.prepare(m, budget)
         log.append(f"\n==== build ({b.seconds:.0f} s)\n{b.output}")
         if b.status == "timeout":
@@ -419,8 +445,12 @@ def evaluate(tree: Tree, m: Mutant, default_timeout: float, logs: str) -> Outcom
 
 
 def tracked_files() -> List[str]:
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         check=True, capture_output=True).stdout.decode()
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
     return [f for f in out.split("\0") if f]
 
 
@@ -431,25 +461,35 @@ def print_table(outcomes: Sequence[Outcome]) -> None:
     print(f"{'-' * w_id}  {'-' * w_st}  {'-' * 5}  {'-' * 40}")
     for o in outcomes:
         print(f"{o.mutant.id:<{w_id}}  {o.status:<{w_st}}  {o.seconds:4.0f}s  {o.by}")
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("killed", "timeout", "SURVIVED", "build-broken",
-                                                                 "error")}
-    print(f"\n{len(outcomes)} mutations: {counts['killed']} killed, {counts['timeout']} timeout, "
-          f"{counts['SURVIVED']} SURVIVED, {counts['build-broken']} build-broken, {counts['error']} error")
+    counts = {
+        s: sum(o.status == s for o in outcomes) for s in ("killed", "timeout", "SURVIVED", "build-broken", "error")
+    }
+    print(
+        f"\n{len(outcomes)} mutations: {counts['killed']} killed, {counts['timeout']} timeout, "
+        f"{counts['SURVIVED']} SURVIVED, {counts['build-broken']} build-broken, {counts['error']} error"
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("ids", nargs="*", help="mutation ids to run (shell patterns allowed); default: all")
     ap.add_argument("--list", action="store_true", help="print the mutations and exit")
     ap.add_argument("--check", action="store_true", help="only check that every snippet still matches")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="mutations at once, one scratch tree each (default 1)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per mutation, build included (default 300)")
     ap.add_argument("--mutants", default=DEFAULT_LIST, help="the list (default tools/mutants.toml)")
-    ap.add_argument("--scratch", default=os.environ.get("MUTANTS_SCRATCH", DEFAULT_SCRATCH),
-                    help="scratch folder (default build/mutants)")
-    ap.add_argument("--venv", default=os.environ.get("VENV", os.path.join(ROOT, ".venv")),
-                    help="virtualenv whose python builds and tests (default $VENV or .venv)")
+    ap.add_argument(
+        "--scratch",
+        default=os.environ.get("MUTANTS_SCRATCH", DEFAULT_SCRATCH),
+        help="scratch folder (default build/mutants)",
+    )
+    ap.add_argument(
+        "--venv",
+        default=os.environ.get("VENV", os.path.join(ROOT, ".venv")),
+        help="virtualenv whose python builds and tests (default $VENV or .venv)",
+    )
     ap.add_argument("--no-baseline", action="store_true", help="skip running the tests on the unmutated tree")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # revert on kill as on Ctrl-C
@@ -464,8 +504,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     chosen = select(mutants, args.ids)
     if args.list:
         for m in chosen:
-            print(f"{m.id}\n    {m.file}: {m.what}\n    - {m.find.strip()}\n    + {m.replace.strip()}\n"
-                  f"    tests: {', '.join(m.tests)}")
+            print(
+                f"{m.id}\n    {m.file}: {m.what}\n    - {m.find.strip()}\n    + {m.replace.strip()}\n"
+                f"    tests: {', '.join(m.tests)}"
+            )
         print(f"{len(chosen)} mutations")
         return 0
     if args.check:
@@ -514,7 +556,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return 2
 
     print(f"mutants: {len(chosen)} mutations, {workers} at a time", flush=True)
-    todo: "queue.Queue[Mutant]" = queue.Queue()
+    todo: queue.Queue[Mutant] = queue.Queue()
     for m in chosen:
         todo.put(m)
     results: Dict[str, Outcome] = {}

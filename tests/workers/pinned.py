@@ -1,4 +1,5 @@
 """Rank-side checks for tests/test_pinned_behaviour.py."""
+
 import copy
 
 import torch
@@ -45,8 +46,12 @@ def unused_parameter_keeps_accumulated_gradient():
 
     for how in ("every pass reduced", "backward_passes_per_step=3", "no_sync"):
         net = copy.deepcopy(base)
-        model = hvd.DistributedModel(net, fusion_bytes=1 << 20, name=f"accumulate.{how}",
-                                     backward_passes_per_step=3 if how.startswith("backward") else 1)
+        model = hvd.DistributedModel(
+            net,
+            fusion_bytes=1 << 20,
+            name=f"accumulate.{how}",
+            backward_passes_per_step=3 if how.startswith("backward") else 1,
+        )
         want = {name: torch.zeros_like(p) for name, p in base.named_parameters()}
         for p in range(3):  # .grad is never cleared
             if how == "no_sync" and p < 2:
