@@ -45,6 +45,7 @@ class ReducerSet {
 
   // Collective: every rank must call it at the same point.
   void calibrate(Context& ctx);
+  CostModel& model() { return model_; }
   const CostModel& model() const { return model_; }
 
  private:
