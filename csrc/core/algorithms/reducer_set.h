@@ -45,7 +45,6 @@ class ReducerSet {
 
   // Collective: every rank must call it at the same point.
   void calibrate(Context& ctx);
-  CostModel& model() { return model_; }
   const CostModel& model() const { return model_; }
   // Takes another set's calibration (a process set reuses the job's).
   void adoptModel(const CostModel& model) { model_ = model; }
