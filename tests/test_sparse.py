@@ -26,3 +26,7 @@ def test_gradient_turning_sparse_after_the_first_step_is_a_clear_error():
 
 def test_distributed_model_rejects_sparse_embeddings_clearly():
     run_ranks("tests.workers.sparse:check_distributed_model_rejects_sparse_embeddings", 2, timeout=60)
+
+
+def test_sparse_reductions_and_optimizer_over_a_process_set():
+    run_ranks("tests.workers.sparse:check_process_set", 3, timeout=120)

@@ -17,3 +17,7 @@ def test_training_with_sync_batch_norm_equals_single_process(nranks):
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_sync_batch_norm_bad_input(nranks):
     run_ranks("tests.workers.sync_batch_norm:check_bad_input", nranks, timeout=60)
+
+
+def test_sync_batch_norm_over_a_process_set():
+    run_ranks("tests.workers.sync_batch_norm:check_process_set", 3, timeout=90)

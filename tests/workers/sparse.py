@@ -200,3 +200,38 @@ def check_distributed_model_rejects_sparse_embeddings():
     else:
         raise AssertionError("DistributedModel accepted a sparse embedding")
     hvd.shutdown()
+
+
+def check_process_set():
+    """Sparse reductions and DistributedOptimizer over the even ranks; the odd
+    rank's optimizer is the plain one (as in Horovod)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    even = hvd.add_process_set([k for k in range(n) if k % 2 == 0])
+    members = even.ranks
+    if r in members:
+        got = hvd.sparse_allreduce_async(rank_sparse(r, (6, 2), 1, torch.float32, 3 + r), name="ps", process_set=even)
+        want = sum(rank_sparse(k, (6, 2), 1, torch.float32, 3 + k).to_dense() for k in members) / len(members)
+        torch.testing.assert_close(hvd.synchronize(got).to_dense(), want)
+    torch.manual_seed(0)
+    base = EmbeddingNet()
+    model = EmbeddingNet()
+    model.load_state_dict(base.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                   named_parameters=model.named_parameters(), process_set=even)
+    reference = EmbeddingNet()
+    reference.load_state_dict(base.state_dict())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    group = members if r in members else [r]  # whose shards the reference averages
+    for step in range(STEPS):
+        opt.zero_grad()
+        shard_loss(model, step, r, n).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        (sum(shard_loss(reference, step, k, n) for k in group) / len(group)).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=1e-5,
+                                   msg=lambda m: f"rank {r}: {name}: {m}")
+    hvd.barrier()  # a rank's shutdown stops the others' pending ops
+    hvd.shutdown()

@@ -156,3 +156,39 @@ def check_bad_input():
     assert set(bn.state_dict()) == set(torch.nn.BatchNorm1d(3).state_dict())
     hvd.shutdown()
 
+
+
+def check_process_set():
+    """SyncBatchNorm(process_set=even) normalizes over the even ranks' batches only."""
+    hvd.init()
+    r = hvd.rank()
+    even = hvd.add_process_set([k for k in range(hvd.size()) if k % 2 == 0])
+    members = even.ranks
+    sizes = [3, 2, 4, 1][:hvd.size()]
+    x, upstream = global_batch(0, sizes, (3, 2), torch.float64)
+    sync = hvd.SyncBatchNorm(3, process_set=even).double()
+    if r not in members:
+        try:
+            sync(my_rows(x, sizes, r))
+        except ValueError as e:
+            assert "does not include this rank" in str(e), e
+        else:
+            raise AssertionError("a rank outside the set ran its SyncBatchNorm")
+        hvd.barrier()  # a rank's shutdown stops the others' pending ops
+        hvd.shutdown()
+        return
+    rows = torch.cat([my_rows(x, sizes, k) for k in members])
+    grads = torch.cat([my_rows(upstream, sizes, k) for k in members])
+    ref = torch.nn.BatchNorm1d(3).double()
+    rows = rows.clone().requires_grad_()
+    y_ref = ref(rows)
+    (y_ref * grads).sum().backward()
+    mine = my_rows(x, sizes, r).clone().requires_grad_()
+    y = sync(mine)
+    (y * my_rows(upstream, sizes, r)).sum().backward()
+    at = sum(sizes[k] for k in members if k < r)
+    compare(y.detach(), y_ref.detach()[at:at + sizes[r]], "process set: output", torch.float64)
+    compare(mine.grad, rows.grad[at:at + sizes[r]], "process set: input gradient", torch.float64)
+    compare(sync.running_var, ref.running_var, "process set: running_var", torch.float64)
+    hvd.barrier()
+    hvd.shutdown()
