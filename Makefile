@@ -1,6 +1,7 @@
 # make        set up .venv (torch 2.13.0 CPU + deps) and build hvdtorch (incremental)
 # make test   C++ unit tests (ctest) + Python multi-process tests (pytest)
 # make demo   the main job: multi-process training on CPU through torchrun
+# make mutants  mutation testing: every mutation in tools/mutants.toml must fail its tests (not part of make test)
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +13,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 BUILD_DIR := build/cmake
 PYTEST_ARGS ?=
 
-.PHONY: all build test test-cpp test-py demo clean system-deps
+.PHONY: all build test test-cpp test-py demo mutants clean system-deps
 
 all: build
 
@@ -27,9 +28,10 @@ $(VENV)/.system-deps:
 	fi
 	@mkdir -p $(VENV) && touch $@
 
-$(VENV)/.deps: requirements-dev.txt $(VENV)/.system-deps
+$(VENV)/.deps: requirements-dev.txt requirements-lightning.txt $(VENV)/.system-deps
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PIP) install -q --disable-pip-version-check --no-deps -r requirements-lightning.txt
 	@touch $@
 
 build: $(VENV)/.deps
@@ -45,6 +47,12 @@ test: test-cpp test-py
 
 demo: build
 	$(PY) examples/demo.py
+
+# Builds its own copy of the tree under build/mutants (ccache keeps that cheap);
+# MUTANTS_ARGS takes mutation ids or options, e.g. MUTANTS_ARGS="-j2 ring-*".
+MUTANTS_ARGS ?=
+mutants: $(VENV)/.deps
+	$(PY) tools/mutants.py --venv $(VENV) $(MUTANTS_ARGS)
 
 clean:
 	rm -rf build hvdtorch/_C*.so *.egg-info

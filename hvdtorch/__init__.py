@@ -7,10 +7,17 @@
 
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 """
+try:
+    from . import _C  # noqa: F401  (the compiled core; everything below needs it)
+except ImportError as _error:
+    raise ImportError(f"hvdtorch: the compiled extension hvdtorch._C cannot be loaded ({_error}); build it with "
+                      "`pip install --no-build-isolation .` (or `make build`) against the torch installed here, "
+                      "then run `python -m hvdtorch.check`") from _error
 from . import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler)
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .distributed_model import DistributedModel
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .optimizer import DistributedOptimizer
 from .alltoall import alltoall, alltoall_async
 from .ops import (Adasum, Average, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
@@ -20,9 +27,12 @@ from .ops import (Adasum, Average, HvdError, Max, Min, Product, Sum, allgather, 
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reducescatter import (grouped_reducescatter, grouped_reducescatter_async, reducescatter,
                             reducescatter_async)
-from .runtime import (cross_rank, cross_size, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-                      local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                      shutdown, size)
+from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
+                      is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from .sparse import sparse_allreduce_async
+from .sync_batch_norm import SyncBatchNorm
+from .timeline import start_timeline, stop_timeline
 
 # Horovod's name for the error a lost peer raises (what hvd.elastic.run recovers from).
 HorovodInternalError = HvdError

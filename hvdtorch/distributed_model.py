@@ -20,6 +20,7 @@ import torch
 from . import _C, ops, runtime
 from .buckets import complete_order, plan_buckets
 from .compression import Compression
+from .step_marks import StepMarks
 
 _instance_ids = itertools.count()
 
@@ -47,6 +48,12 @@ class DistributedModel(torch.nn.Module):
             raise ValueError("hvdtorch: DistributedModel reduces gradients with hvd.Average or hvd.Sum")
         if gradient_predivide_factor <= 0:
             raise ValueError("hvdtorch: gradient_predivide_factor must be positive")
+        sparse = [n or type(m).__name__ for n, m in module.named_modules()
+                  if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
+        if sparse:
+            raise ValueError(f"hvdtorch: DistributedModel reduces dense gradients, but {sparse} make sparse ones "
+                             "(sparse=True); use sparse=False there, or hvd.DistributedOptimizer, which "
+                             "all-gathers sparse gradients")
         self.module = module
         st = runtime.state()
         # Gradients are averaged over the process set's ranks (all by default).
@@ -69,11 +76,12 @@ class DistributedModel(torch.nn.Module):
         # tensor per bucket.
         self._rebuild_pending = (rebuild_buckets and self._fusion_bytes > 0 and self._process_set.size() > 1
                                  and len(params) > 1)
+        self._marks = StepMarks(st.engine, self._name)
 
     def forward(self, *args, **kwargs):
         if self._rebuild_pending and torch.is_grad_enabled():
             self._maybe_rebuild()
-        return self.module(*args, **kwargs)
+        return self._marks.forward(lambda: self.module(*args, **kwargs))
 
     def _maybe_rebuild(self):
         order = self._reducer.ready_order()

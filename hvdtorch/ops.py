@@ -11,6 +11,7 @@ Failures raise ``hvdtorch.HvdError`` (a RuntimeError) on every rank involved,
 naming the op and the ranks; bad arguments raise ValueError before anything is
 sent.
 """
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -40,8 +41,11 @@ def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
     """Horovod's deprecated ``average=`` mapped onto ``op`` (the core checks the op itself)."""
     if op is not None and average is not None:
         raise ValueError("hvdtorch: pass either op= or the deprecated average=, not both")
+    if average is not None:
+        warnings.warn("hvdtorch: average= is deprecated (as in Horovod); pass op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
     if op is None:
-        op = Sum if average is False else Average
+        op = Average if average is None or average else Sum
     return op
 
 
@@ -316,11 +320,15 @@ def barrier(process_set=None) -> None:
 
 def poll(handle: int) -> bool:
     """True once the op behind ``handle`` has finished (successfully or not)."""
+    if callable(handle):  # a handle made of several ops (sparse_allreduce_async)
+        return handle.poll()
     return _engine().poll(handle)
 
 
 def synchronize(handle: int):
     """Waits for the op behind ``handle`` and returns its result (raises its error)."""
+    if callable(handle):
+        return handle()
     finish = _finishers.pop(handle, None)
     if finish is None:
         raise ValueError(f"hvdtorch: unknown or already synchronized handle {handle!r}")

@@ -6,8 +6,9 @@ applies gradients averaged across ranks.
     opt.step()
 
 Gradient hooks start each bucket's all-reduce during backward; step() (or
-synchronize()) waits for them. Implemented on the same C++ gradient reducer
-as DistributedModel.
+synchronize()) waits for them. Dense gradients go through the same C++
+gradient reducer as DistributedModel; gradient_sync.py holds Horovod's
+contract (backward_passes_per_step, sparse gradients, misuse errors).
 """
 import contextlib
 import itertools
@@ -15,75 +16,144 @@ import warnings
 
 import torch
 
-from . import _C, ops, runtime
+from . import ops, runtime
 from .buckets import plan_buckets
 from .compression import Compression
+from .gradient_sync import GradientSync
+from .process_sets import set_id
 
 _instance_ids = itertools.count()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, fusion_bytes, reducer, process_set=None):
-        super(self.__class__, self).__init__(params)
+                 gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer, process_set=None):
+        super(self._hvd_class, self).__init__(params)
         if op not in (ops.Average, ops.Sum):
             raise ValueError("hvdtorch: DistributedOptimizer supports op=hvd.Average or hvd.Sum")
-        all_params = []
-        seen = set()
+        names = _parameter_names(self.param_groups, named_parameters)
+        _check_groups(groups)
+        trainable, seen = [], set()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
-                    all_params.append(p)
-        if named_parameters is not None:
-            named = list(named_parameters)
-            names = [n for n, _ in named]
-            if len(set(names)) != len(names):
-                raise ValueError("hvdtorch: named_parameters contains duplicate names")
-            known = {id(p) for _, p in named}
-            missing = [p for p in all_params if id(p) not in known]
-            if missing:
-                raise ValueError(f"hvdtorch: {len(missing)} optimizer parameters are missing from named_parameters")
-        index = {id(p): i for i, p in enumerate(all_params)}
-        if groups is None:
-            layout = plan_buckets(all_params, reversed(range(len(all_params))), fusion_bytes, 1 << 20)
-        elif isinstance(groups, int):
-            if groups <= 0:
-                raise ValueError("hvdtorch: groups must be a positive number of groups")
-            indices = list(range(len(all_params)))
-            layout = _split_by_dtype(all_params, [b for b in (indices[k::groups] for k in range(groups)) if b])
-        else:
-            layout = _split_by_dtype(all_params, [[index[id(p)] for p in g] for g in groups])
-            grouped = {i for b in layout for i in b}
-            layout += [[i] for i in range(len(all_params)) if i not in grouped]
+                    trainable.append(p)
         f = float(gradient_predivide_factor)
-        self._hvd_params = all_params
-        self._hvd_skip_sync = False
-        self._hvd_reducer = _C.GradientReducer(
-            runtime.state().engine, all_params, layout, f"optimizer{next(_instance_ids)}", reducer or "", op,
-            1.0 / f, f, True, False, fusion_bytes > 0, int(backward_passes_per_step),
-            compression is Compression.fp16, process_set_id=ops._check_process_set(process_set))
+        # Names the reductions: optimizers must be built in the same order on every rank.
+        name = f"optimizer{next(_instance_ids)}"
+        self._hvd_synchronized = False
+        self._hvd_should_synchronize = True
+        self._hvd_sync = None
+        process_set = process_set or ops.global_process_set
+        # As Horovod: on a rank outside the set, or in a set of one, nothing
+        # is reduced and no hook is installed; it is the plain optimizer.
+        if process_set.included() and process_set.size() > 1:
+            self._hvd_sync = GradientSync(
+                trainable, [names[id(p)] for p in trainable], name, op, 1.0 / f, f, compression,
+                backward_passes_per_step, sparse_as_dense,
+                lambda dense: _layout(dense, groups, fusion_bytes), fusion_bytes > 0, reducer, process_set)
 
     def synchronize(self):
-        """Waits until every gradient of the last backward pass is reduced."""
-        self._hvd_reducer.finalize()
+        """Returns once every gradient of the backward passes so far is reduced."""
+        if self._hvd_sync is not None:
+            self._hvd_sync.synchronize()
+        self._hvd_synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
         """step() inside does not synchronize (call synchronize() yourself first)."""
-        self._hvd_skip_sync = True
+        self._hvd_should_synchronize = False
         try:
             yield
         finally:
-            self._hvd_skip_sync = False
+            self._hvd_should_synchronize = True
 
     def step(self, closure=None):
-        if not self._hvd_skip_sync:
+        if self._hvd_should_synchronize:
+            if self._hvd_synchronized:
+                warnings.warn("hvdtorch: optimizer.step() after optimizer.synchronize() reduces the gradients a "
+                              "second time; call step() inside optimizer.skip_synchronize() when you synchronize "
+                              "yourself (e.g. to clip gradients)")
             self.synchronize()
-        return super(self.__class__, self).step(closure)
+        self._hvd_synchronized = False
+        return super(self._hvd_class, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        if self._hvd_sync is not None and self._hvd_sync.pending():
+            raise AssertionError("hvdtorch: optimizer.zero_grad() between loss.backward() and optimizer.step() "
+                                 "(or synchronize()): the gradients of that backward pass are being reduced "
+                                 "across ranks; zero them before backward or after step()")
+        return super(self._hvd_class, self).zero_grad(set_to_none=set_to_none)
+
+    def load_state_dict(self, *args, **kwargs):
+        if self._hvd_sync is not None:
+            self._hvd_sync.reset()
+        self._hvd_synchronized = False
+        self._hvd_should_synchronize = True
+        return super(self._hvd_class, self).load_state_dict(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes: int):
+        """Changes how many backward passes are accumulated before each reduction."""
+        self.backward_passes_per_step = passes
+        if self._hvd_sync is not None:
+            self._hvd_sync.reset(passes)
+
+
+def _parameter_names(param_groups, named_parameters):
+    """id(parameter) -> name; Horovod's checks on named_parameters."""
+    params = [p for group in param_groups for p in group["params"]]
+    if named_parameters is None:
+        return {id(p): f"allreduce.noname.{i}" for i, p in enumerate(params)}
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) for item in named):
+        raise ValueError("hvdtorch: named_parameters must be (name, parameter) tuples, such as "
+                         "model.named_parameters() gives")
+    names = [n for n, _ in named]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"hvdtorch: parameter names in named_parameters must be unique; repeated: "
+                         f"{', '.join(duplicates)}")
+    by_id = {id(p): n for n, p in named}
+    missing = [i for i, p in enumerate(params) if id(p) not in by_id]
+    if missing:
+        raise ValueError(f"hvdtorch: named_parameters was given, but {len(missing)} optimizer parameters are not "
+                         f"in it (positions {missing[:10]} in the optimizer's parameter groups)")
+    return by_id
+
+
+def _check_groups(groups):
+    if groups is None:
+        return
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups <= 0:
+            raise ValueError(f"hvdtorch: groups must be a positive number of groups or lists of parameters, "
+                             f"got {groups}")
+        return
+    if not isinstance(groups, list):
+        raise ValueError(f"hvdtorch: groups must be a positive number of groups or lists of parameters, "
+                         f"got {type(groups).__name__}")
+    seen = set()
+    for group in groups:
+        for p in group:
+            if not isinstance(p, torch.Tensor):
+                raise ValueError(f"hvdtorch: groups must hold torch.Tensor parameters, got {type(p).__name__}")
+            if id(p) in seen:
+                raise ValueError("hvdtorch: a parameter appears in groups more than once")
+            seen.add(id(p))
+
+
+def _layout(params, groups, fusion_bytes):
+    """Bucket layout (lists of indices into ``params``) of the dense parameters."""
+    if groups is None:
+        return plan_buckets(params, reversed(range(len(params))), fusion_bytes, 1 << 20)
+    if isinstance(groups, int):
+        indices = list(range(len(params)))
+        return _split_by_dtype(params, [b for b in (indices[k::groups] for k in range(groups)) if b])
+    index = {id(p): i for i, p in enumerate(params)}
+    layout = _split_by_dtype(params, [[index[id(p)] for p in g if id(p) in index] for g in groups])
+    grouped = {i for b in layout for i in b}
+    return layout + [[i] for i in range(len(params)) if i not in grouped]
 
 
 def _split_by_dtype(params, layout):
@@ -104,12 +174,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     num_groups / groups: as in Horovod, how parameters are grouped into
     all-reduces (an int, or lists of parameters); default: fusion buckets
-    of ``fusion_bytes``."""
-    ops._check_process_set(process_set)
-    if num_groups and groups is None:
-        groups = num_groups
-    if sparse_as_dense:
-        warnings.warn("hvdtorch: sparse_as_dense has no effect; gradients are dense")
+    of ``fusion_bytes``. sparse_as_dense: reduce sparse gradients densely
+    (all-reduce) instead of by all-gather. process_set: gradients are
+    averaged over its ranks; on ranks outside it this is the plain optimizer."""
+    set_id(process_set, member=False)  # an added set; ranks outside it step locally
+    if gradient_predivide_factor != 1.0 and op != ops.Average:
+        raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
+    if num_groups != 0:
+        warnings.warn("hvdtorch: num_groups is deprecated (as in Horovod); use groups=", DeprecationWarning,
+                      stacklevel=2)
+        if groups is None:
+            groups = num_groups
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    # The methods call the wrapped class through _hvd_class, not self.__class__: a subclass made of the
+    # instance's class (Lightning's LightningOptimizer does that) would make self.__class__ recurse.
+    cls._hvd_class = cls
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, fusion_bytes, reducer, process_set)
+               gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer, process_set)

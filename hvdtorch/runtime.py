@@ -39,6 +39,7 @@ class _State:
     cross_rank: int
     cross_size: int
     launcher: str
+    homogeneous: bool  # every host runs the same number of ranks
     control_group: object
     data_group: object
     owns_default_group: bool
@@ -49,6 +50,10 @@ class _State:
 
 
 _state: Optional[_State] = None
+# The env:// rendezvous store (torchrun, or MASTER_ADDR/MASTER_PORT) and how
+# many times this process has joined through it.
+_env_store = None
+_generation = 0
 
 
 class NotInitializedError(ValueError):
@@ -74,8 +79,16 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
         os.environ.setdefault("MASTER_ADDR", info.master_addr or "127.0.0.1")
         if info.master_port is None:
             raise ValueError("hvdtorch: MASTER_PORT is not set")
-        dist.init_process_group(backend, init_method="env://", rank=info.rank, world_size=info.size,
-                                timeout=timeout)
+        # One rendezvous store per process, kept across shutdown()/init():
+        # rebuilding it on the same port would let a fast rank reach rank 0's
+        # old store (not torn down yet) and read the last generation's
+        # addresses. Each init() meets under a key prefix of its own instead.
+        global _env_store, _generation
+        if _env_store is None:
+            _env_store, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
+        _generation += 1
+        store = dist.PrefixStore(f"hvdtorch.init{_generation}", _env_store)
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.size, timeout=timeout)
         return None
     if not info.single_host_by_launcher:
         raise ValueError(
@@ -129,7 +142,9 @@ def init(comm=None, process_sets=None, **options) -> None:
         topo = engine.topology()
         _state = _State(engine=engine, rank=rank, size=size, local_rank=topo["local_rank"],
                         local_size=topo["local_size"], cross_rank=topo["cross_rank"],
-                        cross_size=topo["cross_size"], launcher=info.launcher, control_group=control,
+                        cross_size=topo["cross_size"], launcher=info.launcher,
+                        homogeneous=topo["homogeneous"],
+                        control_group=control,
                         data_group=data, owns_default_group=owns_default, store_path=store_path,
                         shm_token=shm_token, options=opts)
     # Outside the lock: adding sets runs collectives, which need the state.
@@ -208,12 +223,14 @@ def cross_size() -> int:
 
 
 def is_homogeneous() -> bool:
-    st = _require()
-    return st.size == st.local_size * st.cross_size
+    """True when every host runs the same number of ranks (the same answer on every rank)."""
+    return _require().homogeneous
 
 
 def mpi_threads_supported() -> bool:
-    return False
+    # Horovod raises when MPI is not in use, and hvdtorch never uses it.
+    raise ValueError("hvdtorch does not run on MPI (it meets the ranks through torch.distributed), "
+                     "so MPI multi-threading does not apply")
 
 
 def mpi_enabled() -> bool:
@@ -230,6 +247,23 @@ def gloo_enabled() -> bool:
 
 def gloo_built() -> bool:
     return True
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """False: this build moves CPU tensors only (a CUDA tensor is rejected with a clear error)."""
+    return False
+
+
+def rocm_built() -> bool:
+    return False
 
 
 def nccl_built() -> bool:

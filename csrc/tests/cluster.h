@@ -1,5 +1,8 @@
 // p engines in one process, one per in-process "rank", over in-process
 // control and data fabrics: what the engine and op tests run against.
+// `data_links`, when given, replaces the data fabric's links (a test of
+// transport failures hands out broken ones; turn calibration off then, it
+// runs over the data links).
 #pragma once
 
 #include <functional>
@@ -13,7 +16,9 @@
 namespace hvdtorch::test {
 
 struct Cluster {
-  explicit Cluster(int p, Config cfg = {}) : control(p), data(p) {
+  using LinkMaker = std::function<std::unique_ptr<Link>(int self, int peer)>;
+
+  explicit Cluster(int p, Config cfg = {}, LinkMaker data_links = nullptr) : control(p), data(p) {
     cfg.cycle_time = std::chrono::microseconds(200);
     cfg.timeout = std::chrono::milliseconds(5000);
     // Concurrently, as separate processes would: construction calibrates
@@ -21,10 +26,10 @@ struct Cluster {
     engines.resize(p);
     std::vector<std::thread> ts;
     for (int r = 0; r < p; ++r) {
-      ts.emplace_back([this, r, p, cfg] {
+      ts.emplace_back([this, r, p, cfg, data_links] {
         Engine::Transports t;
         t.control = [this, r](int peer) { return control.link(r, peer); };
-        t.data = [this, r](int peer) { return data.link(r, peer); };
+        t.data = [this, r, data_links](int peer) { return data_links ? data_links(r, peer) : data.link(r, peer); };
         engines[r] = std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t);
       });
     }

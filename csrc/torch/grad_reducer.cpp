@@ -152,10 +152,10 @@ void GradientReducer::startPass() {
   });
 }
 
-void GradientReducer::writeSlot(Bucket& b, size_t slot, bool zero) {
+void GradientReducer::writeSlot(Bucket& b, size_t slot) {
   at::Tensor& grad = params_[b.params[slot]].mutable_grad();
   const at::Tensor view = slotView(b, slot);
-  if (zero || !grad.defined()) {
+  if (!grad.defined()) {
     view.zero_();
   } else if (grad.data_ptr() != view.data_ptr()) {
     view.copy_(grad);  // converts when the bucket has a wire dtype
@@ -176,13 +176,13 @@ void GradientReducer::onGradReady(size_t index) {
   const size_t slot = slot_of_[index];
   if (!reduce_this_pass_) {
     // Accumulating locally: keep .grad a view so later passes add in place.
-    if (b.views) writeSlot(b, slot, false);
+    if (b.views) writeSlot(b, slot);
     return;
   }
   if (ready_[index]) return;  // a hook may fire twice for a reused accumulator
   ready_[index] = true;
   if (!recorded_order_) ready_order_.push_back(static_cast<int64_t>(index));
-  writeSlot(b, slot, false);
+  writeSlot(b, slot);
   if (--b.pending == 0 && opts_.pipeline) launch(bucket_of_[index]);
 }
 
@@ -201,7 +201,8 @@ void GradientReducer::launch(size_t index) {
 
 void GradientReducer::launchRemaining() {
   // Index order, on every rank: parameters without a gradient this pass
-  // (unused branches) contribute zeros.
+  // (unused branches) contribute no new gradient: their .grad so far, or
+  // zeros (a slot may still hold last pass's result after .grad was cleared).
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     if (b.launched) continue;
@@ -209,7 +210,7 @@ void GradientReducer::launchRemaining() {
       const size_t p = b.params[s];
       if (!ready_[p]) {
         ready_[p] = true;
-        writeSlot(b, s, true);
+        writeSlot(b, s);
       }
     }
     launch(i);

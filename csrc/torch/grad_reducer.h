@@ -15,9 +15,12 @@
 //    result needs no copy back. With a wire dtype (fp16 compression), grads
 //    are converted in and out instead.
 //  * At the end of backward (a callback queued on the autograd engine) every
-//    bucket not launched yet is launched, with zeros for parameters that got
-//    no gradient this pass (unused branches), so every rank submits every
-//    bucket and nobody hangs. In "backward" sync mode the callback then waits
+//    bucket not launched yet is launched, so every rank submits every bucket
+//    and nobody hangs. A parameter that got no gradient this pass (an unused
+//    branch) adds nothing: its slot carries its .grad as it stands (what
+//    earlier passes accumulated when .grad was not cleared), or zeros when
+//    .grad is undefined -- c10d's rule, and what one process would hold.
+//    In "backward" sync mode the callback then waits
 //    for all buckets, so optimizer.step() sees averaged gradients; in
 //    "explicit" mode finalize() does the wait.
 //  * Passes where reduction is off (no_sync(), or all but every
@@ -91,7 +94,9 @@ class GradientReducer {
 
   void onGradReady(size_t index);
   void startPass();
-  void writeSlot(Bucket& b, size_t slot, bool zero);
+  // Puts the parameter's .grad (zeros when undefined) into its slot and, with
+  // views, makes .grad that slot.
+  void writeSlot(Bucket& b, size_t slot);
   void launch(size_t bucket);
   void launchRemaining();
   void waitAll();

@@ -167,6 +167,10 @@ class PyEngine {
     return out;
   }
 
+  void startTimeline(const std::string& path, bool mark_cycles) {
+    engine_->timeline().start(path, engine_->topo().rank, mark_cycles);
+  }
+
   void shutdown() {
     py::gil_scoped_release nogil;
     engine_->shutdown();
@@ -182,6 +186,7 @@ class PyEngine {
     d["local_size"] = t.local_size;
     d["cross_rank"] = t.cross_rank;
     d["cross_size"] = t.cross_size;
+    d["homogeneous"] = t.homogeneous();
     return d;
   }
 
@@ -282,6 +287,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("poll", &PyEngine::poll)
       .def("wait", &PyEngine::wait)
       .def("shutdown", &PyEngine::shutdown)
+      .def("start_timeline", &PyEngine::startTimeline)
+      .def("stop_timeline", [](PyEngine& e) { e.engine()->timeline().stop(); })
       .def("topology", &PyEngine::topology)
       .def("choose_reducer", &PyEngine::chooseReducer)
       .def("link_kinds", &PyEngine::linkKinds)
@@ -313,5 +320,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["timeout"] = std::chrono::duration<double>(c.timeout).count();
     d["hostname"] = c.hostname;
     return d;
+  });
+  // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so
+  // that a trace shows how communication overlaps compute). No-ops while no timeline is written.
+  m.def("timeline_enabled", [](PyEngine& e) { return e.engine()->timeline().enabled(); });
+  m.def("timeline_begin", [](PyEngine& e, const std::string& op, const std::string& phase) {
+    e.engine()->timeline().begin(op, phase);
+  });
+  m.def("timeline_end", [](PyEngine& e, const std::string& op, const std::string& phase) {
+    e.engine()->timeline().end(op, phase);
   });
 }

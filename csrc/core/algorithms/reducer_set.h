@@ -47,6 +47,8 @@ class ReducerSet {
   void calibrate(Context& ctx);
   CostModel& model() { return model_; }
   const CostModel& model() const { return model_; }
+  // Takes another set's calibration (a process set reuses the job's).
+  void adoptModel(const CostModel& model) { model_ = model; }
 
  private:
   std::vector<std::unique_ptr<Reducer>> reducers_;  // by ReducerId; null: cannot run here

@@ -93,6 +93,8 @@ class Engine {
   const ReducerSet& reducers() const { return reducers_; }
   Context& dataContext() { return data_ctx_; }
   const Context& dataContext() const { return data_ctx_; }
+  // Started and stopped at run time by hvd.start_timeline()/stop_timeline().
+  Timeline& timeline() { return timeline_; }
 
  private:
   void controlLoop();

@@ -1,0 +1,223 @@
+"""When and how DistributedOptimizer's gradients are reduced: Horovod's
+contract, built on the C++ GradientReducer for dense gradients.
+
+Contract (the same as Horovod's DistributedOptimizer):
+  * Gradients are reduced once every ``backward_passes_per_step`` (k)
+    backward passes; the passes in between accumulate locally. A (k+1)-th
+    pass before synchronize()/step() raises AssertionError during that
+    backward, before it touches .grad.
+  * synchronize() returns with every gradient reduced: after the k-th pass by
+    waiting for the reductions backward launched, earlier (fewer passes, or
+    none: a second step()) by reducing what .grad holds now. A parameter
+    without a gradient contributes zeros.
+  * zero_grad() after a backward pass and before synchronize() raises
+    AssertionError: it would discard gradients other ranks are reducing.
+  * Sparse gradients (nn.Embedding(sparse=True)) are reduced at
+    synchronize() by all-gathering indices and values (sparse.py); with
+    sparse_as_dense they are densified as they arrive, reduced with the dense
+    ones, and made sparse again afterwards.
+
+How:
+  * A pre-hook on each parameter's gradient accumulator runs before the
+    gradient is accumulated into .grad and before the C++ reducer's hook on
+    the same parameter. The first one of a backward pass counts the pass (and
+    rejects an extra one while .grad is still untouched) and tells the C++
+    reducer whether to reduce it; a callback queued on the autograd engine
+    marks the end of the pass. torch.autograd.grad() does not accumulate and
+    so counts no pass.
+  * With sparse_as_dense, a post-accumulate-grad hook (which also runs
+    before the C++ reducer's hook) replaces a sparse .grad by its dense form
+    (a pre-hook may not change the layout of a gradient).
+  * Which parameters have sparse gradients is learnt in the first step:
+    until the first synchronize() there is no C++ reducer; that
+    synchronize() reduces every gradient itself, all ranks agree (one
+    all-reduce) on which parameters were sparse on any rank, and the C++
+    reducer is built over the others. From the second step on, dense
+    reduction overlaps backward. A gradient that turns sparse later, in a
+    parameter reduced densely, is an error naming the parameter.
+"""
+import weakref
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from . import _C, ops, runtime, sparse
+from .compression import Compression
+
+
+def _on_grad(sync_ref, index: int, grads) -> None:
+    sync = sync_ref()  # the hooks must not keep the optimizer alive
+    if sync is not None:
+        sync.on_grad(index, grads)
+
+
+def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
+    sync = sync_ref()
+    if sync is not None:
+        sync.densify(index, param)
+
+
+def _remove_hooks(handles) -> None:
+    for h in handles:
+        h.remove()
+
+
+class GradientSync:
+    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], name: str, op: int,
+                 prescale: float, postscale: float, compression, backward_passes_per_step: int,
+                 sparse_as_dense: bool, plan_layout: Callable[[List[torch.Tensor]], List[List[int]]],
+                 fuse: bool, reducer: Optional[str], process_set):
+        if int(backward_passes_per_step) < 1:
+            raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        self._params = list(params)
+        self._names = list(names)
+        self._name = name
+        self._op, self._prescale, self._postscale = op, prescale, postscale
+        self._compression = compression
+        self._passes_per_step = int(backward_passes_per_step)
+        self._sparse_as_dense = sparse_as_dense
+        self._plan_layout = plan_layout
+        self._fuse = fuse
+        self._reducer_kind = reducer or ""
+        self._process_set = process_set  # an added set this rank is in, of more than one rank
+        self._reducer = None
+        self._sparse_dims: Optional[List[int]] = None  # per parameter after the first step; 0: dense
+        self._dense: List[int] = []
+        self._sparse: List[int] = []
+        # sparse_as_dense: parameter -> sparse_dim its gradient had when it
+        # came sparse (in any step so far); made sparse again after reduction.
+        self._densified: Dict[int, int] = {}
+        self._passes = 0  # backward passes since the last synchronize()
+        self._in_pass = False
+        me = weakref.ref(self)
+        # Held so that the accumulators, and the hooks on them, live as long as this.
+        with torch.enable_grad():
+            self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]
+        handles = [acc.register_prehook(lambda grads, i=i: _on_grad(me, i, grads))
+                   for i, acc in enumerate(self._accumulators)]
+        if sparse_as_dense:
+            handles += [p.register_post_accumulate_grad_hook(lambda p, i=i: _on_accumulated(me, i, p))
+                        for i, p in enumerate(self._params)]
+        weakref.finalize(self, _remove_hooks, handles)
+
+    # ---- during backward ----------------------------------------------------
+
+    def on_grad(self, index: int, grads) -> None:
+        """Runs before parameter ``index`` accumulates ``grads[0]``."""
+        if not self._in_pass:
+            self._begin_pass()
+        grad = grads[0]
+        if (grad is not None and grad.is_sparse and not self._sparse_as_dense and self._sparse_dims is not None
+                and not self._sparse_dims[index]):
+            raise ValueError(
+                f"hvdtorch: rank {runtime.rank()}: parameter '{self._names[index]}' got a sparse gradient, but its "
+                "gradient was dense (or absent) on every rank in the first step, which fixed that it is reduced "
+                "densely; use DistributedOptimizer(sparse_as_dense=True), or produce the same kind of gradient "
+                "from the first step on")
+
+    def densify(self, index: int, param: torch.Tensor) -> None:
+        """sparse_as_dense: runs once ``param.grad`` is accumulated."""
+        if param.grad is not None and param.grad.is_sparse:
+            self._densified.setdefault(index, param.grad.sparse_dim())
+            param.grad = param.grad.to_dense()
+
+    def _begin_pass(self) -> None:
+        k = self._passes_per_step
+        if self._passes >= k:
+            raise AssertionError(
+                f"hvdtorch: rank {runtime.rank()}: backward pass {self._passes + 1} since the last step(), but "
+                f"backward_passes_per_step={k}: call optimizer.step() (or synchronize()) after every {k} "
+                f"backward pass{'es' if k > 1 else ''}, or raise backward_passes_per_step to accumulate more "
+                "passes locally")
+        self._passes += 1
+        self._in_pass = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
+        if self._reducer is not None:
+            self._reducer.set_sync_enabled(self._passes == k)
+
+    def _end_pass(self) -> None:
+        self._in_pass = False
+
+    # ---- between backward and step -----------------------------------------
+
+    def pending(self) -> bool:
+        """A backward pass ran since the last synchronize()."""
+        return self._passes > 0
+
+    def reset(self, backward_passes_per_step: Optional[int] = None) -> None:
+        """Forgets the passes counted so far (load_state_dict, set_backward_passes_per_step).
+        Reductions backward already launched are waited for (every rank launched
+        them, so this rank alone can wait), so nothing writes into .grad later."""
+        if self._reducer is not None:
+            self._reducer.finalize()
+        if backward_passes_per_step is not None:
+            if int(backward_passes_per_step) < 1:
+                raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+            self._passes_per_step = int(backward_passes_per_step)
+        self._passes = 0
+
+    def synchronize(self) -> None:
+        if self._sparse_dims is None:
+            self._first_synchronize()
+        elif self._passes == self._passes_per_step and self._reducer is not None:
+            self._reducer.finalize()  # backward launched every bucket of this pass
+        else:
+            self._reduce_dense_now(self._dense)
+        self._reduce_sparse()
+        for index, sparse_dim in self._densified.items():
+            p = self._params[index]
+            if p.grad is not None and not p.grad.is_sparse:
+                p.grad = p.grad.to_sparse(sparse_dim)
+        self._passes = 0
+
+    def _first_synchronize(self) -> None:
+        if self._sparse_as_dense:
+            dims = [0] * len(self._params)
+        else:
+            dims = sparse.agree_sparse_dims([p.grad for p in self._params], f"{self._name}.sparse_dims",
+                                            self._process_set)
+        self._dense = [i for i, d in enumerate(dims) if d == 0]
+        self._sparse = [i for i, d in enumerate(dims) if d > 0]
+        self._reduce_dense_now(self._dense)
+        self._sparse_dims = dims
+        if self._dense:
+            dense_params = [self._params[i] for i in self._dense]
+            # Built after this step's reduction: it copies the reduced
+            # gradients into its buckets and makes .grad views of them.
+            self._reducer = _C.GradientReducer(
+                runtime.state().engine, dense_params, self._plan_layout(dense_params), self._name,
+                self._reducer_kind, self._op, self._prescale, self._postscale, True, False, self._fuse, 1,
+                self._compression is Compression.fp16,
+                process_set_id=ops._check_process_set(self._process_set))
+
+    def _reduce_dense_now(self, indices: Sequence[int]) -> None:
+        """Reduces the dense gradients of ``indices`` as they are now (one
+        grouped all-reduce per dtype)."""
+        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for i in indices:
+            p = self._params[i]
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        handles = []
+        for dtype, grads in by_dtype.items():
+            packed = [self._compression.compress(g) for g in grads]
+            h = ops.grouped_allreduce_async_([c for c, _ in packed], name=f"{self._name}.now.{dtype}", op=self._op,
+                                             prescale_factor=self._prescale, postscale_factor=self._postscale,
+                                             reducer=self._reducer_kind or None, process_set=self._process_set)
+            handles.append((h, grads, packed))
+        for h, grads, packed in handles:
+            ops.synchronize(h)
+            for g, (c, ctx) in zip(grads, packed):
+                if c is not g:
+                    g.copy_(self._compression.decompress(c, ctx))
+
+    def _reduce_sparse(self) -> None:
+        started = []
+        for i in self._sparse:
+            p = self._params[i]
+            grad = sparse.as_sparse(p.grad, p, self._sparse_dims[i])
+            started.append((p, sparse.sparse_allreduce_async(grad, name=f"{self._name}.sparse.{i}", op=self._op,
+                                                             process_set=self._process_set)))
+        for p, handle in started:
+            p.grad = handle()
