@@ -2,6 +2,9 @@
 # make test   C++ unit tests (ctest) + Python multi-process tests (pytest)
 # make demo   the main job: multi-process training on CPU through torchrun
 # make mutants  mutation testing: every mutation in tools/mutants.toml must fail its tests (not part of make test)
+# make sanitize the C++ unit tests under ASan+UBSan (build/asan) and TSan (build/tsan)
+# make fuzz     long fuzzing: many seeds of op sequences, and the control-plane decoder for FUZZ_SECONDS
+# make soak     20,000 DistributedModel steps and 1,000 init()/shutdown() cycles, nothing may grow
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +16,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 BUILD_DIR := build/cmake
 PYTEST_ARGS ?=
 
-.PHONY: all build test test-cpp test-py demo mutants clean system-deps
+.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak clean system-deps
 
 all: build
 
@@ -43,7 +46,56 @@ test-cpp: build
 test-py: build
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
-test: test-cpp test-py
+test: test-cpp test-fuzz-wire test-py
+
+# ---- sanitizers and fuzzing (clang; installed from Debian when missing) -------
+CLANGXX = $(shell command -v clang++ || command -v clang++-19 || command -v clang++-16 || command -v clang++-14)
+SAN_CMAKE = cmake -S . -G Ninja -DCMAKE_CXX_COMPILER=$(CLANGXX) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVDTORCH_CUDA=OFF
+export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/csrc/tests/tsan.supp
+FUZZ_SECONDS ?= 600
+FUZZ_SEEDS ?= 1,2,3,4,5,6,7,8,9,10
+FUZZ_STEPS ?= 2000
+
+$(VENV)/.clang:
+	@if [ -z "$(CLANGXX)" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; \
+	  else \
+	    echo "hvdtorch: please install clang (needs root)"; exit 1; \
+	  fi; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+build/fuzz/fuzz_control_plane: $(VENV)/.clang FORCE
+	$(SAN_CMAKE) -B build/fuzz -DHVDTORCH_SANITIZE=address,undefined -DHVDTORCH_FUZZ=ON -DHVDTORCH_BUILD_TESTS=OFF >/dev/null
+	cmake --build build/fuzz --target fuzz_control_plane -- -j$(MAX_JOBS)
+
+# The control-plane decoder under libFuzzer + ASan/UBSan for 30 s from the committed corpus.
+test-fuzz-wire: build/fuzz/fuzz_control_plane
+	mkdir -p build/fuzz/corpus
+	build/fuzz/fuzz_control_plane -max_total_time=30 -malloc_limit_mb=128 -rss_limit_mb=1024 -timeout=10 \
+	  -print_final_stats=1 build/fuzz/corpus csrc/fuzz/corpus
+
+sanitize: $(VENV)/.clang
+	$(SAN_CMAKE) -B build/asan -DHVDTORCH_SANITIZE=address,undefined >/dev/null
+	cmake --build build/asan -- -j$(MAX_JOBS)
+	cd build/asan && ctest --output-on-failure --timeout 900
+	$(SAN_CMAKE) -B build/tsan -DHVDTORCH_SANITIZE=thread >/dev/null
+	cmake --build build/tsan -- -j$(MAX_JOBS)
+	cd build/tsan && ctest --output-on-failure --timeout 900
+
+fuzz: build build/fuzz/fuzz_control_plane
+	FUZZ_SEEDS=$(FUZZ_SEEDS) FUZZ_STEPS=$(FUZZ_STEPS) $(PY) -m pytest -q tests/test_fuzz.py
+	mkdir -p build/fuzz/corpus
+	build/fuzz/fuzz_control_plane -max_total_time=$(FUZZ_SECONDS) -malloc_limit_mb=128 -rss_limit_mb=1024 \
+	  -timeout=10 -print_final_stats=1 build/fuzz/corpus csrc/fuzz/corpus
+
+soak: build
+	SOAK_STEPS=20000 SOAK_CYCLES=1000 $(PY) -m pytest -q -p no:timeout tests/test_soak.py
+
+FORCE:
 
 demo: build
 	$(PY) examples/demo.py

@@ -20,7 +20,7 @@ running processes; with torchrun the agent owns membership (rendezvous,
 import functools
 
 from .. import runtime
-from ..ops import HvdError
+from ..exceptions import HorovodInternalError
 
 
 def run(func):
@@ -35,7 +35,7 @@ def run(func):
             state.on_reset()
         try:
             return func(state, *args, **kwargs)
-        except HvdError:
+        except HorovodInternalError:
             state.restore()
             raise
     return wrapper
