@@ -5,6 +5,9 @@
 # make sanitize the C++ unit tests under ASan+UBSan (build/asan) and TSan (build/tsan)
 # make fuzz     long fuzzing: many seeds of op sequences, and the control-plane decoder for FUZZ_SECONDS
 # make soak     20,000 DistributedModel steps and 1,000 init()/shutdown() cycles, nothing may grow
+
+# make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
+# make format apply clang-format (csrc) and ruff's import sorting and formatter
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,18 +18,31 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 BUILD_DIR := build/cmake
 PYTEST_ARGS ?=
+# Lint tools. The major version is pinned: formatting differs between releases.
+CLANG_FORMAT ?= clang-format-19
+RUN_CLANG_TIDY ?= run-clang-tidy-19
+RUFF := $(VENV)/bin/ruff
+# compile_commands.json of a core-only configure (no torch needed) for clang-tidy.
+LINT_BUILD_DIR := build/lint
+CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
+TIDY_JOBS ?= $(MAX_JOBS)
 
-.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak clean system-deps
+.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak clean system-deps lint \
+        format lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
 all: build
 
-# Debian packages: Open MPI (mpirun, and headers for mpi4py) and ccache.
-$(VENV)/.system-deps:
-	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || ! command -v ccache >/dev/null; then \
+# Debian packages: Open MPI (mpirun, and headers for mpi4py), ccache, and the
+# C++ lint tools (clang-format, clang-tidy with run-clang-tidy) of LLVM 19.
+# Re-checked whenever this Makefile changes (a cheap `command -v` when present).
+SYSTEM_PACKAGES := openmpi-bin libopenmpi-dev ccache clang-format-19 clang-tidy-19
+$(VENV)/.system-deps: Makefile
+	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || ! command -v ccache >/dev/null || \
+	    ! command -v $(CLANG_FORMAT) >/dev/null || ! command -v $(RUN_CLANG_TIDY) >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev ccache >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	  else \
-	    echo "hvdtorch: please install openmpi-bin libopenmpi-dev ccache (needs root)"; exit 1; \
+	    echo "hvdtorch: please install $(SYSTEM_PACKAGES) (needs root)"; exit 1; \
 	  fi; \
 	fi
 	@mkdir -p $(VENV) && touch $@
@@ -105,6 +121,41 @@ demo: build
 MUTANTS_ARGS ?=
 mutants: $(VENV)/.deps
 	$(PY) tools/mutants.py --venv $(VENV) $(MUTANTS_ARGS)
+
+# Every check runs, even after one fails; the summary names the failed ones.
+lint: $(VENV)/.deps
+	@failed=; \
+	for t in lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy; do \
+	  $(MAKE) --no-print-directory $$t || failed="$$failed $$t"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make lint: FAILED:$$failed"; exit 1; fi; \
+	echo "make lint: clean"
+
+lint-clang-format: $(VENV)/.deps
+	@echo "== clang-format (csrc, --dry-run -Werror; make format fixes it)"
+	@$(CLANG_FORMAT) --dry-run -Werror --ferror-limit=3 $(CXX_FILES)
+
+lint-ruff: $(VENV)/.deps
+	@echo "== ruff check"
+	@$(RUFF) check .
+
+lint-ruff-format: $(VENV)/.deps
+	@echo "== ruff format --check (make format fixes it)"
+	@$(RUFF) format --check .
+
+# Only configures (seconds): clang-tidy needs the compile commands, not objects.
+lint-clang-tidy: $(VENV)/.deps
+	@echo "== clang-tidy (csrc/core, $(TIDY_JOBS) jobs)"
+	@cmake -S . -B $(LINT_BUILD_DIR) -DHVDTORCH_BUILD_TESTS=OFF -DHVDTORCH_CUDA=OFF >/dev/null
+	@set -o pipefail; $(RUN_CLANG_TIDY) -quiet -j $(TIDY_JOBS) -p $(LINT_BUILD_DIR) '/csrc/core/.*\.cc$$' 2>&1 \
+	  | { grep -vE '^[0-9]+ warnings? generated\.$$|^$$' || true; }
+
+format: $(VENV)/.deps
+	@echo "== clang-format -i (csrc)"
+	@$(CLANG_FORMAT) -i $(CXX_FILES)
+	@echo "== ruff: sort imports, format"
+	@$(RUFF) check --select I --fix -q .
+	@$(RUFF) format -q .
 
 clean:
 	rm -rf build hvdtorch/_C*.so *.egg-info

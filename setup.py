@@ -47,16 +47,10 @@ class CMakeBuild(build_ext):
         subprocess.check_call(["cmake", "--build", build_dir, "--", "-j" + jobs])
 
 
+# Name, version, dependencies and the rest of the metadata: [project] in
+# pyproject.toml. This call only adds the packages and the CMake-built extension.
 setup(
-    name="hvdtorch",
-    version="0.1.0",
-    description="Horovod-style data-parallel training for PyTorch with a C++ core",
     packages=find_packages(include=["hvdtorch", "hvdtorch.*"]),
     ext_modules=[CMakeExtension("hvdtorch._C")],
     cmdclass={"build_ext": CMakeBuild},
-    python_requires=">=3.9",
-    # torch is deliberately not listed: hvdtorch is compiled against the torch
-    # already installed, and a requirement would let pip fetch another build.
-    # numpy is needed by torch.distributed's object collectives.
-    install_requires=["numpy"],
 )

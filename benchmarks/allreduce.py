@@ -14,6 +14,7 @@ per rank, plus the reduction.
 """
 import argparse
 import csv
+import functools
 import json
 import os
 import statistics
@@ -66,11 +67,12 @@ def worker(args):
         count = nbytes // 4
         x = torch.ones(count, dtype=torch.float32)
         reps = args.reps if nbytes <= (16 << 20) else max(3, args.reps // 2)
-        impls = {f"hvdtorch-{r}": (lambda r=r: hvd.allreduce_(x, op=hvd.Sum, name=f"bench.{r}.{nbytes}", reducer=r))
-                 for r in HVD_REDUCERS}
-        impls["gloo"] = lambda: dist.all_reduce(x)
-        buf = x.numpy()
-        impls["mpi"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        impls = {
+            f"hvdtorch-{r}": functools.partial(hvd.allreduce_, x, op=hvd.Sum, name=f"bench.{r}.{nbytes}", reducer=r)
+            for r in HVD_REDUCERS
+        }
+        impls["gloo"] = functools.partial(dist.all_reduce, x)
+        impls["mpi"] = functools.partial(comm.Allreduce, MPI.IN_PLACE, x.numpy(), op=MPI.SUM)
         for name, fn in impls.items():
             t = timed(fn, reps)
             algbw = nbytes / t
@@ -142,7 +144,7 @@ def main():
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if out.returncode != 0:
             raise SystemExit(f"benchmark with {n} ranks failed (exit {out.returncode})")
-        rows += json.loads(next(l for l in out.stdout.splitlines() if l.startswith("ROWS "))[5:])
+        rows += json.loads(next(line for line in out.stdout.splitlines() if line.startswith("ROWS "))[5:])
 
     csv_path = os.path.join(args.out, "allreduce.csv")
     with open(csv_path, "w", newline="") as f:

@@ -128,9 +128,9 @@ def main():
         row = sorted(runs, key=lambda r: r["step_s"])[len(runs) // 2]
         if rank == 0:
             ms = {k: row[f"{k}_s"] * 1e3 for k in ("step", "data", "forward", "backward", "sync", "optim")}
-            print(f"[{args.setting} {size} ranks] {name:>14}: {row['img_per_s']:7.1f} img/s (step {ms['step']:6.1f} ms: "
-                  f"data {ms['data']:.1f}, fwd {ms['forward']:.1f}, bwd {ms['backward']:.1f}, "
-                  f"sync {ms['sync']:.1f}, optim {ms['optim']:.1f})", flush=True)
+            print(f"[{args.setting} {size} ranks] {name:>14}: {row['img_per_s']:7.1f} img/s "
+                  f"(step {ms['step']:6.1f} ms: data {ms['data']:.1f}, fwd {ms['forward']:.1f}, "
+                  f"bwd {ms['backward']:.1f}, sync {ms['sync']:.1f}, optim {ms['optim']:.1f})", flush=True)
             with open(os.path.join(args.out, f"{args.setting}.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
     hvd.shutdown()

@@ -112,7 +112,8 @@ def table(rows, setting):
             eff = f", {r['img_per_s'] / (base * n) * 100:.0f}% of ideal" if base else ""
             solo = cell.get(("solo", n))
             vs = f", {r['img_per_s'] / ddp['img_per_s']:.2f}x DDP" if ddp and c not in ("ddp", "solo") and n > 1 else ""
-            vs_solo = f", {r['img_per_s'] / solo['img_per_s'] * 100:.0f}% of solo" if solo and c != "solo" and n > 1 else ""
+            vs_solo = (f", {r['img_per_s'] / solo['img_per_s'] * 100:.0f}% of solo"
+                       if solo and c != "solo" and n > 1 else "")
             parts.append(f"{r['img_per_s']:.1f}{eff}{vs}{vs_solo}")
         lines.append(f"| {c} | " + " | ".join(parts) + " |")
     return "\n".join(lines) + "\n"

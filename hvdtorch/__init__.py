@@ -14,22 +14,64 @@ except ImportError as _error:
                       "`pip install --no-build-isolation .` (or `make build`) against the torch installed here, "
                       "then run `python -m hvdtorch.check`") from _error
 from . import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler)
+from .alltoall import alltoall, alltoall_async
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .distributed_model import DistributedModel
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .ops import (
+    Adasum,
+    Average,
+    HvdError,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    poll,
+    synchronize,
+)
 from .optimizer import DistributedOptimizer
-from .alltoall import alltoall, alltoall_async
-from .ops import (Adasum, Average, HvdError, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
-                  allreduce_, allreduce_async, allreduce_async_, barrier, broadcast, broadcast_, broadcast_async,
-                  broadcast_async_, grouped_allgather, grouped_allgather_async, grouped_allreduce,
-                  grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, poll, synchronize)
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .reducescatter import (grouped_reducescatter, grouped_reducescatter_async, reducescatter,
-                            reducescatter_async)
-from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
-                      is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from .reducescatter import grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async
+from .runtime import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
 from .sparse import sparse_allreduce_async
 from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline

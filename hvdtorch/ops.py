@@ -12,13 +12,13 @@ naming the op and the ranks; bad arguments raise ValueError before anything is
 sent.
 """
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from . import runtime
-from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 from ._C import HvdError  # noqa: F401  (re-exported)
+from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 
 # Reduce ops, with Horovod's values.
 Average = 0

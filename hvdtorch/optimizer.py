@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from . import ops, runtime
+from . import ops
 from .buckets import plan_buckets
 from .compression import Compression
 from .gradient_sync import GradientSync
@@ -74,7 +74,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._hvd_synchronized:
                 warnings.warn("hvdtorch: optimizer.step() after optimizer.synchronize() reduces the gradients a "
                               "second time; call step() inside optimizer.skip_synchronize() when you synchronize "
-                              "yourself (e.g. to clip gradients)")
+                              "yourself (e.g. to clip gradients)", stacklevel=2)
             self.synchronize()
         self._hvd_synchronized = False
         return super(self._hvd_class, self).step(closure)

@@ -14,9 +14,18 @@ from typing import List
 
 import torch
 
-from . import runtime
-from .ops import Average, Sum, _check_process_set, _contiguous, _engine, _name, _register, synchronize
-from .ops import allgather_async, grouped_allgather_async
+from .ops import (
+    Average,
+    Sum,
+    _check_process_set,
+    _contiguous,
+    _engine,
+    _name,
+    _register,
+    allgather_async,
+    grouped_allgather_async,
+    synchronize,
+)
 from .process_sets import global_process_set
 
 

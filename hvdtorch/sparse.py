@@ -78,8 +78,8 @@ def as_sparse(grad: Optional[torch.Tensor], like: torch.Tensor, sparse_dim: int)
     """``grad`` as a sparse COO tensor with ``sparse_dim`` sparse dimensions:
     an empty one when this rank has no gradient, the sparse form of a dense one."""
     if grad is None:
-        return torch.sparse_coo_tensor(torch.zeros(sparse_dim, 0, dtype=torch.int64, device=like.device),
-                                       torch.zeros((0,) + tuple(like.shape[sparse_dim:]), dtype=like.dtype, device=like.device),
+        values = torch.zeros((0,) + tuple(like.shape[sparse_dim:]), dtype=like.dtype, device=like.device)
+        return torch.sparse_coo_tensor(torch.zeros(sparse_dim, 0, dtype=torch.int64, device=like.device), values,
                                        like.shape, device=like.device)
     if not grad.is_sparse:
         return grad.to_sparse(sparse_dim)

@@ -1,6 +1,5 @@
 """Errors, never hangs: mismatches, bad arguments, a dead peer, a missing rank."""
 import re
-import time
 
 import pytest
 

@@ -1,5 +1,5 @@
 """Models used by the examples and benchmarks (defined here: nothing is downloaded)."""
-from .googlenet import GoogLeNet
 from .fc_heavy import FCHeavyNet
+from .googlenet import GoogLeNet
 
 __all__ = ["GoogLeNet", "FCHeavyNet"]

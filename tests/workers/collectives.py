@@ -150,7 +150,8 @@ def check_allgather_broadcast():
         want = torch.cat([value(k, (rows[k], 2, 3), dtype, 500 + case) for k in range(n)])
         assert_equal(got, want, f"allgather {dtype}")
         scalar = hvd.allgather(value(r, (), dtype, 700 + case))
-        assert_equal(scalar, torch.stack([value(k, (), dtype, 700 + case) for k in range(n)]), f"allgather scalar {dtype}")
+        want = torch.stack([value(k, (), dtype, 700 + case) for k in range(n)])
+        assert_equal(scalar, want, f"allgather scalar {dtype}")
         for root in sorted({0, n - 1}):
             x = value(r, (4, 5), dtype, 900 + case)
             want = value(root, (4, 5), dtype, 900 + case)

@@ -71,7 +71,6 @@ def mismatched_dtype_op_root():
 
 def bad_arguments():
     hvd.init()
-    r = hvd.rank()
     h = hvd.allreduce_async(torch.ones(2), name="same")
     try:
         hvd.allreduce_async(torch.ones(2), name="same")

@@ -48,8 +48,8 @@ def every_reducer(layout: str):
         assert any("c10d" in ks for ks in kinds.values()), f"no cross-host c10d link used: {kinds}"
     model = hvd.runtime.state().engine.cost_model()
     assert ("node" in model) == shm, model
-    print(f"rank {r}: cost model {model}; auto picks {hvd.runtime.state().engine.choose_reducer(64 << 20, torch.float32)} "
-          f"at 64 MiB", flush=True)
+    auto = hvd.runtime.state().engine.choose_reducer(64 << 20, torch.float32)
+    print(f"rank {r}: cost model {model}; auto picks {auto} at 64 MiB", flush=True)
     hvd.shutdown()
 
 

@@ -1,6 +1,4 @@
 """Rank-side checks of init/shutdown, topology and autograd-aware ops."""
-import os
-
 import torch
 import torch.distributed as dist
 
@@ -84,8 +82,7 @@ def autograd():
 
 def timeline(path: str):
     hvd.init()
-    r = hvd.rank()
-    for i in range(3):
+    for _ in range(3):
         hvd.allreduce(torch.ones(10), name="tl.single")
     hvd.grouped_allreduce([torch.ones(5), torch.ones(6)], name="tl.grouped")
     hs = [hvd.allreduce_async(torch.ones(4), name=f"tl.fused.{k}") for k in range(4)]

@@ -149,7 +149,6 @@ def check_embedding_training(mode):
 def check_sparse_gradient_turning_up_late():
     """A parameter dense in the first step and sparse later: a clear error, no hang."""
     hvd.init()
-    r, n = hvd.rank(), hvd.size()
     emb_dense = torch.nn.Embedding(VOCAB, DIM, sparse=False)
     emb_sparse = torch.nn.Embedding(VOCAB, DIM, sparse=True)
     emb_sparse.weight = emb_dense.weight  # the same parameter, used both ways

@@ -58,7 +58,7 @@ def make_opt(kind, params):
 def assert_params_close(a, b, what, atol=1e-5):
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), atol=atol, rtol=1e-4,
-                                   msg=lambda m: f"{what}: parameter {name}: {m}")
+                                   msg=lambda m, name=name: f"{what}: parameter {name}: {m}")
 
 
 def train_reference(model, kind, n, steps=STEPS):

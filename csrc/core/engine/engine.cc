@@ -10,7 +10,7 @@
 
 namespace hvdtorch {
 
-Engine::Engine(Config config, Topology topo, Transports transports)
+Engine::Engine(Config config, const Topology& topo, const Transports& transports)
     : config_(std::move(config)),
       timeline_(config_.timeline, topo.rank),
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),

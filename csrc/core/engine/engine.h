@@ -55,7 +55,7 @@ class Engine {
     std::string shm_token;
   };
 
-  Engine(Config config, Topology topo, Transports transports);
+  Engine(Config config, const Topology& topo, const Transports& transports);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -32,7 +32,7 @@ ShmArena::ShmArena(const std::string& name, int local_rank, const std::vector<in
                                  " or slot size ", slot_bytes));
   slot_stride_ = roundUp64(slot_bytes);
   slots_offset_ = roundUp64(sizeof(Control) + size * sizeof(ArrivalCounter));
-  const size_t bytes = slots_offset_ + 2 * size * slot_stride_;
+  const size_t bytes = slots_offset_ + 2 * static_cast<size_t>(size) * slot_stride_;
   const int self = local_ranks[local_rank];
   seg_ = local_rank == 0 ? ShmSegment::create(name, bytes, size, self)
                          : ShmSegment::open(name, bytes, size, local_rank, self, local_ranks[0], deadline);
