@@ -20,6 +20,7 @@ BUILD_DIR := build/cmake
 PYTEST_ARGS ?=
 # Lint tools. The major version is pinned: formatting differs between releases.
 CLANG_FORMAT ?= clang-format-19
+CLANGXX ?= clang++-19
 RUN_CLANG_TIDY ?= run-clang-tidy-19
 RUFF := $(VENV)/bin/ruff
 # compile_commands.json of a core-only configure (no torch needed) for clang-tidy.
@@ -32,13 +33,15 @@ TIDY_JOBS ?= $(MAX_JOBS)
 
 all: build
 
-# Debian packages: Open MPI (mpirun, and headers for mpi4py), ccache, and the
-# C++ lint tools (clang-format, clang-tidy with run-clang-tidy) of LLVM 19.
+# Debian packages: Open MPI (mpirun, and headers for mpi4py), ccache, the
+# C++ lint tools (clang-format, clang-tidy with run-clang-tidy) of LLVM 19, and
+# clang 19 with its sanitizer and libFuzzer runtimes (make sanitize, the fuzz target).
 # Re-checked whenever this Makefile changes (a cheap `command -v` when present).
-SYSTEM_PACKAGES := openmpi-bin libopenmpi-dev ccache clang-format-19 clang-tidy-19
+SYSTEM_PACKAGES := openmpi-bin libopenmpi-dev ccache clang-format-19 clang-tidy-19 clang-19 libclang-rt-19-dev
 $(VENV)/.system-deps: Makefile
 	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || ! command -v ccache >/dev/null || \
-	    ! command -v $(CLANG_FORMAT) >/dev/null || ! command -v $(RUN_CLANG_TIDY) >/dev/null; then \
+	    ! command -v $(CLANG_FORMAT) >/dev/null || ! command -v $(RUN_CLANG_TIDY) >/dev/null || \
+	    ! command -v $(CLANGXX) >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	  else \
@@ -64,8 +67,7 @@ test-py: build
 
 test: test-cpp test-fuzz-wire test-py
 
-# ---- sanitizers and fuzzing (clang; installed from Debian when missing) -------
-CLANGXX = $(shell command -v clang++ || command -v clang++-19 || command -v clang++-16 || command -v clang++-14)
+# ---- sanitizers and fuzzing (clang 19, with the system packages) ---------------
 SAN_CMAKE = cmake -S . -G Ninja -DCMAKE_CXX_COMPILER=$(CLANGXX) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVDTORCH_CUDA=OFF
 export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
@@ -74,17 +76,7 @@ FUZZ_SECONDS ?= 600
 FUZZ_SEEDS ?= 1,2,3,4,5,6,7,8,9,10
 FUZZ_STEPS ?= 2000
 
-$(VENV)/.clang:
-	@if [ -z "$(CLANGXX)" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; \
-	  else \
-	    echo "hvdtorch: please install clang (needs root)"; exit 1; \
-	  fi; \
-	fi
-	@mkdir -p $(VENV) && touch $@
-
-build/fuzz/fuzz_control_plane: $(VENV)/.clang FORCE
+build/fuzz/fuzz_control_plane: $(VENV)/.system-deps FORCE
 	$(SAN_CMAKE) -B build/fuzz -DHVDTORCH_SANITIZE=address,undefined -DHVDTORCH_FUZZ=ON -DHVDTORCH_BUILD_TESTS=OFF >/dev/null
 	cmake --build build/fuzz --target fuzz_control_plane -- -j$(MAX_JOBS)
 
@@ -94,7 +86,7 @@ test-fuzz-wire: build/fuzz/fuzz_control_plane
 	build/fuzz/fuzz_control_plane -max_total_time=30 -malloc_limit_mb=128 -rss_limit_mb=1024 -timeout=10 \
 	  -print_final_stats=1 build/fuzz/corpus csrc/fuzz/corpus
 
-sanitize: $(VENV)/.clang
+sanitize: $(VENV)/.system-deps
 	$(SAN_CMAKE) -B build/asan -DHVDTORCH_SANITIZE=address,undefined >/dev/null
 	cmake --build build/asan -- -j$(MAX_JOBS)
 	cd build/asan && ctest --output-on-failure --timeout 900

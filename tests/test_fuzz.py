@@ -4,6 +4,7 @@
 seeds and more steps (FUZZ_SEEDS, FUZZ_STEPS). A failure names the seed and
 the op; FUZZ_SEEDS=N pytest tests/test_fuzz.py reproduces it.
 """
+
 import os
 import re
 
@@ -18,11 +19,15 @@ STEPS = int(os.environ.get("FUZZ_STEPS", "560"))
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_op_sequences_return_the_reference_or_the_documented_error(seed):
     # A small response cache, so that entries are evicted all the time.
-    results = run_ranks("tests.workers.fuzz:run", 3, args=[str(seed), str(STEPS)], timeout=60 + STEPS * 0.5,
-                        env={"HVDTORCH_TIMEOUT": "20", "HVDTORCH_CACHE_CAPACITY": "6"})
+    results = run_ranks(
+        "tests.workers.fuzz:run",
+        3,
+        args=[str(seed), str(STEPS)],
+        timeout=60 + STEPS * 0.5,
+        env={"HVDTORCH_TIMEOUT": "20", "HVDTORCH_CACHE_CAPACITY": "6"},
+    )
     for r in results:
-        m = re.search(r"FUZZ rank=(\d) planned=(\d+) ops=(\d+) checked=(\d+) mismatches=(\d+) invalid=(\d+)",
-                      r.output)
+        m = re.search(r"FUZZ rank=(\d) planned=(\d+) ops=(\d+) checked=(\d+) mismatches=(\d+) invalid=(\d+)", r.output)
         assert m, r.output
         planned, ops, checked, mismatches, invalid = map(int, m.groups()[1:])
         assert checked + mismatches + invalid == ops, m.group(0)

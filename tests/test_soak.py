@@ -6,6 +6,7 @@ tests/workers/soak.py) may grow by at most 8 MiB and the
 numbers of threads and file descriptors must not grow at all; no shared-memory
 segment of any of the jobs may exist at the end.
 """
+
 import os
 import re
 
@@ -18,8 +19,11 @@ RSS_LIMIT_KIB = 8 * 1024
 
 def _check(results, what, n):
     for r in results:
-        m = re.search(rf"SOAK rank=(\d) what={what} n=(\d+) rss_growth_kib=(-?\d+) threads=(\d+)/(\d+) "
-                      rf"fds=(\d+)/(\d+) shm=(\d+)", r.output)
+        m = re.search(
+            rf"SOAK rank=(\d) what={what} n=(\d+) rss_growth_kib=(-?\d+) threads=(\d+)/(\d+) "
+            rf"fds=(\d+)/(\d+) shm=(\d+)",
+            r.output,
+        )
         assert m, r.output
         _, count, rss, t0, t1, f0, f1, shm = map(int, m.groups())
         assert count == n, m.group(0)
@@ -30,13 +34,23 @@ def _check(results, what, n):
 
 def test_distributed_model_steps_do_not_grow():
     warmup = min(200, STEPS // 5)
-    results = run_ranks("tests.workers.soak:train", 2, args=[str(STEPS), str(warmup)], timeout=60 + STEPS * 0.05,
-                        env={"HVDTORCH_TIMEOUT": "30"})
+    results = run_ranks(
+        "tests.workers.soak:train",
+        2,
+        args=[str(STEPS), str(warmup)],
+        timeout=60 + STEPS * 0.05,
+        env={"HVDTORCH_TIMEOUT": "30"},
+    )
     _check(results, "train", STEPS - warmup)
 
 
 def test_init_shutdown_cycles_do_not_grow():
     warmup = min(50, CYCLES // 2)
-    results = run_ranks("tests.workers.soak:cycles", 2, args=[str(CYCLES), str(warmup)], timeout=60 + CYCLES * 2,
-                        env={"HVDTORCH_TIMEOUT": "30"})
+    results = run_ranks(
+        "tests.workers.soak:cycles",
+        2,
+        args=[str(CYCLES), str(warmup)],
+        timeout=60 + CYCLES * 2,
+        env={"HVDTORCH_TIMEOUT": "30"},
+    )
     _check(results, "cycles", CYCLES - warmup)

@@ -39,12 +39,13 @@ void roundTrip(const std::vector<char>& bytes) {
 // Two ranks on two hosts: every hop is a "remote" link, played back from the input.
 Context contextOf(int rank, const uint8_t* data, size_t size) {
   const int peer = 1 - rank;
-  return Context(Topology::build(rank, {0, 1}),
-                 [=](int p) -> std::unique_ptr<Link> {
-                   require(p == peer, "link to an unexpected peer");
-                   return std::make_unique<ScriptedLink>(p, data, size);
-                 },
-                 nullptr, nullptr, std::chrono::milliseconds(1000));
+  return Context(
+      Topology::build(rank, {0, 1}),
+      [=](int p) -> std::unique_ptr<Link> {
+        require(p == peer, "link to an unexpected peer");
+        return std::make_unique<ScriptedLink>(p, data, size);
+      },
+      nullptr, nullptr, std::chrono::milliseconds(1000));
 }
 
 Request cachedRequest(const char* name, OpType type) {
@@ -93,12 +94,11 @@ void run(Target target, const uint8_t* data, size_t size) {
       RankMessage mine;
       mine.uncached.push_back(cachedRequest("x", OpType::kAllreduce));
       mine.cache_bits = {1};
-      const std::vector<char> reply =
-          plane.exchange(mine.serialize(), [&](std::vector<std::vector<char>>& all) {
-            std::vector<RankMessage> msgs;
-            for (const auto& b : all) msgs.push_back(RankMessage::parse(b));
-            return coordinator.process(msgs, cache, Coordinator::Clock::now()).serialize();
-          });
+      const std::vector<char> reply = plane.exchange(mine.serialize(), [&](std::vector<std::vector<char>>& all) {
+        std::vector<RankMessage> msgs;
+        for (const auto& b : all) msgs.push_back(RankMessage::parse(b));
+        return coordinator.process(msgs, cache, Coordinator::Clock::now()).serialize();
+      });
       roundTrip<ResponseList>(reply);
       break;
     }

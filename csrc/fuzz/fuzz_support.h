@@ -16,11 +16,11 @@
 namespace hvdtorch::fuzz {
 
 enum Target : uint8_t {
-  kRankMessage = 0,     // RankMessage::parse
-  kResponseList = 1,    // ResponseList::parse
-  kRequest = 2,         // Request::read of one request
-  kReplyToRank = 3,     // a non-root rank receiving rank 0's reply (framing + ResponseList::parse)
-  kCoordinatorIn = 4,   // rank 0 receiving a rank's message (framing + parse + Coordinator::process)
+  kRankMessage = 0,    // RankMessage::parse
+  kResponseList = 1,   // ResponseList::parse
+  kRequest = 2,        // Request::read of one request
+  kReplyToRank = 3,    // a non-root rank receiving rank 0's reply (framing + ResponseList::parse)
+  kCoordinatorIn = 4,  // rank 0 receiving a rank's message (framing + parse + Coordinator::process)
   kTargets = 5,
 };
 

@@ -8,6 +8,7 @@
 See run.py (what happens on failure), state.py (commit/restore/sync) and
 sampler.py (ElasticSampler).
 """
+
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from .run import run  # noqa: F401
 from .sampler import ElasticSampler  # noqa: F401

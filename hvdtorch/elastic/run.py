@@ -17,6 +17,7 @@ commit on disk. Horovod's own driver instead re-forms the job inside the
 running processes; with torchrun the agent owns membership (rendezvous,
 --nnodes=MIN:MAX), so the process restarts.
 """
+
 import functools
 
 from .. import runtime
@@ -38,4 +39,5 @@ def run(func):
         except HorovodInternalError:
             state.restore()
             raise
+
     return wrapper

@@ -8,6 +8,7 @@ Every rank prints one line per event, which the test parses:
     CLEAN rank=<r> threads=<before>/<after> fds=<before>/<after> children=<n>
     REINIT-OK rank=<r>
 """
+
 import os
 import time
 
@@ -63,12 +64,18 @@ def _survive(rank: int, error: BaseException, before) -> None:
     hvd.shutdown()
     after = _resources()
     kids = _children()
-    _say(f"CLEAN rank={rank} threads={before[0]}/{after[0]} fds={before[1]}/{after[1]} children={len(kids)} "
-         f"thread_names={_thread_names()} fd_targets={_fd_targets()}")
+    _say(
+        f"CLEAN rank={rank} threads={before[0]}/{after[0]} fds={before[1]}/{after[1]} children={len(kids)} "
+        f"thread_names={_thread_names()} fd_targets={_fd_targets()}"
+    )
     # A fresh single-process job in the same interpreter: the launcher's
     # variables describe the job that just failed.
-    for k in [k for k in os.environ if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                              "MASTER_ADDR", "MASTER_PORT") or k.startswith("TORCHELASTIC_")]:
+    for k in [
+        k
+        for k in os.environ
+        if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+        or k.startswith("TORCHELASTIC_")
+    ]:
         del os.environ[k]
     hvd.init()
     assert hvd.size() == 1
@@ -97,8 +104,13 @@ def train_until_fault(victim: str, fault_step: str = "5"):
     before = _start()
     r = hvd.rank()
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(32, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256), torch.nn.Tanh(),
-              torch.nn.Linear(256, 8)]
+    layers = [
+        torch.nn.Linear(32, 256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 8),
+    ]
     model = hvd.DistributedModel(torch.nn.Sequential(*layers), fusion_bytes=64 << 10, first_bucket_bytes=16 << 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     step = 0

@@ -20,6 +20,7 @@ or raise the documented error; a hang is cut by HVDTORCH_TIMEOUT and the
 harness deadline. Each rank prints one summary line:
     FUZZ rank=<r> planned=<ops in the plan> ops=<this rank's> checked=<n> mismatches=<n> invalid=<n>
 """
+
 import random
 import time
 
@@ -27,11 +28,31 @@ import torch
 
 import hvdtorch as hvd
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8,
-          torch.uint8, torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
-KINDS = ["allreduce", "allreduce_", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
-         "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier"]
+KINDS = [
+    "allreduce",
+    "allreduce_",
+    "grouped_allreduce",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "broadcast_",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+    "barrier",
+]
 
 
 def _shape(rng, allow_scalar=True):
@@ -54,7 +75,7 @@ def _value_range(dtype):
 
 
 def _input(seed, op_index, rank, shape, dtype, tensor_index=0):
-    g = torch.Generator().manual_seed((seed * 1000003 + op_index * 131 + rank * 7 + tensor_index) % (2 ** 62))
+    g = torch.Generator().manual_seed((seed * 1000003 + op_index * 131 + rank * 7 + tensor_index) % (2**62))
     lo, hi = _value_range(dtype)
     return torch.randint(lo, hi, shape, generator=g).to(dtype)
 
@@ -107,10 +128,9 @@ class Op:
         self.scales = (1.0, 1.0)
         if self.dtype.is_floating_point and rng.random() < 0.3:
             self.scales = (rng.choice([0.5, 2.0]), rng.choice([0.5, 1.0, 4.0]))
-        self.shape = _shape(rng, allow_scalar=self.kind not in ("reducescatter", "grouped_reducescatter",
-                                                                 "alltoall"))
+        self.shape = _shape(rng, allow_scalar=self.kind not in ("reducescatter", "grouped_reducescatter", "alltoall"))
         self.count = rng.randint(1, 3) if self.kind.startswith("grouped") else 1
-        self.rows = [rng.randint(0, 3) for _ in self.members]            # allgather first dims
+        self.rows = [rng.randint(0, 3) for _ in self.members]  # allgather first dims
         self.root = rng.choice(self.members)
         self.splits = [[rng.randint(0, 2) for _ in self.members] for _ in self.members]  # alltoall
         # Faults: one member differs (mismatch), or everyone passes a bad argument.
@@ -176,8 +196,9 @@ class Op:
             h = f(xs[0], name=name, op=OPS[op], prescale_factor=pre, postscale_factor=post, process_set=ps)
             return lambda: [hvd.synchronize(h)]
         if k == "grouped_allreduce":
-            h = hvd.grouped_allreduce_async(xs, name=name, op=OPS[op], prescale_factor=pre, postscale_factor=post,
-                                            process_set=ps)
+            h = hvd.grouped_allreduce_async(
+                xs, name=name, op=OPS[op], prescale_factor=pre, postscale_factor=post, process_set=ps
+            )
             return lambda: hvd.synchronize(h)
         if k == "allgather":
             h = hvd.allgather_async(xs[0], name=name, process_set=ps)
@@ -195,8 +216,14 @@ class Op:
             return lambda: list(hvd.synchronize(h))
         if k in ("reducescatter", "grouped_reducescatter"):
             f = hvd.reducescatter_async if k == "reducescatter" else hvd.grouped_reducescatter_async
-            h = f(xs[0] if k == "reducescatter" else xs, name=name, op=OPS[op], process_set=ps,
-                  prescale_factor=pre, postscale_factor=post)
+            h = f(
+                xs[0] if k == "reducescatter" else xs,
+                name=name,
+                op=OPS[op],
+                process_set=ps,
+                prescale_factor=pre,
+                postscale_factor=post,
+            )
             return (lambda: [hvd.synchronize(h)]) if k == "reducescatter" else (lambda: hvd.synchronize(h))
         if k == "barrier":
             hvd.barrier(process_set=ps)
@@ -233,18 +260,20 @@ class Op:
                 blocks = []
                 for q, x in enumerate(xs):
                     start = sum(self.splits[q][:me])
-                    blocks.append(x[start:start + self.splits[q][me]])
+                    blocks.append(x[start : start + self.splits[q][me]])
                 out += [torch.cat(blocks), torch.tensor([self.splits[q][me] for q in range(n)], dtype=torch.int32)]
             elif k in ("reducescatter", "grouped_reducescatter"):
                 full = _reduce(xs, self.op, self.dtype, *self.scales)
                 rows = full.shape[0]
                 counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
-                out.append(full[sum(counts[:me]):sum(counts[:me]) + counts[me]])
+                out.append(full[sum(counts[:me]) : sum(counts[:me]) + counts[me]])
         return out
 
     def describe(self):
-        return (f"op {self.index} {self.kind} '{self.name}' {self.dtype} {self.shape} {self.op} scales={self.scales} "
-                f"set={self.members} fault={self.fault}")
+        return (
+            f"op {self.index} {self.kind} '{self.name}' {self.dtype} {self.shape} {self.op} scales={self.scales} "
+            f"set={self.members} fault={self.fault}"
+        )
 
 
 def run(seed: str, steps: str):
@@ -254,12 +283,12 @@ def run(seed: str, steps: str):
     subset = list(range(0, size, 2)) if size > 2 else [0]
     sub = hvd.add_process_set(subset)
     sets = [(None, list(range(size))), (None, list(range(size))), (sub, subset)]
-    plan_rng = random.Random(seed)        # identical on every rank
+    plan_rng = random.Random(seed)  # identical on every rank
     order_rng = random.Random(seed * 31 + rank)  # this rank's own submission orders
     counts = {"ops": 0, "checked": 0, "mismatches": 0, "invalid": 0}
     index = 0
     t0 = time.time()
-    for step in range(steps):
+    for _ in range(steps):
         batch = plan_rng.random() < 0.7
         ops = []
         names = set()
@@ -301,5 +330,9 @@ def run(seed: str, steps: str):
             counts["checked"] += 1
     hvd.barrier()  # shutdown() stops every rank: not before the others are done with their sets' ops
     hvd.shutdown()
-    print(f"FUZZ rank={rank} planned={index} " + " ".join(f"{k}={v}" for k, v in counts.items()) +
-          f" seconds={time.time() - t0:.1f}", flush=True)
+    print(
+        f"FUZZ rank={rank} planned={index} "
+        + " ".join(f"{k}={v}" for k, v in counts.items())
+        + f" seconds={time.time() - t0:.1f}",
+        flush=True,
+    )

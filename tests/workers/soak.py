@@ -4,6 +4,7 @@ must not grow. Each rank prints
 where a is after warm-up and b at the end, and shm counts the /dev/shm
 segments of every job this process ran that still exist.
 """
+
 import ctypes
 import gc
 import os
@@ -37,9 +38,12 @@ def _segments(tokens) -> int:
 
 def _report(what, n, rss0, res0, tokens):
     res1 = _threads_fds()
-    print(f"SOAK rank={hvd.rank() if hvd.is_initialized() else os.environ['RANK']} what={what} n={n} "
-          f"rss_growth_kib={_rss_kib() - rss0} threads={res0[0]}/{res1[0]} fds={res0[1]}/{res1[1]} "
-          f"shm={_segments(tokens)}", flush=True)
+    print(
+        f"SOAK rank={hvd.rank() if hvd.is_initialized() else os.environ['RANK']} what={what} n={n} "
+        f"rss_growth_kib={_rss_kib() - rss0} threads={res0[0]}/{res1[0]} fds={res0[1]}/{res1[1]} "
+        f"shm={_segments(tokens)}",
+        flush=True,
+    )
 
 
 def train(steps: str, warmup: str):
@@ -48,10 +52,13 @@ def train(steps: str, warmup: str):
     hvd.init()
     tokens = [hvd.runtime.state().shm_token]
     torch.manual_seed(0)
-    model = hvd.DistributedModel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                                     torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                                     torch.nn.Linear(64, 8)),
-                                 fusion_bytes=8 << 10, first_bucket_bytes=2 << 10)
+    model = hvd.DistributedModel(
+        torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+        ),
+        fusion_bytes=8 << 10,
+        first_bucket_bytes=2 << 10,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(16, 32), torch.randint(0, 8, (16,))
     t0 = time.time()
