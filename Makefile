@@ -2,6 +2,9 @@
 # make test   C++ unit tests (ctest) + Python multi-process tests (pytest)
 # make demo   the main job: multi-process training on CPU through torchrun
 # make mutants  mutation testing: every mutation in tools/mutants.toml must fail its tests (not part of make test)
+# make sanitize the C++ unit tests under ASan+UBSan (build/asan) and TSan (build/tsan)
+# make fuzz     long fuzzing: many seeds of op sequences, and the control-plane decoder for FUZZ_SECONDS
+# make soak     20,000 DistributedModel steps and 1,000 init()/shutdown() cycles, nothing may grow
 
 # make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
 # make format apply clang-format (csrc) and ruff's import sorting and formatter
@@ -17,6 +20,7 @@ BUILD_DIR := build/cmake
 PYTEST_ARGS ?=
 # Lint tools. The major version is pinned: formatting differs between releases.
 CLANG_FORMAT ?= clang-format-19
+CLANGXX ?= clang++-19
 RUN_CLANG_TIDY ?= run-clang-tidy-19
 RUFF := $(VENV)/bin/ruff
 # compile_commands.json of a core-only configure (no torch needed) for clang-tidy.
@@ -24,18 +28,20 @@ LINT_BUILD_DIR := build/lint
 CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
-.PHONY: all build test test-cpp test-py demo mutants clean system-deps lint format \
-        lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
+.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak clean system-deps lint \
+        format lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
 all: build
 
-# Debian packages: Open MPI (mpirun, and headers for mpi4py), ccache, and the
-# C++ lint tools (clang-format, clang-tidy with run-clang-tidy) of LLVM 19.
+# Debian packages: Open MPI (mpirun, and headers for mpi4py), ccache, the
+# C++ lint tools (clang-format, clang-tidy with run-clang-tidy) of LLVM 19, and
+# clang 19 with its sanitizer and libFuzzer runtimes (make sanitize, the fuzz target).
 # Re-checked whenever this Makefile changes (a cheap `command -v` when present).
-SYSTEM_PACKAGES := openmpi-bin libopenmpi-dev ccache clang-format-19 clang-tidy-19
+SYSTEM_PACKAGES := openmpi-bin libopenmpi-dev ccache clang-format-19 clang-tidy-19 clang-19 libclang-rt-19-dev
 $(VENV)/.system-deps: Makefile
 	@if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || ! command -v ccache >/dev/null || \
-	    ! command -v $(CLANG_FORMAT) >/dev/null || ! command -v $(RUN_CLANG_TIDY) >/dev/null; then \
+	    ! command -v $(CLANG_FORMAT) >/dev/null || ! command -v $(RUN_CLANG_TIDY) >/dev/null || \
+	    ! command -v $(CLANGXX) >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	  else \
@@ -59,7 +65,45 @@ test-cpp: build
 test-py: build
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
-test: test-cpp test-py
+test: test-cpp test-fuzz-wire test-py
+
+# ---- sanitizers and fuzzing (clang 19, with the system packages) ---------------
+SAN_CMAKE = cmake -S . -G Ninja -DCMAKE_CXX_COMPILER=$(CLANGXX) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVDTORCH_CUDA=OFF
+export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/csrc/tests/tsan.supp
+FUZZ_SECONDS ?= 600
+FUZZ_SEEDS ?= 1,2,3,4,5,6,7,8,9,10
+FUZZ_STEPS ?= 2000
+
+build/fuzz/fuzz_control_plane: $(VENV)/.system-deps FORCE
+	$(SAN_CMAKE) -B build/fuzz -DHVDTORCH_SANITIZE=address,undefined -DHVDTORCH_FUZZ=ON -DHVDTORCH_BUILD_TESTS=OFF >/dev/null
+	cmake --build build/fuzz --target fuzz_control_plane -- -j$(MAX_JOBS)
+
+# The control-plane decoder under libFuzzer + ASan/UBSan for 30 s from the committed corpus.
+test-fuzz-wire: build/fuzz/fuzz_control_plane
+	mkdir -p build/fuzz/corpus
+	build/fuzz/fuzz_control_plane -max_total_time=30 -malloc_limit_mb=128 -rss_limit_mb=1024 -timeout=10 \
+	  -print_final_stats=1 build/fuzz/corpus csrc/fuzz/corpus
+
+sanitize: $(VENV)/.system-deps
+	$(SAN_CMAKE) -B build/asan -DHVDTORCH_SANITIZE=address,undefined >/dev/null
+	cmake --build build/asan -- -j$(MAX_JOBS)
+	cd build/asan && ctest --output-on-failure --timeout 900
+	$(SAN_CMAKE) -B build/tsan -DHVDTORCH_SANITIZE=thread >/dev/null
+	cmake --build build/tsan -- -j$(MAX_JOBS)
+	cd build/tsan && ctest --output-on-failure --timeout 900
+
+fuzz: build build/fuzz/fuzz_control_plane
+	FUZZ_SEEDS=$(FUZZ_SEEDS) FUZZ_STEPS=$(FUZZ_STEPS) $(PY) -m pytest -q tests/test_fuzz.py
+	mkdir -p build/fuzz/corpus
+	build/fuzz/fuzz_control_plane -max_total_time=$(FUZZ_SECONDS) -malloc_limit_mb=128 -rss_limit_mb=1024 \
+	  -timeout=10 -print_final_stats=1 build/fuzz/corpus csrc/fuzz/corpus
+
+soak: build
+	SOAK_STEPS=20000 SOAK_CYCLES=1000 $(PY) -m pytest -q -p no:timeout tests/test_soak.py
+
+FORCE:
 
 demo: build
 	$(PY) examples/demo.py

@@ -17,6 +17,7 @@ committed every --commit-every steps and at the end of each epoch. With
 every sample was trained on exactly once across the restarts. Rank 0 prints
 progress and, with --out, saves the final parameters.
 """
+
 import argparse
 import os
 import time
@@ -29,8 +30,11 @@ import hvdtorch as hvd
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--commit-dir", default=os.environ.get("HVDTORCH_ELASTIC_DIR"),
-                   help="where commits persist (default: $HVDTORCH_ELASTIC_DIR)")
+    p.add_argument(
+        "--commit-dir",
+        default=os.environ.get("HVDTORCH_ELASTIC_DIR"),
+        help="where commits persist (default: $HVDTORCH_ELASTIC_DIR)",
+    )
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=96, help="dataset size")
     p.add_argument("--batch-size", type=int, default=4, help="per rank")
@@ -88,14 +92,14 @@ def main(argv=None):
     args = parse_args(argv)
     hvd.init()
     torch.manual_seed(0)
-    model = hvd.DistributedModel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
-                                                     torch.nn.Linear(32, 4)))
+    model = hvd.DistributedModel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     data = dataset(args.samples)
     sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=7)
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch_size, sampler=sampler)
-    state = hvd.elastic.TorchState(model, opt, commit_dir=args.commit_dir, sampler=sampler, epoch=0, step=0,
-                                   seen=torch.zeros(args.samples))
+    state = hvd.elastic.TorchState(
+        model, opt, commit_dir=args.commit_dir, sampler=sampler, epoch=0, step=0, seen=torch.zeros(args.samples)
+    )
     state.register_reset_callbacks([lambda: print(f"rank {hvd.rank()}: resuming on {hvd.size()} ranks", flush=True)])
     if hvd.rank() == 0:
         restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -76,9 +76,6 @@ from .sparse import sparse_allreduce_async
 from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
 
-# Horovod's name for the error a lost peer raises (what hvd.elastic.run recovers from).
-HorovodInternalError = HvdError
-
 __version__ = "0.1.0"
 
 

@@ -9,7 +9,9 @@ Bad arguments are not internal errors: they raise ValueError before anything
 is sent.
 
 ``HostsUpdatedInterrupt`` exists so that scripts written for elastic Horovod
-import and catch it; hvdtorch itself never raises it (no elastic mode yet).
+import and catch it; hvdtorch itself never raises it: under torchrun, hosts
+that come or go make the agent restart the workers, which resume from the
+last commit (see hvdtorch.elastic).
 """
 from ._C import HvdError
 

@@ -11,6 +11,7 @@ import atexit
 import datetime
 import os
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class _State:
     owns_default_group: bool
     store_path: Optional[str]
     shm_token: str  # names this job's shared-memory segments (/dev/shm/hvdtorch-<token>...)
+    excepthook: object  # sys.excepthook before init(): init_process_group wraps it anew each time
     options: Dict[str, str] = field(default_factory=dict)
     name_counters: Dict[str, int] = field(default_factory=dict)
 
@@ -147,6 +149,7 @@ def init(comm=None, process_sets=None, **options) -> None:
         timeout = datetime.timedelta(seconds=resolved["timeout"])
         info = launch.detect()
         owns_default = not dist.is_initialized()
+        excepthook = sys.excepthook
         store_path = _join_default_group(info, timeout) if owns_default else None
         rank, size = dist.get_rank(), dist.get_world_size()
 
@@ -170,7 +173,7 @@ def init(comm=None, process_sets=None, **options) -> None:
                         homogeneous=topo["homogeneous"],
                         control_group=control,
                         data_group=data, owns_default_group=owns_default, store_path=store_path,
-                        shm_token=shm_token, options=opts)
+                        shm_token=shm_token, excepthook=excepthook, options=opts)
     # Outside the lock: adding sets runs collectives, which need the state.
     from . import process_sets as _process_sets
     _process_sets._setup(process_sets)
@@ -196,6 +199,12 @@ def shutdown() -> None:
             dist.destroy_process_group()
         except Exception:
             pass
+        # init_process_group() chains a "[rank N]" prefixing hook onto
+        # sys.excepthook on every call; unchained, init/shutdown cycles would
+        # grow the chain (and the prefixes) forever. A hook the user set since
+        # is left alone.
+        if getattr(sys.excepthook, "__qualname__", "").endswith("_distributed_excepthook"):
+            sys.excepthook = st.excepthook
     if st.store_path and st.rank == 0:
         try:
             os.remove(st.store_path)

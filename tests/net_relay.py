@@ -14,6 +14,7 @@ It prints "READY" once every device exists. Frames are delayed by a heap
 ordered by due time, so the order of frames on one path is kept (netem keeps
 it too when the delay has no jitter).
 """
+
 import ctypes
 import fcntl
 import heapq
@@ -61,7 +62,7 @@ def main(namespaces) -> None:
     delay = [0.0] * len(taps)
     loss = [0.0] * len(taps)
     where = {}  # MAC -> host
-    due = []    # (time, seq, out fd, frame)
+    due = []  # (time, seq, out fd, frame)
     seq = 0
     rng = random.Random(12345)
     print("READY", flush=True)
@@ -90,8 +91,11 @@ def main(namespaces) -> None:
                     continue
                 where[frame[6:12]] = src
                 dst_host = where.get(frame[0:6])
-                targets = [dst_host] if dst_host is not None and not frame[0] & 1 else \
-                    [h for h in range(len(taps)) if h != src]
+                targets = (
+                    [dst_host]
+                    if dst_host is not None and not frame[0] & 1
+                    else [h for h in range(len(taps)) if h != src]
+                )
                 now = time.monotonic()
                 for dst in targets:
                     if dst == src:

@@ -30,6 +30,7 @@ them all), then the namespaces are deleted, which deletes the bridge and the
 veth pairs with them. Namespaces left by a run that was itself SIGKILLed are
 swept at the next start (their names carry the creating pid).
 """
+
 import itertools
 import os
 import select
@@ -59,7 +60,7 @@ def unavailable_reason() -> Optional[str]:
     if _probe is None:
         _probe = ""
         if os.geteuid() != 0:
-            _probe = "network namespaces need root (tests run as uid %d)" % os.geteuid()
+            _probe = f"network namespaces need root (tests run as uid {os.geteuid()})"
         elif shutil.which("ip") is None:
             _probe = "the `ip` tool (iproute2) is not installed"
         else:
@@ -80,8 +81,12 @@ def netem_unavailable_reason() -> Optional[str]:
     try:
         _ip("netns", "add", name)
         _ip("-n", name, "link", "add", "p0", "type", "veth", "peer", "name", "p1")
-        r = subprocess.run(["tc", "-n", name, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"],
-                           capture_output=True, text=True, timeout=20)
+        r = subprocess.run(
+            ["tc", "-n", name, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         if r.returncode != 0:
             return f"this kernel has no netem qdisc (sch_netem): `tc qdisc add ... netem` says {r.stderr.strip()!r}"
         return None
@@ -122,7 +127,7 @@ def sweep_stale() -> None:
         if not ns.startswith(PREFIX):
             continue
         try:
-            owner = int(ns[len(PREFIX):].split("-")[0])
+            owner = int(ns[len(PREFIX) :].split("-")[0])
         except ValueError:
             continue
         if owner != os.getpid() and not os.path.exists(f"/proc/{owner}"):
@@ -144,8 +149,10 @@ class Job:
         return out
 
     def output(self) -> str:
-        return "\n".join(f"--- agent on host{i} (exit {p.returncode}) ---\n{o[-6000:]}"
-                         for i, (p, o) in enumerate(zip(self.procs, self.outputs())))
+        return "\n".join(
+            f"--- agent on host{i} (exit {p.returncode}) ---\n{o[-6000:]}"
+            for i, (p, o) in enumerate(zip(self.procs, self.outputs()))
+        )
 
     def running(self) -> bool:
         return any(p.poll() is None for p in self.procs)
@@ -168,7 +175,7 @@ class Job:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.kill()
-                raise AssertionError(f"agents did not finish within {timeout} s (killed)\n{self.output()}")
+                raise AssertionError(f"agents did not finish within {timeout} s (killed)\n{self.output()}") from None
         if expect_success and any(p.returncode != 0 for p in self.procs):
             raise AssertionError(f"agents failed\n{self.output()}")
         return self.outputs()
@@ -243,9 +250,13 @@ class Hosts:
             _ip("-n", ns, "link", "set", "eth0", "up")
 
     def _start_relay(self) -> None:
-        self.relay = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "net_relay.py"), *self.names],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                      start_new_session=True)
+        self.relay = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "net_relay.py"), *self.names],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         ready, _, _ = select.select([self.relay.stdout], [], [], 30)
         line = self.relay.stdout.readline() if ready else ""
         if line.strip() != "READY":
@@ -273,12 +284,19 @@ class Hosts:
 
     def exec(self, i: int, cmd: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess:
         """Runs `cmd` inside host i and waits (bounded)."""
-        return subprocess.run(["ip", "netns", "exec", self.names[i], *cmd], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.names[i], *cmd], capture_output=True, text=True, timeout=timeout
+        )
 
     def link_down(self, i: int) -> None:
-        _ip("-n", self.hub if self.link == "veth" else self.names[i], "link", "set",
-            f"h{i}" if self.link == "veth" else "eth0", "down")
+        _ip(
+            "-n",
+            self.hub if self.link == "veth" else self.names[i],
+            "link",
+            "set",
+            f"h{i}" if self.link == "veth" else "eth0",
+            "down",
+        )
 
     def impair(self, i: int, delay_ms: float, loss_percent: float) -> None:
         """Delay and loss on both directions of host i's cable (netem on each end, or the relay)."""
@@ -291,14 +309,30 @@ class Hosts:
                 raise RuntimeError(f"net_relay did not confirm the impairment (said {line!r})")
             return
         spec = ["netem", "delay", f"{delay_ms}ms", "loss", f"{loss_percent}%", "limit", "100000"]
-        subprocess.run(["tc", "-n", self.hub, "qdisc", "add", "dev", f"h{i}", "root", *spec], check=True,
-                       capture_output=True, timeout=20)
-        subprocess.run(["tc", "-n", self.names[i], "qdisc", "add", "dev", "eth0", "root", *spec], check=True,
-                       capture_output=True, timeout=20)
+        subprocess.run(
+            ["tc", "-n", self.hub, "qdisc", "add", "dev", f"h{i}", "root", *spec],
+            check=True,
+            capture_output=True,
+            timeout=20,
+        )
+        subprocess.run(
+            ["tc", "-n", self.names[i], "qdisc", "add", "dev", "eth0", "root", *spec],
+            check=True,
+            capture_output=True,
+            timeout=20,
+        )
 
-    def torchrun(self, script: str, *args: str, nproc: int = 2, env: Optional[Dict[str, str]] = None,
-                 torchrun_args: Sequence[str] = (), port: int = 29400, elastic: Optional[str] = None,
-                 rdzv_conf: str = "") -> Job:
+    def torchrun(
+        self,
+        script: str,
+        *args: str,
+        nproc: int = 2,
+        env: Optional[Dict[str, str]] = None,
+        torchrun_args: Sequence[str] = (),
+        port: int = 29400,
+        elastic: Optional[str] = None,
+        rdzv_conf: str = "",
+    ) -> Job:
         """Starts one torchrun agent per host: --nnodes=n with the static
         rendezvous at host 0, or with elastic="MIN:MAX" --nnodes=MIN:MAX and
         the c10d rendezvous (endpoint on host 0, `rdzv_conf` its --rdzv-conf).
@@ -309,24 +343,49 @@ class Hosts:
         procs, logs = [], []
         for i, ns in enumerate(self.names):
             e = clean_env()
-            e.update({"HVDTORCH_HOSTNAME": f"host{i}", "GLOO_SOCKET_IFNAME": "eth0",
-                      "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+            e.update(
+                {
+                    "HVDTORCH_HOSTNAME": f"host{i}",
+                    "GLOO_SOCKET_IFNAME": "eth0",
+                    "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                }
+            )
             if env:
                 e.update({k: str(v) for k, v in env.items()})
             log = os.path.join(self.logdir, f"agent{i}-{len(self.jobs)}.log")
             logs.append(log)
             if elastic:
-                rdzv = [f"--nnodes={elastic}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.addr(0)}:{port}",
-                        "--rdzv-id=hvdtorch-test", f"--local-addr={self.addr(i)}",
-                        f"--rdzv-conf={rdzv_conf + ',' if rdzv_conf else ''}is_host={int(i == 0)}"]
+                rdzv = [
+                    f"--nnodes={elastic}",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={self.addr(0)}:{port}",
+                    "--rdzv-id=hvdtorch-test",
+                    f"--local-addr={self.addr(i)}",
+                    f"--rdzv-conf={rdzv_conf + ',' if rdzv_conf else ''}is_host={int(i == 0)}",
+                ]
             else:
-                rdzv = [f"--nnodes={self.n}", f"--node_rank={i}", f"--master_addr={self.addr(0)}",
-                        f"--master_port={port}"]
-            cmd = ["ip", "netns", "exec", ns, torchrun, *rdzv, f"--nproc_per_node={nproc}", *torchrun_args,
-                   script, *args]
+                rdzv = [
+                    f"--nnodes={self.n}",
+                    f"--node_rank={i}",
+                    f"--master_addr={self.addr(0)}",
+                    f"--master_port={port}",
+                ]
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                torchrun,
+                *rdzv,
+                f"--nproc_per_node={nproc}",
+                *torchrun_args,
+                script,
+                *args,
+            ]
             with open(log, "w") as out:
-                procs.append(subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
+                procs.append(
+                    subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                )
         job = Job(procs, logs)
         self.jobs.append(job)
         return job
@@ -343,9 +402,25 @@ class Hosts:
 
 def clean_env() -> Dict[str, str]:
     """This process's environment without another launcher's variables."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMI", "SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_",
-                                "TORCHELASTIC_", "HVDTORCH_", "GLOO_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            (
+                "OMPI_",
+                "PMI",
+                "SLURM_",
+                "MASTER_",
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_",
+                "GROUP_",
+                "TORCHELASTIC_",
+                "HVDTORCH_",
+                "GLOO_",
+            )
+        )
+    }
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HVDTORCH_TIMEOUT": "30"})
     return env
 

@@ -5,6 +5,7 @@ commits that survive a writer killed in the middle.
 The job is examples/elastic_train.py (2 ranks per agent); it checks itself
 that every sample of every epoch was trained on exactly once.
 """
+
 import os
 import signal
 import subprocess
@@ -17,7 +18,6 @@ import torch
 from hvdtorch.elastic.sampler import ElasticSampler
 from tests.harness import ROOT, free_port, run_ranks
 from tests.netns import clean_env
-from tests.netns import netns_hosts  # noqa: F401  (fixture)
 
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 EXAMPLE = "examples/elastic_train.py"
@@ -40,9 +40,20 @@ def _env():
 def _single_host_job(tmp_path, tag, *extra):
     out = tmp_path / f"{tag}.pt"
     log = open(tmp_path / f"{tag}.log", "w")
-    cmd = [TORCHRUN, "--nproc_per_node=2", "--max-restarts=2", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2", EXAMPLE,
-           "--commit-dir", str(tmp_path / f"{tag}-commits"), "--out", str(out), *extra]
+    cmd = [
+        TORCHRUN,
+        "--nproc_per_node=2",
+        "--max-restarts=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--monitor-interval=0.2",
+        EXAMPLE,
+        "--commit-dir",
+        str(tmp_path / f"{tag}-commits"),
+        "--out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, out, tmp_path / f"{tag}.log"
 
@@ -53,7 +64,7 @@ def _wait(proc, log, timeout):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        raise AssertionError(f"job did not finish within {timeout} s (killed)\n{log.read_text()[-6000:]}")
+        raise AssertionError(f"job did not finish within {timeout} s (killed)\n{log.read_text()[-6000:]}") from None
     assert proc.returncode == 0, log.read_text()[-6000:]
     return log.read_text()
 
@@ -71,8 +82,12 @@ def _worker(marker: str, rank: int, restart: int = 0):
                 env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if (marker.encode() in cmdline and b"torchrun" not in cmdline and env.get(b"RANK") == str(rank).encode()
-                and env.get(b"TORCHELASTIC_RESTART_COUNT") == str(restart).encode()):
+        if (
+            marker.encode() in cmdline
+            and b"torchrun" not in cmdline
+            and env.get(b"RANK") == str(rank).encode()
+            and env.get(b"TORCHELASTIC_RESTART_COUNT") == str(restart).encode()
+        ):
             return int(pid)
     return None
 
@@ -121,10 +136,20 @@ def test_a_host_leaves_and_training_goes_on_with_fewer_workers(netns_hosts, tmp_
     hosts = netns_hosts(2)
     commits = tmp_path / "commits"
     conf = "join_timeout=120,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
-    job = hosts.torchrun(EXAMPLE, "--commit-dir", str(commits), "--step-delay", "0.1", "--samples", "96",
-                         nproc=2, elastic="1:2", rdzv_conf=conf,
-                         env={"HVDTORCH_TIMEOUT": TIMEOUT, **AGENT_ENV},
-                         torchrun_args=["--max-restarts=3", "--monitor-interval=0.2"])
+    job = hosts.torchrun(
+        EXAMPLE,
+        "--commit-dir",
+        str(commits),
+        "--step-delay",
+        "0.1",
+        "--samples",
+        "96",
+        nproc=2,
+        elastic="1:2",
+        rdzv_conf=conf,
+        env={"HVDTORCH_TIMEOUT": TIMEOUT, **AGENT_ENV},
+        torchrun_args=["--max-restarts=3", "--monitor-interval=0.2"],
+    )
     job.wait_for("start: 4 ranks", timeout=240)
     job.wait_for("step 5 ", timeout=240)
     hosts.kill_host(1)
@@ -133,7 +158,7 @@ def test_a_host_leaves_and_training_goes_on_with_fewer_workers(netns_hosts, tmp_
     try:
         agent0.wait(timeout=max(1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"host 0 did not finish within 300 s\n{job.output()}")
+        raise AssertionError(f"host 0 did not finish within 300 s\n{job.output()}") from None
     text = job.outputs()[0]
     assert agent0.returncode == 0, job.output()
     assert "start: 2 ranks" in text and "resuming on 2 ranks" in text, text[-4000:]
@@ -145,8 +170,9 @@ def test_a_host_leaves_and_training_goes_on_with_fewer_workers(netns_hosts, tmp_
 @pytest.mark.parametrize("where", ["write", "rename"])
 def test_worker_killed_during_commit_leaves_the_previous_commit(tmp_path, where):
     commits = str(tmp_path / "commits")
-    results = run_ranks("tests.workers.elastic:commit_then_die_in_the_next", 1, args=[commits, where],
-                        expect_success=False, timeout=120)
+    results = run_ranks(
+        "tests.workers.elastic:commit_then_die_in_the_next", 1, args=[commits, where], expect_success=False, timeout=120
+    )
     assert results[0].returncode == -signal.SIGKILL, results[0].output
     assert "COMMITTED 1" in results[0].output
     names = os.listdir(commits)
@@ -182,6 +208,7 @@ def _dealer(s, world, rank):
             ElasticSampler.reset(s)
         finally:
             mod._world = real
+
     return reset
 
 

@@ -7,17 +7,13 @@ it shuts down leaving no thread, file descriptor or child process behind; it
 can init() again; and no shared-memory segment of the job is left in /dev/shm.
 The workers are in tests/workers/faults.py.
 """
+
 import os
 import re
 import signal
 import time
 
-import pytest
-
-from tests import netns
-from tests.netns import netns_hosts  # noqa: F401  (fixture)
-
-TIMEOUT = 6.0          # HVDTORCH_TIMEOUT of the jobs below
+TIMEOUT = 6.0  # HVDTORCH_TIMEOUT of the jobs below
 BOUND = TIMEOUT + 2.0  # the promise: every survivor raises within this many seconds of the fault
 # torchrun's agent would SIGTERM the dead rank's host-mates 0.1 s after noticing;
 # watching rarely lets them show what hvdtorch does on its own (they are the
@@ -27,9 +23,14 @@ WORKER = "tests.rank_main"
 
 
 def _start(hosts, target, *args):
-    return hosts.torchrun(WORKER, f"tests.workers.faults:{target}", *args, nproc=2,
-                          env={"HVDTORCH_TIMEOUT": TIMEOUT, "HVDTORCH_STALL_CHECK_TIME": TIMEOUT},
-                          torchrun_args=AGENT_ARGS)
+    return hosts.torchrun(
+        WORKER,
+        f"tests.workers.faults:{target}",
+        *args,
+        nproc=2,
+        env={"HVDTORCH_TIMEOUT": TIMEOUT, "HVDTORCH_STALL_CHECK_TIME": TIMEOUT},
+        torchrun_args=AGENT_ARGS,
+    )
 
 
 def _field(pattern, text, what):
@@ -153,8 +154,16 @@ def test_delay_and_loss_make_the_job_slower_not_wrong(netns_hosts, tmp_path):
     hosts = netns_hosts(2, impairable=True)
     flag = tmp_path / "impaired"
     rounds, delay_s = 6, 0.1
-    job = hosts.torchrun(WORKER, "tests.workers.faults:rounds_before_and_after_impairment", str(rounds), "256",
-                         str(flag), nproc=2, env={"HVDTORCH_TIMEOUT": 60}, torchrun_args=["-m"])
+    job = hosts.torchrun(
+        WORKER,
+        "tests.workers.faults:rounds_before_and_after_impairment",
+        str(rounds),
+        "256",
+        str(flag),
+        nproc=2,
+        env={"HVDTORCH_TIMEOUT": 60},
+        torchrun_args=["-m"],
+    )
     job.wait_for("WAITING", timeout=180, count=4)
     hosts.impair(1, delay_ms=delay_s * 1000, loss_percent=2)
     flag.touch()

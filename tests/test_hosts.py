@@ -1,7 +1,6 @@
 """Several hosts for real: torchrun agents in network namespaces, TCP between hosts, shm inside."""
-import re
 
-from tests.netns import netns_hosts  # noqa: F401  (fixture)
+import re
 
 
 def test_torchrun_agents_on_two_namespaced_hosts(netns_hosts):
@@ -10,7 +9,7 @@ def test_torchrun_agents_on_two_namespaced_hosts(netns_hosts):
     bridge), the same-host peer over shared memory."""
     hosts = netns_hosts(2)
     outs = hosts.torchrun("examples/topology.py", nproc=2).wait(timeout=150)
-    lines = [l for o in outs for l in o.splitlines() if l.startswith("TOPOLOGY")]
+    lines = [line for o in outs for line in o.splitlines() if line.startswith("TOPOLOGY")]
     assert len(lines) == 4, outs
     for line in lines:
         f = dict(kv.split("=", 1) for kv in line.split()[1:8])

@@ -8,7 +8,8 @@
 See run.py (what happens on failure), state.py (commit/restore/sync) and
 sampler.py (ElasticSampler).
 """
-from ..ops import HvdError as HorovodInternalError  # noqa: F401
+
+from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from .run import run  # noqa: F401
 from .sampler import ElasticSampler  # noqa: F401
 from .state import ObjectState, State, TorchState  # noqa: F401

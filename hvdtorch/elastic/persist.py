@@ -10,6 +10,7 @@ temporary file, which the next writer on that host removes.
 Temporary files are named .<file>.<host>.<pid>.tmp so that writers on several
 hosts sharing one directory (NFS) never remove each other's work in progress.
 """
+
 import os
 import socket
 from typing import Any, Optional
@@ -28,7 +29,7 @@ def _sweep(directory: str, filename: str) -> None:
     for entry in os.listdir(directory):
         if not (entry.startswith(prefix) and entry.endswith(".tmp")):
             continue
-        pid = entry[len(prefix):-len(".tmp")]
+        pid = entry[len(prefix) : -len(".tmp")]
         if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
             try:
                 os.unlink(os.path.join(directory, entry))

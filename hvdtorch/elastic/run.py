@@ -17,10 +17,11 @@ commit on disk. Horovod's own driver instead re-forms the job inside the
 running processes; with torchrun the agent owns membership (rendezvous,
 --nnodes=MIN:MAX), so the process restarts.
 """
+
 import functools
 
 from .. import runtime
-from ..ops import HvdError
+from ..exceptions import HorovodInternalError
 
 
 def run(func):
@@ -35,7 +36,8 @@ def run(func):
             state.on_reset()
         try:
             return func(state, *args, **kwargs)
-        except HvdError:
+        except HorovodInternalError:
             state.restore()
             raise
+
     return wrapper

@@ -15,6 +15,7 @@ last step are seen twice.
 Processed indices are recorded per rank (record_batch/record_indices);
 TorchState.commit() and sync() gather every rank's into one set.
 """
+
 import math
 from typing import Dict, Iterable, Iterator, List
 
@@ -60,9 +61,8 @@ class ElasticSampler(Sampler):
         remaining = [i for i in self._order() if i not in self.processed_indices]
         self.num_samples = math.ceil(len(remaining) / self.num_replicas)
         total = self.num_samples * self.num_replicas
-        padded = remaining + [remaining[i % len(remaining)] for i in range(total - len(remaining))] \
-            if remaining else []
-        self.indices = padded[self.rank:total:self.num_replicas]
+        padded = remaining + [remaining[i % len(remaining)] for i in range(total - len(remaining))] if remaining else []
+        self.indices = padded[self.rank : total : self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(self.indices))
@@ -72,7 +72,7 @@ class ElasticSampler(Sampler):
 
     def get_indices(self, batch_idx: int, batch_size: int) -> List[int]:
         """This rank's samples of batch `batch_idx` (counted since the last reset)."""
-        return self.indices[batch_idx * batch_size:(batch_idx + 1) * batch_size]
+        return self.indices[batch_idx * batch_size : (batch_idx + 1) * batch_size]
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         self.record_indices(self.get_indices(batch_idx, batch_size))

@@ -20,6 +20,7 @@ rank 0 and syncs it to everyone). The directory is HVDTORCH_ELASTIC_DIR or
 the commit_dir argument; without one, commits live in memory only and a
 restart starts from scratch.
 """
+
 import copy
 import os
 from typing import Callable, Dict, List, Optional
@@ -37,7 +38,7 @@ class State:
     def __init__(self, commit_dir: Optional[str] = None):
         self._reset_callbacks: List[Callable[[], None]] = []
         self._commit_dir = commit_dir or os.environ.get("HVDTORCH_ELASTIC_DIR") or None
-        self._commits = 0           # commits made by this job, resumed ones included
+        self._commits = 0  # commits made by this job, resumed ones included
         self._committed_size = None  # world size when the last commit was made
 
     # -- Horovod's API -----------------------------------------------------
@@ -112,7 +113,8 @@ class State:
 
     def _sync_bookkeeping(self) -> None:
         self._commits, self._committed_size = broadcast.broadcast_object(
-            (self._commits, self._committed_size), 0, name="elastic.state.bookkeeping")
+            (self._commits, self._committed_size), 0, name="elastic.state.bookkeeping"
+        )
 
 
 class ObjectState(State):

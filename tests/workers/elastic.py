@@ -1,4 +1,5 @@
 """Rank side of tests/test_elastic.py: commits interrupted by SIGKILL."""
+
 import os
 import signal
 import sys
@@ -42,10 +43,13 @@ def commit_then_die_in_the_next(commit_dir: str, where: str):
             f.truncate(f.tell() // 2)
             os.fsync(f.fileno())
             os.kill(os.getpid(), signal.SIGKILL)
+
         persist.torch.save = save_half_then_die
     elif where == "rename":
+
         def die(*_):
             os.kill(os.getpid(), signal.SIGKILL)
+
         persist.os.replace = die
     else:
         raise ValueError(where)

@@ -8,6 +8,7 @@ Every rank prints one line per event, which the test parses:
     CLEAN rank=<r> threads=<before>/<after> fds=<before>/<after> children=<n>
     REINIT-OK rank=<r>
 """
+
 import os
 import time
 
@@ -63,12 +64,18 @@ def _survive(rank: int, error: BaseException, before) -> None:
     hvd.shutdown()
     after = _resources()
     kids = _children()
-    _say(f"CLEAN rank={rank} threads={before[0]}/{after[0]} fds={before[1]}/{after[1]} children={len(kids)} "
-         f"thread_names={_thread_names()} fd_targets={_fd_targets()}")
+    _say(
+        f"CLEAN rank={rank} threads={before[0]}/{after[0]} fds={before[1]}/{after[1]} children={len(kids)} "
+        f"thread_names={_thread_names()} fd_targets={_fd_targets()}"
+    )
     # A fresh single-process job in the same interpreter: the launcher's
     # variables describe the job that just failed.
-    for k in [k for k in os.environ if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                              "MASTER_ADDR", "MASTER_PORT") or k.startswith("TORCHELASTIC_")]:
+    for k in [
+        k
+        for k in os.environ
+        if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+        or k.startswith("TORCHELASTIC_")
+    ]:
         del os.environ[k]
     hvd.init()
     assert hvd.size() == 1
@@ -78,10 +85,11 @@ def _survive(rank: int, error: BaseException, before) -> None:
 
 
 def _start():
-    # torch's TCPStore keeps a process-wide pipe pair open after its first use
-    # (whoever uses it first); open it before counting what hvdtorch leaves.
-    import torch.distributed as dist
-    dist.TCPStore("127.0.0.1", 0, 1, True)
+    """init(), with the baseline of threads and fds taken after one init()/shutdown()
+    cycle: what a process keeps for good (torch's one-time state, the env://
+    rendezvous store that init() reuses) is not what a failure leaves behind."""
+    hvd.init()
+    hvd.shutdown()
     before = _resources()
     hvd.init()
     if hvd.rank() == 0:
@@ -96,8 +104,13 @@ def train_until_fault(victim: str, fault_step: str = "5"):
     before = _start()
     r = hvd.rank()
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(32, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256), torch.nn.Tanh(),
-              torch.nn.Linear(256, 8)]
+    layers = [
+        torch.nn.Linear(32, 256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 8),
+    ]
     model = hvd.DistributedModel(torch.nn.Sequential(*layers), fusion_bytes=64 << 10, first_bucket_bytes=16 << 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     step = 0

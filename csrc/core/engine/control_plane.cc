@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/error.h"
+
 namespace hvdtorch {
 
 // A message is one fixed-size frame (length + the first bytes), followed by
@@ -12,6 +14,9 @@ namespace hvdtorch {
 namespace {
 constexpr size_t kFrame = 4096;
 constexpr size_t kInline = kFrame - sizeof(uint64_t);
+// No control message comes near this (a cycle's requests are names and
+// shapes); a length past it is a corrupt frame, not a reason to allocate.
+constexpr uint64_t kMaxMessage = uint64_t(64) << 20;
 }  // namespace
 
 void ControlPlane::sendBytes(Link& link, const std::vector<char>& bytes, Deadline d) {
@@ -30,6 +35,9 @@ std::vector<char> ControlPlane::recvBytes(Link& link, Deadline d) {
   link.recv(frame, kFrame, d);
   uint64_t n = 0;
   std::memcpy(&n, frame, sizeof n);
+  if (n > kMaxMessage)
+    throw CollectiveError(strCat("corrupt control message from rank ", link.peer(), " (length ", n, " > ", kMaxMessage,
+                                 ")"));
   std::vector<char> bytes(n);
   const size_t first = std::min<size_t>(n, kInline);
   if (first > 0) std::memcpy(bytes.data(), frame + sizeof n, first);

@@ -1,0 +1,3 @@
+"""Fixtures shared by the test modules: netns_hosts (namespaced test hosts, tests/netns.py)."""
+
+from tests.netns import netns_hosts  # noqa: F401
