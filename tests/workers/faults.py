@@ -85,11 +85,11 @@ def _survive(rank: int, error: BaseException, before) -> None:
 
 
 def _start():
-    """init(), with the baseline of threads and fds taken after one init()/shutdown()
-    cycle: what a process keeps for good (torch's one-time state, the env://
-    rendezvous store that init() reuses) is not what a failure leaves behind."""
-    hvd.init()
-    hvd.shutdown()
+    # torch's TCPStore keeps a process-wide pipe pair open after its first use
+    # (whoever uses it first); open it before counting what hvdtorch leaves.
+    import torch.distributed as dist
+
+    dist.TCPStore("127.0.0.1", 0, 1, True)
     before = _resources()
     hvd.init()
     if hvd.rank() == 0:
