@@ -44,6 +44,7 @@ from .ops import (
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    join,
     poll,
     synchronize,
 )

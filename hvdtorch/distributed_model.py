@@ -87,14 +87,23 @@ class DistributedModel(torch.nn.Module):
         order = self._reducer.ready_order()
         if not order:
             return
-        self._rebuild_pending = False
         # With sync="explicit" the last pass may still be in flight (forward
         # before sync_gradients()): its results land in the old buckets, so
         # finish it first. A no-op when nothing is pending.
         self._reducer.finalize()
-        full = torch.tensor(complete_order(order, len(self._params)), dtype=torch.int64)
-        agreed = ops.broadcast(full, root_rank=self._process_set.ranks[0], name=f"{self._name}.bucket_order",
-                               process_set=self._process_set).tolist()
+        # The set's first rank's order, sent as a Sum to which the others add
+        # zeros rather than as a broadcast: a rank that has joined (out of
+        # data, hvd.join()) adds zeros too, so the others learn that the
+        # first rank is not there to say, keep their buckets, and agree again
+        # at a later step, when every rank runs one.
+        first = self._process_set.rank() == 0
+        full = torch.tensor(complete_order(order, len(self._params)), dtype=torch.int64) + 1
+        agreed = ops.allreduce(full if first else torch.zeros_like(full), op=ops.Sum,
+                               name=f"{self._name}.bucket_order", process_set=self._process_set)
+        if not bool(agreed.all()):
+            return
+        self._rebuild_pending = False
+        agreed = (agreed - 1).tolist()
         self._reducer.rebuild(plan_buckets(self._params, agreed, self._fusion_bytes, self._first_bucket_bytes))
 
     def sync_gradients(self) -> None:

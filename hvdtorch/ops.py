@@ -318,6 +318,26 @@ def barrier(process_set=None) -> None:
     synchronize(h)
 
 
+def join(device: int = -1) -> int:
+    """This rank is out of data: returns, once every rank has called join(),
+    the rank that joined last (Horovod's hvd.join).
+
+    Until then the other ranks go on: their all-reduces (Sum or Average;
+    Average still divides by every rank, as Horovod does) count this rank's
+    contribution as zeros, their allgathers get no rows from it, their
+    broadcasts reach it, and barriers pass it. Reduce-scatter, alltoall,
+    the other reduce ops, and a broadcast whose root has joined raise
+    HvdError on the ranks that submitted them. Only the global set joins: an
+    op of another process set still needs every member. ``device`` is
+    accepted for Horovod's signature; the rank is returned either way."""
+    del device
+    h = _engine().join()
+    _register(h, lambda outs: int(outs[0]))
+    last = synchronize(h)
+    runtime.joined()
+    return last
+
+
 def poll(handle: int) -> bool:
     """True once the op behind ``handle`` has finished (successfully or not)."""
     if callable(handle):  # a handle made of several ops (sparse_allreduce_async)

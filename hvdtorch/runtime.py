@@ -50,6 +50,7 @@ class _State:
     excepthook: object  # sys.excepthook before init(): init_process_group wraps it anew each time
     options: Dict[str, str] = field(default_factory=dict)
     name_counters: Dict[str, int] = field(default_factory=dict)
+    joins: int = 0  # join()s completed: unnamed ops are numbered afresh after each
 
 
 _state: Optional[_State] = None
@@ -228,7 +229,16 @@ def next_name(kind: str) -> str:
     st = _require()
     n = st.name_counters.get(kind, 0)
     st.name_counters[kind] = n + 1
-    return f"{kind}.noname.{n}"
+    return f"{kind}.noname.{n}" if st.joins == 0 else f"{kind}.noname.j{st.joins}.{n}"
+
+
+def joined() -> None:
+    """After join(): ranks that ran out of data submitted fewer unnamed ops
+    than the others, so every rank numbers them afresh from here (join()
+    completes at the same point of every rank's op sequence)."""
+    st = _require()
+    st.joins += 1
+    st.name_counters.clear()
 
 
 def rank() -> int:

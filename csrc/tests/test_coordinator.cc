@@ -230,4 +230,142 @@ TEST(allgather_response_carries_every_ranks_first_dimension) {
     CHECK_MSG(false, "no allgather plan in the response");
 }
 
+// ---- join --------------------------------------------------------------------
+
+namespace {
+
+Request joinRequest() {
+  Request q;
+  q.type = OpType::kJoin;
+  q.name = "hvdtorch.join";
+  return q;
+}
+
+Request withOp(Request q, ReduceOp op) {
+  std::get<ReduceArgs>(q.args).op = op;
+  return q;
+}
+
+}  // namespace
+
+TEST(a_joined_rank_stands_in_with_zeros_and_never_times_out) {
+  Fixture f(3, milliseconds(100), milliseconds(500));
+  auto m = quiet(3);
+  m[1].uncached = {joinRequest()};
+  m[0].uncached = {allreduce("a")};
+  CHECK(f.cycle(m, milliseconds(0)).responses.empty());  // rank 2 has not submitted "a"
+  m = quiet(3);
+  m[2].uncached = {allreduce("a")};
+  ResponseList l = f.cycle(m, milliseconds(1));
+  CHECK(namesOf(l) == std::vector<std::string>{"a"});
+  if (l.responses.size() == 1) {
+    const Response& s = l.responses[0];
+    CHECK_MSG(s.error.empty(), "%s", s.error.c_str());
+    CHECK(s.joined == std::vector<int32_t>{1});
+    CHECK(s.stand_in && s.stand_in->name == "a" && s.stand_in->tensors[0].shape == std::vector<int64_t>{4});
+  }
+  // Long after the timeout, the join waits on without a warning...
+  CHECK(f.cycle(quiet(3), milliseconds(10000)).responses.empty());
+  CHECK(f.warnings.empty());
+  // ...until the last rank joins: everyone learns who that was.
+  m = quiet(3);
+  m[0].uncached = {joinRequest()};
+  CHECK(f.cycle(m, milliseconds(10001)).responses.empty());
+  m = quiet(3);
+  m[2].uncached = {joinRequest()};
+  l = f.cycle(m, milliseconds(10002));
+  CHECK(namesOf(l) == std::vector<std::string>{"hvdtorch.join"});
+  if (l.responses.size() == 1 && std::holds_alternative<JoinPlan>(l.responses[0].plan))
+    CHECK_MSG(std::get<JoinPlan>(l.responses[0].plan).last_rank == 2, "last %d",
+              std::get<JoinPlan>(l.responses[0].plan).last_rank);
+  else
+    CHECK_MSG(false, "no join plan");
+  // Joins are over: "b" waits for every rank again.
+  m = quiet(3);
+  m[0].uncached = {allreduce("b")};
+  m[2].uncached = {allreduce("b")};
+  CHECK(f.cycle(m, milliseconds(10003)).responses.empty());
+}
+
+TEST(a_cached_op_with_a_joined_rank_gets_a_full_response) {
+  Fixture f(2);
+  f.cache.put(allreduce("c"));
+  const uint32_t id = static_cast<uint32_t>(f.cache.idOf("c"));
+  auto m = quiet(2);
+  m[0].cache_bits = {uint64_t(1) << id};
+  m[1].uncached = {joinRequest()};
+  const ResponseList l = f.cycle(m, milliseconds(0));
+  CHECK(l.cached_ready.empty());
+  CHECK(namesOf(l) == std::vector<std::string>{"c"});
+  if (l.responses.size() == 1) CHECK(l.responses[0].joined == std::vector<int32_t>{1} && l.responses[0].stand_in);
+}
+
+TEST(the_join_is_answered_after_the_ops_it_stood_in_for) {
+  Fixture f(2);
+  auto m = quiet(2);
+  m[0].uncached = {joinRequest()};
+  f.cycle(m, milliseconds(0));
+  m = quiet(2);
+  m[1].uncached = {allreduce("x"), joinRequest()};
+  const ResponseList l = f.cycle(m, milliseconds(1));
+  CHECK(namesOf(l) == (std::vector<std::string>{"x", "hvdtorch.join"}));
+  if (l.responses.size() == 2) CHECK(std::get<JoinPlan>(l.responses[1].plan).last_rank == 1);
+}
+
+TEST(allgather_with_a_joined_rank_gets_no_rows_from_it) {
+  Fixture f(3);
+  auto m = quiet(3);
+  m[0].uncached = {joinRequest()};
+  for (int r : {1, 2}) {
+    Request q;
+    q.type = OpType::kAllgather;
+    q.name = "g";
+    q.tensors = {{DataType::kInt32, {int64_t(r), 3}}};
+    m[r].uncached.push_back(q);
+  }
+  const ResponseList l = f.cycle(m, milliseconds(0));
+  CHECK(l.responses.size() == 1 && l.responses[0].error.empty());
+  if (l.responses.size() == 1 && std::holds_alternative<AllgatherPlan>(l.responses[0].plan)) {
+    CHECK(std::get<AllgatherPlan>(l.responses[0].plan).first_dims == (std::vector<int64_t>{0, 1, 2}));
+    CHECK(l.responses[0].stand_in && l.responses[0].stand_in->tensors[0].shape == (std::vector<int64_t>{0, 3}));
+  }
+}
+
+TEST(ops_a_joined_rank_cannot_stand_in_for_are_errors) {
+  Request rs = allreduce("rs");
+  rs.type = OpType::kReducescatter;
+  Request a2a;
+  a2a.type = OpType::kAlltoall;
+  a2a.name = "a2a";
+  a2a.tensors = {{DataType::kFloat32, {2}}};
+  a2a.args = AlltoallArgs{{1, 1}};
+  const std::vector<std::pair<Request, std::string>> cases = {
+      {withOp(allreduce("mn"), ReduceOp::kMin), "cannot run while ranks [1] have joined"},
+      {withOp(allreduce("pr"), ReduceOp::kProduct), "cannot run while ranks [1] have joined"},
+      {rs, "cannot run while ranks [1] have joined"},
+      {a2a, "cannot run while ranks [1] have joined"},
+      {broadcast("bc", 1), "root rank [1] has joined"},
+  };
+  for (const auto& [q, expected] : cases) {
+    Fixture f(2);
+    auto m = quiet(2);
+    m[0].uncached = {q};
+    m[1].uncached = {joinRequest()};
+    const ResponseList l = f.cycle(m, milliseconds(0));
+    CHECK(l.responses.size() == 1);
+    if (l.responses.size() == 1)
+      CHECK_MSG(contains(l.responses[0].error, expected), "%s: '%s'", q.name.c_str(), l.responses[0].error.c_str());
+  }
+  // Sum, Average and a broadcast from a rank still in are fine.
+  for (const Request& q : {withOp(allreduce("s"), ReduceOp::kSum), withOp(allreduce("av"), ReduceOp::kAverage),
+                           broadcast("b0", 0)}) {
+    Fixture f(2);
+    auto m = quiet(2);
+    m[0].uncached = {q};
+    m[1].uncached = {joinRequest()};
+    const ResponseList l = f.cycle(m, milliseconds(0));
+    CHECK(l.responses.size() == 1 && l.responses[0].error.empty() && l.responses[0].stand_in);
+  }
+}
+
 HVD_TEST_MAIN()

@@ -93,8 +93,22 @@ TEST(every_request_and_plan_round_trips) {
   e.type = OpType::kAlltoall;
   e.name = "e";
   e.error = "no";  // error responses carry no plan
-  l.responses = {a, g, s, e};
+  Response j;
+  j.type = OpType::kJoin;
+  j.name = "hvdtorch.join";
+  j.plan = JoinPlan{3};
+  g.joined = {0, 2};  // ranks that joined stand in with no rows
+  Request stand_in;
+  stand_in.type = OpType::kAllgather;
+  stand_in.name = "g";
+  stand_in.tensors = {{DataType::kFloat16, {0, 5}}};
+  g.stand_in = stand_in;
+  l.responses = {a, g, s, e, j};
   const ResponseList lb = ResponseList::parse(l.serialize());
+  CHECK(std::get<JoinPlan>(lb.responses[4].plan).last_rank == 3);
+  CHECK(lb.responses[1].joined == (std::vector<int32_t>{0, 2}) && !lb.responses[0].stand_in);
+  CHECK(lb.responses[1].stand_in && lb.responses[1].stand_in->tensors[0].shape == (std::vector<int64_t>{0, 5}) &&
+        lb.responses[1].stand_in->tensors[0].dtype == DataType::kFloat16);
   CHECK(std::get<AlltoallPlan>(lb.responses[0].plan).splits == (std::vector<int64_t>{1, 2, 3, 4}));
   CHECK(std::get<AllgatherPlan>(lb.responses[1].plan).first_dims == (std::vector<int64_t>{7, 8}));
   CHECK(std::get<ReducescatterPlan>(lb.responses[2].plan).rows == (std::vector<int64_t>{2, 1}));

@@ -19,6 +19,7 @@
 #include "ops/allreduce.h"
 #include "ops/alltoall.h"
 #include "ops/barrier.h"
+#include "ops/join.h"
 #include "ops/broadcast.h"
 #include "ops/op_common.h"
 #include "ops/reducescatter.h"
@@ -133,6 +134,12 @@ class PyEngine {
     ops::BarrierOptions o{name};
     o.process_set_id = process_set_id;
     return ops::barrier(*engine_, std::move(o));
+  }
+
+  int64_t join() {
+    ops::JoinOptions o;
+    o.allocate = allocatorLike(at::empty({}, at::TensorOptions().dtype(at::kInt)));
+    return ops::join(*engine_, std::move(o));
   }
 
   // Process sets: hvdtorch/process_sets.py makes add/remove collectives.
@@ -281,6 +288,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("reducescatter", &PyEngine::reducescatter, py::arg("inputs"), py::arg("name"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("process_set_id") = 0)
       .def("barrier", &PyEngine::barrier, py::arg("name"), py::arg("process_set_id") = 0)
+      .def("join", &PyEngine::join)
       .def("add_process_set", &PyEngine::addProcessSet)
       .def("remove_process_set", &PyEngine::removeProcessSet)
       .def("process_sets", &PyEngine::processSets)

@@ -63,26 +63,76 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
   return os.str();
 }
 
-Response Coordinator::makeResponse(const std::vector<Request>& reqs) const {
+Response Coordinator::makeResponse(std::vector<Request> reqs, const std::vector<int>& stand_ins) const {
   Response s;
   s.type = reqs[0].type;
   s.name = reqs[0].name;
   s.process_set_id = reqs[0].process_set_id;
+  if (s.type == OpType::kJoin) {
+    s.plan = JoinPlan{last_joined_};
+    return s;
+  }
+  const Request& model = reqs[0];
+  if (!stand_ins.empty()) {
+    // What a rank that adds nothing can take part in.
+    const std::string joined = strCat("ranks ", rankList(stand_ins), " have joined");
+    const bool reduces_with_zeros =
+        s.type != OpType::kAllreduce || model.reduce().op == ReduceOp::kSum || model.reduce().op == ReduceOp::kAverage;
+    if (s.type == OpType::kAlltoall || s.type == OpType::kReducescatter || !reduces_with_zeros) {
+      s.error = strCat(model.describe(), (scope_.empty() ? "" : " in " + scope_), ": cannot run while ", joined,
+                       " (while ranks have joined, only allreduce with Sum or Average, allgather, broadcast and "
+                       "barrier run; joined ranks take part with zeros)");
+      return s;
+    }
+    if (s.type == OpType::kBroadcast &&
+        std::find(stand_ins.begin(), stand_ins.end(), model.broadcast().root) != stand_ins.end()) {
+      s.error = strCat(model.describe(), ": its root rank ", rankList({model.broadcast().root}),
+                       " has joined and has nothing to send");
+      return s;
+    }
+    if (s.type == OpType::kAllgather) {
+      for (int r : stand_ins) {
+        for (auto& t : reqs[r].tensors) {
+          if (t.shape.empty()) {
+            s.error = strCat(model.describe(), ": cannot gather a scalar while ", joined);
+            return s;
+          }
+          t.shape[0] = 0;  // a joined rank contributes no rows
+        }
+      }
+    }
+  }
   s.error = validate(reqs);
   if (s.error.empty() && s.type == OpType::kBroadcast) {
     const int32_t root = reqs[0].broadcast().root;
     if (root < 0 || root >= size_)
       s.error = strCat("broadcast '", reqs[0].name, "': root rank ", root, " is not in [0, ", size_, ")");
   }
-  if (!s.error.empty() || planIndexFor(s.type) == 0) return s;
-  std::vector<const Request*> by_rank(size_);
-  for (int r = 0; r < size_; ++r) by_rank[r] = &reqs[r];
-  try {
-    s.plan = makePlan(by_rank);
-  } catch (const InvalidArgument& e) {
-    s.error = strCat(opTypeName(s.type), " '", s.name, "': ", e.what());
+  if (!s.error.empty()) return s;
+  if (planIndexFor(s.type) != 0) {
+    std::vector<const Request*> by_rank(size_);
+    for (int r = 0; r < size_; ++r) by_rank[r] = &reqs[r];
+    try {
+      s.plan = makePlan(by_rank);
+    } catch (const InvalidArgument& e) {
+      s.error = strCat(opTypeName(s.type), " '", s.name, "': ", e.what());
+      return s;
+    }
+  }
+  if (!stand_ins.empty()) {
+    s.joined.assign(stand_ins.begin(), stand_ins.end());
+    s.stand_in = reqs[stand_ins[0]];
   }
   return s;
+}
+
+std::vector<bool> Coordinator::joinedRanks() const {
+  std::vector<bool> joined(size_, false);
+  for (const auto& [name, pending] : table_) {
+    if (!pending.join) continue;
+    for (int r = 0; r < size_; ++r) joined[r] = joined[r] || pending.by_rank[r].has_value();
+  }
+  return joined;
 }
 
 std::optional<Response> Coordinator::checkStall(const std::string& what, OpType type, const std::string& name,
@@ -112,12 +162,14 @@ std::optional<Response> Coordinator::checkStall(const std::string& what, OpType 
 }
 
 std::vector<bool> Coordinator::submitted(const std::string& name, const Pending& pending,
-                                         const ResponseCache& cache, const BitRanks& bit_ranks) const {
+                                         const ResponseCache& cache, const BitRanks& bit_ranks,
+                                         const std::vector<bool>& joined) const {
   const int id = cache.idOf(name);
   const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
   std::vector<bool> has(size_);
   for (int r = 0; r < size_; ++r)
-    has[r] = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]);
+    has[r] = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]) ||
+             (!pending.join && joined[r]);
   return has;
 }
 
@@ -140,8 +192,13 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
         it->second.arrival = next_arrival_++;
       }
       it->second.by_rank[r] = q;
+      if (q.type == OpType::kJoin) {
+        it->second.join = true;
+        last_joined_ = r;  // ranks in order within a cycle: the highest of a cycle's joins is last
+      }
     }
   }
+  const std::vector<bool> joined = joinedRanks();
 
   // Which ranks have each cache bit set this cycle.
   BitRanks bit_ranks;
@@ -160,37 +217,76 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
   // Uncached entries, completed by full requests and/or cache bits.
   std::vector<std::pair<uint64_t, std::string>> complete;
   for (auto& [name, pending] : table_) {
-    const std::vector<bool> has = submitted(name, pending, cache, bit_ranks);
+    const std::vector<bool> has = submitted(name, pending, cache, bit_ranks, joined);
     if (std::all_of(has.begin(), has.end(), [](bool b) { return b; })) complete.emplace_back(pending.arrival, name);
   }
   std::sort(complete.begin(), complete.end());
   std::vector<Response> from_table;
+  std::optional<Response> join_done;  // goes last: the ops that joined ranks stood in for run first
   for (const auto& [arrival, name] : complete) {
     Pending& pending = table_[name];
     const int id = cache.idOf(name);
+    const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
     std::vector<Request> reqs(size_);
-    for (int r = 0; r < size_; ++r) reqs[r] = pending.by_rank[r] ? *pending.by_rank[r] : cache.at(id);
-    from_table.push_back(makeResponse(reqs));
-    if (id >= 0) bit_ranks.erase(static_cast<uint32_t>(id));  // consumed here
+    std::vector<int> stand_ins;
+    const Request* model = nullptr;
+    for (int r = 0; r < size_; ++r) {
+      if (pending.by_rank[r]) {
+        reqs[r] = *pending.by_rank[r];
+        if (!model) model = &*pending.by_rank[r];
+      } else if (bits != bit_ranks.end() && bits->second[r]) {
+        reqs[r] = cache.at(id);
+      } else {
+        stand_ins.push_back(r);  // joined
+      }
+    }
+    for (int r : stand_ins) reqs[r] = model ? *model : cache.at(id);
+    Response s = makeResponse(std::move(reqs), stand_ins);
+    if (pending.join) {
+      join_done = std::move(s);
+    } else {
+      from_table.push_back(std::move(s));
+    }
+    if (bits != bit_ranks.end()) bit_ranks.erase(bits);  // consumed here
     table_.erase(name);
   }
 
-  // Purely cached ops: ready where every rank has the bit.
+  // Purely cached ops: ready where every rank has the bit. With ranks
+  // joined, an op the joined ranks did not submit needs a full response
+  // (who stands in, and with what).
   for (auto it = bit_ranks.begin(); it != bit_ranks.end();) {
-    if (std::all_of(it->second.begin(), it->second.end(), [](bool b) { return b; })) {
-      out.cached_ready.push_back(it->first);
-      bits_.erase(it->first);
-      it = bit_ranks.erase(it);
-    } else {
-      ++it;
+    std::vector<int> stand_ins;
+    bool ready = true;
+    for (int r = 0; r < size_; ++r) {
+      if (it->second[r]) continue;
+      if (joined[r]) {
+        stand_ins.push_back(r);
+      } else {
+        ready = false;
+      }
     }
+    if (!ready) {
+      ++it;
+      continue;
+    }
+    if (stand_ins.empty()) {
+      out.cached_ready.push_back(it->first);
+    } else {
+      from_table.push_back(makeResponse(std::vector<Request>(size_, cache.at(it->first)), stand_ins));
+    }
+    bits_.erase(it->first);
+    it = bit_ranks.erase(it);
   }
   out.responses = std::move(from_table);
 
   // Stall inspection and deadlines for what is still incomplete.
   for (auto it = table_.begin(); it != table_.end();) {
     Pending& pending = it->second;
-    const std::vector<bool> has = submitted(it->first, pending, cache, bit_ranks);
+    if (pending.join) {  // waits, silently, for as long as the others have data
+      ++it;
+      continue;
+    }
+    const std::vector<bool> has = submitted(it->first, pending, cache, bit_ranks, joined);
     const int id = cache.idOf(it->first);
     const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
     OpType type = OpType::kAllreduce;
@@ -220,6 +316,7 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
       bits_.erase(st);
     }
   }
+  if (join_done) out.responses.push_back(std::move(*join_done));
   // Forget bit timers for ops nobody reports any more.
   for (auto it = bits_.begin(); it != bits_.end();)
     it = bit_ranks.count(it->first) ? std::next(it) : bits_.erase(it);

@@ -13,6 +13,16 @@
 //    produces one warning naming the missing ranks; after `timeout` it is
 //    failed on every rank with the same names, so nobody hangs.
 //  * Any rank asking to shut down stops everyone, and the response says who.
+//  * Join (Horovod's hvd.join(), for uneven data): a rank with a join
+//    pending counts as having submitted every other op; the response names
+//    it in `joined` and carries a stand-in request, which the joined rank
+//    runs on zeros so that the others' collectives find every peer. So a
+//    joined rank adds zeros to all-reduces (Sum and Average only: Average
+//    still divides by every rank, as Horovod does), no rows to allgathers,
+//    and receives broadcasts; reduce-scatter, alltoall, the other reduce ops
+//    and a broadcast from a joined root are errors. The join itself is ready
+//    once every rank has joined, never times out (the others may train for
+//    a long time yet) and tells everyone the rank that joined last.
 #pragma once
 
 #include <chrono>
@@ -48,6 +58,7 @@ class Coordinator {
     Clock::time_point first_seen;
     uint64_t arrival;
     bool warned = false;
+    bool join = false;  // a join (no other op shares its name on any rank)
   };
   struct BitState {
     Clock::time_point first_seen;
@@ -59,10 +70,15 @@ class Coordinator {
   // "[0, 2]": the given set ranks, printed as global ranks.
   std::string rankList(const std::vector<int>& ranks) const;
   // Per rank: has it submitted `name`, in full or by its cache bit?
+  // Joined ranks count as having submitted every op but the join.
   std::vector<bool> submitted(const std::string& name, const Pending& pending, const ResponseCache& cache,
-                              const BitRanks& bit_ranks) const;
+                              const BitRanks& bit_ranks, const std::vector<bool>& joined) const;
   std::string validate(const std::vector<Request>& reqs) const;
-  Response makeResponse(const std::vector<Request>& reqs) const;
+  // `stand_ins`: the ranks that run this op as joined ranks (their entries
+  // in `reqs` are copies of another rank's request).
+  Response makeResponse(std::vector<Request> reqs, const std::vector<int>& stand_ins) const;
+  // Per rank: has it a join pending (from table_)?
+  std::vector<bool> joinedRanks() const;
   // Checks an incomplete op; returns an error response once it has timed out.
   std::optional<Response> checkStall(const std::string& what, OpType type, const std::string& name,
                                      const std::vector<bool>& has, Clock::time_point first_seen, bool& warned,
@@ -77,6 +93,7 @@ class Coordinator {
   uint64_t next_arrival_ = 0;
   std::map<std::string, Pending> table_;
   std::map<uint32_t, BitState> bits_;
+  int last_joined_ = -1;  // the rank whose join arrived last (this round of joins)
 };
 
 }  // namespace hvdtorch

@@ -344,12 +344,30 @@ std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list)
   }
   for (const Response& s : list.responses) {
     EntryPtr e = take(s.name);
+    if (!e && s.stand_in && s.error.empty()) e = makeStandIn(*s.stand_in);
     // Every rank holds this op when it succeeded, so every rank makes the
     // same cache update in the same order.
     if (e && s.error.empty()) ps.cache->put(e->request);
     ready.push_back({s, std::move(e)});
   }
   return ready;
+}
+
+EntryPtr Engine::makeStandIn(const Request& req) {
+  // Zeros in, outputs dropped. Host memory: a joined rank has no tensors of
+  // its own to model the buffers on, and the executor's collectives take
+  // host pointers on every rank alike.
+  auto e = std::make_shared<Entry>();
+  e->request = req;
+  for (const auto& t : req.tensors) {
+    e->inputs.push_back(std::make_shared<HostTensor>(t.dtype, t.shape));  // zero-filled
+    if (req.type == OpType::kAllreduce || req.type == OpType::kBroadcast)
+      e->outputs.push_back(std::make_shared<HostTensor>(t.dtype, t.shape));
+  }
+  e->allocate = [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+    return std::make_shared<HostTensor>(dtype, shape);
+  };
+  return e;
 }
 
 void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready) {

@@ -108,6 +108,8 @@ class Engine {
   // The ops `list` made ready in this set, as the fusion planner takes them.
   std::vector<ReadyOp> takeReady(ProcessSet& ps, const ResponseList& list);
   void queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready);
+  // What a joined rank runs for an op it never submitted (Response::stand_in).
+  static EntryPtr makeStandIn(const Request& req);
   // Fails every op the control thread holds, in every set.
   void failNegotiating(const std::function<std::string(const EntryPtr&)>& why);
   std::vector<std::shared_ptr<ProcessSet>> setsSnapshot() const;

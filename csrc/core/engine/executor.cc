@@ -53,6 +53,7 @@ void Executor::run(WorkUnit& unit) {
     case OpType::kBarrier: return barrier(unit);
     case OpType::kAlltoall: return alltoall(unit);
     case OpType::kReducescatter: return reducescatter(unit);
+    case OpType::kJoin: return join(unit);
   }
 }
 
@@ -163,6 +164,14 @@ void Executor::barrier(WorkUnit& unit) {
         .allreduce(ctx_, &token, 1, DataType::kInt32, ReduceOp::kSum);
   }
   unit.pieces.front().entry->state->complete();
+}
+
+void Executor::join(WorkUnit& unit) {
+  // Nothing moves: negotiation already made every rank wait for the last one.
+  Entry& e = *unit.pieces.front().entry;
+  TensorPtr out = e.allocate(DataType::kInt32, {});
+  *static_cast<int32_t*>(out->data()) = std::get<JoinPlan>(unit.plan).last_rank;
+  e.state->complete({out});
 }
 
 void Executor::alltoall(WorkUnit& unit) {

@@ -25,6 +25,7 @@ class Executor {
   void allgather(WorkUnit& unit);
   void broadcast(WorkUnit& unit);
   void barrier(WorkUnit& unit);
+  void join(WorkUnit& unit);
   void alltoall(WorkUnit& unit);
   void reducescatter(WorkUnit& unit);
   // Reduce-scatters tensors [first, last) of `e` (one dtype) into `outputs`

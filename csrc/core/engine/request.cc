@@ -16,6 +16,7 @@ const char* opTypeName(OpType t) {
     case OpType::kBarrier: return "barrier";
     case OpType::kAlltoall: return "alltoall";
     case OpType::kReducescatter: return "reducescatter";
+    case OpType::kJoin: return "join";
   }
   return "unknown";
 }
@@ -33,7 +34,8 @@ size_t argsIndexFor(OpType t) {
     case OpType::kBroadcast: return 2;      // BroadcastArgs
     case OpType::kAlltoall: return 3;       // AlltoallArgs
     case OpType::kAllgather:
-    case OpType::kBarrier: break;
+    case OpType::kBarrier:
+    case OpType::kJoin: break;
   }
   return 0;
 }
@@ -43,6 +45,7 @@ size_t planIndexFor(OpType t) {
     case OpType::kAllgather: return 1;      // AllgatherPlan
     case OpType::kAlltoall: return 2;       // AlltoallPlan
     case OpType::kReducescatter: return 3;  // ReducescatterPlan
+    case OpType::kJoin: return 4;           // JoinPlan
     default: return 0;
   }
 }
@@ -65,7 +68,9 @@ E getEnum(ByteReader& r, unsigned count, const char* what) {
   return static_cast<E>(v);
 }
 
-OpType getOpType(ByteReader& r) { return getEnum<OpType>(r, 6, "op type"); }
+OpType getOpType(ByteReader& r) {
+  return getEnum<OpType>(r, static_cast<unsigned>(OpType::kJoin) + 1, "op type");
+}
 
 // Allgather and alltoall let the first dimension differ across ranks.
 bool firstDimMayDiffer(OpType t) { return t == OpType::kAllgather || t == OpType::kAlltoall; }
@@ -170,7 +175,7 @@ std::string Request::signatureMismatch(const Request& a, const Request& b) {
 std::string Request::describe() const {
   std::ostringstream os;
   os << opTypeName(type) << " '" << name << "'";
-  if (type == OpType::kBarrier) return os.str();
+  if (type == OpType::kBarrier || type == OpType::kJoin) return os.str();
   os << " (";
   for (size_t i = 0; i < tensors.size(); ++i)
     os << (i ? "; " : "") << dtypeName(tensors[i].dtype) << " " << shapeStr(tensors[i].shape);
@@ -235,8 +240,12 @@ void Response::write(ByteWriter& w) const {
     case 1: w.putVector(std::get<AllgatherPlan>(plan).first_dims); break;
     case 2: w.putVector(std::get<AlltoallPlan>(plan).splits); break;
     case 3: w.putVector(std::get<ReducescatterPlan>(plan).rows); break;
+    case 4: w.put(std::get<JoinPlan>(plan).last_rank); break;
     default: break;
   }
+  w.putVector(joined);
+  w.put<uint8_t>(stand_in.has_value());
+  if (stand_in) stand_in->write(w);
 }
 
 Response Response::read(ByteReader& r) {
@@ -249,7 +258,14 @@ Response Response::read(ByteReader& r) {
     case 1: s.plan = AllgatherPlan{r.getVector<int64_t>()}; break;
     case 2: s.plan = AlltoallPlan{r.getVector<int64_t>()}; break;
     case 3: s.plan = ReducescatterPlan{r.getVector<int64_t>()}; break;
+    case 4: s.plan = JoinPlan{r.get<int32_t>()}; break;
     default: break;
+  }
+  s.joined = r.getVector<int32_t>();
+  if (r.get<uint8_t>() != 0) {
+    s.stand_in = Request::read(r);
+    if (s.stand_in->type != s.type || s.stand_in->name != s.name)
+      throw CollectiveError(strCat("corrupt control message (stand-in for ", opTypeName(s.type), " '", s.name, "')"));
   }
   return s;
 }

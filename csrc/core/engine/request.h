@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -31,7 +32,9 @@
 
 namespace hvdtorch {
 
-enum class OpType : uint8_t { kAllreduce = 0, kAllgather, kBroadcast, kBarrier, kAlltoall, kReducescatter };
+// kJoin: a rank out of data (hvd.join()); see Coordinator for what the others'
+// ops do while it waits.
+enum class OpType : uint8_t { kAllreduce = 0, kAllgather, kBroadcast, kBarrier, kAlltoall, kReducescatter, kJoin };
 const char* opTypeName(OpType t);
 
 struct TensorSpec {
@@ -65,7 +68,7 @@ struct AlltoallArgs {
   std::vector<int64_t> splits;
 };
 
-// monostate: allgather and barrier, which need nothing beyond the tensors.
+// monostate: allgather, barrier and join, which need nothing beyond the tensors.
 using OpArgs = std::variant<std::monostate, ReduceArgs, BroadcastArgs, AlltoallArgs>;
 
 // ---- response payloads ---------------------------------------------------
@@ -86,7 +89,12 @@ struct ReducescatterPlan {
   std::vector<int64_t> rows;
 };
 
-using OpPlan = std::variant<std::monostate, AllgatherPlan, AlltoallPlan, ReducescatterPlan>;
+// The rank (of the set) whose join() arrived last; what join() returns.
+struct JoinPlan {
+  int32_t last_rank = -1;
+};
+
+using OpPlan = std::variant<std::monostate, AllgatherPlan, AlltoallPlan, ReducescatterPlan, JoinPlan>;
 
 // ---- messages --------------------------------------------------------------
 
@@ -129,6 +137,12 @@ struct Response {
   int32_t process_set_id = 0;
   std::string error;  // non-empty: fail this op on every rank
   OpPlan plan;
+  // Ranks (of the set) that have joined and never submitted this op: each
+  // runs `stand_in` instead, a copy of the others' request whose tensors are
+  // zeros (allgather: with no rows), and drops its outputs. Empty while no
+  // rank has joined.
+  std::vector<int32_t> joined;
+  std::optional<Request> stand_in;
 
   void write(ByteWriter& w) const;
   static Response read(ByteReader& r);

@@ -1,0 +1,22 @@
+// Join (Horovod's hvd.join()): this rank is out of data. Until every rank has
+// joined, the others' all-reduces, allgathers, broadcasts and barriers run
+// with this rank taking part on zeros (Coordinator says exactly how). The op
+// completes once every rank has joined; its output, an int32 scalar, is the
+// rank that joined last.
+#pragma once
+
+#include <string>
+
+#include "engine/engine.h"
+
+namespace hvdtorch::ops {
+
+struct JoinOptions {
+  // The same on every rank, and used by no other op. Always the global set.
+  std::string name = "hvdtorch.join";
+  OutputAllocator allocate;
+};
+
+int64_t join(Engine& engine, JoinOptions opts);
+
+}  // namespace hvdtorch::ops
