@@ -4,6 +4,7 @@ extension module hvdtorch/_C; this file only tells CMake where torch is.
 Build against the torch already installed (never let pip fetch another one):
     pip install --no-build-isolation -e .
 """
+
 import os
 import subprocess
 import sys
@@ -30,7 +31,11 @@ class CMakeBuild(build_ext):
         os.makedirs(build_dir, exist_ok=True)
         with_cuda = torch.cuda.is_available() or torch.version.cuda is not None
         args = [
-            "cmake", "-S", ROOT, "-B", build_dir,
+            "cmake",
+            "-S",
+            ROOT,
+            "-B",
+            build_dir,
             "-DCMAKE_BUILD_TYPE=" + os.environ.get("HVDTORCH_BUILD_TYPE", "Release"),
             "-DTORCH_INCLUDE_DIRS=" + ";".join(cpp_extension.include_paths()),
             "-DTORCH_LIBRARY_DIRS=" + ";".join(cpp_extension.library_paths()),

@@ -12,6 +12,7 @@ and each implementation's busbw ratio to Gloo; writes CSV and a PNG plot to
 a shared-memory all-reduce moves about 2(n-1)/n of the buffer through memory
 per rank, plus the reduction.
 """
+
 import argparse
 import csv
 import functools
@@ -76,8 +77,16 @@ def worker(args):
         for name, fn in impls.items():
             t = timed(fn, reps)
             algbw = nbytes / t
-            rows.append({"ranks": n, "bytes": nbytes, "impl": name, "time_s": t, "algbw_GBps": algbw / 1e9,
-                         "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9})
+            rows.append(
+                {
+                    "ranks": n,
+                    "bytes": nbytes,
+                    "impl": name,
+                    "time_s": t,
+                    "algbw_GBps": algbw / 1e9,
+                    "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9,
+                }
+            )
         if rank == 0:
             print(f"  {n} ranks, {nbytes:>10} B done", file=sys.stderr, flush=True)
     if rank == 0:
@@ -87,6 +96,7 @@ def worker(args):
 
 def memcpy_bandwidth() -> float:
     import torch
+
     torch.set_num_threads(1)
     a = torch.ones(64 << 18)
     b = torch.empty_like(a)
@@ -100,8 +110,10 @@ def memcpy_bandwidth() -> float:
 
 def plot(rows, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     worlds = sorted({r["ranks"] for r in rows})
     fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4.5), squeeze=False)
     for ax, n in zip(axes[0], worlds):
@@ -135,11 +147,25 @@ def main():
     mem = memcpy_bandwidth()
     print(f"memcpy bandwidth (one core, 64 MiB): {mem:.2f} GB/s")
     rows = []
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=ROOT)
+    env = dict(
+        os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT
+    )
     for n in [int(v) for v in args.ranks.split(",")]:
-        cmd = ["mpirun", "--oversubscribe", "-np", str(n), sys.executable, os.path.abspath(__file__), "--worker",
-               "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--reps", str(args.reps)]
+        cmd = [
+            "mpirun",
+            "--oversubscribe",
+            "-np",
+            str(n),
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--min-bytes",
+            str(args.min_bytes),
+            "--max-bytes",
+            str(args.max_bytes),
+            "--reps",
+            str(args.reps),
+        ]
         print(f"$ {' '.join(cmd[:4])} python benchmarks/allreduce.py --worker ...", flush=True)
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if out.returncode != 0:
@@ -158,9 +184,13 @@ def main():
         for nbytes in sorted({r["bytes"] for r in rows if r["ranks"] == n}):
             cell = {r["impl"]: r for r in rows if r["ranks"] == n and r["bytes"] == nbytes}
             gloo = cell["gloo"]["busbw_GBps"]
-            print(f"{nbytes:>10} " + " ".join(
-                f"{cell[i]['time_s'] * 1e3:8.2f} {cell[i]['busbw_GBps']:5.2f} {cell[i]['busbw_GBps'] / gloo:5.2f}x"
-                for i in impls))
+            print(
+                f"{nbytes:>10} "
+                + " ".join(
+                    f"{cell[i]['time_s'] * 1e3:8.2f} {cell[i]['busbw_GBps']:5.2f} {cell[i]['busbw_GBps'] / gloo:5.2f}x"
+                    for i in impls
+                )
+            )
     png = os.path.join(args.out, "allreduce.png")
     plot(rows, png)
     print(f"\nwrote {csv_path} and {png}")

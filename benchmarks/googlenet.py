@@ -24,6 +24,7 @@ waiting for gradient sync after backward, optimizer step. (DDP's sync wait
 happens inside its backward; it is reported as part of backward.) Rows are
 appended as JSON lines to --out/<setting>.jsonl.
 """
+
 import argparse
 import json
 import os
@@ -67,13 +68,15 @@ def run_config(args, setting, name, rank, size):
         sync = lambda: None  # noqa: E731
     elif name == "ddp":
         from torch.nn.parallel import DistributedDataParallel
+
         model = DistributedDataParallel(model) if size > 1 else model
         sync = lambda: None  # noqa: E731  (DDP waits inside backward)
     else:
         reducer, mode = name.split(":")
         pipeline, fusion = MODES[mode] if mode in MODES else (True, int(mode))
-        model = hvd.DistributedModel(model, reducer=reducer, pipeline=pipeline, fusion_bytes=fusion,
-                                     sync="explicit", name=f"bench.{name}")
+        model = hvd.DistributedModel(
+            model, reducer=reducer, pipeline=pipeline, fusion_bytes=fusion, sync="explicit", name=f"bench.{name}"
+        )
         sync = model.sync_gradients
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     s = SETTINGS[setting]
@@ -97,22 +100,32 @@ def run_config(args, setting, name, rank, size):
                 phases[k].append(v)
     med = {k: statistics.median(v) for k, v in phases.items()}
     # The job runs at the pace of its slowest rank.
-    slowest = hvd.allreduce(torch.tensor([med["total"]], dtype=torch.float64), op=hvd.Max,
-                            name=f"bench.{name}.slowest").item()
-    return {"setting": setting, "config": name, "ranks": size, "batch_per_rank": SETTINGS[setting]["batch"],
-            "image_size": SETTINGS[setting]["image_size"], "data": "jpeg" if args.data else "synthetic",
-            "step_s": slowest, "img_per_s": size * SETTINGS[setting]["batch"] / slowest,
-            "img_per_s_per_rank": SETTINGS[setting]["batch"] / slowest,
-            **{f"{k}_s": v for k, v in med.items() if k != "total"},
-            "launcher": hvd.runtime.state().launcher}
+    slowest = hvd.allreduce(
+        torch.tensor([med["total"]], dtype=torch.float64), op=hvd.Max, name=f"bench.{name}.slowest"
+    ).item()
+    return {
+        "setting": setting,
+        "config": name,
+        "ranks": size,
+        "batch_per_rank": SETTINGS[setting]["batch"],
+        "image_size": SETTINGS[setting]["image_size"],
+        "data": "jpeg" if args.data else "synthetic",
+        "step_s": slowest,
+        "img_per_s": size * SETTINGS[setting]["batch"] / slowest,
+        "img_per_s_per_rank": SETTINGS[setting]["batch"] / slowest,
+        **{f"{k}_s": v for k, v in med.items() if k != "total"},
+        "launcher": hvd.runtime.state().launcher,
+    }
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setting", choices=list(SETTINGS), default="compute")
-    p.add_argument("--configs", default="solo,ddp,auto:P+F,node:P+F,ring:P+F,central:P+F,native:P+F,"
-                                        "auto:none,auto:P,auto:F",
-                   help="comma list: solo (no communication), ddp, or <reducer>:<none|P|F|P+F|fusion bytes>")
+    p.add_argument(
+        "--configs",
+        default="solo,ddp,auto:P+F,node:P+F,ring:P+F,central:P+F,native:P+F,auto:none,auto:P,auto:F",
+        help="comma list: solo (no communication), ddp, or <reducer>:<none|P|F|P+F|fusion bytes>",
+    )
     p.add_argument("--iters", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=1, help="measure each config this many times (median kept)")
@@ -128,9 +141,12 @@ def main():
         row = sorted(runs, key=lambda r: r["step_s"])[len(runs) // 2]
         if rank == 0:
             ms = {k: row[f"{k}_s"] * 1e3 for k in ("step", "data", "forward", "backward", "sync", "optim")}
-            print(f"[{args.setting} {size} ranks] {name:>14}: {row['img_per_s']:7.1f} img/s "
-                  f"(step {ms['step']:6.1f} ms: data {ms['data']:.1f}, fwd {ms['forward']:.1f}, "
-                  f"bwd {ms['backward']:.1f}, sync {ms['sync']:.1f}, optim {ms['optim']:.1f})", flush=True)
+            print(
+                f"[{args.setting} {size} ranks] {name:>14}: {row['img_per_s']:7.1f} img/s "
+                f"(step {ms['step']:6.1f} ms: data {ms['data']:.1f}, fwd {ms['forward']:.1f}, "
+                f"bwd {ms['backward']:.1f}, sync {ms['sync']:.1f}, optim {ms['optim']:.1f})",
+                flush=True,
+            )
             with open(os.path.join(args.out, f"{args.setting}.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
     hvd.shutdown()

@@ -6,6 +6,7 @@ photos of the same size cost.
 
     python benchmarks/make_dataset.py /tmp/hvd-images --classes 25 --per-class 40 --size 128
 """
+
 import argparse
 import os
 

@@ -6,6 +6,7 @@ Steps of the bare GoogLeNet and of the same model wrapped in
 hvd.DistributedModel are interleaved (ABAB...) in one process, so machine
 drift hits both alike; prints the median step time of each and the ratio.
 """
+
 import argparse
 import os
 import statistics
@@ -45,8 +46,10 @@ def main():
             if it >= 3:
                 times[m].append(time.perf_counter() - t0)
     b, w = statistics.median(times[bare]), statistics.median(times[wrapped])
-    print(f"bare model: {b * 1e3:.1f} ms/step, DistributedModel: {w * 1e3:.1f} ms/step, "
-          f"overhead {(w / b - 1) * 100:+.1f}% (medians of {args.iters} interleaved steps, size 1)")
+    print(
+        f"bare model: {b * 1e3:.1f} ms/step, DistributedModel: {w * 1e3:.1f} ms/step, "
+        f"overhead {(w / b - 1) * 100:+.1f}% (medians of {args.iters} interleaved steps, size 1)"
+    )
     hvd.shutdown()
 
 

@@ -8,6 +8,7 @@ breakdown_<setting>.png (per-iteration latency by phase at 2 ranks),
 fusion.png (step time against fusion buffer size) and summary.md (the
 tables quoted in BENCHMARKS.md: img/s, scaling efficiency, ratio to DDP).
 """
+
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ def baseline(rows):
     """1-process throughput: the bare model ("solo", or DDP, which at size 1
     runs the bare model); the median of the two when both ran."""
     import statistics
+
     one = [r["img_per_s"] for r in rows if r["ranks"] == 1 and r["config"] in ("solo", "ddp")]
     return statistics.median(one) if one else None
 
@@ -46,8 +48,14 @@ def throughput_plot(rows, setting, out):
     for cfg, pts in sorted(by_cfg.items()):
         pts.sort()
         style = {"ddp": "--", "solo": ":"}.get(cfg, "-")
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3,
-                label=cfg + (" (no communication)" if cfg == "solo" else ""))
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            style,
+            marker="o",
+            ms=3,
+            label=cfg + (" (no communication)" if cfg == "solo" else ""),
+        )
     ax.set_xlabel("workers (processes, one thread each, on a 2-core machine)")
     ax.set_ylabel("images / s (all workers)")
     ax.set_title(f"throughput, setting '{setting}'")
@@ -97,10 +105,14 @@ def table(rows, setting):
     ranks = sorted({r["ranks"] for r in rows})
     cell = {(r["config"], r["ranks"]): r for r in rows}
     configs = sorted({r["config"] for r in rows}, key=lambda c: (c != "solo", c != "ddp", c))
-    lines = [f"### setting `{setting}`", "",
-             f"1-process throughput: {base:.1f} img/s" if base else "", "",
-             "| config | " + " | ".join(f"{n} rank{'s' if n > 1 else ''}" for n in ranks) + " |",
-             "|---|" + "---|" * len(ranks)]
+    lines = [
+        f"### setting `{setting}`",
+        "",
+        f"1-process throughput: {base:.1f} img/s" if base else "",
+        "",
+        "| config | " + " | ".join(f"{n} rank{'s' if n > 1 else ''}" for n in ranks) + " |",
+        "|---|" + "---|" * len(ranks),
+    ]
     for c in configs:
         parts = []
         for n in ranks:
@@ -112,8 +124,9 @@ def table(rows, setting):
             eff = f", {r['img_per_s'] / (base * n) * 100:.0f}% of ideal" if base else ""
             solo = cell.get(("solo", n))
             vs = f", {r['img_per_s'] / ddp['img_per_s']:.2f}x DDP" if ddp and c not in ("ddp", "solo") and n > 1 else ""
-            vs_solo = (f", {r['img_per_s'] / solo['img_per_s'] * 100:.0f}% of solo"
-                       if solo and c != "solo" and n > 1 else "")
+            vs_solo = (
+                f", {r['img_per_s'] / solo['img_per_s'] * 100:.0f}% of solo" if solo and c != "solo" and n > 1 else ""
+            )
             parts.append(f"{r['img_per_s']:.1f}{eff}{vs}{vs_solo}")
         lines.append(f"| {c} | " + " | ".join(parts) + " |")
     return "\n".join(lines) + "\n"
@@ -134,9 +147,14 @@ def main():
     if os.path.exists(fpath):
         rows = load(fpath)
         fusion_plot(rows, out)
-        md.append("### fusion sweep (comm, 2 ranks, P+F)\n\n| fusion bytes | step ms |\n|---|---|\n" + "\n".join(
-            f"| {int(r['config'].split(':')[1])} | {r['step_s'] * 1e3:.1f} |"
-            for r in sorted(rows, key=lambda r: int(r["config"].split(":")[1]))) + "\n")
+        md.append(
+            "### fusion sweep (comm, 2 ranks, P+F)\n\n| fusion bytes | step ms |\n|---|---|\n"
+            + "\n".join(
+                f"| {int(r['config'].split(':')[1])} | {r['step_s'] * 1e3:.1f} |"
+                for r in sorted(rows, key=lambda r: int(r["config"].split(":")[1]))
+            )
+            + "\n"
+        )
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))

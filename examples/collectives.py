@@ -5,6 +5,7 @@
 
 Exits non-zero (and says what differs) if any result is wrong.
 """
+
 import sys
 
 import torch
@@ -38,9 +39,11 @@ def main() -> int:
     hvd.barrier()
 
     if r == 0:
-        print(f"collectives: {n} ranks, launcher {hvd.runtime.state().launcher}, "
-              f"local_size {hvd.local_size()}, cross_size {hvd.cross_size()}: "
-              + ("all results correct" if not failures else f"{len(failures)} wrong"))
+        print(
+            f"collectives: {n} ranks, launcher {hvd.runtime.state().launcher}, "
+            f"local_size {hvd.local_size()}, cross_size {hvd.cross_size()}: "
+            + ("all results correct" if not failures else f"{len(failures)} wrong")
+        )
     for f in failures:
         print(f"rank {r}: WRONG {f}", file=sys.stderr)
     hvd.shutdown()

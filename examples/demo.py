@@ -13,6 +13,7 @@
     python examples/demo.py            # about a minute on 2 idle cores
     python examples/demo.py --quick    # a short version (also HVDTORCH_DEMO_QUICK=1), for tests
 """
+
 import argparse
 import json
 import os
@@ -37,8 +38,15 @@ def _free_port() -> int:
 
 
 def _torchrun(nproc: int, script: str, args):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={_free_port()}", os.path.join(ROOT, "examples", script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={_free_port()}",
+        os.path.join(ROOT, "examples", script),
+        *args,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"$ torchrun --nproc_per_node={nproc} examples/{script} {' '.join(args)}", flush=True)
     return cmd, env
@@ -48,8 +56,9 @@ def learn(nproc: int, steps: int, eval_every: int) -> dict:
     result_path = os.path.join(OUT_DIR, f"learn-{nproc}.json")
     if os.path.exists(result_path):
         os.remove(result_path)
-    cmd, env = _torchrun(nproc, "learn.py", ["--steps", str(steps), "--eval-every", str(eval_every),
-                                             "--result", result_path])
+    cmd, env = _torchrun(
+        nproc, "learn.py", ["--steps", str(steps), "--eval-every", str(eval_every), "--result", result_path]
+    )
     proc = subprocess.run(cmd, env=env, timeout=900)  # the progress bar goes straight to the terminal
     if proc.returncode != 0 or not os.path.exists(result_path):
         raise SystemExit(f"demo: learning with {nproc} process(es) failed (exit {proc.returncode})")
@@ -63,7 +72,7 @@ def throughput(nproc: int, train_args) -> dict:
     result = None
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
+            result = json.loads(line[len("RESULT ") :])
         else:
             # train.py repeats one fixed synthetic batch (a speed measurement): its loss says nothing about learning.
             print("  " + re.sub(r", loss \d+\.\d+$", "", line))
@@ -87,6 +96,7 @@ def compare_curves(one, two):
 
 def plot(one, two, googlenet, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -101,8 +111,13 @@ def plot(one, two, googlenet, path):
     acc = curve.twinx()
     for run, marker in ((one, "o"), (two, "x")):
         steps, accs = zip(*run["accuracies"])
-        acc.plot(steps, [a * 100 for a in accs], marker, color="tab:green",
-                 label=f"held-out accuracy, {run['processes']} proc.")
+        acc.plot(
+            steps,
+            [a * 100 for a in accs],
+            marker,
+            color="tab:green",
+            label=f"held-out accuracy, {run['processes']} proc.",
+        )
     acc.set_ylabel("held-out accuracy (%)", color="tab:green")
     acc.set_ylim(0, 100)
     lines = curve.get_legend_handles_labels()
@@ -127,26 +142,43 @@ def plot(one, two, googlenet, path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", default=os.environ.get("HVDTORCH_DEMO_QUICK") == "1",
-                   help="a short run (fewer steps everywhere)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        default=os.environ.get("HVDTORCH_DEMO_QUICK") == "1",
+        help="a short run (fewer steps everywhere)",
+    )
     args = p.parse_args(argv)
     os.makedirs(OUT_DIR, exist_ok=True)
     steps, eval_every = (60, 20) if args.quick else (200, 25)
     gn_steps, gn_warmup = (3, 1) if args.quick else (20, 4)
-    train_args = ["--image-size", "64", "--batch-size", "16", "--steps", str(gn_steps), "--warmup", str(gn_warmup),
-                  "--json"]
+    train_args = [
+        "--image-size",
+        "64",
+        "--batch-size",
+        "16",
+        "--steps",
+        str(gn_steps),
+        "--warmup",
+        str(gn_warmup),
+        "--json",
+    ]
 
     print("== 1. learning: a small CNN, synthetic images of 10 classes, the same global batch of 64", flush=True)
     one = learn(1, steps, eval_every)
     two = learn(2, steps, eval_every)
     worst, bad_step = compare_curves(one["losses"], two["losses"])
     first, last = one["losses"][0], sum(one["losses"][-10:]) / 10
-    print(f"loss {first:.3f} -> {last:.3f} (mean of the last 10 steps); held-out accuracy "
-          f"{one['accuracies'][0][1] * 100:.0f}% at step {one['accuracies'][0][0]} -> "
-          f"{one['accuracies'][-1][1] * 100:.0f}% at step {one['accuracies'][-1][0]}")
+    print(
+        f"loss {first:.3f} -> {last:.3f} (mean of the last 10 steps); held-out accuracy "
+        f"{one['accuracies'][0][1] * 100:.0f}% at step {one['accuracies'][0][0]} -> "
+        f"{one['accuracies'][-1][1] * 100:.0f}% at step {one['accuracies'][-1][0]}"
+    )
     if bad_step is not None:
-        raise SystemExit(f"demo: the 2-process loss curve leaves the 1-process one at step {bad_step} "
-                         f"({one['losses'][bad_step - 1]:.5f} vs {two['losses'][bad_step - 1]:.5f})")
+        raise SystemExit(
+            f"demo: the 2-process loss curve leaves the 1-process one at step {bad_step} "
+            f"({one['losses'][bad_step - 1]:.5f} vs {two['losses'][bad_step - 1]:.5f})"
+        )
     print(f"1 and 2 processes follow the same loss curve: largest difference {worst:.2e} over {steps} steps")
 
     print("\n== 2. throughput: GoogLeNet on CPU", flush=True)

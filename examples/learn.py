@@ -15,6 +15,7 @@ Rank 0 shows a progress bar (tqdm) with the loss of the global batch, prints
 the held-out accuracy as it rises, and with --result writes the curve and the
 throughput as JSON.
 """
+
 import argparse
 import json
 import os
@@ -31,8 +32,12 @@ IMAGE = 16
 
 def make_data(n: int, seed: int):
     """`n` images (3 x IMAGE x IMAGE) and labels; the class patterns come from seed 0, the samples from `seed`."""
-    patterns = F.interpolate(torch.randn(CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(0)),
-                             size=(IMAGE, IMAGE), mode="bilinear", align_corners=False)
+    patterns = F.interpolate(
+        torch.randn(CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(0)),
+        size=(IMAGE, IMAGE),
+        mode="bilinear",
+        align_corners=False,
+    )
     g = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, CLASSES, (n,), generator=g)
     contrast = 0.5 + torch.rand(n, 1, 1, 1, generator=g)
@@ -96,12 +101,18 @@ def main(argv=None):
     bar = None
     if rank == 0:
         from tqdm import tqdm
-        bar = tqdm(total=args.steps, desc=f"{size} process{'es' if size > 1 else ''}", unit="step",
-                   dynamic_ncols=True, mininterval=0.5)
+
+        bar = tqdm(
+            total=args.steps,
+            desc=f"{size} process{'es' if size > 1 else ''}",
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
     losses, accuracies, train_seconds = [], [], 0.0
     for step in range(args.steps):
         start = step * args.global_batch % (args.train_size - args.global_batch + 1)
-        batch = order[start:start + args.global_batch][rank::size]  # this rank's slice of the global batch
+        batch = order[start : start + args.global_batch][rank::size]  # this rank's slice of the global batch
         t0 = time.perf_counter()
         loss = F.cross_entropy(model(train_x[batch]), train_y[batch])
         opt.zero_grad()
@@ -123,8 +134,14 @@ def main(argv=None):
         bar.close()
     # The job runs at the pace of its slowest rank.
     slowest = hvd.allreduce(torch.tensor([train_seconds], dtype=torch.float64), op=hvd.Max, name="learn.time").item()
-    result = {"processes": size, "global_batch": args.global_batch, "steps": args.steps, "losses": losses,
-              "accuracies": accuracies, "img_per_s": args.steps * args.global_batch / slowest}
+    result = {
+        "processes": size,
+        "global_batch": args.global_batch,
+        "steps": args.steps,
+        "losses": losses,
+        "accuracies": accuracies,
+        "img_per_s": args.steps * args.global_batch / slowest,
+    }
     if rank == 0 and args.result:
         with open(args.result, "w") as f:
             json.dump(result, f)

@@ -11,6 +11,7 @@ training loop is the ordinary hvdtorch one: DistributedModel, a broadcast of
 rank 0's weights, each worker on its slice of every global batch. Workers on
 one host exchange gradients through shared memory.
 """
+
 import argparse
 import os
 import sys
@@ -25,6 +26,7 @@ def train_loop(config):
     import ray.train
 
     import hvdtorch as hvd
+
     hvd.init()  # adopts the process group Ray Train made
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(0)
@@ -64,9 +66,12 @@ def main():
     os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ray.init(address=args.address, num_cpus=None if args.address else args.workers, include_dashboard=False)
-    trainer = TorchTrainer(train_loop, train_loop_config={"lr": 0.05, "steps": args.steps, "global_batch": 64},
-                           scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
-                           run_config=RunConfig(storage_path=os.path.join(ROOT, "build", "ray_results")))
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"lr": 0.05, "steps": args.steps, "global_batch": 64},
+        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
+        run_config=RunConfig(storage_path=os.path.join(ROOT, "build", "ray_results")),
+    )
     trainer.fit()
     ray.shutdown()
     return 0

@@ -8,6 +8,7 @@ Each rank trains on its own shard; rank 0 shows progress and, at the end,
 the throughput in images per second (after warm-up). With --json the result
 is also printed as one JSON line for scripts.
 """
+
 import argparse
 import json
 import os
@@ -46,8 +47,9 @@ def main(argv=None):
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(0)
     model = GoogLeNet(num_classes=args.num_classes, stem="imagenet" if args.image_size >= 64 else "small")
-    model = hvd.DistributedModel(model, reducer=args.reducer, fusion_bytes=args.fusion_bytes,
-                                 pipeline=not args.no_pipeline)
+    model = hvd.DistributedModel(
+        model, reducer=args.reducer, fusion_bytes=args.fusion_bytes, pipeline=not args.no_pipeline
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
 
@@ -72,15 +74,25 @@ def main(argv=None):
     # slowest rank's median step time.
     median = statistics.median(step_times)
     slowest = hvd.allreduce(torch.tensor([median]), op=hvd.Max, name="train.median").item()
-    result = {"ranks": size, "batch_per_rank": args.batch_size, "image_size": args.image_size,
-              "median_step_s": slowest, "img_per_s": size * args.batch_size / slowest,
-              "final_loss": loss.item(), "reducer": args.reducer, "fusion_bytes": args.fusion_bytes,
-              "pipeline": not args.no_pipeline, "launcher": hvd.runtime.state().launcher}
+    result = {
+        "ranks": size,
+        "batch_per_rank": args.batch_size,
+        "image_size": args.image_size,
+        "median_step_s": slowest,
+        "img_per_s": size * args.batch_size / slowest,
+        "final_loss": loss.item(),
+        "reducer": args.reducer,
+        "fusion_bytes": args.fusion_bytes,
+        "pipeline": not args.no_pipeline,
+        "launcher": hvd.runtime.state().launcher,
+    }
     if rank == 0:
         if sys.stdout.isatty():
             print()
-        print(f"GoogLeNet {args.image_size}px, {size} rank(s) x batch {args.batch_size}: "
-              f"{result['img_per_s']:.1f} img/s (median step {slowest * 1000:.0f} ms), loss {loss.item():.3f}")
+        print(
+            f"GoogLeNet {args.image_size}px, {size} rank(s) x batch {args.batch_size}: "
+            f"{result['img_per_s']:.1f} img/s (median step {slowest * 1000:.0f} ms), loss {loss.item():.3f}"
+        )
         if args.json:
             print("RESULT " + json.dumps(result), flush=True)
     hvd.shutdown()

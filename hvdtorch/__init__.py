@@ -7,12 +7,15 @@
 
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 """
+
 try:
     from . import _C  # noqa: F401  (the compiled core; everything below needs it)
 except ImportError as _error:
-    raise ImportError(f"hvdtorch: the compiled extension hvdtorch._C cannot be loaded ({_error}); build it with "
-                      "`pip install --no-build-isolation .` (or `make build`) against the torch installed here, "
-                      "then run `python -m hvdtorch.check`") from _error
+    raise ImportError(
+        f"hvdtorch: the compiled extension hvdtorch._C cannot be loaded ({_error}); build it with "
+        "`pip install --no-build-isolation .` (or `make build`) against the torch installed here, "
+        "then run `python -m hvdtorch.check`"
+    ) from _error
 from . import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler)
 from .alltoall import alltoall, alltoall_async
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
@@ -83,4 +86,5 @@ __version__ = "0.1.0"
 def knobs():
     """Every HVDTORCH_* environment variable as (name, default, meaning)."""
     from . import _C
+
     return _C.knobs()

@@ -11,6 +11,7 @@ send different amounts.
 as Horovod 0.28 does. ``received_splits`` has the dtype of ``splits`` when it
 is a tensor, int32 otherwise.
 """
+
 from typing import List
 
 import torch

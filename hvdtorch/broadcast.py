@@ -1,5 +1,6 @@
 """Broadcast helpers with Horovod's names: parameters, optimizer state and
 arbitrary picklable objects."""
+
 import io
 from typing import Any, List
 
@@ -24,8 +25,7 @@ def broadcast_parameters(params, root_rank: int = 0, process_set=None) -> None:
         if p is None:
             continue
         t = p.data if isinstance(p, torch.nn.Parameter) or p.requires_grad else p
-        handles.append(ops.broadcast_async_(t, root_rank, name=f"broadcast_parameters.{name}",
-                                            process_set=process_set))
+        handles.append(ops.broadcast_async_(t, root_rank, name=f"broadcast_parameters.{name}", process_set=process_set))
     for h in handles:
         ops.synchronize(h)
 
@@ -44,8 +44,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str = None, process_set
     """Returns root_rank's ``obj`` on every rank of the set (pickled with torch.save)."""
     name = ops._name("broadcast_object", name, ops._check_process_set(process_set))
     data = _to_bytes(obj) if runtime.rank() == root_rank else torch.empty(0, dtype=torch.uint8)
-    size = ops.broadcast(torch.tensor([data.numel()], dtype=torch.int64), root_rank, name=f"{name}.size",
-                         process_set=process_set)
+    size = ops.broadcast(
+        torch.tensor([data.numel()], dtype=torch.int64), root_rank, name=f"{name}.size", process_set=process_set
+    )
     if runtime.rank() != root_rank:
         data = torch.empty(int(size.item()), dtype=torch.uint8)
     data = ops.broadcast_(data, root_rank, name=f"{name}.data", process_set=process_set)
@@ -56,22 +57,25 @@ def allgather_object(obj: Any, name: str = None, process_set=None) -> List[Any]:
     """Returns the list of every rank's (of the set's) ``obj``, in rank order."""
     name = ops._name("allgather_object", name, ops._check_process_set(process_set))
     data = _to_bytes(obj)
-    sizes = ops.allgather(torch.tensor([data.numel()], dtype=torch.int64), name=f"{name}.sizes",
-                          process_set=process_set).tolist()
+    sizes = ops.allgather(
+        torch.tensor([data.numel()], dtype=torch.int64), name=f"{name}.sizes", process_set=process_set
+    ).tolist()
     gathered = ops.allgather(data, name=f"{name}.data", process_set=process_set)
     out, offset = [], 0
     for n in sizes:
-        out.append(_from_bytes(gathered[offset:offset + n]))
+        out.append(_from_bytes(gathered[offset : offset + n]))
         offset += n
     return out
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, model=None,
-                              process_set=None) -> None:
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int = 0, model=None, process_set=None
+) -> None:
     """Makes every rank's (of the set's) optimizer state and hyper-parameters root_rank's.
 
     ``model`` is accepted for Horovod compatibility and not needed."""
-    state = broadcast_object(optimizer.state_dict(), root_rank, name="broadcast_optimizer_state",
-                             process_set=process_set)
+    state = broadcast_object(
+        optimizer.state_dict(), root_rank, name="broadcast_optimizer_state", process_set=process_set
+    )
     if runtime.rank() != root_rank:
         optimizer.load_state_dict(state)

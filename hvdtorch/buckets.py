@@ -5,13 +5,15 @@ become ready (reverse registration order at first, the observed order after
 one iteration), and close when the next gradient would overflow the cap. The
 first bucket gets a smaller cap so communication starts early in backward.
 """
+
 from typing import Dict, Iterable, List, Sequence
 
 import torch
 
 
-def plan_buckets(params: Sequence[torch.Tensor], order: Iterable[int], fusion_bytes: int,
-                 first_bucket_bytes: int) -> List[List[int]]:
+def plan_buckets(
+    params: Sequence[torch.Tensor], order: Iterable[int], fusion_bytes: int, first_bucket_bytes: int
+) -> List[List[int]]:
     """Returns bucket layouts (lists of parameter indices).
 
     fusion_bytes == 0 puts every parameter in its own bucket."""

@@ -22,6 +22,7 @@ compiled extension hvdtorch._C does not load, a knob is invalid, shared
 memory is unusable while HVDTORCH_SHM is on, or an all-reduce gives a wrong
 sum or fails).
 """
+
 import argparse
 import json
 import os
@@ -46,9 +47,11 @@ def _human_bytes(n: int) -> str:
 
 def versions() -> Dict[str, str]:
     import torch
+
     out = {"python": platform.python_version(), "torch": torch.__version__}
     try:
         import hvdtorch
+
         out["hvdtorch"] = hvdtorch.__version__
     except Exception:  # reported as a broken build by extension()
         out["hvdtorch"] = "(cannot be imported)"
@@ -65,6 +68,7 @@ def extension() -> Dict[str, object]:
     """Whether the compiled core loads; the error when it does not."""
     try:
         from hvdtorch import _C
+
         return {"ok": True, "path": _C.__file__}
     except Exception as e:  # ImportError, or an undefined symbol after a torch upgrade
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}
@@ -73,6 +77,7 @@ def extension() -> Dict[str, object]:
 def backends() -> Dict[str, object]:
     import torch
     import torch.distributed as dist
+
     cuda = torch.cuda.is_available()
     nccl = cuda and dist.is_nccl_available()
     nccl_version = None
@@ -83,12 +88,16 @@ def backends() -> Dict[str, object]:
             pass
     try:
         import mpi4py
+
         mpi4py_version = mpi4py.__version__
     except ImportError:
         mpi4py_version = None
     return {
-        "cuda": cuda, "cuda_version": torch.version.cuda, "gpus": torch.cuda.device_count() if cuda else 0,
-        "nccl": nccl, "nccl_version": nccl_version,
+        "cuda": cuda,
+        "cuda_version": torch.version.cuda,
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "nccl": nccl,
+        "nccl_version": nccl_version,
         "gloo": dist.is_gloo_available(),
         "mpirun": shutil.which("mpirun") or shutil.which("mpiexec"),
         "mpi4py": mpi4py_version,
@@ -100,6 +109,7 @@ def shared_memory() -> Dict[str, object]:
     """Creates, writes, reads back and removes one POSIX shared-memory segment
     (the kind the same-host links use)."""
     from multiprocessing import shared_memory as shm
+
     out: Dict[str, object] = {"ok": False}
     try:
         st = os.statvfs("/dev/shm")
@@ -131,10 +141,11 @@ def knob_table(options: Dict[str, str], env=os.environ) -> List[Dict[str, str]]:
     (hvd.init keyword, here --option) wins over the environment, which wins
     over the default -- the order the engine's Config applies them in."""
     import hvdtorch
+
     lowered = {k.lower(): v for k, v in options.items()}
     rows = []
     for name, default, meaning in hvdtorch.knobs():
-        key = name[len("HVDTORCH_"):].lower()
+        key = name[len("HVDTORCH_") :].lower()
         if key in lowered:
             value, source = lowered[key], "argument"
         elif name in env:
@@ -148,6 +159,7 @@ def knob_table(options: Dict[str, str], env=os.environ) -> List[Dict[str, str]]:
 def unknown_environment(env=os.environ) -> List[str]:
     """HVDTORCH_* variables that are set but are no knob (typos)."""
     import hvdtorch
+
     known = {name for name, _, _ in hvdtorch.knobs()}
     return sorted(k for k in env if k.startswith("HVDTORCH_") and k not in known)
 
@@ -158,12 +170,15 @@ def reducers() -> Dict[str, object]:
     import torch
 
     import hvdtorch as hvd
+
     engine = hvd.runtime.state().engine
     model = engine.cost_model()
     picks = {str(n): engine.choose_reducer(n, torch.float32) for n in PROBE_BYTES}
-    return {"available": sorted(model), "cost_model": {k: {"alpha_s": a, "beta_s_per_byte": b}
-                                                        for k, (a, b) in model.items()},
-            "auto_picks": picks}
+    return {
+        "available": sorted(model),
+        "cost_model": {k: {"alpha_s": a, "beta_s_per_byte": b} for k, (a, b) in model.items()},
+        "auto_picks": picks,
+    }
 
 
 def job_probe(reducer_names: List[str], timeout_s: float = 30.0) -> Dict[str, object]:
@@ -173,6 +188,7 @@ def job_probe(reducer_names: List[str], timeout_s: float = 30.0) -> Dict[str, ob
     import torch
 
     import hvdtorch as hvd
+
     size = hvd.size()
     results = {}
     for name in reducer_names:
@@ -188,23 +204,36 @@ def job_probe(reducer_names: List[str], timeout_s: float = 30.0) -> Dict[str, ob
         except Exception as e:
             results[name] = f"failed: {e}"
     engine = hvd.runtime.state().engine
-    mine = {"rank": hvd.rank(), "host": os.environ.get("HVDTORCH_HOSTNAME") or platform.node(),
-            "local_rank": hvd.local_rank(), "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
-            "links": {str(peer): kinds for peer, kinds in engine.link_kinds().items()}, "allreduce": results}
+    mine = {
+        "rank": hvd.rank(),
+        "host": os.environ.get("HVDTORCH_HOSTNAME") or platform.node(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_rank": hvd.cross_rank(),
+        "links": {str(peer): kinds for peer, kinds in engine.link_kinds().items()},
+        "allreduce": results,
+    }
     return {"size": size, "ranks": hvd.allgather_object(mine)}
 
 
 def collect(options: Dict[str, str]) -> Dict[str, object]:
     """The whole report of this rank; ``report["ok"]`` is False when something is broken."""
-    report: Dict[str, object] = {"versions": versions(), "extension": extension(), "backends": backends(),
-                                 "shared_memory": shared_memory()}
+    report: Dict[str, object] = {
+        "versions": versions(),
+        "extension": extension(),
+        "backends": backends(),
+        "shared_memory": shared_memory(),
+    }
     problems: List[str] = []
     if not report["extension"]["ok"]:
-        problems.append(f"the compiled extension hvdtorch._C does not load ({report['extension']['error']}); "
-                        "rebuild: pip install --no-build-isolation . (or make build)")
+        problems.append(
+            f"the compiled extension hvdtorch._C does not load ({report['extension']['error']}); "
+            "rebuild: pip install --no-build-isolation . (or make build)"
+        )
         report["problems"], report["ok"] = problems, False
         return report
     from hvdtorch import _C, launch
+
     report["knobs"] = knob_table(options)
     report["unknown_environment"] = unknown_environment()
     try:
@@ -215,19 +244,23 @@ def collect(options: Dict[str, str]) -> Dict[str, object]:
         return report
     shm_on = next(r["value"] for r in report["knobs"] if r["name"] == "HVDTORCH_SHM") not in ("0", "false")
     if not report["shared_memory"]["ok"] and shm_on:
-        problems.append(f"shared memory is unusable ({report['shared_memory'].get('error')}); "
-                        "set HVDTORCH_SHM=0 to use the c10d link between local ranks")
+        problems.append(
+            f"shared memory is unusable ({report['shared_memory'].get('error')}); "
+            "set HVDTORCH_SHM=0 to use the c10d link between local ranks"
+        )
     info = launch.detect()
     report["launcher"] = info.launcher
     import hvdtorch as hvd
+
     try:
         hvd.init(**options)
         report["reducers"] = reducers()
         if hvd.size() > 1:
             report["job"] = job_probe(report["reducers"]["available"])
             for r in report["job"]["ranks"]:
-                problems += [f"rank {r['rank']}: all-reduce with {k}: {v}" for k, v in r["allreduce"].items()
-                             if v != "ok"]
+                problems += [
+                    f"rank {r['rank']}: all-reduce with {k}: {v}" for k, v in r["allreduce"].items() if v != "ok"
+                ]
     except Exception as e:
         problems.append(f"init or the all-reduce failed: {type(e).__name__}: {e}")
     finally:
@@ -247,15 +280,19 @@ def format_report(r: Dict[str, object]) -> str:
     ext = r["extension"]
     lines += ["", "build", f"  extension  {'loads (' + ext['path'] + ')' if ext['ok'] else 'BROKEN: ' + ext['error']}"]
     b = r["backends"]
-    lines += [f"  CUDA       {_yes(b['cuda'])}" + (f" ({b['cuda_version']}, {b['gpus']} GPUs)" if b["cuda"] else ""),
-              f"  NCCL       {_yes(b['nccl'])}" + (f" ({b['nccl_version']})" if b["nccl_version"] else ""),
-              f"  Gloo       {_yes(b['gloo'])}",
-              f"  MPI        mpirun: {b['mpirun'] or 'not found'}; mpi4py: {b['mpi4py'] or 'not installed'}; "
-              f"torch MPI backend: {_yes(b['torch_mpi_backend'])}"]
+    lines += [
+        f"  CUDA       {_yes(b['cuda'])}" + (f" ({b['cuda_version']}, {b['gpus']} GPUs)" if b["cuda"] else ""),
+        f"  NCCL       {_yes(b['nccl'])}" + (f" ({b['nccl_version']})" if b["nccl_version"] else ""),
+        f"  Gloo       {_yes(b['gloo'])}",
+        f"  MPI        mpirun: {b['mpirun'] or 'not found'}; mpi4py: {b['mpi4py'] or 'not installed'}; "
+        f"torch MPI backend: {_yes(b['torch_mpi_backend'])}",
+    ]
     s = r["shared_memory"]
     free = s.get("dev_shm_free_bytes")
-    lines += [f"  shm        {'usable' if s['ok'] else 'UNUSABLE: ' + s.get('error', '')}"
-              + (f" (/dev/shm free: {free / 2**30:.1f} GiB)" if free is not None else "")]
+    lines += [
+        f"  shm        {'usable' if s['ok'] else 'UNUSABLE: ' + s.get('error', '')}"
+        + (f" (/dev/shm free: {free / 2**30:.1f} GiB)" if free is not None else "")
+    ]
     if "launcher" in r:
         lines += [f"  launcher   {r['launcher']}"]
     if "reducers" in r:
@@ -266,8 +303,9 @@ def format_report(r: Dict[str, object]) -> str:
             beta = m["beta_s_per_byte"]
             rate = f"  ({1 / beta / 1e9:.2f} GB/s)" if beta > 0 else ""
             lines.append(f"  {name:<8} alpha {m['alpha_s'] * 1e6:9.1f} us   beta {beta * 1e9:8.3f} ns/B{rate}")
-        lines.append("  auto picks: " + ", ".join(f"{_human_bytes(int(n))} -> {k}"
-                                                   for n, k in red["auto_picks"].items()))
+        lines.append(
+            "  auto picks: " + ", ".join(f"{_human_bytes(int(n))} -> {k}" for n, k in red["auto_picks"].items())
+        )
     if "job" in r:
         job = r["job"]
         lines += ["", f"job: {job['size']} ranks"]
@@ -289,8 +327,13 @@ def format_report(r: Dict[str, object]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hvdtorch.check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a knob as hvd.init(KEY=VALUE) would set it (repeatable)")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a knob as hvd.init(KEY=VALUE) would set it (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = parser.parse_args(argv)
     options = {}

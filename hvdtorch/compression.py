@@ -1,5 +1,6 @@
 """Gradient compression, as in Horovod: compress before the all-reduce,
 decompress after. ``fp16`` halves the bytes on the wire for float32/float64."""
+
 import torch
 
 

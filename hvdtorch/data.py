@@ -1,6 +1,7 @@
 """Minimal image data for examples and benchmarks (no torchvision needed):
 an ImageFolder reader (root/<class>/<image>.jpg), per-rank sharding, and
 the batch stream both use."""
+
 import os
 from typing import List, Tuple
 
@@ -29,6 +30,7 @@ class ImageFolder(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         from PIL import Image
+
         path, label = self.samples[i]
         with Image.open(path) as img:
             img = img.convert("RGB").resize((self.image_size, self.image_size))
@@ -50,7 +52,7 @@ class Shard(torch.utils.data.Sampler):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.length, generator=g).tolist()
         usable = self.length - self.length % self.size  # equal shard sizes: no rank waits for another
-        return iter(order[self.rank:usable:self.size])
+        return iter(order[self.rank : usable : self.size])
 
     def __len__(self):
         return self.length // self.size

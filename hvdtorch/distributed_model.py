@@ -11,6 +11,7 @@ The configurations of the ablation study map to arguments:
     F     pipeline=False, fusion_bytes>0   (buckets, launched after backward)
     P+F   pipeline=True,  fusion_bytes>0   (default)
 """
+
 import contextlib
 import itertools
 from typing import Optional
@@ -36,11 +37,22 @@ def _trainable(module_or_params):
 
 
 class DistributedModel(torch.nn.Module):
-    def __init__(self, module: torch.nn.Module, reducer: str = "auto", fusion_bytes: int = 25 << 20,
-                 first_bucket_bytes: int = 1 << 20, pipeline: bool = True, sync: str = "backward",
-                 op: int = ops.Average, backward_passes_per_step: int = 1, compression=Compression.none,
-                 gradient_predivide_factor: float = 1.0, rebuild_buckets: bool = True,
-                 name: Optional[str] = None, process_set=None):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        reducer: str = "auto",
+        fusion_bytes: int = 25 << 20,
+        first_bucket_bytes: int = 1 << 20,
+        pipeline: bool = True,
+        sync: str = "backward",
+        op: int = ops.Average,
+        backward_passes_per_step: int = 1,
+        compression=Compression.none,
+        gradient_predivide_factor: float = 1.0,
+        rebuild_buckets: bool = True,
+        name: Optional[str] = None,
+        process_set=None,
+    ):
         super().__init__()
         if sync not in ("backward", "explicit"):
             raise ValueError(f"hvdtorch: sync must be 'backward' or 'explicit', got {sync!r}")
@@ -48,12 +60,17 @@ class DistributedModel(torch.nn.Module):
             raise ValueError("hvdtorch: DistributedModel reduces gradients with hvd.Average or hvd.Sum")
         if gradient_predivide_factor <= 0:
             raise ValueError("hvdtorch: gradient_predivide_factor must be positive")
-        sparse = [n or type(m).__name__ for n, m in module.named_modules()
-                  if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
+        sparse = [
+            n or type(m).__name__
+            for n, m in module.named_modules()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+        ]
         if sparse:
-            raise ValueError(f"hvdtorch: DistributedModel reduces dense gradients, but {sparse} make sparse ones "
-                             "(sparse=True); use sparse=False there, or hvd.DistributedOptimizer, which "
-                             "all-gathers sparse gradients")
+            raise ValueError(
+                f"hvdtorch: DistributedModel reduces dense gradients, but {sparse} make sparse ones "
+                "(sparse=True); use sparse=False there, or hvd.DistributedOptimizer, which "
+                "all-gathers sparse gradients"
+            )
         self.module = module
         st = runtime.state()
         # Gradients are averaged over the process set's ranks (all by default).
@@ -68,14 +85,27 @@ class DistributedModel(torch.nn.Module):
         # Names every bucket's all-reduce: models must be built in the same order on every rank.
         self._name = name or f"model{next(_instance_ids)}"
         self._reducer = _C.GradientReducer(
-            st.engine, params, layout, self._name, reducer or "", op,
-            1.0 / f, f, bool(pipeline), sync == "backward", self._fusion_bytes > 0, int(backward_passes_per_step),
-            compression is Compression.fp16, process_set_id=psid)
+            st.engine,
+            params,
+            layout,
+            self._name,
+            reducer or "",
+            op,
+            1.0 / f,
+            f,
+            bool(pipeline),
+            sync == "backward",
+            self._fusion_bytes > 0,
+            int(backward_passes_per_step),
+            compression is Compression.fp16,
+            process_set_id=psid,
+        )
         # Re-order buckets by the ready order observed in the first iteration
         # (the set's first rank's, so every member agrees). Pointless with one
         # tensor per bucket.
-        self._rebuild_pending = (rebuild_buckets and self._fusion_bytes > 0 and self._process_set.size() > 1
-                                 and len(params) > 1)
+        self._rebuild_pending = (
+            rebuild_buckets and self._fusion_bytes > 0 and self._process_set.size() > 1 and len(params) > 1
+        )
         self._marks = StepMarks(st.engine, self._name)
 
     def forward(self, *args, **kwargs):
@@ -98,8 +128,12 @@ class DistributedModel(torch.nn.Module):
         # at a later step, when every rank runs one.
         first = self._process_set.rank() == 0
         full = torch.tensor(complete_order(order, len(self._params)), dtype=torch.int64) + 1
-        agreed = ops.allreduce(full if first else torch.zeros_like(full), op=ops.Sum,
-                               name=f"{self._name}.bucket_order", process_set=self._process_set)
+        agreed = ops.allreduce(
+            full if first else torch.zeros_like(full),
+            op=ops.Sum,
+            name=f"{self._name}.bucket_order",
+            process_set=self._process_set,
+        )
         if not bool(agreed.all()):
             return
         self._rebuild_pending = False

@@ -13,6 +13,7 @@ import and catch it; hvdtorch itself never raises it: under torchrun, hosts
 that come or go make the agent restart the workers, which resume from the
 last commit (see hvdtorch.elastic).
 """
+
 from ._C import HvdError
 
 HorovodInternalError = HvdError

@@ -36,6 +36,7 @@ How:
     reduction overlaps backward. A gradient that turns sparse later, in a
     parameter reduced densely, is an error naming the parameter.
 """
+
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -63,10 +64,22 @@ def _remove_hooks(handles) -> None:
 
 
 class GradientSync:
-    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], name: str, op: int,
-                 prescale: float, postscale: float, compression, backward_passes_per_step: int,
-                 sparse_as_dense: bool, plan_layout: Callable[[List[torch.Tensor]], List[List[int]]],
-                 fuse: bool, reducer: Optional[str], process_set):
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        names: Sequence[str],
+        name: str,
+        op: int,
+        prescale: float,
+        postscale: float,
+        compression,
+        backward_passes_per_step: int,
+        sparse_as_dense: bool,
+        plan_layout: Callable[[List[torch.Tensor]], List[List[int]]],
+        fuse: bool,
+        reducer: Optional[str],
+        process_set,
+    ):
         if int(backward_passes_per_step) < 1:
             raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self._params = list(params)
@@ -93,11 +106,14 @@ class GradientSync:
         # Held so that the accumulators, and the hooks on them, live as long as this.
         with torch.enable_grad():
             self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]
-        handles = [acc.register_prehook(lambda grads, i=i: _on_grad(me, i, grads))
-                   for i, acc in enumerate(self._accumulators)]
+        handles = [
+            acc.register_prehook(lambda grads, i=i: _on_grad(me, i, grads)) for i, acc in enumerate(self._accumulators)
+        ]
         if sparse_as_dense:
-            handles += [p.register_post_accumulate_grad_hook(lambda p, i=i: _on_accumulated(me, i, p))
-                        for i, p in enumerate(self._params)]
+            handles += [
+                p.register_post_accumulate_grad_hook(lambda p, i=i: _on_accumulated(me, i, p))
+                for i, p in enumerate(self._params)
+            ]
         weakref.finalize(self, _remove_hooks, handles)
 
     # ---- during backward ----------------------------------------------------
@@ -107,13 +123,19 @@ class GradientSync:
         if not self._in_pass:
             self._begin_pass()
         grad = grads[0]
-        if (grad is not None and grad.is_sparse and not self._sparse_as_dense and self._sparse_dims is not None
-                and not self._sparse_dims[index]):
+        if (
+            grad is not None
+            and grad.is_sparse
+            and not self._sparse_as_dense
+            and self._sparse_dims is not None
+            and not self._sparse_dims[index]
+        ):
             raise ValueError(
                 f"hvdtorch: rank {runtime.rank()}: parameter '{self._names[index]}' got a sparse gradient, but its "
                 "gradient was dense (or absent) on every rank in the first step, which fixed that it is reduced "
                 "densely; use DistributedOptimizer(sparse_as_dense=True), or produce the same kind of gradient "
-                "from the first step on")
+                "from the first step on"
+            )
 
     def densify(self, index: int, param: torch.Tensor) -> None:
         """sparse_as_dense: runs once ``param.grad`` is accumulated."""
@@ -128,7 +150,8 @@ class GradientSync:
                 f"hvdtorch: rank {runtime.rank()}: backward pass {self._passes + 1} since the last step(), but "
                 f"backward_passes_per_step={k}: call optimizer.step() (or synchronize()) after every {k} "
                 f"backward pass{'es' if k > 1 else ''}, or raise backward_passes_per_step to accumulate more "
-                "passes locally")
+                "passes locally"
+            )
         self._passes += 1
         self._in_pass = True
         torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
@@ -174,8 +197,9 @@ class GradientSync:
         if self._sparse_as_dense:
             dims = [0] * len(self._params)
         else:
-            dims = sparse.agree_sparse_dims([p.grad for p in self._params], f"{self._name}.sparse_dims",
-                                            self._process_set)
+            dims = sparse.agree_sparse_dims(
+                [p.grad for p in self._params], f"{self._name}.sparse_dims", self._process_set
+            )
         self._dense = [i for i, d in enumerate(dims) if d == 0]
         self._sparse = [i for i, d in enumerate(dims) if d > 0]
         self._reduce_dense_now(self._dense)
@@ -185,10 +209,21 @@ class GradientSync:
             # Built after this step's reduction: it copies the reduced
             # gradients into its buckets and makes .grad views of them.
             self._reducer = _C.GradientReducer(
-                runtime.state().engine, dense_params, self._plan_layout(dense_params), self._name,
-                self._reducer_kind, self._op, self._prescale, self._postscale, True, False, self._fuse, 1,
+                runtime.state().engine,
+                dense_params,
+                self._plan_layout(dense_params),
+                self._name,
+                self._reducer_kind,
+                self._op,
+                self._prescale,
+                self._postscale,
+                True,
+                False,
+                self._fuse,
+                1,
                 self._compression is Compression.fp16,
-                process_set_id=ops._check_process_set(self._process_set))
+                process_set_id=ops._check_process_set(self._process_set),
+            )
 
     def _reduce_dense_now(self, indices: Sequence[int]) -> None:
         """Reduces the dense gradients of ``indices`` as they are now (one
@@ -202,9 +237,15 @@ class GradientSync:
         handles = []
         for dtype, grads in by_dtype.items():
             packed = [self._compression.compress(g) for g in grads]
-            h = ops.grouped_allreduce_async_([c for c, _ in packed], name=f"{self._name}.now.{dtype}", op=self._op,
-                                             prescale_factor=self._prescale, postscale_factor=self._postscale,
-                                             reducer=self._reducer_kind or None, process_set=self._process_set)
+            h = ops.grouped_allreduce_async_(
+                [c for c, _ in packed],
+                name=f"{self._name}.now.{dtype}",
+                op=self._op,
+                prescale_factor=self._prescale,
+                postscale_factor=self._postscale,
+                reducer=self._reducer_kind or None,
+                process_set=self._process_set,
+            )
             handles.append((h, grads, packed))
         for h, grads, packed in handles:
             ops.synchronize(h)
@@ -217,7 +258,13 @@ class GradientSync:
         for i in self._sparse:
             p = self._params[i]
             grad = sparse.as_sparse(p.grad, p, self._sparse_dims[i])
-            started.append((p, sparse.sparse_allreduce_async(grad, name=f"{self._name}.sparse.{i}", op=self._op,
-                                                             process_set=self._process_set)))
+            started.append(
+                (
+                    p,
+                    sparse.sparse_allreduce_async(
+                        grad, name=f"{self._name}.sparse.{i}", op=self._op, process_set=self._process_set
+                    ),
+                )
+            )
         for p, handle in started:
             p.grad = handle()

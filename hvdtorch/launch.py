@@ -14,6 +14,7 @@ Under an MPI launcher or srun on one host no extra environment is needed: the
 ranks meet through a FileStore in the temp directory, keyed by the job id.
 Across hosts they need MASTER_ADDR and MASTER_PORT (a TCPStore on rank 0).
 """
+
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,12 +23,12 @@ from typing import Mapping, Optional
 
 @dataclass
 class LaunchInfo:
-    launcher: str            # "torchrun", "openmpi", "mpich", "slurm", "single"
+    launcher: str  # "torchrun", "openmpi", "mpich", "slurm", "single"
     rank: int
     size: int
     local_rank: Optional[int]  # as the launcher reports it (None: unknown)
     local_size: Optional[int]
-    job_key: str             # unique per job on one host; names the FileStore
+    job_key: str  # unique per job on one host; names the FileStore
     master_addr: Optional[str]
     master_port: Optional[int]
 
@@ -52,25 +53,54 @@ def detect(env: Mapping[str, str] = os.environ) -> LaunchInfo:
     ppid = str(os.getppid())
     if "OMPI_COMM_WORLD_RANK" in env:
         job = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE") or ppid
-        return LaunchInfo("openmpi", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
-                          _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                          f"ompi-{job}-{ppid}", addr, port)
+        return LaunchInfo(
+            "openmpi",
+            _int(env, "OMPI_COMM_WORLD_RANK"),
+            _int(env, "OMPI_COMM_WORLD_SIZE"),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+            f"ompi-{job}-{ppid}",
+            addr,
+            port,
+        )
     if "PMI_RANK" in env and "PMI_SIZE" in env:
         job = env.get("PMI_KVSNAME") or env.get("PMIX_NAMESPACE") or ppid
-        return LaunchInfo("mpich", _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
-                          _int(env, "MPI_LOCALRANKID"), _int(env, "MPI_LOCALNRANKS"),
-                          f"pmi-{job}-{ppid}", addr, port)
+        return LaunchInfo(
+            "mpich",
+            _int(env, "PMI_RANK"),
+            _int(env, "PMI_SIZE"),
+            _int(env, "MPI_LOCALRANKID"),
+            _int(env, "MPI_LOCALNRANKS"),
+            f"pmi-{job}-{ppid}",
+            addr,
+            port,
+        )
     if "RANK" in env and "WORLD_SIZE" in env:
         run_id = env.get("TORCHELASTIC_RUN_ID", "none")
-        return LaunchInfo("torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
-                          _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE"),
-                          f"torchrun-{run_id}-{addr}-{port}", addr, port)
+        return LaunchInfo(
+            "torchrun",
+            _int(env, "RANK"),
+            _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_RANK"),
+            _int(env, "LOCAL_WORLD_SIZE"),
+            f"torchrun-{run_id}-{addr}-{port}",
+            addr,
+            port,
+        )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         job = f"{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}"
         # Slurm only tells the local task count reliably on a single node.
         local_size = _int(env, "SLURM_NTASKS") if env.get("SLURM_NNODES") == "1" else None
-        return LaunchInfo("slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"),
-                          _int(env, "SLURM_LOCALID"), local_size, f"slurm-{job}", addr, port)
+        return LaunchInfo(
+            "slurm",
+            _int(env, "SLURM_PROCID"),
+            _int(env, "SLURM_NTASKS"),
+            _int(env, "SLURM_LOCALID"),
+            local_size,
+            f"slurm-{job}",
+            addr,
+            port,
+        )
     return LaunchInfo("single", 0, 1, 0, 1, f"single-{os.getpid()}", addr, port)
 
 
@@ -87,4 +117,5 @@ def hostname(env: Mapping[str, str] = os.environ) -> str:
     emulates several hosts on one machine.
     """
     import socket
+
     return env.get("HVDTORCH_HOSTNAME") or socket.gethostname()

@@ -28,6 +28,7 @@ What it does:
 Tensors are CPU tensors in this release (the device of every process is the CPU).
 Needs the optional dependency ``lightning`` (``pip install hvdtorch[lightning]``).
 """
+
 import contextlib
 import os
 from typing import Any, Dict, Optional, Union
@@ -41,16 +42,25 @@ try:
     from lightning.pytorch.trainer.states import TrainerFn
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 except ImportError as error:
-    raise ImportError(f"hvdtorch.lightning needs Lightning 2.6 ({error}): pip install --no-deps -r "
-                      "requirements-lightning.txt (lightning==2.6.6 and its pinned pure-Python dependencies)"
-                      ) from error
+    raise ImportError(
+        f"hvdtorch.lightning needs Lightning 2.6 ({error}): pip install --no-deps -r "
+        "requirements-lightning.txt (lightning==2.6.6 and its pinned pure-Python dependencies)"
+    ) from error
 
 import hvdtorch as hvd
 
 from . import launch
 
-_OPS = {"mean": hvd.Average, "avg": hvd.Average, "average": hvd.Average, "sum": hvd.Sum, "max": hvd.Max,
-        "min": hvd.Min, "product": hvd.Product, "prod": hvd.Product}
+_OPS = {
+    "mean": hvd.Average,
+    "avg": hvd.Average,
+    "average": hvd.Average,
+    "sum": hvd.Sum,
+    "max": hvd.Max,
+    "min": hvd.Min,
+    "product": hvd.Product,
+    "prod": hvd.Product,
+}
 
 
 def _reduce_op(reduce_op) -> int:
@@ -107,8 +117,13 @@ class HvdtorchStrategy(ParallelStrategy):
     strategy_name = "hvdtorch"
 
     def __init__(self, accelerator=None, checkpoint_io=None, precision_plugin=None, **model_options: Any):
-        super().__init__(accelerator=accelerator, parallel_devices=None, cluster_environment=HvdtorchEnvironment(),
-                         checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=None,
+            cluster_environment=HvdtorchEnvironment(),
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
         self._model_options = model_options
 
     # Lightning asks this to decide whether to insert a DistributedSampler.
@@ -128,7 +143,8 @@ class HvdtorchStrategy(ParallelStrategy):
         if self.parallel_devices is not None and len(self.parallel_devices) > 1:
             raise ValueError(
                 f"hvdtorch strategy: one device per process, got devices={len(self.parallel_devices)}; start one "
-                "process per device with a launcher (torchrun --nproc_per_node=N, mpirun -np N) instead")
+                "process per device with a launcher (torchrun --nproc_per_node=N, mpirun -np N) instead"
+            )
         hvd.init()
         rank_zero_only.rank = hvd.rank()
         super().setup_environment()
@@ -147,8 +163,9 @@ class HvdtorchStrategy(ParallelStrategy):
             else:
                 # Manual optimisation steps the optimizers itself: they average the gradients.
                 # The wrapped optimizers share the originals' param_groups, so LR schedulers still act on them.
-                self.optimizers = [hvd.DistributedOptimizer(opt, named_parameters=_named_in(module, opt))
-                                   for opt in self.optimizers]
+                self.optimizers = [
+                    hvd.DistributedOptimizer(opt, named_parameters=_named_in(module, opt)) for opt in self.optimizers
+                ]
             for opt in self.optimizers:
                 hvd.broadcast_optimizer_state(opt, root_rank=0)
         self.setup_precision_plugin()
@@ -196,8 +213,9 @@ class HvdtorchStrategy(ParallelStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
-        strategy_registry.register(cls.strategy_name, cls,
-                                   description="data parallel with hvdtorch (launch with torchrun or mpirun)")
+        strategy_registry.register(
+            cls.strategy_name, cls, description="data parallel with hvdtorch (launch with torchrun or mpirun)"
+        )
 
 
 def _check_group(group, what: str) -> None:

@@ -11,6 +11,7 @@ Failures raise ``hvdtorch.HvdError`` (a RuntimeError) on every rank involved,
 naming the op and the ranks; bad arguments raise ValueError before anything is
 sent.
 """
+
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -42,8 +43,11 @@ def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
     if op is not None and average is not None:
         raise ValueError("hvdtorch: pass either op= or the deprecated average=, not both")
     if average is not None:
-        warnings.warn("hvdtorch: average= is deprecated (as in Horovod); pass op=hvd.Average or op=hvd.Sum",
-                      DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            "hvdtorch: average= is deprecated (as in Horovod); pass op=hvd.Average or op=hvd.Sum",
+            DeprecationWarning,
+            stacklevel=3,
+        )
     if op is None:
         op = Average if average is None or average else Sum
     return op
@@ -63,8 +67,10 @@ def _contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"hvdtorch: {what} expects a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
-        raise ValueError(f"hvdtorch: rank {runtime.rank()}: {what}: {t.layout} (sparse) tensors are not "
-                         "supported; densify them first (tensor.to_dense())")
+        raise ValueError(
+            f"hvdtorch: rank {runtime.rank()}: {what}: {t.layout} (sparse) tensors are not "
+            "supported; densify them first (tensor.to_dense())"
+        )
     return t if t.is_contiguous() else t.contiguous()
 
 
@@ -75,14 +81,32 @@ def _register(handle: int, finish: Callable[[List[torch.Tensor]], object]) -> in
 
 # ---- allreduce ----------------------------------------------------------------
 
-def _allreduce_submit(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str, op: int,
-                      prescale_factor: float, postscale_factor: float, reducer: Optional[str], psid: int = 0) -> int:
-    return _engine().allreduce(list(inputs), list(outputs), name, op, float(prescale_factor),
-                               float(postscale_factor), reducer or "", process_set_id=psid)
+
+def _allreduce_submit(
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    name: str,
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    reducer: Optional[str],
+    psid: int = 0,
+) -> int:
+    return _engine().allreduce(
+        list(inputs),
+        list(outputs),
+        name,
+        op,
+        float(prescale_factor),
+        float(postscale_factor),
+        reducer or "",
+        process_set_id=psid,
+    )
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=None, reducer=None) -> int:
+def allreduce_async(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
+) -> int:
     """Starts an out-of-place all-reduce; synchronize() returns the result."""
     psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
@@ -93,8 +117,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     return _register(h, lambda _outs: out)
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=None, reducer=None) -> int:
+def allreduce_async_(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
+) -> int:
     """Starts an in-place all-reduce of ``tensor``."""
     psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
@@ -106,10 +131,12 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     return _register(h, lambda _outs: tensor.copy_(buf))
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               process_set=None, reducer=None) -> torch.Tensor:
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                        process_set, reducer))
+def allreduce_(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
+) -> torch.Tensor:
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set, reducer)
+    )
 
 
 class _AllreduceFn(torch.autograd.Function):
@@ -117,34 +144,61 @@ class _AllreduceFn(torch.autograd.Function):
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, reducer, process_set):
         ctx.op, ctx.prescale, ctx.postscale, ctx.reducer = op, prescale_factor, postscale_factor, reducer
         ctx.process_set = process_set
-        return synchronize(allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor, reducer=reducer,
-                                           process_set=process_set))
+        return synchronize(
+            allreduce_async(
+                tensor,
+                name=name,
+                op=op,
+                prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor,
+                reducer=reducer,
+                process_set=process_set,
+            )
+        )
 
     @staticmethod
     def backward(ctx, grad):
         # The gradient of an all-reduce is the same all-reduce of the gradient.
-        g = synchronize(allreduce_async(grad, op=ctx.op, prescale_factor=ctx.prescale,
-                                        postscale_factor=ctx.postscale, reducer=ctx.reducer,
-                                        process_set=ctx.process_set))
+        g = synchronize(
+            allreduce_async(
+                grad,
+                op=ctx.op,
+                prescale_factor=ctx.prescale,
+                postscale_factor=ctx.postscale,
+                reducer=ctx.reducer,
+                process_set=ctx.process_set,
+            )
+        )
         return g, None, None, None, None, None, None
 
 
-def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=None, reducer=None) -> torch.Tensor:
+def allreduce(
+    tensor,
+    average=None,
+    name=None,
+    compression=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+    reducer=None,
+) -> torch.Tensor:
     """All-reduces ``tensor`` across ranks (Average by default); differentiable."""
     from .compression import Compression
+
     psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
     compression = compression or Compression.none
     compressed, cctx = compression.compress(tensor)
-    reduced = _AllreduceFn.apply(compressed, _name("allreduce", name, psid), op, prescale_factor,
-                                 postscale_factor, reducer, process_set)
+    reduced = _AllreduceFn.apply(
+        compressed, _name("allreduce", name, psid), op, prescale_factor, postscale_factor, reducer, process_set
+    )
     return compression.decompress(reduced, cctx)
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=None, reducer=None) -> int:
+def grouped_allreduce_async(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
+) -> int:
     """All-reduces a list of tensors as one negotiated unit (fused together)."""
     psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
@@ -155,8 +209,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     return _register(h, lambda _outs: outs)
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=None, reducer=None) -> int:
+def grouped_allreduce_async_(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
+) -> int:
     psid = _check_process_set(process_set)
     op = _resolve_op(average, op)
     bufs = [_contiguous(t, "grouped_allreduce_") for t in tensors]
@@ -168,26 +223,43 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
             if b is not t:
                 t.copy_(b)
         return list(tensors)
+
     return _register(h, finish)
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=None, reducer=None) -> List[torch.Tensor]:
+def grouped_allreduce(
+    tensors,
+    average=None,
+    name=None,
+    compression=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+    reducer=None,
+) -> List[torch.Tensor]:
     from .compression import Compression
+
     compression = compression or Compression.none
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(grouped_allreduce_async([p[0] for p in pairs], average, name, op, prescale_factor,
-                                               postscale_factor, process_set, reducer))
+    outs = synchronize(
+        grouped_allreduce_async(
+            [p[0] for p in pairs], average, name, op, prescale_factor, postscale_factor, process_set, reducer
+        )
+    )
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set=None, reducer=None) -> List[torch.Tensor]:
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                                process_set, reducer))
+def grouped_allreduce_(
+    tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
+) -> List[torch.Tensor]:
+    return synchronize(
+        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set, reducer)
+    )
 
 
 # ---- allgather ----------------------------------------------------------------
+
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """A scalar gathers as one row."""
@@ -266,6 +338,7 @@ def grouped_allgather(tensors, name=None, process_set=None) -> List[torch.Tensor
 
 # ---- broadcast ----------------------------------------------------------------
 
+
 def broadcast_async(tensor, root_rank, name=None, process_set=None) -> int:
     """Starts a broadcast from ``root_rank`` (a global rank, also in a process set)."""
     psid = _check_process_set(process_set)
@@ -309,6 +382,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
 
 
 # ---- barrier, poll, synchronize --------------------------------------------
+
 
 def barrier(process_set=None) -> None:
     """Returns once every rank (of the process set) has called barrier()."""

@@ -10,6 +10,7 @@ synchronize()) waits for them. Dense gradients go through the same C++
 gradient reducer as DistributedModel; gradient_sync.py holds Horovod's
 contract (backward_passes_per_step, sparse gradients, misuse errors).
 """
+
 import contextlib
 import itertools
 import warnings
@@ -26,8 +27,20 @@ _instance_ids = itertools.count()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer, process_set=None):
+    def __init__(
+        self,
+        params,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        fusion_bytes,
+        reducer,
+        process_set=None,
+    ):
         super(self._hvd_class, self).__init__(params)
         if op not in (ops.Average, ops.Sum):
             raise ValueError("hvdtorch: DistributedOptimizer supports op=hvd.Average or hvd.Sum")
@@ -50,9 +63,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # is reduced and no hook is installed; it is the plain optimizer.
         if process_set.included() and process_set.size() > 1:
             self._hvd_sync = GradientSync(
-                trainable, [names[id(p)] for p in trainable], name, op, 1.0 / f, f, compression,
-                backward_passes_per_step, sparse_as_dense,
-                lambda dense: _layout(dense, groups, fusion_bytes), fusion_bytes > 0, reducer, process_set)
+                trainable,
+                [names[id(p)] for p in trainable],
+                name,
+                op,
+                1.0 / f,
+                f,
+                compression,
+                backward_passes_per_step,
+                sparse_as_dense,
+                lambda dense: _layout(dense, groups, fusion_bytes),
+                fusion_bytes > 0,
+                reducer,
+                process_set,
+            )
 
     def synchronize(self):
         """Returns once every gradient of the backward passes so far is reduced."""
@@ -72,18 +96,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._hvd_should_synchronize:
             if self._hvd_synchronized:
-                warnings.warn("hvdtorch: optimizer.step() after optimizer.synchronize() reduces the gradients a "
-                              "second time; call step() inside optimizer.skip_synchronize() when you synchronize "
-                              "yourself (e.g. to clip gradients)", stacklevel=2)
+                warnings.warn(
+                    "hvdtorch: optimizer.step() after optimizer.synchronize() reduces the gradients a "
+                    "second time; call step() inside optimizer.skip_synchronize() when you synchronize "
+                    "yourself (e.g. to clip gradients)",
+                    stacklevel=2,
+                )
             self.synchronize()
         self._hvd_synchronized = False
         return super(self._hvd_class, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
         if self._hvd_sync is not None and self._hvd_sync.pending():
-            raise AssertionError("hvdtorch: optimizer.zero_grad() between loss.backward() and optimizer.step() "
-                                 "(or synchronize()): the gradients of that backward pass are being reduced "
-                                 "across ranks; zero them before backward or after step()")
+            raise AssertionError(
+                "hvdtorch: optimizer.zero_grad() between loss.backward() and optimizer.step() "
+                "(or synchronize()): the gradients of that backward pass are being reduced "
+                "across ranks; zero them before backward or after step()"
+            )
         return super(self._hvd_class, self).zero_grad(set_to_none=set_to_none)
 
     def load_state_dict(self, *args, **kwargs):
@@ -107,18 +136,22 @@ def _parameter_names(param_groups, named_parameters):
         return {id(p): f"allreduce.noname.{i}" for i, p in enumerate(params)}
     named = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named):
-        raise ValueError("hvdtorch: named_parameters must be (name, parameter) tuples, such as "
-                         "model.named_parameters() gives")
+        raise ValueError(
+            "hvdtorch: named_parameters must be (name, parameter) tuples, such as model.named_parameters() gives"
+        )
     names = [n for n, _ in named]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"hvdtorch: parameter names in named_parameters must be unique; repeated: "
-                         f"{', '.join(duplicates)}")
+        raise ValueError(
+            f"hvdtorch: parameter names in named_parameters must be unique; repeated: {', '.join(duplicates)}"
+        )
     by_id = {id(p): n for n, p in named}
     missing = [i for i, p in enumerate(params) if id(p) not in by_id]
     if missing:
-        raise ValueError(f"hvdtorch: named_parameters was given, but {len(missing)} optimizer parameters are not "
-                         f"in it (positions {missing[:10]} in the optimizer's parameter groups)")
+        raise ValueError(
+            f"hvdtorch: named_parameters was given, but {len(missing)} optimizer parameters are not "
+            f"in it (positions {missing[:10]} in the optimizer's parameter groups)"
+        )
     return by_id
 
 
@@ -127,12 +160,14 @@ def _check_groups(groups):
         return
     if isinstance(groups, int) and not isinstance(groups, bool):
         if groups <= 0:
-            raise ValueError(f"hvdtorch: groups must be a positive number of groups or lists of parameters, "
-                             f"got {groups}")
+            raise ValueError(
+                f"hvdtorch: groups must be a positive number of groups or lists of parameters, got {groups}"
+            )
         return
     if not isinstance(groups, list):
-        raise ValueError(f"hvdtorch: groups must be a positive number of groups or lists of parameters, "
-                         f"got {type(groups).__name__}")
+        raise ValueError(
+            f"hvdtorch: groups must be a positive number of groups or lists of parameters, got {type(groups).__name__}"
+        )
     seen = set()
     for group in groups:
         for p in group:
@@ -166,10 +201,20 @@ def _split_by_dtype(params, layout):
     return out
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=ops.Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
-                         fusion_bytes=25 << 20, reducer=None):
+def DistributedOptimizer(
+    optimizer,
+    named_parameters=None,
+    compression=Compression.none,
+    backward_passes_per_step=1,
+    op=ops.Average,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    sparse_as_dense=False,
+    process_set=None,
+    fusion_bytes=25 << 20,
+    reducer=None,
+):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
     num_groups / groups: as in Horovod, how parameters are grouped into
@@ -181,13 +226,25 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
     if num_groups != 0:
-        warnings.warn("hvdtorch: num_groups is deprecated (as in Horovod); use groups=", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "hvdtorch: num_groups is deprecated (as in Horovod); use groups=", DeprecationWarning, stacklevel=2
+        )
         if groups is None:
             groups = num_groups
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     # The methods call the wrapped class through _hvd_class, not self.__class__: a subclass made of the
     # instance's class (Lightning's LightningOptimizer does that) would make self.__class__ recurse.
     cls._hvd_class = cls
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, fusion_bytes, reducer, process_set)
+    return cls(
+        optimizer.param_groups,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        fusion_bytes,
+        reducer,
+        process_set,
+    )

@@ -14,6 +14,7 @@ ranks in the same order and gets the same id. As in Horovod, ranks given to
 ops of a set (broadcast's ``root_rank``) are global ranks; ``ProcessSet.rank()``
 is a rank's position inside the set (useful to pick its rows of an allgather).
 """
+
 from typing import Dict, Iterable, List, Optional, Union
 
 from . import runtime
@@ -89,8 +90,10 @@ def set_id(process_set, member: bool = True) -> int:
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"hvdtorch: process_set must be a hvdtorch.ProcessSet, got {type(process_set).__name__}")
     if process_set.process_set_id is None:
-        raise ValueError(f"hvdtorch: {process_set} has not been added; use hvdtorch.add_process_set() or "
-                         "hvdtorch.init(process_sets=[...]) first")
+        raise ValueError(
+            f"hvdtorch: {process_set} has not been added; use hvdtorch.add_process_set() or "
+            "hvdtorch.init(process_sets=[...]) first"
+        )
     if _registry.get(process_set.process_set_id) is not process_set:
         raise ValueError(f"hvdtorch: {process_set} was removed")
     if member and runtime.rank() not in process_set.ranks:
@@ -118,6 +121,7 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
     different ranks raises ValueError on every rank, naming what each rank passed."""
     from . import ops
     from .broadcast import allgather_object
+
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"hvdtorch: {ps} has been added already")
@@ -143,6 +147,7 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Removes a set on every rank (a collective). Its ops must have finished."""
     from . import ops
+
     if process_set is global_process_set or process_set.process_set_id == 0:
         raise ValueError("hvdtorch: the global process set cannot be removed")
     psid = set_id(process_set, member=False)

@@ -10,6 +10,7 @@ Gradient (Horovod's rule): the allgather of the output gradients, times
 ``size`` for Sum (and times the scale factors); Min, Max and Product have
 none.
 """
+
 from typing import List
 
 import torch
@@ -31,24 +32,24 @@ from .process_sets import global_process_set
 
 def _submit(tensors, name: str, op, prescale_factor, postscale_factor, psid: int) -> int:
     srcs = [_contiguous(t, "reducescatter") for t in tensors]
-    return _engine().reducescatter(srcs, name, op, float(prescale_factor), float(postscale_factor),
-                                   process_set_id=psid)
+    return _engine().reducescatter(srcs, name, op, float(prescale_factor), float(postscale_factor), process_set_id=psid)
 
 
-def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
-                        postscale_factor=1.0) -> int:
+def reducescatter_async(
+    tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0
+) -> int:
     """Starts a reduce-scatter; synchronize() returns this rank's share."""
     psid = _check_process_set(process_set)
     h = _submit([tensor], _name("reducescatter", name, psid), op, prescale_factor, postscale_factor, psid)
     return _register(h, lambda outs: outs[0])
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None, prescale_factor=1.0,
-                                postscale_factor=1.0) -> int:
+def grouped_reducescatter_async(
+    tensors, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0
+) -> int:
     """Starts a reduce-scatter of a list as one unit; synchronize() returns the list of shares."""
     psid = _check_process_set(process_set)
-    h = _submit(list(tensors), _name("grouped_reducescatter", name, psid), op, prescale_factor,
-                postscale_factor, psid)
+    h = _submit(list(tensors), _name("grouped_reducescatter", name, psid), op, prescale_factor, postscale_factor, psid)
     return _register(h, lambda outs: list(outs))
 
 
@@ -76,8 +77,11 @@ class _GroupedReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.args = (op, prescale_factor, postscale_factor, process_set)
-        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
-                                                             postscale_factor)))
+        return tuple(
+            synchronize(
+                grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor, postscale_factor)
+            )
+        )
 
     @staticmethod
     def backward(ctx, *grads):
@@ -86,25 +90,36 @@ class _GroupedReducescatterFn(torch.autograd.Function):
         return (None, None, None, None, None, *[g * scale if scale != 1 else g for g in gathered])
 
 
-def reducescatter(tensor, name=None, compression=None, op=Average, process_set=None, prescale_factor=1.0,
-                  postscale_factor=1.0) -> torch.Tensor:
+def reducescatter(
+    tensor, name=None, compression=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0
+) -> torch.Tensor:
     """Reduces ``tensor`` over ranks and returns this rank's rows of the result; differentiable."""
     from .compression import Compression
+
     psid = _check_process_set(process_set)
     compression = compression or Compression.none
     compressed, cctx = compression.compress(tensor)
-    out = _ReducescatterFn.apply(compressed, _name("reducescatter", name, psid), op, prescale_factor,
-                                 postscale_factor, process_set)
+    out = _ReducescatterFn.apply(
+        compressed, _name("reducescatter", name, psid), op, prescale_factor, postscale_factor, process_set
+    )
     return compression.decompress(out, cctx)
 
 
-def grouped_reducescatter(tensors, name=None, compression=None, op=Average, process_set=None,
-                          prescale_factor=1.0, postscale_factor=1.0) -> List[torch.Tensor]:
+def grouped_reducescatter(
+    tensors, name=None, compression=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0
+) -> List[torch.Tensor]:
     """reducescatter of each tensor of a list, negotiated as one unit; differentiable."""
     from .compression import Compression
+
     psid = _check_process_set(process_set)
     compression = compression or Compression.none
     pairs = [compression.compress(t) for t in tensors]
-    outs = _GroupedReducescatterFn.apply(_name("grouped_reducescatter", name, psid), op, prescale_factor,
-                                         postscale_factor, process_set, *[p[0] for p in pairs])
+    outs = _GroupedReducescatterFn.apply(
+        _name("grouped_reducescatter", name, psid),
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        *[p[0] for p in pairs],
+    )
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

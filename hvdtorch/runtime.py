@@ -7,6 +7,7 @@ starts the C++ engine. shutdown() stops the engine, destroys what init()
 created and removes any rendezvous file; it is idempotent, and init() works
 again after it.
 """
+
 import atexit
 import datetime
 import os
@@ -19,6 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+
 # Imported before any process group exists on purpose: this module's
 # functions take `group=group.WORLD` as default arguments, evaluated at import,
 # so importing it later (torch.optim does, through torch._dynamo) would pin the
@@ -95,9 +97,11 @@ def _open_env_store(info: launch.LaunchInfo, timeout: datetime.timedelta):
         except Exception as e:  # an old store that closed, or one that never gets the mark
             del store, base
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"hvdtorch: rank {info.rank} did not meet rank 0's rendezvous store at "
-                                   f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
-                                   f"within {timeout.total_seconds():.0f} s: {e}") from e
+                raise TimeoutError(
+                    f"hvdtorch: rank {info.rank} did not meet rank 0's rendezvous store at "
+                    f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
+                    f"within {timeout.total_seconds():.0f} s: {e}"
+                ) from e
             time.sleep(0.05)
 
 
@@ -120,7 +124,8 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
     if not info.single_host_by_launcher:
         raise ValueError(
             f"hvdtorch: {info.launcher} started {info.size} ranks on several hosts; set MASTER_ADDR "
-            "(the host of rank 0) and MASTER_PORT (a free port there) so the ranks can meet")
+            "(the host of rank 0) and MASTER_PORT (a free port there) so the ranks can meet"
+        )
     path = launch.file_store_path(info)
     store = dist.FileStore(path, info.size)
     dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.size, timeout=timeout)
@@ -140,8 +145,10 @@ def init(comm=None, process_sets=None, **options) -> None:
     from . import _C  # noqa: F401  (fails early and clearly if the build is missing)
 
     if comm is not None:
-        raise ValueError("hvdtorch: comm= (MPI communicators) is not supported; launch with torchrun or mpirun "
-                         "and pass process_sets=[hvd.ProcessSet([...]), ...] for subsets of ranks")
+        raise ValueError(
+            "hvdtorch: comm= (MPI communicators) is not supported; launch with torchrun or mpirun "
+            "and pass process_sets=[hvd.ProcessSet([...]), ...] for subsets of ranks"
+        )
     with _lock:
         if _state is not None:
             return
@@ -168,15 +175,27 @@ def init(comm=None, process_sets=None, **options) -> None:
 
         engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token)
         topo = engine.topology()
-        _state = _State(engine=engine, rank=rank, size=size, local_rank=topo["local_rank"],
-                        local_size=topo["local_size"], cross_rank=topo["cross_rank"],
-                        cross_size=topo["cross_size"], launcher=info.launcher,
-                        homogeneous=topo["homogeneous"],
-                        control_group=control,
-                        data_group=data, owns_default_group=owns_default, store_path=store_path,
-                        shm_token=shm_token, excepthook=excepthook, options=opts)
+        _state = _State(
+            engine=engine,
+            rank=rank,
+            size=size,
+            local_rank=topo["local_rank"],
+            local_size=topo["local_size"],
+            cross_rank=topo["cross_rank"],
+            cross_size=topo["cross_size"],
+            launcher=info.launcher,
+            homogeneous=topo["homogeneous"],
+            control_group=control,
+            data_group=data,
+            owns_default_group=owns_default,
+            store_path=store_path,
+            shm_token=shm_token,
+            excepthook=excepthook,
+            options=opts,
+        )
     # Outside the lock: adding sets runs collectives, which need the state.
     from . import process_sets as _process_sets
+
     _process_sets._setup(process_sets)
 
 
@@ -188,6 +207,7 @@ def shutdown() -> None:
     if st is None:
         return
     from . import process_sets as _process_sets
+
     _process_sets._forget()
     st.engine.shutdown()
     for group in (st.data_group, st.control_group):
@@ -272,8 +292,10 @@ def is_homogeneous() -> bool:
 
 def mpi_threads_supported() -> bool:
     # Horovod raises when MPI is not in use, and hvdtorch never uses it.
-    raise ValueError("hvdtorch does not run on MPI (it meets the ranks through torch.distributed), "
-                     "so MPI multi-threading does not apply")
+    raise ValueError(
+        "hvdtorch does not run on MPI (it meets the ranks through torch.distributed), "
+        "so MPI multi-threading does not apply"
+    )
 
 
 def mpi_enabled() -> bool:

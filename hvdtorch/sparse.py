@@ -7,6 +7,7 @@ densified tensors (integer values truncate toward zero, as the dense op does).
     handle = hvd.sparse_allreduce_async(emb.weight.grad, name="emb", op=hvd.Average)
     summed = hvd.synchronize(handle)     # or handle(), as with Horovod
 """
+
 from typing import List, Optional, Sequence
 
 import torch
@@ -31,19 +32,27 @@ class SparseHandle:
         if self._result is None:
             values = ops.synchronize(self._values_handle)
             indices = ops.synchronize(self._indices_handle)
-            summed = torch.sparse_coo_tensor(indices.t(), values, self._like.shape, dtype=self._like.dtype,
-                                             device=self._like.device, check_invariants=True).coalesce()
+            summed = torch.sparse_coo_tensor(
+                indices.t(),
+                values,
+                self._like.shape,
+                dtype=self._like.dtype,
+                device=self._like.device,
+                check_invariants=True,
+            ).coalesce()
             if self._op == ops.Average:
                 v = summed.values()
                 v = v / self._ranks if v.is_floating_point() else torch.div(v, self._ranks, rounding_mode="trunc")
-                summed = torch.sparse_coo_tensor(summed.indices(), v, summed.shape, is_coalesced=True,
-                                                 check_invariants=False)  # indices checked above
+                summed = torch.sparse_coo_tensor(
+                    summed.indices(), v, summed.shape, is_coalesced=True, check_invariants=False
+                )  # indices checked above
             self._result = summed
         return self._result
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None, op: Optional[int] = None,
-                           process_set=None) -> SparseHandle:
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: Optional[str] = None, op: Optional[int] = None, process_set=None
+) -> SparseHandle:
     """Starts the reduction of a sparse COO tensor (op: Average, the default, or Sum)."""
     ops._check_process_set(process_set)
     process_set = process_set or ops.global_process_set
@@ -52,13 +61,15 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None, op:
         got = type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else f"a {tensor.layout} tensor"
         raise ValueError(f"hvdtorch: rank {runtime.rank()}: sparse_allreduce expects a sparse COO tensor, got {got}")
     if op not in (ops.Average, ops.Sum):
-        raise ValueError(f"hvdtorch: rank {runtime.rank()}: sparse_allreduce reduces with Average or Sum only "
-                         f"(got op {op!r})")
+        raise ValueError(
+            f"hvdtorch: rank {runtime.rank()}: sparse_allreduce reduces with Average or Sum only (got op {op!r})"
+        )
     name = ops._name("sparse_allreduce", name, process_set.process_set_id)
     local = tensor.coalesce()  # merge duplicates before sending them
     # All-gather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
-    indices_handle = ops.allgather_async(local.indices().t().contiguous(), name=f"{name}.indices",
-                                         process_set=process_set)
+    indices_handle = ops.allgather_async(
+        local.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set
+    )
     values_handle = ops.allgather_async(local.values().contiguous(), name=f"{name}.values", process_set=process_set)
     return SparseHandle(indices_handle, values_handle, tensor, op, process_set.size())
 
@@ -79,11 +90,14 @@ def as_sparse(grad: Optional[torch.Tensor], like: torch.Tensor, sparse_dim: int)
     an empty one when this rank has no gradient, the sparse form of a dense one."""
     if grad is None:
         values = torch.zeros((0,) + tuple(like.shape[sparse_dim:]), dtype=like.dtype, device=like.device)
-        return torch.sparse_coo_tensor(torch.zeros(sparse_dim, 0, dtype=torch.int64, device=like.device), values,
-                                       like.shape, device=like.device)
+        return torch.sparse_coo_tensor(
+            torch.zeros(sparse_dim, 0, dtype=torch.int64, device=like.device), values, like.shape, device=like.device
+        )
     if not grad.is_sparse:
         return grad.to_sparse(sparse_dim)
     if grad.sparse_dim() != sparse_dim:
-        raise ValueError(f"hvdtorch: rank {runtime.rank()}: a sparse gradient has {grad.sparse_dim()} sparse "
-                         f"dimensions here and {sparse_dim} on another rank")
+        raise ValueError(
+            f"hvdtorch: rank {runtime.rank()}: a sparse gradient has {grad.sparse_dim()} sparse "
+            f"dimensions here and {sparse_dim} on another rank"
+        )
     return grad

@@ -12,6 +12,7 @@ clock, so a trace shows how much communication overlaps backward:
 Both are recorded under the model's name as a trace "process" of its own.
 While no timeline is written, marking costs one call that returns False.
 """
+
 import torch
 
 from . import _C
@@ -55,5 +56,6 @@ class StepMarks:
         # (the gradient reducer's wait for its buckets is queued by the first
         # gradient hook, which fires after this one).
         torch.autograd.Variable._execution_engine.queue_callback(
-            lambda: _C.timeline_end(self._engine, self._name, "BACKWARD"))
+            lambda: _C.timeline_end(self._engine, self._name, "BACKWARD")
+        )
         return grad

@@ -20,6 +20,7 @@ hold different batch sizes, even empty ones.
 Evaluation with running stats is the ordinary, local batch norm. With one
 rank it is torch's batch norm.
 """
+
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -49,13 +50,16 @@ class _SyncBatchNormFn(torch.autograd.Function):
         else:
             local_mean = local_m2 = torch.zeros(channels, dtype=xa.dtype)
         row = torch.cat([torch.tensor([float(count)], dtype=torch.float64), local_mean.double(), local_m2.double()])
-        rows = ops.synchronize(ops.allgather_async(row.unsqueeze(0), name="sync_batch_norm.stats",
-                                                   process_set=process_set))
-        counts, means, m2s = rows[:, :1], rows[:, 1:1 + channels], rows[:, 1 + channels:]
+        rows = ops.synchronize(
+            ops.allgather_async(row.unsqueeze(0), name="sync_batch_norm.stats", process_set=process_set)
+        )
+        counts, means, m2s = rows[:, :1], rows[:, 1 : 1 + channels], rows[:, 1 + channels :]
         total = float(counts.sum())
         if total <= 1:
-            raise ValueError(f"hvdtorch: rank {runtime.rank()}: SyncBatchNorm needs more than 1 value per channel "
-                             f"when training, got {int(total)} over all ranks (input shape here {tuple(x.shape)})")
+            raise ValueError(
+                f"hvdtorch: rank {runtime.rank()}: SyncBatchNorm needs more than 1 value per channel "
+                f"when training, got {int(total)} over all ranks (input shape here {tuple(x.shape)})"
+            )
         mean = (counts * means).sum(0) / total
         m2 = (m2s + counts * (means - mean).square()).sum(0)
         if running_mean is not None:
@@ -86,12 +90,21 @@ class _SyncBatchNormFn(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             # Every rank's input gradient depends on the global sums.
-            both = ops.synchronize(ops.allreduce_async(torch.cat([sum_dy, sum_dy_xmu]), op=ops.Sum,
-                                                       name="sync_batch_norm.grad", process_set=ctx.process_set))
+            both = ops.synchronize(
+                ops.allreduce_async(
+                    torch.cat([sum_dy, sum_dy_xmu]),
+                    op=ops.Sum,
+                    name="sync_batch_norm.grad",
+                    process_set=ctx.process_set,
+                )
+            )
             g_sum_dy, g_sum_dy_xmu = both[:channels], both[channels:]
             scale = invstd if weight is None else invstd * weight.to(mean.dtype)
-            grad_x = (dy - _per_channel(g_sum_dy / ctx.total, x.dim())
-                      - xmu * _per_channel(invstd.square() * g_sum_dy_xmu / ctx.total, x.dim()))
+            grad_x = (
+                dy
+                - _per_channel(g_sum_dy / ctx.total, x.dim())
+                - xmu * _per_channel(invstd.square() * g_sum_dy_xmu / ctx.total, x.dim())
+            )
             grad_x = (grad_x * _per_channel(scale, x.dim())).to(x.dtype)
         if weight is not None and ctx.needs_input_grad[1]:
             grad_weight = (sum_dy_xmu * invstd).to(weight.dtype)
@@ -103,8 +116,17 @@ class _SyncBatchNormFn(torch.autograd.Function):
 class SyncBatchNorm(_BatchNorm):
     """Batch normalization over the union of every rank's batch (see the module docstring)."""
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
-                 process_set=None, device=None, dtype=None):
+    def __init__(
+        self,
+        num_features,
+        eps=1e-5,
+        momentum=0.1,
+        affine=True,
+        track_running_stats=True,
+        process_set=None,
+        device=None,
+        dtype=None,
+    ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         # Statistics cover the batches of this set's ranks (default: every rank).
         self.process_set = process_set
@@ -120,11 +142,13 @@ class SyncBatchNorm(_BatchNorm):
             self.num_batches_tracked.add_(1)
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         if not self.training and self.track_running_stats:
-            return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0,
-                                self.eps)
+            return F.batch_norm(
+                input, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+            )
         running_mean = self.running_mean if self.track_running_stats else None
         running_var = self.running_var if self.track_running_stats else None
         if (self.process_set or ops.global_process_set).size() == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, True, factor, self.eps)
-        return _SyncBatchNormFn.apply(input, self.weight, self.bias, running_mean, running_var, self.eps, factor,
-                                      self.process_set)
+        return _SyncBatchNormFn.apply(
+            input, self.weight, self.bias, running_mean, running_var, self.eps, factor, self.process_set
+        )

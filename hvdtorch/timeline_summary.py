@@ -23,6 +23,7 @@ name (hvdtorch/step_marks.py). From these the summary gives, per rank:
 Times in a trace are microseconds since that rank's engine started its
 timeline, so files of different ranks are aligned at their starts only.
 """
+
 import json
 import os
 import re
@@ -80,7 +81,7 @@ class RankSummary:
     comm_in_backward_ms: float
     backward_ms: float
     overlap: Optional[float]  # comm_in_backward / comm_busy
-    unmatched: int            # begins without end or ends without begin (a cut trace)
+    unmatched: int  # begins without end or ends without begin (a cut trace)
     intervals: List[Interval] = field(default_factory=list, repr=False)
 
 
@@ -102,7 +103,7 @@ def load_events(path: str) -> List[dict]:
     try:
         if not body.startswith("["):
             raise json.JSONDecodeError("a trace is a JSON array", text, 0)
-        return json.loads(body[:cut + 1] + "]") if cut >= 0 else []
+        return json.loads(body[: cut + 1] + "]") if cut >= 0 else []
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not a Chrome trace written by hvdtorch ({e})") from None
 
@@ -194,9 +195,15 @@ def _ops(intervals: List[Interval]) -> List[OpStats]:
         for iv in ivs + [None]:
             if current and (iv is None or iv.phase == "NEGOTIATE"):
                 slowest = max(current, key=lambda x: x.duration_us)
-                ops.append(OpStats(name, current[0].start_us / 1e3,
-                                   (max(x.end_us for x in current) - current[0].start_us) / 1e3,
-                                   slowest.phase, slowest.duration_us / 1e3))
+                ops.append(
+                    OpStats(
+                        name,
+                        current[0].start_us / 1e3,
+                        (max(x.end_us for x in current) - current[0].start_us) / 1e3,
+                        slowest.phase,
+                        slowest.duration_us / 1e3,
+                    )
+                )
                 current = []
             if iv is not None:
                 current.append(iv)
@@ -217,9 +224,16 @@ def summarize_rank(path: str, rank: int, top: int = 10) -> RankSummary:
         if window and window[0] <= iv.start_us < window[1]:
             in_steps[iv.phase] = in_steps.get(iv.phase, 0.0) + iv.duration_us
     busy_total = sum(sum(v) for k, v in totals.items() if is_comm_busy(k))
-    phases = [PhaseStats(k, len(v), sum(v) / 1e3, in_steps.get(k, 0.0) / 1e3 / steps if steps else None,
-                         sum(v) / busy_total if busy_total and is_comm_busy(k) else None)
-              for k, v in totals.items()]
+    phases = [
+        PhaseStats(
+            k,
+            len(v),
+            sum(v) / 1e3,
+            in_steps.get(k, 0.0) / 1e3 / steps if steps else None,
+            sum(v) / busy_total if busy_total and is_comm_busy(k) else None,
+        )
+        for k, v in totals.items()
+    ]
     order = {p: i for i, p in enumerate(COMPUTE_PHASES + WAIT_PHASES)}
     phases.sort(key=lambda p: (order.get(p.phase, len(order)), -p.total_ms))
 
@@ -230,15 +244,23 @@ def summarize_rank(path: str, rank: int, top: int = 10) -> RankSummary:
     span = (max(iv.end_us for iv in intervals) - min(iv.start_us for iv in intervals)) if intervals else 0.0
     ops = sorted(_ops(intervals), key=lambda o: -o.latency_ms)[:top]
     return RankSummary(
-        rank=rank, path=path, span_ms=span / 1e3, steps=steps,
+        rank=rank,
+        path=path,
+        span_ms=span / 1e3,
+        steps=steps,
         step_ms_median=statistics.median(step_durations) / 1e3 if steps else None,
         step_ms_mean=statistics.fmean(step_durations) / 1e3 if steps else None,
         step_ms_min=min(step_durations) / 1e3 if steps else None,
         step_ms_max=max(step_durations) / 1e3 if steps else None,
-        phases=phases, slowest_ops=ops, comm_busy_ms=comm_busy / 1e3, comm_in_backward_ms=in_backward / 1e3,
+        phases=phases,
+        slowest_ops=ops,
+        comm_busy_ms=comm_busy / 1e3,
+        comm_in_backward_ms=in_backward / 1e3,
         backward_ms=union_length(backward) / 1e3,
         overlap=in_backward / comm_busy if comm_busy and backward else None,
-        unmatched=unmatched, intervals=intervals)
+        unmatched=unmatched,
+        intervals=intervals,
+    )
 
 
 def rank_of_path(path: str, default: int) -> int:
@@ -266,9 +288,11 @@ def format_summary(summaries: Sequence[RankSummary]) -> str:
     for s in summaries:
         lines.append(f"rank {s.rank}: {s.path}  ({s.span_ms:.1f} ms traced)")
         if s.steps:
-            lines.append(f"  steps: {s.steps} complete; step time median {s.step_ms_median:.2f} ms, mean "
-                         f"{s.step_ms_mean:.2f} (min {s.step_ms_min:.2f}, max {s.step_ms_max:.2f}); ms/step below "
-                         "are means over the complete steps")
+            lines.append(
+                f"  steps: {s.steps} complete; step time median {s.step_ms_median:.2f} ms, mean "
+                f"{s.step_ms_mean:.2f} (min {s.step_ms_min:.2f}, max {s.step_ms_max:.2f}); ms/step below "
+                "are means over the complete steps"
+            )
         else:
             lines.append("  steps: none (no FORWARD marks: a DistributedModel writes them)")
         lines.append(f"  {'phase':<24} {'count':>6} {'total ms':>10} {'ms/step':>9} {'% of comm':>9}")
@@ -276,17 +300,21 @@ def format_summary(summaries: Sequence[RankSummary]) -> str:
             share = "-" if p.share_of_comm is None else f"{p.share_of_comm * 100:.1f}"
             lines.append(f"  {p.phase:<24} {p.count:>6} {p.total_ms:>10.3f} {_ms(p.per_step_ms):>9} {share:>9}")
         if s.overlap is not None:
-            lines.append(f"  communication busy {s.comm_busy_ms:.2f} ms, of which {s.comm_in_backward_ms:.2f} ms "
-                         f"({s.overlap * 100:.0f}%) inside backward ({s.backward_ms:.2f} ms); "
-                         f"exposed {s.comm_busy_ms - s.comm_in_backward_ms:.2f} ms")
+            lines.append(
+                f"  communication busy {s.comm_busy_ms:.2f} ms, of which {s.comm_in_backward_ms:.2f} ms "
+                f"({s.overlap * 100:.0f}%) inside backward ({s.backward_ms:.2f} ms); "
+                f"exposed {s.comm_busy_ms - s.comm_in_backward_ms:.2f} ms"
+            )
         else:
             lines.append(f"  communication busy {s.comm_busy_ms:.2f} ms (no BACKWARD marks: overlap unknown)")
         if s.slowest_ops:
             width = max(34, max(len(o.op) for o in s.slowest_ops))
             lines.append(f"  {'slowest ops':<{width + 2}} {'start ms':>9} {'latency ms':>11}  longest phase")
             for o in s.slowest_ops:
-                lines.append(f"    {o.op:<{width}} {o.start_ms:>9.2f} {o.latency_ms:>11.3f}  "
-                             f"{o.slowest_phase} {o.slowest_phase_ms:.3f} ms")
+                lines.append(
+                    f"    {o.op:<{width}} {o.start_ms:>9.2f} {o.latency_ms:>11.3f}  "
+                    f"{o.slowest_phase} {o.slowest_phase_ms:.3f} ms"
+                )
         if s.unmatched:
             lines.append(f"  note: {s.unmatched} begin/end events without a partner (trace cut short)")
         lines.append("")
@@ -304,8 +332,10 @@ def to_json(summaries: Sequence[RankSummary]) -> str:
 
 def main(argv=None) -> int:
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m hvdtorch.timeline",
-                                     description="Summaries of hvdtorch timelines (HVDTORCH_TIMELINE traces).")
+
+    parser = argparse.ArgumentParser(
+        prog="python -m hvdtorch.timeline", description="Summaries of hvdtorch timelines (HVDTORCH_TIMELINE traces)."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("summarize", help="per-phase and per-step times, slowest ops, overlap with backward")
     s.add_argument("traces", nargs="+", help="trace file(s); several: one per rank (trace-{rank}.json)")
@@ -323,6 +353,7 @@ def main(argv=None) -> int:
     print(to_json(summaries) if args.json else format_summary(summaries))
     if args.plot:
         from .timeline_plot import plot
+
         plot(summaries, args.plot)
         print(f"plot: {args.plot}")
     return 0

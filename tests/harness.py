@@ -8,6 +8,7 @@ HVDTORCH_HOSTNAME to emulate several hosts. The whole job has a deadline: if
 it passes, every rank is killed and the test fails with each rank's output,
 so a hang is a clear failure, never a stuck CI.
 """
+
 import os
 import signal
 import socket
@@ -41,10 +42,19 @@ def _format(results: Sequence[RankResult]) -> str:
     return "\n".join(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.output[-4000:]}" for r in results)
 
 
-def run_ranks(target: str, nranks: int, *, hosts: Optional[Sequence[str]] = None, env: Optional[Dict] = None,
-              timeout: float = 90.0, args: Sequence[str] = (), expect_success: bool = True,
-              kill_rank: Optional[int] = None, kill_after: Optional[str] = None,
-              kill_signal: int = signal.SIGKILL) -> List[RankResult]:
+def run_ranks(
+    target: str,
+    nranks: int,
+    *,
+    hosts: Optional[Sequence[str]] = None,
+    env: Optional[Dict] = None,
+    timeout: float = 90.0,
+    args: Sequence[str] = (),
+    expect_success: bool = True,
+    kill_rank: Optional[int] = None,
+    kill_after: Optional[str] = None,
+    kill_signal: int = signal.SIGKILL,
+) -> List[RankResult]:
     """Starts `target` ("module:function") on `nranks` processes and waits.
 
     hosts[i] becomes rank i's HVDTORCH_HOSTNAME; ranks with equal names form
@@ -59,23 +69,35 @@ def run_ranks(target: str, nranks: int, *, hosts: Optional[Sequence[str]] = None
     for rank in range(nranks):
         same = [i for i, h in enumerate(hosts) if h == hosts[rank]]
         e = dict(os.environ)
-        e.update({
-            "RANK": str(rank), "WORLD_SIZE": str(nranks),
-            "LOCAL_RANK": str(same.index(rank)), "LOCAL_WORLD_SIZE": str(len(same)),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "HVDTORCH_HOSTNAME": hosts[rank],
-            "HVDTORCH_TIMEOUT": e.get("HVDTORCH_TEST_TIMEOUT", "20"),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": ROOT + os.pathsep + e.get("PYTHONPATH", ""),
-            "PYTHONUNBUFFERED": "1",
-        })
+        e.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(nranks),
+                "LOCAL_RANK": str(same.index(rank)),
+                "LOCAL_WORLD_SIZE": str(len(same)),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "HVDTORCH_HOSTNAME": hosts[rank],
+                "HVDTORCH_TIMEOUT": e.get("HVDTORCH_TEST_TIMEOUT", "20"),
+                "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": ROOT + os.pathsep + e.get("PYTHONPATH", ""),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
             e.pop(k, None)
         if env:
             e.update({k: str(v) for k, v in env.items()})
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.rank_main", target, *args], env=e,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.rank_main", target, *args],
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        )
 
     outputs = [[] for _ in procs]
     import threading
@@ -83,6 +105,7 @@ def run_ranks(target: str, nranks: int, *, hosts: Optional[Sequence[str]] = None
     def pump(i, p):
         for line in iter(p.stdout.readline, b""):
             outputs[i].append(line.decode(errors="replace"))
+
     pumps = [threading.Thread(target=pump, args=(i, p), daemon=True) for i, p in enumerate(procs)]
     for t in pumps:
         t.start()
@@ -93,8 +116,11 @@ def run_ranks(target: str, nranks: int, *, hosts: Optional[Sequence[str]] = None
         if kill_rank is not None and not killed and kill_after in "".join(outputs[kill_rank]):
             procs[kill_rank].send_signal(kill_signal)
             killed = True
-        if killed and kill_signal == signal.SIGSTOP and all(
-                p.poll() is not None for i, p in enumerate(procs) if i != kill_rank):
+        if (
+            killed
+            and kill_signal == signal.SIGSTOP
+            and all(p.poll() is not None for i, p in enumerate(procs) if i != kill_rank)
+        ):
             os.killpg(procs[kill_rank].pid, signal.SIGKILL)
         time.sleep(0.05)
     hung = [i for i, p in enumerate(procs) if p.poll() is None]
@@ -106,9 +132,9 @@ def run_ranks(target: str, nranks: int, *, hosts: Optional[Sequence[str]] = None
         t.join(timeout=5)
     results = [RankResult(i, p.returncode, "".join(outputs[i])) for i, p in enumerate(procs)]
     if hung:
-        raise RanksFailed(f"ranks {hung} of {target} did not finish within {timeout} s (killed)\n"
-                          + _format(results))
+        raise RanksFailed(f"ranks {hung} of {target} did not finish within {timeout} s (killed)\n" + _format(results))
     if expect_success and any(r.returncode != 0 for r in results):
-        raise RanksFailed(f"{target} failed on ranks {[r.rank for r in results if r.returncode != 0]}\n"
-                          + _format(results))
+        raise RanksFailed(
+            f"{target} failed on ranks {[r.rank for r in results if r.returncode != 0]}\n" + _format(results)
+        )
     return results

@@ -1,4 +1,5 @@
 """Entry point of one rank started by tests/harness.py: python -m tests.rank_main module:function [args]."""
+
 import importlib
 import sys
 import traceback

@@ -1,5 +1,6 @@
 """Adasum (op=hvd.Adasum, reducer="adasum") on 1-4 processes against a
 reference tree written in the test; errors."""
+
 import pytest
 
 from tests.harness import run_ranks

@@ -1,4 +1,5 @@
 """alltoall on 1-4 processes: values, gradients and errors; one op per test id."""
+
 import pytest
 
 from tests.harness import run_ranks
@@ -15,8 +16,7 @@ def test_values(op, nranks):
 @pytest.mark.parametrize("shm", ["0", "1"])
 @pytest.mark.parametrize("op", ["alltoall"])
 def test_values_over_each_transport_and_two_hosts(op, shm):
-    run_ranks("tests.workers.alltoall:values", 4, hosts=list("aabb"), args=[op], timeout=240,
-              env={"HVDTORCH_SHM": shm})
+    run_ranks("tests.workers.alltoall:values", 4, hosts=list("aabb"), args=[op], timeout=240, env={"HVDTORCH_SHM": shm})
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3])

@@ -1,4 +1,5 @@
 """Gradients of allreduce, allgather and broadcast with row-distinct upstream gradients."""
+
 import pytest
 
 from tests.harness import run_ranks

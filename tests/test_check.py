@@ -1,4 +1,5 @@
 """python -m hvdtorch.check: the report of one process, under torchrun, and of a broken build."""
+
 import importlib.machinery
 import json
 import os
@@ -14,8 +15,15 @@ PY = sys.executable
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HVDTORCH_")}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-              "SLURM_PROCID"):
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "SLURM_PROCID",
+    ):
         env.pop(k, None)
     env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"})
     env.update(extra)
@@ -27,7 +35,7 @@ def _run(args, env, timeout=120):
 
 
 def _json_of(stdout):
-    return json.loads(stdout[stdout.index("{"):])
+    return json.loads(stdout[stdout.index("{") :])
 
 
 def test_single_process_report_names_every_knob_and_its_source():
@@ -49,7 +57,7 @@ def test_single_process_report_names_every_knob_and_its_source():
     # an argument wins over the environment, as in hvd.init(timeout=...)
     assert (by_name["HVDTORCH_TIMEOUT"]["value"], by_name["HVDTORCH_TIMEOUT"]["source"]) == ("30", "argument")
     defaults = {name: default for name, default, _ in hvdtorch.knobs()}
-    assert by_name["HVDTORCH_CACHE_CAPACITY"] ["source"] == "default"
+    assert by_name["HVDTORCH_CACHE_CAPACITY"]["source"] == "default"
     assert by_name["HVDTORCH_CACHE_CAPACITY"]["value"] == defaults["HVDTORCH_CACHE_CAPACITY"]
     assert r["unknown_environment"] == ["HVDTORCH_TYPO"]
     red = r["reducers"]
@@ -72,21 +80,32 @@ def test_text_report_and_bad_knob_exit_status():
 def test_broken_build_exits_non_zero_naming_the_extension(tmp_path):
     # The package with an extension that does not load, as after a half-finished build (a file that is not
     # a shared object; a missing one would be found through an editable install of the real tree instead).
-    shutil.copytree(os.path.join(ROOT, "hvdtorch"), tmp_path / "hvdtorch",
-                    ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    shutil.copytree(
+        os.path.join(ROOT, "hvdtorch"), tmp_path / "hvdtorch", ignore=shutil.ignore_patterns("_C*", "__pycache__")
+    )
     (tmp_path / "hvdtorch" / ("_C" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not an ELF file")
     env = _env()
     env["PYTHONPATH"] = str(tmp_path)
-    p = subprocess.run([PY, "-m", "hvdtorch.check"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run([PY, "-m", "hvdtorch.check"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert "hvdtorch._C cannot be loaded" in p.stderr
 
 
 def test_under_torchrun_reports_every_rank_and_the_links():
     env = _env(HVDTORCH_TIMEOUT="60")
-    p = _run(["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-              "-m", "hvdtorch.check", "--json"], env, timeout=240)
+    p = _run(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            "-m",
+            "hvdtorch.check",
+            "--json",
+        ],
+        env,
+        timeout=240,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     r = _json_of(p.stdout)
     assert r["ok"], r["problems"]

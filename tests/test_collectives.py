@@ -1,4 +1,5 @@
 """Every collective, every dtype, awkward shapes, on 1-4 ranks, against a local reference."""
+
 import pytest
 
 from tests.harness import run_ranks

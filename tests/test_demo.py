@@ -1,4 +1,5 @@
 """make demo (examples/demo.py), shortened: the loss falls, 1 and 2 processes agree, a plot is written."""
+
 import importlib.util
 import os
 import re
@@ -16,12 +17,22 @@ def _demo_module():
 
 
 def test_quick_demo_learns_and_scales():
-    env = dict(os.environ, HVDTORCH_DEMO_QUICK="1", HVDTORCH_TIMEOUT="60",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        HVDTORCH_DEMO_QUICK="1",
+        HVDTORCH_TIMEOUT="60",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
         env.pop(k, None)
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "demo.py")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=280)
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "demo.py")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     out = p.stdout
     first, last = map(float, re.search(r"loss (\d+\.\d+) -> (\d+\.\d+)", out).groups())
@@ -40,7 +51,7 @@ def test_quick_demo_learns_and_scales():
 
 def test_curve_comparison_catches_a_different_run():
     demo = _demo_module()
-    curve = [2.3 * 0.98 ** i for i in range(60)]
+    curve = [2.3 * 0.98**i for i in range(60)]
     assert demo.compare_curves(curve, curve) == (0.0, None)
     rounding = [x + 1e-5 for x in curve]
     assert demo.compare_curves(curve, rounding)[1] is None

@@ -1,4 +1,5 @@
 """Errors, never hangs: mismatches, bad arguments, a dead peer, a missing rank."""
+
 import re
 
 import pytest
@@ -25,8 +26,15 @@ def test_killed_peer_makes_others_raise_at_once():
     # Detection of a dead peer must be clearly faster than the deadline, so
     # "at once" and "at the deadline" cannot be confused.
     timeout = 20
-    results = run_ranks("tests.workers.errors:peer_dies", 3, timeout=90, expect_success=False,
-                        env={"HVDTORCH_TIMEOUT": str(timeout)}, kill_rank=1, kill_after="READY-TO-DIE")
+    results = run_ranks(
+        "tests.workers.errors:peer_dies",
+        3,
+        timeout=90,
+        expect_success=False,
+        env={"HVDTORCH_TIMEOUT": str(timeout)},
+        kill_rank=1,
+        kill_after="READY-TO-DIE",
+    )
     assert results[1].returncode == -9
     for r in (results[0], results[2]):
         assert r.returncode == 0, r.output
@@ -40,12 +48,22 @@ def test_killed_peer_makes_others_raise_at_once():
 
 def test_live_rank_that_never_submits_gets_a_stall_warning_then_the_timeout(tmp_path):
     timeout, stall = 6.0, 1.0
-    results = run_ranks("tests.workers.errors:missing_rank_times_out", 3, timeout=90,
-                        env={"HVDTORCH_TIMEOUT": str(timeout), "HVDTORCH_STALL_CHECK_TIME": str(stall),
-                             "HVDTORCH_TEST_FLAG": str(tmp_path / "raised")})
+    results = run_ranks(
+        "tests.workers.errors:missing_rank_times_out",
+        3,
+        timeout=90,
+        env={
+            "HVDTORCH_TIMEOUT": str(timeout),
+            "HVDTORCH_STALL_CHECK_TIME": str(stall),
+            "HVDTORCH_TEST_FLAG": str(tmp_path / "raised"),
+        },
+    )
     # The coordinator (rank 0) warns once, naming who is missing.
-    assert re.search(r"stall: allreduce 'only01' .* has waited [0-9.]+ s: ready on ranks \[0, 1\], "
-                     r"missing on ranks \[2\]", results[0].output), results[0].output
+    assert re.search(
+        r"stall: allreduce 'only01' .* has waited [0-9.]+ s: ready on ranks \[0, 1\], "
+        r"missing on ranks \[2\]",
+        results[0].output,
+    ), results[0].output
     for r in results[:2]:
         m = re.search(r"raised after ([0-9.]+)s: (.*)", r.output)
         assert m, r.output
@@ -61,8 +79,16 @@ def test_distributed_model_raises_hvd_error_out_of_backward_and_leaves_nothing()
     hvdtorch.HvdError (not the RuntimeError torch makes of other C++ errors),
     naming the op and the dead rank; shutdown leaves no thread, fd or child;
     init works again. (The same on several real hosts: test_faults.py.)"""
-    results = run_ranks("tests.workers.faults:train_until_fault", 2, args=["1", "3"], timeout=120,
-                        expect_success=False, env={"HVDTORCH_TIMEOUT": "20"}, kill_rank=1, kill_after="VICTIM")
+    results = run_ranks(
+        "tests.workers.faults:train_until_fault",
+        2,
+        args=["1", "3"],
+        timeout=120,
+        expect_success=False,
+        env={"HVDTORCH_TIMEOUT": "20"},
+        kill_rank=1,
+        kill_after="VICTIM",
+    )
     out = results[0].output
     assert results[0].returncode == 0, out
     m = re.search(r"SURVIVOR rank=0 at=[0-9.]+ type=(\w+) error=(.*)", out)

@@ -1,4 +1,5 @@
 """grouped_allgather on 1-4 processes: values, gradients and errors; one op per test id."""
+
 import pytest
 
 from tests.harness import run_ranks

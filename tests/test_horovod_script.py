@@ -1,6 +1,7 @@
 """A horovod.torch training script (process sets, alltoall, reducescatter,
 join with uneven data, DistributedOptimizer) runs unchanged on hvdtorch, and
 what it prints is right."""
+
 import os
 import re
 

@@ -1,4 +1,5 @@
 """join() (Horovod's hvd.join): uneven numbers of batches per rank."""
+
 import pytest
 
 from tests.harness import run_ranks

@@ -1,10 +1,13 @@
 """Lightning's Trainer with strategy="hvdtorch" (hvdtorch/lightning.py)."""
+
 import pytest
 
 from tests.harness import run_ranks
 
-pytest.importorskip("lightning", reason="lightning is not installed (pip install --no-deps lightning==2.6.6 ...; "
-                                        "see requirements-dev.txt)")
+pytest.importorskip(
+    "lightning",
+    reason="lightning is not installed (pip install --no-deps lightning==2.6.6 ...; see requirements-dev.txt)",
+)
 
 
 @pytest.mark.parametrize("mode", ["automatic", "manual", "accumulate"])
@@ -24,5 +27,6 @@ def test_strategy_name_registered():
     import lightning as L
 
     import hvdtorch.lightning
+
     trainer = L.Trainer(strategy="hvdtorch", accelerator="cpu", logger=False, enable_progress_bar=False)
     assert isinstance(trainer.strategy, hvdtorch.lightning.HvdtorchStrategy)

@@ -1,4 +1,5 @@
 """Process sets: ops, gradients, training and errors inside subsets of ranks."""
+
 from tests.harness import run_ranks
 
 

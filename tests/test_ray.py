@@ -3,6 +3,7 @@
 Ray is not installed by `make` (about 500 MB); install it with
 `.venv/bin/pip install --no-deps -r requirements-ray.txt` to run this test.
 """
+
 import json
 import os
 import tempfile
@@ -14,8 +15,10 @@ import torch.nn.functional as F
 from tests.harness import ROOT
 from tests.workers import ray_train
 
-ray = pytest.importorskip("ray", reason="ray is not installed (large, not part of make's set-up): "
-                                        "pip install --no-deps -r requirements-ray.txt")
+ray = pytest.importorskip(
+    "ray",
+    reason="ray is not installed (large, not part of make's set-up): pip install --no-deps -r requirements-ray.txt",
+)
 
 
 @pytest.fixture
@@ -38,9 +41,12 @@ def test_two_worker_torch_trainer_trains_like_one_process(local_ray, tmp_path):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    trainer = TorchTrainer(ray_train.train_loop, train_loop_config={"out": str(tmp_path)},
-                           scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
-                           run_config=RunConfig(storage_path=tempfile.mkdtemp(dir=tmp_path)))
+    trainer = TorchTrainer(
+        ray_train.train_loop,
+        train_loop_config={"out": str(tmp_path)},
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(storage_path=tempfile.mkdtemp(dir=tmp_path)),
+    )
     trainer.fit()
     infos = [json.load(open(tmp_path / f"rank-{r}.json")) for r in range(2)]
     for r, info in enumerate(infos):

@@ -1,4 +1,5 @@
 """Every reducer on every topology, and the shared-memory transport's failure behaviour."""
+
 import os
 import re
 
@@ -14,8 +15,14 @@ def test_every_reducer_on_topology(layout):
 
 
 def test_every_reducer_without_shared_memory():
-    run_ranks("tests.workers.reducers:every_reducer", 4, hosts=list("aabb"), args=["aabb"], timeout=280,
-              env={"HVDTORCH_SHM": "0"})
+    run_ranks(
+        "tests.workers.reducers:every_reducer",
+        4,
+        hosts=list("aabb"),
+        args=["aabb"],
+        timeout=280,
+        env={"HVDTORCH_SHM": "0"},
+    )
 
 
 def _segments():
@@ -24,8 +31,15 @@ def _segments():
 
 def test_killed_rank_leaves_no_shared_memory():
     before = _segments()
-    results = run_ranks("tests.workers.reducers:dies_during_node_allreduce", 3, timeout=90, expect_success=False,
-                        env={"HVDTORCH_TIMEOUT": "15"}, kill_rank=1, kill_after="SHM-IN-USE")
+    results = run_ranks(
+        "tests.workers.reducers:dies_during_node_allreduce",
+        3,
+        timeout=90,
+        expect_success=False,
+        env={"HVDTORCH_TIMEOUT": "15"},
+        kill_rank=1,
+        kill_after="SHM-IN-USE",
+    )
     assert results[1].returncode == -9
     for r in (results[0], results[2]):
         assert r.returncode == 0 and "raised" in r.output, r.output
@@ -35,9 +49,17 @@ def test_killed_rank_leaves_no_shared_memory():
 
 def test_stopped_peer_hits_the_deadline_not_a_hang():
     import signal
-    results = run_ranks("tests.workers.reducers:stopped_peer_hits_deadline", 3, timeout=90, expect_success=False,
-                        env={"HVDTORCH_TIMEOUT": "4"}, kill_rank=1, kill_after="STOP-ME",
-                        kill_signal=signal.SIGSTOP)
+
+    results = run_ranks(
+        "tests.workers.reducers:stopped_peer_hits_deadline",
+        3,
+        timeout=90,
+        expect_success=False,
+        env={"HVDTORCH_TIMEOUT": "4"},
+        kill_rank=1,
+        kill_after="STOP-ME",
+        kill_signal=signal.SIGSTOP,
+    )
     for r in (results[0], results[2]):
         assert r.returncode == 0, r.output
         m = re.search(r"raised after ([0-9.]+)s", r.output)

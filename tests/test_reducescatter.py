@@ -1,5 +1,6 @@
 """reducescatter and grouped_reducescatter on 1-4 processes: values,
 gradients and errors; one op per test id."""
+
 import pytest
 
 from tests.harness import run_ranks
@@ -15,12 +16,19 @@ def test_values(op, nranks):
 
 # One host with shared memory runs the node reducer's reduce-scatter; without
 # it, or across emulated hosts, the ring's.
-@pytest.mark.parametrize("hosts,shm", [("aaa", "0"), ("aabb", "1"), ("abc", "1")],
-                         ids=["ring-c10d", "ring-two-hosts", "ring-three-hosts"])
+@pytest.mark.parametrize(
+    "hosts,shm", [("aaa", "0"), ("aabb", "1"), ("abc", "1")], ids=["ring-c10d", "ring-two-hosts", "ring-three-hosts"]
+)
 @pytest.mark.parametrize("op", ["reducescatter"])
 def test_values_per_algorithm(op, hosts, shm):
-    run_ranks("tests.workers.reducescatter:values", len(hosts), hosts=list(hosts), args=[op], timeout=240,
-              env={"HVDTORCH_SHM": shm})
+    run_ranks(
+        "tests.workers.reducescatter:values",
+        len(hosts),
+        hosts=list(hosts),
+        args=[op],
+        timeout=240,
+        env={"HVDTORCH_SHM": shm},
+    )
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3])

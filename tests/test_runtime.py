@@ -1,6 +1,7 @@
 """Launcher detection, topology (with emulated hosts), init/shutdown, autograd.
 
 Several real hosts (network namespaces, one torchrun agent each) are in test_hosts.py."""
+
 import os
 import subprocess
 import sys
@@ -12,16 +13,31 @@ from tests.harness import ROOT, run_ranks
 
 
 def test_detect_torchrun():
-    info = launch.detect({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-                          "GROUP_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "29500"})
+    info = launch.detect(
+        {
+            "RANK": "2",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": "1",
+            "MASTER_ADDR": "h0",
+            "MASTER_PORT": "29500",
+        }
+    )
     assert (info.launcher, info.rank, info.size, info.local_rank, info.local_size) == ("torchrun", 2, 4, 0, 2)
     assert (info.master_addr, info.master_port) == ("h0", 29500)
 
 
 def test_detect_openmpi_single_host_needs_no_master():
-    info = launch.detect({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3",
-                          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
-                          "OMPI_MCA_ess_base_jobid": "77"})
+    info = launch.detect(
+        {
+            "OMPI_COMM_WORLD_RANK": "1",
+            "OMPI_COMM_WORLD_SIZE": "3",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+            "OMPI_MCA_ess_base_jobid": "77",
+        }
+    )
     assert (info.launcher, info.rank, info.size) == ("openmpi", 1, 3)
     assert info.single_host_by_launcher and "77" in info.job_key
     assert launch.file_store_path(info).endswith(".store")
@@ -44,11 +60,14 @@ def test_hostname_override():
     assert launch.hostname({"HVDTORCH_HOSTNAME": "node7"}) == "node7"
 
 
-@pytest.mark.parametrize("hosts,expected", [
-    (["a", "a", "a", "a"], "0:0:4:0:1,1:1:4:0:1,2:2:4:0:1,3:3:4:0:1"),
-    (["a", "a", "b", "b"], "0:0:2:0:2,1:1:2:0:2,2:0:2:1:2,3:1:2:1:2"),
-    (["a", "b", "c", "d"], "0:0:1:0:4,1:0:1:1:4,2:0:1:2:4,3:0:1:3:4"),
-])
+@pytest.mark.parametrize(
+    "hosts,expected",
+    [
+        (["a", "a", "a", "a"], "0:0:4:0:1,1:1:4:0:1,2:2:4:0:1,3:3:4:0:1"),
+        (["a", "a", "b", "b"], "0:0:2:0:2,1:1:2:0:2,2:0:2:1:2,3:1:2:1:2"),
+        (["a", "b", "c", "d"], "0:0:1:0:4,1:0:1:1:4,2:0:1:2:4,3:0:1:3:4"),
+    ],
+)
 def test_topology_follows_emulated_hosts(hosts, expected):
     run_ranks("tests.workers.runtime:topology", 4, hosts=hosts, args=[expected], timeout=90)
 
@@ -67,24 +86,45 @@ def test_autograd(nranks):
 
 
 def _clean_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMI", "SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
-                "HVDTORCH_TIMEOUT": "30"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI", "SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))
+    }
+    env.update(
+        {
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMP_NUM_THREADS": "1",
+            "HVDTORCH_TIMEOUT": "30",
+        }
+    )
     return env
 
 
 def test_torchrun_runs_the_checked_example():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    out = subprocess.run([torchrun, "--nproc_per_node=3", "examples/collectives.py"], cwd=ROOT, env=_clean_env(),
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [torchrun, "--nproc_per_node=3", "examples/collectives.py"],
+        cwd=ROOT,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 ranks, launcher torchrun" in out.stdout and "all results correct" in out.stdout
 
 
 def test_mpirun_runs_the_checked_example_without_extra_environment():
-    out = subprocess.run(["mpirun", "--oversubscribe", "-np", "3", sys.executable, "examples/collectives.py"],
-                         cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["mpirun", "--oversubscribe", "-np", "3", sys.executable, "examples/collectives.py"],
+        cwd=ROOT,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 ranks, launcher openmpi" in out.stdout and "all results correct" in out.stdout
     leftovers = [f for f in os.listdir("/tmp") if f.startswith("hvdtorch-ompi")]
@@ -93,9 +133,9 @@ def test_mpirun_runs_the_checked_example_without_extra_environment():
 
 def test_timeline_is_a_chrome_trace_with_every_phase(tmp_path):
     import json
+
     path = tmp_path / "timeline-{rank}.json"
-    run_ranks("tests.workers.runtime:timeline", 2, args=[str(path)], env={"HVDTORCH_TIMELINE": str(path)},
-              timeout=90)
+    run_ranks("tests.workers.runtime:timeline", 2, args=[str(path)], env={"HVDTORCH_TIMELINE": str(path)}, timeout=90)
     for rank in (0, 1):
         events = json.loads((tmp_path / f"timeline-{rank}.json").read_text())
         names = {e["args"]["name"]: e["pid"] for e in events if e["ph"] == "M"}

@@ -1,4 +1,5 @@
 """Average and scale factors on every path, and exact integer averages."""
+
 import pytest
 
 from tests.harness import run_ranks

@@ -1,5 +1,6 @@
 """Sparse tensors: sparse_allreduce_async, and sparse gradients (nn.Embedding(sparse=True))
 through DistributedOptimizer, all-gathered or densified, equal to single-process training."""
+
 import pytest
 
 from tests.harness import run_ranks
@@ -10,8 +11,10 @@ def test_sparse_allreduce_equals_dense_reference(nranks):
     run_ranks("tests.workers.sparse:check_sparse_allreduce", nranks, timeout=90)
 
 
-@pytest.mark.parametrize("nranks,mode", [(1, "gather"), (2, "gather"), (3, "gather"), (4, "gather"),
-                                         (2, "dense"), (3, "dense"), (3, "gather2")])
+@pytest.mark.parametrize(
+    "nranks,mode",
+    [(1, "gather"), (2, "gather"), (3, "gather"), (4, "gather"), (2, "dense"), (3, "dense"), (3, "gather2")],
+)
 def test_sparse_embedding_training_equals_single_process(nranks, mode):
     run_ranks("tests.workers.sparse:check_embedding_training", nranks, args=[mode], timeout=120)
 

@@ -1,4 +1,5 @@
 """hvd.SyncBatchNorm: N ranks with their shards equal one BatchNorm on the global batch."""
+
 import pytest
 
 from tests.harness import run_ranks

@@ -1,4 +1,5 @@
 """python -m hvdtorch.timeline summarize: checked against the raw events of a real 2-rank trace."""
+
 import json
 import os
 import subprocess
@@ -14,8 +15,13 @@ from tests.harness import ROOT, run_ranks
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline")
-    run_ranks("tests.workers.timeline:train_with_timeline", 2, timeout=120, args=[str(out)],
-              env={"HVDTORCH_TIMELINE": str(out / "trace-{rank}.json")})
+    run_ranks(
+        "tests.workers.timeline:train_with_timeline",
+        2,
+        timeout=120,
+        args=[str(out)],
+        env={"HVDTORCH_TIMELINE": str(out / "trace-{rank}.json")},
+    )
     paths = [str(out / f"trace-{r}.json") for r in range(2)]
     runs = [json.load(open(out / f"run-{r}.json")) for r in range(2)]
     return out, paths, runs
@@ -23,8 +29,14 @@ def traces(tmp_path_factory):
 
 def _cli(*args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "hvdtorch.timeline", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hvdtorch.timeline", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _raw(path):
@@ -43,7 +55,7 @@ def _mask(events, wanted, length):
         if e["ph"] == "B":
             begun[key] = e["ts"]
         else:
-            m[begun.pop(key):e["ts"]] = True
+            m[begun.pop(key) : e["ts"]] = True
     return m
 
 
@@ -51,7 +63,7 @@ def test_summary_matches_the_raw_events(traces):
     out, paths, runs = traces
     p = _cli("summarize", *reversed(paths), "--json", "--plot", str(out / "plot.png"), "--top", "4")
     assert p.returncode == 0, p.stdout + p.stderr
-    summaries = json.loads(p.stdout[:p.stdout.rindex("]") + 1])
+    summaries = json.loads(p.stdout[: p.stdout.rindex("]") + 1])
     assert [s["rank"] for s in summaries] == [0, 1]  # ranks from the file names, whatever the order given
     for s, path, run in zip(summaries, paths, runs):
         events, names = _raw(path)
@@ -85,10 +97,12 @@ def test_summary_matches_the_raw_events(traces):
         for o in ops:
             pid = next(k for k, v in names.items() if v == o["op"])
             start = round(o["start_ms"] * 1e3)
-            assert any(e["ph"] == "B" and e["pid"] == pid and e["name"] == "NEGOTIATE" and e["ts"] == start
-                       for e in events)
-            assert any(e["ph"] == "E" and e["pid"] == pid and e["ts"] == round(start + o["latency_ms"] * 1e3)
-                       for e in events)
+            assert any(
+                e["ph"] == "B" and e["pid"] == pid and e["name"] == "NEGOTIATE" and e["ts"] == start for e in events
+            )
+            assert any(
+                e["ph"] == "E" and e["pid"] == pid and e["ts"] == round(start + o["latency_ms"] * 1e3) for e in events
+            )
         assert s["unmatched"] == 0
     png = (out / "plot.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
@@ -98,17 +112,27 @@ def test_table_output(traces):
     _, paths, _ = traces
     p = _cli("summarize", paths[0])
     assert p.returncode == 0, p.stderr
-    for text in ("rank 0:", "steps: 4 complete", "FORWARD", "BACKWARD", "NEGOTIATE", "ALLREDUCE:", "inside backward",
-                 "slowest ops"):
+    for text in (
+        "rank 0:",
+        "steps: 4 complete",
+        "FORWARD",
+        "BACKWARD",
+        "NEGOTIATE",
+        "ALLREDUCE:",
+        "inside backward",
+        "slowest ops",
+    ):
         assert text in p.stdout
 
 
 def test_cut_trace_and_bad_input(tmp_path):
     cut = tmp_path / "cut.json"
-    cut.write_text('[\n{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "x"}},\n'
-                   '{"name": "QUEUE", "ph": "B", "ts": 10, "pid": 1, "tid": 0},\n'
-                   '{"name": "QUEUE", "ph": "E", "ts": 25, "pid": 1, "tid": 0},\n'
-                   '{"name": "ALLREDUCE:ring", "ph": "B", "ts": 30, "pid": 1, "tid": 0},\n')
+    cut.write_text(
+        '[\n{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "x"}},\n'
+        '{"name": "QUEUE", "ph": "B", "ts": 10, "pid": 1, "tid": 0},\n'
+        '{"name": "QUEUE", "ph": "E", "ts": 25, "pid": 1, "tid": 0},\n'
+        '{"name": "ALLREDUCE:ring", "ph": "B", "ts": 30, "pid": 1, "tid": 0},\n'
+    )
     assert len(load_events(str(cut))) == 4
     (s,) = summarize([str(cut)])
     assert s.unmatched == 1 and s.steps == 0

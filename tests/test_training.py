@@ -1,4 +1,5 @@
 """DistributedModel / DistributedOptimizer: N ranks train exactly like one process on the global batch."""
+
 import pytest
 
 from tests.harness import run_ranks
@@ -6,8 +7,9 @@ from tests.harness import run_ranks
 
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_distributed_model_equals_single_process(nranks):
-    run_ranks("tests.workers.training:check_distributed_model", nranks, timeout=280,
-              args=["all" if nranks != 4 else "quick"])
+    run_ranks(
+        "tests.workers.training:check_distributed_model", nranks, timeout=280, args=["all" if nranks != 4 else "quick"]
+    )
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

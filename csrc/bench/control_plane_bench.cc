@@ -100,7 +100,9 @@ Result run(int n, Path path, int cycles, int uncached_every) {
       };
       Context::LinkFactory same_host;
       if (path == Path::kHier)
-        same_host = [&, r](int peer) { return std::make_unique<CountingLink>(local.link(r, peer), &msgs[r], &bytes[r]); };
+        same_host = [&, r](int peer) {
+          return std::make_unique<CountingLink>(local.link(r, peer), &msgs[r], &bytes[r]);
+        };
       Context ctx(Topology::build(r, hosts), remote, same_host, nullptr, std::chrono::milliseconds(60000));
       ControlPlane plane(ctx);
       ResponseCache cache(kCached);
@@ -159,8 +161,10 @@ Result run(int n, Path path, int cycles, int uncached_every) {
 int main(int argc, char** argv) {
   const int max_ranks = argc > 1 ? std::atoi(argv[1]) : 256;
   const int cycles = argc > 2 ? std::atoi(argv[2]) : 200;
-  std::printf("# control-plane cycle, in-process ranks (threads), %d cached ops, %d pending per cycle, "
-              "hier: %d ranks per host\n", kCached, kPending, kPerHost);
+  std::printf(
+      "# control-plane cycle, in-process ranks (threads), %d cached ops, %d pending per cycle, "
+      "hier: %d ranks per host\n",
+      kCached, kPending, kPerHost);
   std::printf("%-6s %-8s %-10s %12s %14s %12s %22s\n", "ranks", "path", "uncached", "msgs/cycle", "bytes/cycle",
               "cycle us", "p10-p90 us");
   struct Row {

@@ -44,8 +44,9 @@ inline std::vector<RankOutcome> runRanksOutcomes(const std::vector<int>& host_of
       try {
         Context::LinkFactory local;
         if (local_links) local = [&, r](int peer) { return local_links(r, peer); };
-        Context ctx(Topology::build(r, host_of_rank), [&, r](int peer) { return fabric.link(r, peer); },
-                    std::move(local), nullptr, timeout);
+        Context ctx(
+            Topology::build(r, host_of_rank), [&, r](int peer) { return fabric.link(r, peer); }, std::move(local),
+            nullptr, timeout);
         body(ctx);
       } catch (const std::exception& e) {
         out[r].error = std::current_exception();
@@ -73,8 +74,6 @@ inline void runRanks(const std::vector<int>& host_of_rank, const std::function<v
   if (first) std::rethrow_exception(first);
 }
 
-inline void runRanks(int p, const std::function<void(Context&)>& body) {
-  runRanks(std::vector<int>(p, 0), body);
-}
+inline void runRanks(int p, const std::function<void(Context&)>& body) { runRanks(std::vector<int>(p, 0), body); }
 
 }  // namespace hvdtorch::test

@@ -18,8 +18,10 @@ inline double reference(ReduceOp op, int p, size_t i) {
   double acc = valueOf(0, i);
   for (int r = 1; r < p; ++r) {
     const double v = valueOf(r, i);
-    acc = op == ReduceOp::kSum ? acc + v : op == ReduceOp::kMin ? std::min(acc, v)
-        : op == ReduceOp::kMax ? std::max(acc, v) : acc * v;
+    acc = op == ReduceOp::kSum   ? acc + v
+          : op == ReduceOp::kMin ? std::min(acc, v)
+          : op == ReduceOp::kMax ? std::max(acc, v)
+                                 : acc * v;
   }
   return acc;
 }

@@ -31,8 +31,8 @@ void checkReducer(const std::function<std::unique_ptr<Reducer>()>& make, const c
           reducer->allreduce(ctx, buf.data(), count, DataType::kFloat32, op);
           size_t bad = 0;
           for (size_t i = 0; i < count; ++i) bad += buf[i] != reference(op, p, i);
-          CHECK_MSG(bad == 0, "%s p=%d count=%zu op=%s rank=%d: %zu wrong", what, p, count,
-                    reduceOpName(op), ctx.rank(), bad);
+          CHECK_MSG(bad == 0, "%s p=%d count=%zu op=%s rank=%d: %zu wrong", what, p, count, reduceOpName(op),
+                    ctx.rank(), bad);
         });
       }
     }
@@ -101,12 +101,15 @@ TEST(allgatherv_and_broadcast) {
 TEST(dead_peer_raises_not_hangs) {
   // Rank 1 never joins: both other ranks must fail by the deadline, each by
   // itself (a ring rank only knows the neighbour it waited for).
-  const auto outcomes = hvdtorch::test::runRanksOutcomes(std::vector<int>{0, 0, 0}, [](Context& ctx) {
-    if (ctx.rank() == 1) return;
-    RingAllreduce ring;
-    std::vector<float> buf(100, 1.f);
-    ring.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
-  }, std::chrono::milliseconds(300));
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      std::vector<int>{0, 0, 0},
+      [](Context& ctx) {
+        if (ctx.rank() == 1) return;
+        RingAllreduce ring;
+        std::vector<float> buf(100, 1.f);
+        ring.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      },
+      std::chrono::milliseconds(300));
   CHECK(outcomes[1].ok());
   for (int r : {0, 2}) {
     bool collective = false;

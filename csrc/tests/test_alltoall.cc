@@ -79,10 +79,13 @@ TEST(alltoall_over_shared_memory_larger_than_the_ring) {
   cfg.prefix = strCat("/hvdtest-", getpid(), "-a2a");
   cfg.ring_bytes = 4096;  // every block streams through the ring in pieces
   for (int p : {2, 3, 4}) {
-    runRanks(std::vector<int>(p, 0), [&](Context& ctx) {
-      exchangeAndCheck(ctx, uniform(p, 100000), "shm uniform");
-      exchangeAndCheck(ctx, uneven(p), "shm uneven");
-    }, std::chrono::milliseconds(20000), [&](int self, int peer) { return makeShmLink(cfg, self, peer); });
+    runRanks(
+        std::vector<int>(p, 0),
+        [&](Context& ctx) {
+          exchangeAndCheck(ctx, uniform(p, 100000), "shm uniform");
+          exchangeAndCheck(ctx, uneven(p), "shm uneven");
+        },
+        std::chrono::milliseconds(20000), [&](int self, int peer) { return makeShmLink(cfg, self, peer); });
   }
   CHECK(hvdtorch::test::shmEntries(cfg.prefix).empty());
 }
@@ -100,10 +103,13 @@ TEST(alltoall_rejects_inconsistent_own_block_before_sending) {
 TEST(alltoall_missing_peer_raises_not_hangs) {
   bool raised = false;
   try {
-    runRanks(std::vector<int>{0, 0, 0}, [](Context& ctx) {
-      if (ctx.rank() == 2) return;  // never joins
-      exchangeAndCheck(ctx, uniform(3, 64), "missing peer");
-    }, std::chrono::milliseconds(300));
+    runRanks(
+        std::vector<int>{0, 0, 0},
+        [](Context& ctx) {
+          if (ctx.rank() == 2) return;  // never joins
+          exchangeAndCheck(ctx, uniform(3, 64), "missing peer");
+        },
+        std::chrono::milliseconds(300));
   } catch (const CollectiveError&) {
     raised = true;
   }

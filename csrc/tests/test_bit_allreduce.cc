@@ -123,9 +123,10 @@ TEST(hierarchical_crosses_hosts_on_one_rank_per_host) {
   std::vector<std::thread> threads;
   for (int r = 0; r < p; ++r) {
     threads.emplace_back([&, r] {
-      Context ctx(Topology::build(r, hosts),
-                  [&, r](int peer) { return std::make_unique<CountingLink>(remote.link(r, peer), &cross[r]); },
-                  [&, r](int peer) { return local.link(r, peer); }, nullptr, std::chrono::milliseconds(20000));
+      Context ctx(
+          Topology::build(r, hosts),
+          [&, r](int peer) { return std::make_unique<CountingLink>(remote.link(r, peer), &cross[r]); },
+          [&, r](int peer) { return local.link(r, peer); }, nullptr, std::chrono::milliseconds(20000));
       auto v = vectorOf(r, p, 1);
       bitAndAllreduce(ctx, v, ctx.deadline(), BitAllreduceShape::kHierarchical);
       results[r] = v;
@@ -146,11 +147,14 @@ TEST(dead_rank_fails_the_others_by_the_deadline) {
   // p = 5: rank 4 folds into rank 0; ranks 2 and 1 wait on the absent rank 3
   // directly (masks 1 and 2), rank 0 on rank 2, rank 4 on rank 0. Every one
   // of them must fail by the deadline rather than hang.
-  const auto outcomes = hvdtorch::test::runRanksOutcomes(std::vector<int>(5, 0), [](Context& ctx) {
-    if (ctx.rank() == 3) return;  // never takes part
-    std::vector<uint64_t> v(1, ~uint64_t(0));
-    bitAndAllreduce(ctx, v, ctx.deadline(), BitAllreduceShape::kFlat);
-  }, std::chrono::milliseconds(300));
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      std::vector<int>(5, 0),
+      [](Context& ctx) {
+        if (ctx.rank() == 3) return;  // never takes part
+        std::vector<uint64_t> v(1, ~uint64_t(0));
+        bitAndAllreduce(ctx, v, ctx.deadline(), BitAllreduceShape::kFlat);
+      },
+      std::chrono::milliseconds(300));
   CHECK(outcomes[3].ok());
   for (int r : {0, 1, 2, 4}) {
     bool collective = false;

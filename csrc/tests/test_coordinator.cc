@@ -84,8 +84,8 @@ TEST(ready_ops_are_answered_in_order_of_first_arrival) {
   m = quiet(2);
   m[1].uncached = {allreduce("x"), allreduce("y"), allreduce("z")};
   const ResponseList l = f.cycle(m, milliseconds(2));
-  CHECK_MSG(namesOf(l) == (std::vector<std::string>{"z", "y", "x"}), "got %zu responses, first %s",
-            l.responses.size(), l.responses.empty() ? "-" : l.responses[0].name.c_str());
+  CHECK_MSG(namesOf(l) == (std::vector<std::string>{"z", "y", "x"}), "got %zu responses, first %s", l.responses.size(),
+            l.responses.empty() ? "-" : l.responses[0].name.c_str());
 }
 
 TEST(cached_op_ready_only_once_every_rank_set_its_bit) {
@@ -117,8 +117,9 @@ TEST(stall_warns_once_then_times_out_naming_the_missing_ranks) {
   CHECK_MSG(f.warnings.size() == 1, "%zu warnings", f.warnings.size());
   if (f.warnings.size() == 1) {
     const std::string& w = f.warnings[0];
-    CHECK_MSG(contains(w, "allreduce 'late'") && contains(w, "ready on ranks [0, 2]") &&
-                  contains(w, "missing on ranks [1]"), "%s", w.c_str());
+    CHECK_MSG(
+        contains(w, "allreduce 'late'") && contains(w, "ready on ranks [0, 2]") && contains(w, "missing on ranks [1]"),
+        "%s", w.c_str());
   }
   CHECK(f.cycle(quiet(3), milliseconds(4999)).responses.empty());
   CHECK_MSG(f.warnings.size() == 1, "warned again: %zu warnings", f.warnings.size());
@@ -201,8 +202,8 @@ TEST(broadcast_root_outside_the_world_is_an_error) {
     const ResponseList l = f.cycle(m, milliseconds(0));
     CHECK(l.responses.size() == 1);
     if (l.responses.size() == 1)
-      CHECK_MSG(contains(l.responses[0].error, strCat("root rank ", root, " is not in [0, 2)")), "root %d: '%s'",
-                root, l.responses[0].error.c_str());
+      CHECK_MSG(contains(l.responses[0].error, strCat("root rank ", root, " is not in [0, 2)")), "root %d: '%s'", root,
+                l.responses[0].error.c_str());
   }
   Fixture f(2);
   auto m = quiet(2);
@@ -357,8 +358,8 @@ TEST(ops_a_joined_rank_cannot_stand_in_for_are_errors) {
       CHECK_MSG(contains(l.responses[0].error, expected), "%s: '%s'", q.name.c_str(), l.responses[0].error.c_str());
   }
   // Sum, Average and a broadcast from a rank still in are fine.
-  for (const Request& q : {withOp(allreduce("s"), ReduceOp::kSum), withOp(allreduce("av"), ReduceOp::kAverage),
-                           broadcast("b0", 0)}) {
+  for (const Request& q :
+       {withOp(allreduce("s"), ReduceOp::kSum), withOp(allreduce("av"), ReduceOp::kAverage), broadcast("b0", 0)}) {
     Fixture f(2);
     auto m = quiet(2);
     m[0].uncached = {q};

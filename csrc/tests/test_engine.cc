@@ -18,8 +18,8 @@ using hvdtorch::test::Cluster;
 
 namespace {
 
-EntryPtr allreduceEntry(const std::string& name, std::vector<int64_t> shape, float value,
-                        ReduceOp op = ReduceOp::kSum, double postscale = 1.0) {
+EntryPtr allreduceEntry(const std::string& name, std::vector<int64_t> shape, float value, ReduceOp op = ReduceOp::kSum,
+                        double postscale = 1.0) {
   auto e = std::make_shared<Entry>();
   e->request.type = OpType::kAllreduce;
   e->request.name = name;
@@ -63,7 +63,9 @@ EntryPtr entryOf(const std::string& name, const Spec& s) {
   std::memset(t->data(), 0, t->bytes());
   e->inputs = {t};
   if (s.type == OpType::kAllgather) {
-    e->allocate = [](DataType dt, const std::vector<int64_t>& shape) { return std::make_shared<HostTensor>(dt, shape); };
+    e->allocate = [](DataType dt, const std::vector<int64_t>& shape) {
+      return std::make_shared<HostTensor>(dt, shape);
+    };
   } else {
     e->outputs = {t};
   }
@@ -381,9 +383,11 @@ TEST(every_mismatch_fails_on_every_rank_naming_both_sides) {
   add("shape [4] vs [5]", [](Spec& s) { s.shape = {5}; }, "float32 [4]", "float32 [5]");
   add("reduce op Sum vs Max", [](Spec& s) { s.op = ReduceOp::kMax; }, "Sum", "Max");
   add("reduce op Sum vs Average", [](Spec& s) { s.op = ReduceOp::kAverage; }, "Sum", "Average");
-  add("scale factors (prescale 1, postscale 1) vs (prescale 2, postscale 1)", [](Spec& s) { s.prescale = 2; },
+  add(
+      "scale factors (prescale 1, postscale 1) vs (prescale 2, postscale 1)", [](Spec& s) { s.prescale = 2; },
       "ranks [0]", "ranks [1]");
-  add("scale factors (prescale 1, postscale 1) vs (prescale 1, postscale 0.5)", [](Spec& s) { s.postscale = 0.5; },
+  add(
+      "scale factors (prescale 1, postscale 1) vs (prescale 1, postscale 0.5)", [](Spec& s) { s.postscale = 0.5; },
       "ranks [0]", "ranks [1]");
   add("reducer auto vs ring", [](Spec& s) { s.reducer = parseReducer("ring"); }, "ranks [0]", "ranks [1]");
   add("fusion on vs off", [](Spec& s) { s.fuse = false; }, "ranks [0]", "ranks [1]");

@@ -82,8 +82,8 @@ TEST(broken_data_plane_fails_the_op_and_every_later_submit_with_the_reason) {
               later[r].c_str());
   }
   // A rank's own failure names the rank.
-  CHECK_MSG(contains(first[0], "rank 0: allreduce 'doomed' failed") || contains(first[0], "stopped because rank"),
-            "%s", first[0].c_str());
+  CHECK_MSG(contains(first[0], "rank 0: allreduce 'doomed' failed") || contains(first[0], "stopped because rank"), "%s",
+            first[0].c_str());
 }
 
 HVD_TEST_MAIN()

@@ -31,9 +31,7 @@ ReadyOp op(const std::string& name, int64_t n, ReduceOp rop = ReduceOp::kSum) {
 
 ReduceArgs& argsOf(Request& q) { return std::get<ReduceArgs>(q.args); }
 
-std::vector<WorkUnit> plan(std::vector<ReadyOp> ready, size_t threshold) {
-  return planWork(ready, threshold);
-}
+std::vector<WorkUnit> plan(std::vector<ReadyOp> ready, size_t threshold) { return planWork(ready, threshold); }
 
 // Unit sizes, in pieces.
 std::vector<size_t> shape(const std::vector<WorkUnit>& units) {

@@ -145,11 +145,11 @@ TEST(malformed_frames_throw_collective_error) {
 
   // The op-type byte of the first request: 6 is past the last op.
   ByteWriter w;
-  w.put<uint8_t>(0);        // shutdown
-  w.putString("");          // failure
+  w.put<uint8_t>(0);  // shutdown
+  w.putString("");    // failure
   w.putVector(std::vector<uint64_t>{});
-  w.put<uint32_t>(1);       // one request
-  w.put<uint8_t>(6);        // op type
+  w.put<uint32_t>(1);  // one request
+  w.put<uint8_t>(6);   // op type
   CHECK_THROWS(RankMessage::parse(w.bytes()), CollectiveError);
 
   // A vector claiming 2^32 - 1 elements must not allocate them.
@@ -197,7 +197,8 @@ TEST(coordinator_plans_payload_ops) {
     odd[r].uncached = {a};
   }
   const ResponseList lo = coord.process(odd, cache, Coordinator::Clock::now());
-  CHECK(lo.responses.size() == 1 && lo.responses[0].error.find("rank 1 submitted splits [5, 1, 0]") != std::string::npos);
+  CHECK(lo.responses.size() == 1 &&
+        lo.responses[0].error.find("rank 1 submitted splits [5, 1, 0]") != std::string::npos);
 }
 
 TEST(process_set_is_part_of_the_signature) {

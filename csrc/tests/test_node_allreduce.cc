@@ -17,10 +17,10 @@
 #include "algorithms/node_allreduce.h"
 #include "algorithms/reduce_kernels.h"
 #include "check.h"
-#include "reference.h"
-#include "shm_entries.h"
 #include "common/error.h"
 #include "ranks.h"
+#include "reference.h"
+#include "shm_entries.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::runRanks;
@@ -61,8 +61,7 @@ double get(DataType t, const void* buf, size_t i) {
 }
 
 // One all-reduce with `reducer`, checked element by element.
-void reduceAndCheck(NodeAllreduce& reducer, Context& ctx, size_t count, DataType dtype, ReduceOp op,
-                    const char* what) {
+void reduceAndCheck(NodeAllreduce& reducer, Context& ctx, size_t count, DataType dtype, ReduceOp op, const char* what) {
   std::vector<char> buf(count * dtypeSize(dtype) + 1);
   for (size_t i = 0; i < count; ++i) put(dtype, buf.data(), i, valueOf(ctx.rank(), i));
   reducer.allreduce(ctx, buf.data(), count, dtype, op);
@@ -70,8 +69,8 @@ void reduceAndCheck(NodeAllreduce& reducer, Context& ctx, size_t count, DataType
   for (size_t i = 0; i < count; ++i) {
     if (get(dtype, buf.data(), i) != reference(op, ctx.size(), i) && bad++ == 0) first_bad = i;
   }
-  CHECK_MSG(bad == 0, "%s size=%d count=%zu %s %s rank=%d: %zu wrong, first at %zu (%g, want %g)", what,
-            ctx.size(), count, dtypeName(dtype), reduceOpName(op), ctx.rank(), bad, first_bad,
+  CHECK_MSG(bad == 0, "%s size=%d count=%zu %s %s rank=%d: %zu wrong, first at %zu (%g, want %g)", what, ctx.size(),
+            count, dtypeName(dtype), reduceOpName(op), ctx.rank(), bad, first_bad,
             bad ? get(dtype, buf.data(), first_bad) : 0.0, bad ? reference(op, ctx.size(), first_bad) : 0.0);
 }
 
@@ -102,10 +101,10 @@ const std::vector<std::vector<int>> kLayouts = {
 
 TEST(node_matches_reference) {
   const std::vector<Case> cases = {
-      {DataType::kFloat32, ReduceOp::kSum},  {DataType::kFloat32, ReduceOp::kMax},
-      {DataType::kFloat32, ReduceOp::kMin},  {DataType::kFloat32, ReduceOp::kProduct},
-      {DataType::kFloat64, ReduceOp::kSum},  {DataType::kInt32, ReduceOp::kSum},
-      {DataType::kInt32, ReduceOp::kMax},    {DataType::kBFloat16, ReduceOp::kSum},
+      {DataType::kFloat32, ReduceOp::kSum}, {DataType::kFloat32, ReduceOp::kMax},
+      {DataType::kFloat32, ReduceOp::kMin}, {DataType::kFloat32, ReduceOp::kProduct},
+      {DataType::kFloat64, ReduceOp::kSum}, {DataType::kInt32, ReduceOp::kSum},
+      {DataType::kInt32, ReduceOp::kMax},   {DataType::kBFloat16, ReduceOp::kSum},
   };
   // A 256-byte slot: 64 float32 per chunk, so 1001 and 7001 take many chunks.
   for (const auto& hosts : kLayouts) {
@@ -154,12 +153,15 @@ TEST(node_arena_reused_across_many_calls) {
 TEST(node_missing_rank_times_out_naming_it) {
   // Rank 1 never joins: ranks 0 and 2 each time out by themselves, naming it.
   const NodeOptions o = options(256);
-  const auto outcomes = hvdtorch::test::runRanksOutcomes(std::vector<int>{0, 0, 0}, [&](Context& ctx) {
-    if (ctx.rank() == 1) return;  // never joins
-    NodeAllreduce reducer(o);
-    std::vector<float> buf(100, 1.f);
-    reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
-  }, milliseconds(300));
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      std::vector<int>{0, 0, 0},
+      [&](Context& ctx) {
+        if (ctx.rank() == 1) return;  // never joins
+        NodeAllreduce reducer(o);
+        std::vector<float> buf(100, 1.f);
+        reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      },
+      milliseconds(300));
   CHECK(outcomes[1].ok());
   for (int r : {0, 2}) {
     bool timed_out = false;
@@ -181,13 +183,16 @@ TEST(node_rank_leaving_fails_peers_fast) {
   const auto t0 = Clock::now();
   const NodeOptions o = options(256);
   const milliseconds deadline(20000);
-  const auto outcomes = hvdtorch::test::runRanksOutcomes(std::vector<int>{0, 0, 0}, [&](Context& ctx) {
-    NodeAllreduce reducer(o);
-    std::vector<float> buf(1000, 1.f);
-    reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
-    if (ctx.rank() == 2) return;  // leaves: its arena mapping goes away
-    reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
-  }, deadline);
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      std::vector<int>{0, 0, 0},
+      [&](Context& ctx) {
+        NodeAllreduce reducer(o);
+        std::vector<float> buf(1000, 1.f);
+        reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        if (ctx.rank() == 2) return;  // leaves: its arena mapping goes away
+        reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      },
+      deadline);
   CHECK(outcomes[2].ok());
   for (int r : {0, 1}) {
     bool collective_not_timeout = false;
@@ -258,8 +263,8 @@ TEST(node_between_processes_and_killed_peer) {
   }
   const long ms = static_cast<long>(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count());
   CHECK(!timeout);
-  CHECK_MSG(what.find(strCat("peer rank 1 (local rank 1, pid ", child, ") died")) != std::string::npos,
-            "message: %s", what.c_str());
+  CHECK_MSG(what.find(strCat("peer rank 1 (local rank 1, pid ", child, ") died")) != std::string::npos, "message: %s",
+            what.c_str());
   // A death is noticed by the liveness probe, an order of magnitude before the deadline.
   CHECK_MSG(ms < deadline.count() / 10, "detected after %ld ms (deadline %ld ms)", ms, long(deadline.count()));
   // The reducer refuses to go on out of step.

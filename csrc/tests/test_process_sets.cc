@@ -129,7 +129,9 @@ TEST(broadcast_root_is_a_global_rank_and_allgather_spans_the_set) {
     ops::AllgatherOptions go;
     go.name = "ag";
     go.inputs = {floats(std::vector<float>(r == 1 ? 1 : 2, float(r)))};
-    go.allocate = [](DataType dt, const std::vector<int64_t>& shape) { return std::make_shared<HostTensor>(dt, shape); };
+    go.allocate = [](DataType dt, const std::vector<int64_t>& shape) {
+      return std::make_shared<HostTensor>(dt, shape);
+    };
     go.process_set_id = s;
     const int64_t h = ops::allgather(eng, std::move(go));
     auto st = eng.state(h);

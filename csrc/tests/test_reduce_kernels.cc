@@ -10,8 +10,15 @@
 using namespace hvdtorch;
 
 TEST(half_roundtrip_exact_values) {
-  const float values[] = {0.f, -0.f, 1.f, -2.5f, 65504.f, 6.103515625e-05f /*min normal*/,
-                          5.960464477539063e-08f /*min subnormal*/, 1024.f, 0.333251953125f};
+  const float values[] = {0.f,
+                          -0.f,
+                          1.f,
+                          -2.5f,
+                          65504.f,
+                          6.103515625e-05f /*min normal*/,
+                          5.960464477539063e-08f /*min subnormal*/,
+                          1024.f,
+                          0.333251953125f};
   for (float v : values) CHECK_MSG(halfToFloat(floatToHalf(v)) == v, "value %g", v);
   CHECK(std::isinf(halfToFloat(floatToHalf(1e6f))));
   CHECK(std::isnan(halfToFloat(floatToHalf(std::nanf("")))));
@@ -47,7 +54,7 @@ void checkTyped(DataType dt) {
     std::vector<T> d = a;
     reduceInto(d.data(), b.data(), n, dt, op);
     for (size_t i = 0; i < n; ++i) {
-      T want = op == ReduceOp::kSum ? static_cast<T>(a[i] + b[i])
+      T want = op == ReduceOp::kSum   ? static_cast<T>(a[i] + b[i])
                : op == ReduceOp::kMin ? std::min(a[i], b[i])
                : op == ReduceOp::kMax ? std::max(a[i], b[i])
                                       : static_cast<T>(a[i] * b[i]);

@@ -52,12 +52,12 @@ double get(DataType t, const void* buf, size_t i) {
 // Block sizes per rank worth testing for world size p.
 std::vector<std::vector<size_t>> countPatterns(int p) {
   std::vector<std::vector<size_t>> out;
-  out.push_back(std::vector<size_t>(p, 0));     // nothing at all
+  out.push_back(std::vector<size_t>(p, 0));  // nothing at all
   out.push_back(std::vector<size_t>(p, 1));
-  std::vector<size_t> uneven(p);                // Horovod's split of 7 rows: first 7 % p get one more
+  std::vector<size_t> uneven(p);  // Horovod's split of 7 rows: first 7 % p get one more
   for (int r = 0; r < p; ++r) uneven[r] = 7 / p + (r < 7 % p ? 1 : 0);
   out.push_back(uneven);
-  std::vector<size_t> ragged(p);                // zeros in the middle, one large block
+  std::vector<size_t> ragged(p);  // zeros in the middle, one large block
   for (int r = 0; r < p; ++r) ragged[r] = r % 2 ? 0 : static_cast<size_t>(1 + r * 300);
   ragged[p - 1] = 5003;
   out.push_back(ragged);
@@ -77,8 +77,8 @@ void reduceScatterAndCheck(Context& ctx, const std::function<void(void*, const s
   size_t bad = 0;
   for (size_t i = 0; i < counts[ctx.rank()]; ++i)
     bad += get(dtype, buf.data(), at + i) != reference(op, ctx.size(), at + i);
-  CHECK_MSG(bad == 0, "%s p=%d rank=%d %s %s block of %zu: %zu wrong", what, ctx.size(), ctx.rank(),
-            dtypeName(dtype), reduceOpName(op), counts[ctx.rank()], bad);
+  CHECK_MSG(bad == 0, "%s p=%d rank=%d %s %s block of %zu: %zu wrong", what, ctx.size(), ctx.rank(), dtypeName(dtype),
+            reduceOpName(op), counts[ctx.rank()], bad);
 }
 
 struct Case {
@@ -99,9 +99,9 @@ TEST(ring_reduce_scatter_uneven_blocks) {
         RingAllreduce ring(RingOptions{256, 2});  // 64-float segments: large blocks take many
         CHECK(ring.hasReduceScatter(ctx));
         for (const Case& c : kCases)
-          reduceScatterAndCheck(ctx, [&](void* d, const std::vector<size_t>& n) {
-            ring.reduceScatter(ctx, d, n, c.dtype, c.op);
-          }, counts, c.dtype, c.op, "ring");
+          reduceScatterAndCheck(
+              ctx, [&](void* d, const std::vector<size_t>& n) { ring.reduceScatter(ctx, d, n, c.dtype, c.op); }, counts,
+              c.dtype, c.op, "ring");
       });
     }
   }
@@ -111,9 +111,12 @@ TEST(ring_allreduce_still_matches_after_reduce_scatter_on_same_links) {
   runRanks(3, [](Context& ctx) {
     RingAllreduce ring(RingOptions{64, 3});
     for (int k = 0; k < 3; ++k) {
-      reduceScatterAndCheck(ctx, [&](void* d, const std::vector<size_t>& n) {
-        ring.reduceScatter(ctx, d, n, DataType::kFloat32, ReduceOp::kSum);
-      }, {5, 0, 301}, DataType::kFloat32, ReduceOp::kSum, "ring interleaved");
+      reduceScatterAndCheck(
+          ctx,
+          [&](void* d, const std::vector<size_t>& n) {
+            ring.reduceScatter(ctx, d, n, DataType::kFloat32, ReduceOp::kSum);
+          },
+          {5, 0, 301}, DataType::kFloat32, ReduceOp::kSum, "ring interleaved");
       std::vector<float> buf(1001);
       for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(valueOf(ctx.rank(), i));
       ring.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
@@ -147,17 +150,20 @@ TEST(node_reduce_scatter_on_one_host) {
         NodeAllreduce node(o);
         CHECK(node.hasReduceScatter(ctx));
         for (const Case& c : kCases)
-          reduceScatterAndCheck(ctx, [&](void* d, const std::vector<size_t>& n) {
-            node.reduceScatter(ctx, d, n, c.dtype, c.op);
-          }, counts, c.dtype, c.op, "node");
+          reduceScatterAndCheck(
+              ctx, [&](void* d, const std::vector<size_t>& n) { node.reduceScatter(ctx, d, n, c.dtype, c.op); }, counts,
+              c.dtype, c.op, "node");
         // The same arena goes on serving all-reduces, and reduce-scatters after them.
         std::vector<float> buf(999);
         for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(valueOf(ctx.rank(), i));
         node.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
         for (size_t i = 0; i < buf.size(); ++i) CHECK(buf[i] == reference(ReduceOp::kSum, p, i));
-        reduceScatterAndCheck(ctx, [&](void* d, const std::vector<size_t>& n) {
-          node.reduceScatter(ctx, d, n, DataType::kFloat32, ReduceOp::kSum);
-        }, counts, DataType::kFloat32, ReduceOp::kSum, "node after allreduce");
+        reduceScatterAndCheck(
+            ctx,
+            [&](void* d, const std::vector<size_t>& n) {
+              node.reduceScatter(ctx, d, n, DataType::kFloat32, ReduceOp::kSum);
+            },
+            counts, DataType::kFloat32, ReduceOp::kSum, "node after allreduce");
       });
       CHECK(hvdtorch::test::shmEntries(o.shm_prefix).empty());
     }
@@ -188,9 +194,12 @@ TEST(reducer_set_picks_a_reduce_scatter) {
         Reducer& r = set.reduceScatterer(ctx, 1 << 20, DataType::kFloat32, ReduceOp::kSum);
         const bool one_host = ctx.topo().num_hosts == 1;
         CHECK(std::string(r.name()) == (shm && one_host ? "node" : "ring"));
-        reduceScatterAndCheck(ctx, [&](void* d, const std::vector<size_t>& n) {
-          r.reduceScatter(ctx, d, n, DataType::kFloat32, ReduceOp::kSum);
-        }, {3, 0, 10}, DataType::kFloat32, ReduceOp::kSum, "reducer set");
+        reduceScatterAndCheck(
+            ctx,
+            [&](void* d, const std::vector<size_t>& n) {
+              r.reduceScatter(ctx, d, n, DataType::kFloat32, ReduceOp::kSum);
+            },
+            {3, 0, 10}, DataType::kFloat32, ReduceOp::kSum, "reducer set");
       });
     }
   }

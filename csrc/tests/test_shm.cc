@@ -17,9 +17,9 @@
 
 #include "algorithms/ring_allreduce.h"
 #include "check.h"
-#include "shm_entries.h"
 #include "common/error.h"
 #include "ranks.h"
+#include "shm_entries.h"
 #include "transport/shm_link.h"
 #include "transport/shm_segment.h"
 
@@ -100,7 +100,7 @@ TEST(segment_unlinked_once_all_attached) {
   CHECK(exists(name));  // party 2 has not come yet
   CHECK(!a.allAttached());
   ShmSegment c = ShmSegment::open(name, 1000, 3, 2, 2, 0, Deadline::after(milliseconds(1000)));
-  CHECK(!exists(name));  // the last registration removed the name...
+  CHECK(!exists(name));                          // the last registration removed the name...
   CHECK(static_cast<char*>(c.data())[5] == 42);  // ...and the memory is shared
   CHECK(a.allAttached() && c.allAttached());
   CHECK(a.peer(1) == ShmSegment::Peer::kAlive && a.pidOf(2) == getpid());
@@ -392,8 +392,8 @@ TEST(ring_allreduce_over_shm_links) {
   // other; with messages far above the ring size this deadlocks unless sends
   // progress by themselves. Mixed layouts put shm and remote hops in one ring.
   int run = 0;
-  for (const std::vector<int>& hosts : {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 0, 1, 1},
-                                        std::vector<int>{0, 0, 0}}) {
+  for (const std::vector<int>& hosts :
+       {std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 0}}) {
     const auto cfg = config(strCat("ring-", run++), 16 << 10);
     const size_t count = 300001;  // ~300 KiB per chunk: 4-5x the shm ring
     runRanks(
@@ -499,8 +499,8 @@ TEST(link_peer_killed_is_detected) {
     killer.join();
     const long ms = msSince(t0);
     CHECK(!timeout);
-    CHECK_MSG(what.find(strCat("rank 0: peer rank 1 (pid ", child, ") died")) != std::string::npos,
-              "message: %s", what.c_str());
+    CHECK_MSG(what.find(strCat("rank 0: peer rank 1 (pid ", child, ") died")) != std::string::npos, "message: %s",
+              what.c_str());
     CHECK_MSG(ms < 200 + deadline.count() / 10, "detected after %ld ms (kill at 200 ms)", ms);
     // The pending send is owed to a dead peer: waiting on it and closing the
     // link must not hang (the send may count as buffered, or fail).

@@ -1,5 +1,7 @@
 // Timeline: files are valid Chrome traces whether opened at construction or
 // started and stopped at run time while other threads write events.
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -7,8 +9,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include "check.h"
 #include "common/error.h"
@@ -70,7 +70,7 @@ TEST(start_stop_at_run_time) {
   CHECK(t.enabled());
   t.begin("grad.w", "NEGOTIATE");
   t.end("grad.w", "NEGOTIATE");
-  t.markCycle();  // not asked for: nothing written
+  t.markCycle();        // not asked for: nothing written
   t.start(b, 0, true);  // switches files, closing the first
   t.markCycle();
   t.begin("grad.b", "QUEUE");

@@ -96,8 +96,8 @@ bool C10dNative::supports(DataType dtype, ReduceOp op) const {
 }
 
 void C10dNative::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  std::vector<at::Tensor> t{at::from_blob(data, {static_cast<int64_t>(count)},
-                                          at::TensorOptions().dtype(toScalarType(dtype)))};
+  std::vector<at::Tensor> t{
+      at::from_blob(data, {static_cast<int64_t>(count)}, at::TensorOptions().dtype(toScalarType(dtype)))};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toC10dOp(op);
   waitOrThrow(pg_->allreduce(t, opts), "allreduce");

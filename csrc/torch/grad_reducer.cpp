@@ -18,8 +18,8 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
   if (opts_.backward_passes_per_step < 1)
     throw InvalidArgument(strCat("backward_passes_per_step must be >= 1, got ", opts_.backward_passes_per_step));
   if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum && opts_.op != ReduceOp::kAdasum)
-    throw InvalidArgument(strCat(opts_.name, ": gradients are reduced with Average, Sum or Adasum, not ",
-                                 reduceOpName(opts_.op)));
+    throw InvalidArgument(
+        strCat(opts_.name, ": gradients are reduced with Average, Sum or Adasum, not ", reduceOpName(opts_.op)));
   allreduce_.op = opts_.op;
   allreduce_.prescale = opts_.prescale;
   allreduce_.postscale = opts_.postscale;
@@ -81,8 +81,7 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     for (int64_t idx : members) {
       if (idx < 0 || idx >= static_cast<int64_t>(params_.size()) || seen[idx])
         throw InvalidArgument(strCat(opts_.name, ": bad bucket layout (parameter ", idx, ")"));
-      if (params_[idx].scalar_type() != dtype)
-        throw InvalidArgument(strCat(opts_.name, ": a bucket mixes dtypes"));
+      if (params_[idx].scalar_type() != dtype) throw InvalidArgument(strCat(opts_.name, ": a bucket mixes dtypes"));
       seen[idx] = true;
       bucket_of[idx] = next.size();
       slot_of[idx] = b.params.size();

@@ -46,14 +46,14 @@ using AccumulatorPtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::autograd::Variable&>()));
 
 struct GradReducerOptions {
-  std::string name;            // unique per model, same on every rank
-  std::string reducer;         // as ops::AllreduceOptions::reducer
+  std::string name;                  // unique per model, same on every rank
+  std::string reducer;               // as ops::AllreduceOptions::reducer
   ReduceOp op = ReduceOp::kAverage;  // Average or Sum
   double prescale = 1.0;
-  double postscale = 1.0;      // the user's; Average divides by the size on top
+  double postscale = 1.0;  // the user's; Average divides by the size on top
   bool pipeline = true;
   bool sync_on_backward = true;
-  bool fuse = true;            // let the engine fuse buckets ready together
+  bool fuse = true;  // let the engine fuse buckets ready together
   int backward_passes_per_step = 1;
   int32_t process_set_id = 0;  // the set whose members average these gradients
   // Dtype of the buckets for floating-point params (fp16 compression);
@@ -83,11 +83,11 @@ class GradientReducer {
 
  private:
   struct Bucket {
-    at::Tensor flat;                  // persistent storage of the bucket
-    std::vector<int64_t> params;      // indices into params_
-    std::vector<int64_t> offsets;     // element offset of each param in flat
-    bool views = false;               // grads are views into flat
-    int pending = 0;                  // params not ready yet this pass
+    at::Tensor flat;               // persistent storage of the bucket
+    std::vector<int64_t> params;   // indices into params_
+    std::vector<int64_t> offsets;  // element offset of each param in flat
+    bool views = false;            // grads are views into flat
+    int pending = 0;               // params not ready yet this pass
     bool launched = false;
     std::shared_ptr<OpState> state;
   };
@@ -107,14 +107,14 @@ class GradientReducer {
   int set_size_ = 1;  // ranks that average these gradients (the process set's size)
   std::vector<at::Tensor> params_;
   GradReducerOptions opts_;
-  ops::AllreduceOptions allreduce_;   // what every bucket launch asks for, less name and tensors
+  ops::AllreduceOptions allreduce_;  // what every bucket launch asks for, less name and tensors
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;     // param index -> bucket
-  std::vector<size_t> slot_of_;       // param index -> position in its bucket
+  std::vector<size_t> bucket_of_;  // param index -> bucket
+  std::vector<size_t> slot_of_;    // param index -> position in its bucket
   std::vector<bool> ready_;
   std::vector<int64_t> ready_order_;
   bool recorded_order_ = false;
-  int generation_ = 0;                // layout version, part of bucket names
+  int generation_ = 0;  // layout version, part of bucket names
 
   std::mutex mu_;
   bool pass_active_ = false;

@@ -12,17 +12,17 @@
 #include "c10d_link.h"
 #include "common/error.h"
 #include "config/config.h"
-#include "grad_reducer.h"
-#include "python_errors.h"
 #include "engine/engine.h"
+#include "grad_reducer.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
 #include "ops/alltoall.h"
 #include "ops/barrier.h"
-#include "ops/join.h"
 #include "ops/broadcast.h"
+#include "ops/join.h"
 #include "ops/op_common.h"
 #include "ops/reducescatter.h"
+#include "python_errors.h"
 #include "torch_tensor.h"
 
 namespace py = pybind11;
@@ -36,8 +36,8 @@ TensorPtr wrap(const at::Tensor& t, const char* op, const std::string& name, int
   const std::string w = strCat("rank ", rank, ": ", op, " '", name, "'");
   if (t.is_sparse()) throw InvalidArgument(strCat(w, ": sparse tensors are not supported; densify them first"));
   if (!t.device().is_cpu())
-    throw InvalidArgument(strCat(w, ": tensor is on ", t.device().str(),
-                                 ", but this hvdtorch build serves CPU tensors only"));
+    throw InvalidArgument(
+        strCat(w, ": tensor is on ", t.device().str(), ", but this hvdtorch build serves CPU tensors only"));
   if (!t.is_contiguous()) throw InvalidArgument(strCat(w, ": tensor must be contiguous"));
   return std::make_shared<TorchTensor>(t, toDataType(t.scalar_type(), w));
 }
@@ -235,11 +235,11 @@ class PyEngine {
 };
 
 std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
-                                                     std::vector<std::vector<int64_t>> buckets,
-                                                     const std::string& name, const std::string& reducer, int op,
-                                                     double prescale, double postscale, bool pipeline,
-                                                     bool sync_on_backward, bool fuse, int backward_passes_per_step,
-                                                     bool fp16_wire, int32_t process_set_id) {
+                                                     std::vector<std::vector<int64_t>> buckets, const std::string& name,
+                                                     const std::string& reducer, int op, double prescale,
+                                                     double postscale, bool pipeline, bool sync_on_backward, bool fuse,
+                                                     int backward_passes_per_step, bool fp16_wire,
+                                                     int32_t process_set_id) {
   GradReducerOptions o;
   o.process_set_id = process_set_id;
   o.name = name;
@@ -303,10 +303,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("cost_model", &PyEngine::costModel);
 
   py::class_<GradientReducer>(m, "GradientReducer")
-      .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"),
-           py::arg("name"), py::arg("reducer"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
-           py::arg("pipeline"), py::arg("sync_on_backward"), py::arg("fuse"), py::arg("backward_passes_per_step"),
-           py::arg("fp16_wire"), py::arg("process_set_id") = 0)
+      .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),
+           py::arg("reducer"), py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("pipeline"),
+           py::arg("sync_on_backward"), py::arg("fuse"), py::arg("backward_passes_per_step"), py::arg("fp16_wire"),
+           py::arg("process_set_id") = 0)
       .def("rebuild", &GradientReducer::rebuild)
       .def("ready_order", &GradientReducer::readyOrder)
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
@@ -332,10 +332,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so
   // that a trace shows how communication overlaps compute). No-ops while no timeline is written.
   m.def("timeline_enabled", [](PyEngine& e) { return e.engine()->timeline().enabled(); });
-  m.def("timeline_begin", [](PyEngine& e, const std::string& op, const std::string& phase) {
-    e.engine()->timeline().begin(op, phase);
-  });
-  m.def("timeline_end", [](PyEngine& e, const std::string& op, const std::string& phase) {
-    e.engine()->timeline().end(op, phase);
-  });
+  m.def("timeline_begin",
+        [](PyEngine& e, const std::string& op, const std::string& phase) { e.engine()->timeline().begin(op, phase); });
+  m.def("timeline_end",
+        [](PyEngine& e, const std::string& op, const std::string& phase) { e.engine()->timeline().end(op, phase); });
 }

@@ -6,10 +6,10 @@ resolving to hvdtorch, and checks the numbers it prints).
 
     torchrun --nproc_per_node=3 examples/horovod/train_horovod.py
 """
-import torch
-import torch.nn.functional as F
 
 import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
 
 evens = hvd.ProcessSet([0, 2])
 hvd.init(process_sets=[evens])

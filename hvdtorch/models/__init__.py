@@ -1,4 +1,5 @@
 """Models used by the examples and benchmarks (defined here: nothing is downloaded)."""
+
 from .fc_heavy import FCHeavyNet
 from .googlenet import GoogLeNet
 

@@ -5,6 +5,7 @@ pool. ``stem="imagenet"`` is the paper's 7x7/2 stem with two pools (for
 inputs of 64 px and up); ``stem="small"`` is a 3x3/1 stem without pools, for
 32 px inputs. About 7.0 M parameters with 1000 classes (6.0 M with 25).
 """
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -12,8 +13,11 @@ import torch.nn.functional as F
 
 class ConvBN(nn.Sequential):
     def __init__(self, cin, cout, kernel, stride=1):
-        super().__init__(nn.Conv2d(cin, cout, kernel, stride, padding=kernel // 2, bias=False),
-                         nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+        super().__init__(
+            nn.Conv2d(cin, cout, kernel, stride, padding=kernel // 2, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+        )
 
 
 class Inception(nn.Module):
@@ -35,8 +39,9 @@ class GoogLeNet(nn.Module):
     def __init__(self, num_classes: int = 1000, stem: str = "imagenet", dropout: float = 0.4):
         super().__init__()
         if stem == "imagenet":
-            self.stem = nn.Sequential(ConvBN(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1), ConvBN(64, 64, 1),
-                                      ConvBN(64, 192, 3), nn.MaxPool2d(3, 2, 1))
+            self.stem = nn.Sequential(
+                ConvBN(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1), ConvBN(64, 64, 1), ConvBN(64, 192, 3), nn.MaxPool2d(3, 2, 1)
+            )
         elif stem == "small":
             self.stem = ConvBN(3, 192, 3)
         else:

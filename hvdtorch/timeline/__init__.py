@@ -15,6 +15,7 @@ The file is the same Chrome trace HVDTORCH_TIMELINE writes from init() on
 stop_timeline() finishes the file and is a no-op when nothing is recorded.
 Unlike Horovod, no environment variable has to be set beforehand.
 """
+
 from .. import runtime
 
 

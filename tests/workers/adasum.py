@@ -2,6 +2,7 @@
 reference written here: the pairwise rule applied up the tree of ranks
 (ranks past the largest power of two folded into rank r - p' first, then
 levels 1, 2, 4, ... with the lower ranks on the left), in float64."""
+
 import torch
 
 import hvdtorch as hvd
@@ -39,13 +40,21 @@ def gradient_of(rank: int, shape, case: int, dtype=torch.float64) -> torch.Tenso
 def values():
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    for case, (shape, dtype, tol) in enumerate([((17,), torch.float64, 1e-12), ((5, 3), torch.float32, 1e-5),
-                                                ((1,), torch.float64, 1e-12), ((0,), torch.float32, 0),
-                                                ((64,), torch.bfloat16, 3e-2)]):
+    for case, (shape, dtype, tol) in enumerate(
+        [
+            ((17,), torch.float64, 1e-12),
+            ((5, 3), torch.float32, 1e-5),
+            ((1,), torch.float64, 1e-12),
+            ((0,), torch.float32, 0),
+            ((64,), torch.bfloat16, 3e-2),
+        ]
+    ):
         inputs = [gradient_of(k, shape, case, dtype) for k in range(n)]
         want = reference(inputs).to(dtype)
-        for how, call in [("op=Adasum", lambda: hvd.allreduce(inputs[r], op=hvd.Adasum, name=f"a{case}")),
-                          ("reducer=adasum", lambda: hvd.allreduce(inputs[r], reducer="adasum", name=f"b{case}"))]:
+        for how, call in [
+            ("op=Adasum", lambda: hvd.allreduce(inputs[r], op=hvd.Adasum, name=f"a{case}")),
+            ("reducer=adasum", lambda: hvd.allreduce(inputs[r], reducer="adasum", name=f"b{case}")),
+        ]:
             got = call()
             torch.testing.assert_close(got, want, atol=tol, rtol=tol, msg=lambda m: f"{how} {dtype} {shape}: {m}")
     # A group: Adasum per tensor, never over the tensors fused together.
@@ -65,14 +74,30 @@ def values():
 def errors():
     hvd.init()
     r = hvd.rank()
-    _expect(ValueError, [f"rank {r}: allreduce", "no reducer serves Adasum on int64"],
-            lambda: hvd.allreduce(torch.ones(3, dtype=torch.int64), op=hvd.Adasum), r)
-    _expect(ValueError, [f"rank {r}: allreduce", "reducer ring does not serve Adasum on float32"],
-            lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum, reducer="ring"), r)
-    _expect(ValueError, [f"rank {r}: allreduce", "reducer adasum does not serve Adasum on int32"],
-            lambda: hvd.allreduce(torch.ones(3, dtype=torch.int32), reducer="adasum"), r)
-    _expect(ValueError, [f"rank {r}: reducescatter", "Adasum has no reduce-scatter"],
-            lambda: hvd.reducescatter(torch.ones(4), op=hvd.Adasum), r)
+    _expect(
+        ValueError,
+        [f"rank {r}: allreduce", "no reducer serves Adasum on int64"],
+        lambda: hvd.allreduce(torch.ones(3, dtype=torch.int64), op=hvd.Adasum),
+        r,
+    )
+    _expect(
+        ValueError,
+        [f"rank {r}: allreduce", "reducer ring does not serve Adasum on float32"],
+        lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum, reducer="ring"),
+        r,
+    )
+    _expect(
+        ValueError,
+        [f"rank {r}: allreduce", "reducer adasum does not serve Adasum on int32"],
+        lambda: hvd.allreduce(torch.ones(3, dtype=torch.int32), reducer="adasum"),
+        r,
+    )
+    _expect(
+        ValueError,
+        [f"rank {r}: reducescatter", "Adasum has no reduce-scatter"],
+        lambda: hvd.reducescatter(torch.ones(4), op=hvd.Adasum),
+        r,
+    )
     # Still in step.
     assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(hvd.size())))
     hvd.shutdown()

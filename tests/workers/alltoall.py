@@ -1,6 +1,7 @@
 """Rank-side checks of alltoall: values against a reference built from every
 rank's input (each rank can compute them all), gradients with row-distinct
 upstream gradients, and every error case."""
+
 import time
 
 import torch
@@ -8,8 +9,17 @@ import torch
 import hvdtorch as hvd
 from tests.workers.collectives import assert_equal, value
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32, torch.int64,
-          torch.uint8, torch.bool]
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
 
 
 def splits_of(rank: int, n: int, kind: str):
@@ -74,7 +84,7 @@ def values(op: str):
     assert out.shape == (0, 4), out.shape
     base = torch.arange(4.0 * n).reshape(2, 2 * n) + 100 * r
     out, _ = _run(op, base.t(), [2] * n)  # (2n, 2), not contiguous
-    want = torch.cat([(torch.arange(4.0 * n).reshape(2, 2 * n) + 100 * k).t()[2 * r:2 * r + 2] for k in range(n)])
+    want = torch.cat([(torch.arange(4.0 * n).reshape(2, 2 * n) + 100 * k).t()[2 * r : 2 * r + 2] for k in range(n)])
     assert_equal(out, want, f"{op} non-contiguous")
     hvd.shutdown()
 
@@ -92,8 +102,12 @@ def gradient(op: str):
         assert not received.requires_grad
         # Upstream gradient of rank k's output: row j is 1000*k + 10*j + column.
         out_rows = [sum(splits[s][k] for s in range(n)) for k in range(n)]
-        g = [torch.arange(3, dtype=torch.float64) + 10 * torch.arange(out_rows[k], dtype=torch.float64)[:, None]
-             + 1000 * k for k in range(n)]
+        g = [
+            torch.arange(3, dtype=torch.float64)
+            + 10 * torch.arange(out_rows[k], dtype=torch.float64)[:, None]
+            + 1000 * k
+            for k in range(n)
+        ]
         (out * g[r]).sum().backward()
         # Row i of my input went to rank d as row (rows from ranks < me to d) + (i - my offset for d).
         want = torch.empty(rows[r], 3, dtype=torch.float64)
@@ -127,30 +141,45 @@ def _expect(exc_type, words, call, r):
 def errors(op: str):
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    run = (lambda t, s, name: hvd.synchronize(hvd.alltoall_async(t, s, name=name))) if op == "alltoall_async" \
+    run = (
+        (lambda t, s, name: hvd.synchronize(hvd.alltoall_async(t, s, name=name)))
+        if op == "alltoall_async"
         else (lambda t, s, name: hvd.alltoall(t, s, name=name))
+    )
     me = f"rank {r}: alltoall"
     t0 = time.time()
     # Raised locally on every rank, naming it, before anything is sent.
     _expect(ValueError, [me, "'bad.sum'", "sum to", str(n + 1)], lambda: run(torch.ones(n + 1), [1] * n, "bad.sum"), r)
     _expect(ValueError, [me, "entries", "one per rank"], lambda: run(torch.ones(n + 1), [1] * (n + 1), "bad.len"), r)
-    _expect(ValueError, [me, "negative"], lambda: run(torch.ones(n), [-1, 2] + [0] * (n - 2) if n > 1 else [-1],
-                                                       "bad.neg"), r)
-    _expect(ValueError, [f"rank {r}", "integers", "float32"],
-            lambda: run(torch.ones(n), torch.ones(n), "bad.dtype"), r)
+    _expect(
+        ValueError,
+        [me, "negative"],
+        lambda: run(torch.ones(n), [-1, 2] + [0] * (n - 2) if n > 1 else [-1], "bad.neg"),
+        r,
+    )
+    _expect(ValueError, [f"rank {r}", "integers", "float32"], lambda: run(torch.ones(n), torch.ones(n), "bad.dtype"), r)
     _expect(ValueError, [f"rank {r}", "integers"], lambda: run(torch.ones(n), [1.0] * n, "bad.float"), r)
     _expect(ValueError, [me, "at least one dimension"], lambda: run(torch.tensor(1.0), None, "bad.scalar"), r)
     if n > 1:
-        _expect(ValueError, [me, "multiple of the number of ranks"], lambda: run(torch.ones(n + 1), None, "bad.even"),
-                r)
+        _expect(
+            ValueError, [me, "multiple of the number of ranks"], lambda: run(torch.ones(n + 1), None, "bad.even"), r
+        )
     assert time.time() - t0 < 5, "local errors took too long"
     if n > 1:
         # Disagreements across ranks: an error on every rank naming who sent what.
-        msg = _expect(hvd.HvdError, ["mismatched alltoall 'trailing'", "shape", "ranks [1]"],
-                      lambda: run(torch.ones(n, 3 if r == 1 else 2), None, "trailing"), r)
+        msg = _expect(
+            hvd.HvdError,
+            ["mismatched alltoall 'trailing'", "shape", "ranks [1]"],
+            lambda: run(torch.ones(n, 3 if r == 1 else 2), None, "trailing"),
+            r,
+        )
         assert "allows only the first dimension to differ" in msg, msg
-        _expect(hvd.HvdError, ["mismatched alltoall 'dtype'", "dtype", "ranks [0]"],
-                lambda: run(torch.ones(n, dtype=torch.float64 if r == 0 else torch.float32), None, "dtype"), r)
+        _expect(
+            hvd.HvdError,
+            ["mismatched alltoall 'dtype'", "dtype", "ranks [0]"],
+            lambda: run(torch.ones(n, dtype=torch.float64 if r == 0 else torch.float32), None, "dtype"),
+            r,
+        )
     # Still in step: a correct alltoall works.
     out, _ = hvd.synchronize(hvd.alltoall_async(torch.full((n,), float(r)), name="after"))
     assert out.tolist() == [float(k) for k in range(n)], out

@@ -3,6 +3,7 @@ row and on every rank, so that taking the wrong rows or the wrong rank's
 values shows. References follow Horovod's rules: allreduce's gradient is the
 same allreduce of the gradient; allgather's is the average of the upstream
 gradients, this rank's rows; broadcast's is the average, on the root only."""
+
 import torch
 
 import hvdtorch as hvd
@@ -29,7 +30,7 @@ def check_gradients():
     y.backward(ups((sum(rows), 3))[r])
     avg = sum(ups((sum(rows), 3))) / n
     offset = sum(rows[:r])
-    torch.testing.assert_close(x.grad, avg[offset:offset + rows[r]], msg=lambda m: f"allgather grad: {m}")
+    torch.testing.assert_close(x.grad, avg[offset : offset + rows[r]], msg=lambda m: f"allgather grad: {m}")
 
     # broadcast from each root: the average reaches the root, zeros elsewhere.
     for root in sorted({0, n - 1}):

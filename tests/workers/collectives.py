@@ -3,14 +3,25 @@
 Every rank can compute every other rank's input (inputs are a function of
 rank and case), so each rank checks the full result by itself.
 """
+
 import os
 
 import torch
 
 import hvdtorch as hvd
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
-          torch.int64, torch.uint8, torch.bool]
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
 OPS = {hvd.Sum: "Sum", hvd.Average: "Average", hvd.Min: "Min", hvd.Max: "Max", hvd.Product: "Product"}
 
 
@@ -120,6 +131,7 @@ def check_scales_and_async():
     # poll eventually turns true.
     h = hvd.allreduce_async(torch.ones(3), name="polled")
     import time
+
     deadline = time.time() + 10
     while not hvd.poll(h):
         assert time.time() < deadline, "poll never became true"
@@ -136,7 +148,7 @@ def check_noncontiguous():
     hvd.allreduce_(view, op=hvd.Sum)
     assert_equal(view, want, "non-contiguous allreduce_")
     assert_equal(base.t(), want, "non-contiguous allreduce_ wrote through to the base")
-    col = (torch.arange(8.).reshape(4, 2) + r)[:, 1]
+    col = (torch.arange(8.0).reshape(4, 2) + r)[:, 1]
     g = hvd.allgather(col)
     assert g.shape == (4 * n,)
 
@@ -177,8 +189,11 @@ def check_reducers():
     hvd.init()
     global DTYPES
     DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
-    reducers = ("ring", "central", "native", "node") if os.environ.get("HVDTORCH_SHM", "1") != "0" else \
-        ("ring", "central", "native")
+    reducers = (
+        ("ring", "central", "native", "node")
+        if os.environ.get("HVDTORCH_SHM", "1") != "0"
+        else ("ring", "central", "native")
+    )
     check_allreduce(reducers=reducers)
     hvd.shutdown()
 

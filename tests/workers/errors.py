@@ -1,4 +1,5 @@
 """Rank-side error scenarios: each must raise clearly, on every rank, fast."""
+
 import os
 import time
 
@@ -35,23 +36,54 @@ def mismatched_dtype_op_root():
     r = hvd.rank()
     odd = r == 1
     cases = [
-        ("dtype float32 vs float64",
-         lambda: hvd.allreduce(torch.ones(3, dtype=torch.float64 if odd else torch.float32), name="d"),
-         "float32 [3]", "float64 [3]"),
-        ("reduce op Sum vs Max", lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if odd else hvd.Sum, name="o"),
-         "Sum)", "Max)"),
-        ("reduce op Average vs Sum",
-         lambda: hvd.allreduce(torch.ones(3), op=hvd.Sum if odd else hvd.Average, name="a"), "Average)", "Sum)"),
-        ("scale factors (prescale 1, postscale 1) vs (prescale 2, postscale 1)",
-         lambda: hvd.allreduce(torch.ones(3), prescale_factor=2.0 if odd else 1.0, name="pre"), "", ""),
-        ("scale factors (prescale 1, postscale 1) vs (prescale 1, postscale 3)",
-         lambda: hvd.allreduce(torch.ones(3), postscale_factor=3.0 if odd else 1.0, name="post"), "", ""),
-        ("root rank 0 vs 1", lambda: hvd.broadcast(torch.ones(3), root_rank=1 if odd else 0, name="b"),
-         "root 0", "root 1"),
-        ("shape [2, 3] vs [2, 4]", lambda: hvd.allgather(torch.ones(2, 4 if odd else 3), name="g"),
-         "float32 [2, 3]", "float32 [2, 4]"),
-        ("shape [3] vs [4]", lambda: hvd.allreduce(torch.ones(4 if odd else 3), name="s"), "float32 [3]",
-         "float32 [4]"),
+        (
+            "dtype float32 vs float64",
+            lambda: hvd.allreduce(torch.ones(3, dtype=torch.float64 if odd else torch.float32), name="d"),
+            "float32 [3]",
+            "float64 [3]",
+        ),
+        (
+            "reduce op Sum vs Max",
+            lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if odd else hvd.Sum, name="o"),
+            "Sum)",
+            "Max)",
+        ),
+        (
+            "reduce op Average vs Sum",
+            lambda: hvd.allreduce(torch.ones(3), op=hvd.Sum if odd else hvd.Average, name="a"),
+            "Average)",
+            "Sum)",
+        ),
+        (
+            "scale factors (prescale 1, postscale 1) vs (prescale 2, postscale 1)",
+            lambda: hvd.allreduce(torch.ones(3), prescale_factor=2.0 if odd else 1.0, name="pre"),
+            "",
+            "",
+        ),
+        (
+            "scale factors (prescale 1, postscale 1) vs (prescale 1, postscale 3)",
+            lambda: hvd.allreduce(torch.ones(3), postscale_factor=3.0 if odd else 1.0, name="post"),
+            "",
+            "",
+        ),
+        (
+            "root rank 0 vs 1",
+            lambda: hvd.broadcast(torch.ones(3), root_rank=1 if odd else 0, name="b"),
+            "root 0",
+            "root 1",
+        ),
+        (
+            "shape [2, 3] vs [2, 4]",
+            lambda: hvd.allgather(torch.ones(2, 4 if odd else 3), name="g"),
+            "float32 [2, 3]",
+            "float32 [2, 4]",
+        ),
+        (
+            "shape [3] vs [4]",
+            lambda: hvd.allreduce(torch.ones(4 if odd else 3), name="s"),
+            "float32 [3]",
+            "float32 [4]",
+        ),
     ]
     others = [k for k in range(hvd.size()) if k != 1]
     for what, call, mine, theirs in cases:

@@ -2,6 +2,7 @@
 run-time timeline, the deprecated average= argument, and DistributedOptimizer's
 contract (named_parameters optional, backward_passes_per_step, misuse errors
 and warnings) -- each against what horovod.torch 0.28 does."""
+
 import copy
 import json
 import os
@@ -38,16 +39,18 @@ def check_names_and_flags():
     expect(ValueError, hvd.mpi_threads_supported, "MPI")
     # A mismatch across ranks is an internal error, caught under Horovod's name.
     if n > 1:
-        e = expect(hvd.HorovodInternalError, lambda: hvd.allreduce(torch.ones(2 + (r == 1)), name="mismatch"),
-                   "mismatch")
+        e = expect(
+            hvd.HorovodInternalError, lambda: hvd.allreduce(torch.ones(2 + (r == 1)), name="mismatch"), "mismatch"
+        )
         assert type(e) is hvd.HvdError
     hvd.shutdown()
 
 
 def check_is_homogeneous(expected):
     hvd.init()
-    assert hvd.is_homogeneous() is (expected == "yes"), \
+    assert hvd.is_homogeneous() is (expected == "yes"), (
         f"rank {hvd.rank()}: local_size {hvd.local_size()} cross_size {hvd.cross_size()}: {hvd.is_homogeneous()}"
+    )
     hvd.shutdown()
 
 
@@ -84,8 +87,9 @@ def check_average_argument():
         "grouped_allreduce": lambda avg, **kw: hvd.grouped_allreduce([x(), x()], avg, **kw)[1],
         "grouped_allreduce_": lambda avg, **kw: hvd.grouped_allreduce_([x(), x()], avg, **kw)[1],
         "grouped_allreduce_async": lambda avg, **kw: hvd.synchronize(hvd.grouped_allreduce_async([x()], avg, **kw))[0],
-        "grouped_allreduce_async_": lambda avg, **kw: hvd.synchronize(hvd.grouped_allreduce_async_([x()], avg,
-                                                                                                    **kw))[0],
+        "grouped_allreduce_async_": lambda avg, **kw: hvd.synchronize(hvd.grouped_allreduce_async_([x()], avg, **kw))[
+            0
+        ],
     }
     for name, call in ops.items():
         for average, want in ((True, total / n), (False, total), (None, total / n)):
@@ -112,8 +116,7 @@ def check_timeline_at_run_time(directory):
     hvd.stop_timeline()
     hvd.allreduce(torch.ones(2), name="after.stop")
     hvd.stop_timeline()  # nothing to stop: no-op
-    expect(ValueError, lambda: hvd.start_timeline(os.path.join(directory, "missing-dir", "t-{rank}.json")),
-           "timeline")
+    expect(ValueError, lambda: hvd.start_timeline(os.path.join(directory, "missing-dir", "t-{rank}.json")), "timeline")
     hvd.barrier()
     names = lambda events: {e["args"]["name"] for e in events if e.get("ph") == "M"}  # noqa: E731
     with open(first.replace("{rank}", str(r))) as f:
@@ -130,6 +133,7 @@ def check_timeline_at_run_time(directory):
 
 
 # ---- DistributedOptimizer ------------------------------------------------------
+
 
 class Net(torch.nn.Module):
     def __init__(self):
@@ -148,7 +152,7 @@ def batch(i, n):
 
 def shard_loss(model, i, r, n):
     x, y = batch(i, n)
-    return F.cross_entropy(model(x[r * PER_RANK:(r + 1) * PER_RANK]), y[r * PER_RANK:(r + 1) * PER_RANK])
+    return F.cross_entropy(model(x[r * PER_RANK : (r + 1) * PER_RANK]), y[r * PER_RANK : (r + 1) * PER_RANK])
 
 
 def reference(base, n, passes_per_step, steps=STEPS, lr=0.1):
@@ -165,8 +169,9 @@ def reference(base, n, passes_per_step, steps=STEPS, lr=0.1):
 
 def close(a, b, what):
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-5, rtol=1e-4,
-                                   msg=lambda m: f"rank {hvd.rank()}: {what}: {name}: {m}")
+        torch.testing.assert_close(
+            p.detach(), q.detach(), atol=1e-5, rtol=1e-4, msg=lambda m: f"rank {hvd.rank()}: {what}: {name}: {m}"
+        )
 
 
 def check_optimizer_training():
@@ -175,10 +180,12 @@ def check_optimizer_training():
     torch.manual_seed(0)
     base = Net()
     # Without named_parameters, with gradient_predivide_factor, with backward_passes_per_step.
-    for what, passes, kw in (("no named_parameters", 1, {}),
-                             ("gradient_predivide_factor=2", 1, {"gradient_predivide_factor": 2.0}),
-                             ("backward_passes_per_step=2", 2, {"backward_passes_per_step": 2}),
-                             ("backward_passes_per_step=3", 3, {"backward_passes_per_step": 3, "groups": 2})):
+    for what, passes, kw in (
+        ("no named_parameters", 1, {}),
+        ("gradient_predivide_factor=2", 1, {"gradient_predivide_factor": 2.0}),
+        ("backward_passes_per_step=2", 2, {"backward_passes_per_step": 2}),
+        ("backward_passes_per_step=3", 3, {"backward_passes_per_step": 3, "groups": 2}),
+    ):
         model = copy.deepcopy(base)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), **kw)
         for s in range(STEPS):
@@ -190,8 +197,11 @@ def check_optimizer_training():
     # step() after fewer passes than backward_passes_per_step reduces what is there
     # (Horovod's behaviour), and the count starts again after it.
     model = copy.deepcopy(base)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters(), backward_passes_per_step=3)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=3,
+    )
     for s in range(STEPS):
         opt.zero_grad()
         for p in range(2):
@@ -210,8 +220,13 @@ def check_optimizer_training():
 def expect_same_on_every_rank(model, what):
     for name, p in model.named_parameters():
         mean = hvd.allreduce(p.detach(), op=hvd.Average, name=f"same.{name}")
-        torch.testing.assert_close(p.detach(), mean, atol=1e-6, rtol=1e-6,
-                                   msg=lambda m: f"rank {hvd.rank()}: {what}: {name} differs across ranks: {m}")
+        torch.testing.assert_close(
+            p.detach(),
+            mean,
+            atol=1e-6,
+            rtol=1e-6,
+            msg=lambda m: f"rank {hvd.rank()}: {what}: {name} differs across ranks: {m}",
+        )
 
 
 def check_optimizer_misuse():
@@ -221,25 +236,41 @@ def check_optimizer_misuse():
     model = Net()
     # Argument checks (Horovod raises ValueError for each).
     sgd = lambda: torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: E731
-    expect(ValueError, lambda: hvd.DistributedOptimizer(sgd(), named_parameters=[p for p in model.parameters()]),
-           "tuples")
-    expect(ValueError, lambda: hvd.DistributedOptimizer(
-        sgd(), named_parameters=[("w", p) for p in model.parameters()]), "unique")
-    expect(ValueError, lambda: hvd.DistributedOptimizer(
-        sgd(), named_parameters=list(model.named_parameters())[:2]), "not in it")
+    expect(
+        ValueError, lambda: hvd.DistributedOptimizer(sgd(), named_parameters=[p for p in model.parameters()]), "tuples"
+    )
+    expect(
+        ValueError,
+        lambda: hvd.DistributedOptimizer(sgd(), named_parameters=[("w", p) for p in model.parameters()]),
+        "unique",
+    )
+    expect(
+        ValueError,
+        lambda: hvd.DistributedOptimizer(sgd(), named_parameters=list(model.named_parameters())[:2]),
+        "not in it",
+    )
     expect(ValueError, lambda: hvd.DistributedOptimizer(sgd(), groups=0), "groups")
     expect(ValueError, lambda: hvd.DistributedOptimizer(sgd(), groups=[[1.0]]), "torch.Tensor")
-    expect(ValueError, lambda: hvd.DistributedOptimizer(
-        sgd(), groups=[[model.fc1.weight], [model.fc1.weight]]), "more than once")
-    expect(ValueError, lambda: hvd.DistributedOptimizer(sgd(), op=hvd.Sum, gradient_predivide_factor=2.0),
-           "gradient_predivide_factor")
+    expect(
+        ValueError,
+        lambda: hvd.DistributedOptimizer(sgd(), groups=[[model.fc1.weight], [model.fc1.weight]]),
+        "more than once",
+    )
+    expect(
+        ValueError,
+        lambda: hvd.DistributedOptimizer(sgd(), op=hvd.Sum, gradient_predivide_factor=2.0),
+        "gradient_predivide_factor",
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hvd.DistributedOptimizer(torch.optim.SGD(Net().parameters(), lr=0.1), num_groups=2)
     assert any(issubclass(w.category, DeprecationWarning) and "num_groups" in str(w.message) for w in caught)
 
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(), backward_passes_per_step=2)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=2,
+    )
     shard_loss(model, 0, r, n).backward()
     if n > 1:
         # zero_grad() between backward and step(): AssertionError (the gradients are in flight).

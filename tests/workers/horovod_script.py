@@ -1,5 +1,6 @@
 """Runs a script written for horovod.torch unchanged, with `horovod.torch`
 resolving to hvdtorch (the script's only Horovod-specific line is its import)."""
+
 import runpy
 import sys
 import types

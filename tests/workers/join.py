@@ -1,6 +1,7 @@
 """join(): ranks with fewer batches join early; the others' ops go on with
 them standing in (zeros for all-reduce, no rows for allgather), and uneven
 data trains to the end without a hang, equal to a reference computed here."""
+
 import copy
 
 import pytest
@@ -99,8 +100,9 @@ def train_uneven(kind: str):
         opt = torch.optim.SGD(net.parameters(), lr=lr)
     else:
         net = model
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
-                                       named_parameters=model.named_parameters())
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=lr), named_parameters=model.named_parameters()
+        )
     for i in range(_steps(r)):
         opt.zero_grad()
         x, y = _batch(r, i)

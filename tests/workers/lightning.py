@@ -1,4 +1,5 @@
 """Lightning with strategy="hvdtorch" on N ranks against a single-process Lightning fit on the global batch."""
+
 import os
 
 import torch
@@ -14,6 +15,7 @@ def _lightning():
     import lightning as L
 
     import hvdtorch.lightning  # noqa: F401  (registers "hvdtorch")
+
     return L
 
 
@@ -60,8 +62,17 @@ def _data(n=SAMPLES, seed=1):
 
 def _trainer(strategy, epochs, **kw):
     L = _lightning()
-    return L.Trainer(strategy=strategy, accelerator="cpu", max_epochs=epochs, logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, **kw)
+    return L.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        max_epochs=epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        **kw,
+    )
 
 
 def _flat(module):
@@ -94,8 +105,9 @@ def check_fit_equals_single_process(mode):
     assert trainer.world_size == size and trainer.global_rank == hvd.rank()
     assert seen["model"] == ("Net" if manual else "DistributedModel"), seen
     if manual:  # the DistributedOptimizer subclass sits on top of SGD
-        assert type(trainer.strategy.optimizers[0]).__name__ == "SGD" and hasattr(trainer.strategy.optimizers[0],
-                                                                                   "synchronize")
+        assert type(trainer.strategy.optimizers[0]).__name__ == "SGD" and hasattr(
+            trainer.strategy.optimizers[0], "synchronize"
+        )
     _same_on_every_rank(_flat(model))
     if hvd.rank() == 0:
         # Lightning shuffles training data under a distributed strategy (DistributedSampler, seed 0, reshuffled
@@ -104,7 +116,8 @@ def check_fit_equals_single_process(mode):
         order = torch.utils.data.DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
         ref = _module(manual)
         _trainer(SingleDeviceStrategy(device="cpu"), 2, accumulate_grad_batches=accumulate).fit(
-            ref, torch.utils.data.DataLoader(ds, batch_size=PER_RANK * size, sampler=order))
+            ref, torch.utils.data.DataLoader(ds, batch_size=PER_RANK * size, sampler=order)
+        )
         diff = (_flat(model) - _flat(ref)).abs().max().item()
         assert diff < 1e-5, f"{mode}: {size} ranks differ from one process on the global batch by {diff}"
         assert not torch.equal(_flat(ref), _flat(_module(manual))), "training did not change the weights"
@@ -114,8 +127,9 @@ def check_validation_metrics_reduced():
     model = _module()
     trainer = _trainer("hvdtorch", 1)
     val = _data(40, seed=2)
-    trainer.fit(model, torch.utils.data.DataLoader(_data(), batch_size=PER_RANK),
-                torch.utils.data.DataLoader(val, batch_size=5))
+    trainer.fit(
+        model, torch.utils.data.DataLoader(_data(), batch_size=PER_RANK), torch.utils.data.DataLoader(val, batch_size=5)
+    )
     metrics = trainer.callback_metrics
     x, y = val.tensors
     with torch.no_grad():

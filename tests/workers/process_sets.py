@@ -2,6 +2,7 @@
 submitted in rank-dependent orders, gradients, DistributedModel training on
 a set, the broadcast helpers, and the errors. References are computed on
 each rank from every rank's (deterministic) input."""
+
 import copy
 
 import torch
@@ -56,8 +57,9 @@ def check_process_sets():
         # Broadcast roots are global ranks.
         b = hvd.broadcast(torch.full((2,), float(r)), root_rank=3, process_set=tail)
         assert torch.equal(b, torch.full((2,), 3.0)), b
-        outs = hvd.grouped_allreduce([torch.full((2,), float(r)), torch.ones(1, dtype=torch.int64)], op=hvd.Sum,
-                                     process_set=tail)
+        outs = hvd.grouped_allreduce(
+            [torch.full((2,), float(r)), torch.ones(1, dtype=torch.int64)], op=hvd.Sum, process_set=tail
+        )
         assert torch.equal(outs[0], torch.full((2,), 6.0)) and outs[1].item() == 3
         # Gradient of an allgather in a set: the averaged upstream rows of this rank.
         x = torch.zeros(r, 2, dtype=torch.float64, requires_grad=True)
@@ -66,7 +68,7 @@ def check_process_sets():
         y.backward(up(r))
         avg_up = sum(up(k) for k in (1, 2, 3)) / 3
         offset = {1: 0, 2: 1, 3: 3}[r]
-        torch.testing.assert_close(x.grad, avg_up[offset:offset + r])
+        torch.testing.assert_close(x.grad, avg_up[offset : offset + r])
         hvd.barrier(process_set=tail)
         # Helpers.
         assert hvd.broadcast_object({"from": r}, root_rank=2, process_set=tail) == {"from": 2}
@@ -80,8 +82,9 @@ def check_process_sets():
         torch.manual_seed(0)
         base = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
         ref = copy.deepcopy(base)
-        model = hvd.DistributedModel(copy.deepcopy(base), process_set=even, fusion_bytes=256,
-                                     first_bucket_bytes=64, name="even.model")
+        model = hvd.DistributedModel(
+            copy.deepcopy(base), process_set=even, fusion_bytes=256, first_bucket_bytes=64, name="even.model"
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for step in range(3):
@@ -99,17 +102,30 @@ def check_process_sets():
 
     # Errors, raised locally before anything is sent.
     if not even.included():
-        expect_value_error("not a member", lambda: hvd.allreduce(torch.ones(1), process_set=even),
-                           f"rank {r}", "process set 1 [0, 2] does not include this rank")
+        expect_value_error(
+            "not a member",
+            lambda: hvd.allreduce(torch.ones(1), process_set=even),
+            f"rank {r}",
+            "process set 1 [0, 2] does not include this rank",
+        )
     if tail.included():
-        expect_value_error("root outside the set", lambda: hvd.broadcast(torch.ones(1), 0, process_set=tail),
-                           "root_rank 0 is not in process set 2 [1, 2, 3]")
-    expect_value_error("not added", lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0, 1])),
-                       "has not been added")
+        expect_value_error(
+            "root outside the set",
+            lambda: hvd.broadcast(torch.ones(1), 0, process_set=tail),
+            "root_rank 0 is not in process set 2 [1, 2, 3]",
+        )
+    expect_value_error(
+        "not added", lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0, 1])), "has not been added"
+    )
     expect_value_error("global", lambda: hvd.remove_process_set(hvd.global_process_set), "cannot be removed")
     # A set defined differently on different ranks: an error on every rank.
-    expect_value_error("different ranks", lambda: hvd.add_process_set([0, 1] if r == 0 else [0, 3]),
-                       "different ranks on different ranks", "rank 0: [0, 1]", "rank 1: [0, 3]")
+    expect_value_error(
+        "different ranks",
+        lambda: hvd.add_process_set([0, 1] if r == 0 else [0, 3]),
+        "different ranks on different ranks",
+        "rank 0: [0, 1]",
+        "rank 1: [0, 3]",
+    )
 
     # Removal, then the id is free again; the removed object no longer works.
     assert hvd.remove_process_set(even)

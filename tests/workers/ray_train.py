@@ -4,6 +4,7 @@ Ray has already made the default process group; hvd.init() adopts it. Each
 worker trains on its slice of every global batch and writes what it saw and
 its final weights to config["out"]/rank-<r>.json.
 """
+
 import json
 import os
 
@@ -28,6 +29,7 @@ def train_loop(config):
     import torch.distributed as dist
 
     import hvdtorch as hvd
+
     group_before = dist.is_initialized()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -41,10 +43,15 @@ def train_loop(config):
         loss.backward()
         opt.step()
     engine = hvd.runtime.state().engine
-    info = {"rank": rank, "size": size, "local_rank": hvd.local_rank(), "group_before_init": group_before,
-            "adopted": not hvd.runtime.state().owns_default_group,
-            "links": {str(k): v for k, v in engine.link_kinds().items()},
-            "weights": torch.cat([p.detach().flatten() for p in net.parameters()]).tolist()}
+    info = {
+        "rank": rank,
+        "size": size,
+        "local_rank": hvd.local_rank(),
+        "group_before_init": group_before,
+        "adopted": not hvd.runtime.state().owns_default_group,
+        "links": {str(k): v for k, v in engine.link_kinds().items()},
+        "weights": torch.cat([p.detach().flatten() for p in net.parameters()]).tolist(),
+    }
     hvd.shutdown()
     assert dist.is_initialized(), "hvd.shutdown() destroyed the process group Ray owns"
     with open(os.path.join(config["out"], f"rank-{rank}.json"), "w") as f:

@@ -1,5 +1,6 @@
 """Rank-side checks of the reducers on emulated topologies and of the
 shared-memory transport's failure behaviour."""
+
 import os
 import time
 

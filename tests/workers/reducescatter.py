@@ -2,6 +2,7 @@
 a reference reduced from every rank's input (each rank can compute them
 all) and split as Horovod splits, gradients with row-distinct upstream
 gradients, and every error case."""
+
 import time
 
 import torch
@@ -10,8 +11,17 @@ import hvdtorch as hvd
 from tests.workers.alltoall import _expect
 from tests.workers.collectives import assert_equal, reference, value
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32, torch.int64,
-          torch.uint8, torch.bool]
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
 OPS = {hvd.Sum: "Sum", hvd.Average: "Average", hvd.Min: "Min", hvd.Max: "Max", hvd.Product: "Product"}
 
 
@@ -35,8 +45,9 @@ def _single(op_name, tensor, op, pre, post):
 
 def _grouped(op_name, tensors, op, pre, post):
     if op_name == "grouped_reducescatter_async":
-        return hvd.synchronize(hvd.grouped_reducescatter_async(tensors, op=op, prescale_factor=pre,
-                                                               postscale_factor=post))
+        return hvd.synchronize(
+            hvd.grouped_reducescatter_async(tensors, op=op, prescale_factor=pre, postscale_factor=post)
+        )
     return hvd.grouped_reducescatter(tensors, op=op, prescale_factor=pre, postscale_factor=post)
 
 
@@ -95,20 +106,29 @@ def gradient(op_name: str):
         for pre, post in ((1.0, 1.0), (2.0, 0.25)):
             shapes_ = [(2 * n + 1, 3), (n, 2)] if grouped else [(2 * n + 1, 3)]
             xs = [torch.ones(s, dtype=torch.float64, requires_grad=True) for s in shapes_]
-            outs = hvd.grouped_reducescatter(xs, op=op, prescale_factor=pre, postscale_factor=post) if grouped \
+            outs = (
+                hvd.grouped_reducescatter(xs, op=op, prescale_factor=pre, postscale_factor=post)
+                if grouped
                 else [hvd.reducescatter(xs[0], op=op, prescale_factor=pre, postscale_factor=post)]
+            )
 
             def upstream(k, shape, t):  # rank k's gradient for its share of tensor t
                 rows = shape[0] // n + (k < shape[0] % n)
                 cols = shape[1]
-                return (torch.arange(cols, dtype=torch.float64) + 10 * torch.arange(rows, dtype=torch.float64)[:, None]
-                        + 1000 * k + 100000 * t)
+                return (
+                    torch.arange(cols, dtype=torch.float64)
+                    + 10 * torch.arange(rows, dtype=torch.float64)[:, None]
+                    + 1000 * k
+                    + 100000 * t
+                )
+
             loss = sum((o * upstream(r, s, t)).sum() for t, (o, s) in enumerate(zip(outs, shapes_)))
             loss.backward()
             for t, (x, s) in enumerate(zip(xs, shapes_)):
                 want = torch.cat([upstream(k, s, t) for k in range(n)]) * factor * pre * post
-                assert torch.equal(x.grad, want), f"{OPS[op]} pre={pre} post={post} tensor {t}: " \
-                                                  f"{x.grad.tolist()} want {want.tolist()}"
+                assert torch.equal(x.grad, want), (
+                    f"{OPS[op]} pre={pre} post={post} tensor {t}: {x.grad.tolist()} want {want.tolist()}"
+                )
     # Min/Max/Product have no gradient.
     x = torch.ones(n, requires_grad=True)
     y = hvd.grouped_reducescatter([x], op=hvd.Max)[0] if grouped else hvd.reducescatter(x, op=hvd.Max)
@@ -126,24 +146,41 @@ def errors(op_name: str):
         if grouped:
             return hvd.grouped_reducescatter([t], name=name, op=op, **kw)
         return hvd.reducescatter(t, name=name, op=op, **kw)
+
     me = f"rank {r}: reducescatter"
     t0 = time.time()
     _expect(ValueError, [me, "'scalar'", "at least one dimension"], lambda: run(torch.tensor(1.0), "scalar"), r)
     _expect(ValueError, [me, "Adasum"], lambda: run(torch.ones(n), "adasum", op=hvd.Adasum), r)
     _expect(ValueError, [me, "Average is not defined for bool"], lambda: run(torch.ones(n, dtype=torch.bool), "b"), r)
-    _expect(ValueError, [me, "scale factors"],
-            lambda: run(torch.ones(n, dtype=torch.bool), "bs", op=hvd.Sum, prescale_factor=2.0), r)
+    _expect(
+        ValueError,
+        [me, "scale factors"],
+        lambda: run(torch.ones(n, dtype=torch.bool), "bs", op=hvd.Sum, prescale_factor=2.0),
+        r,
+    )
     _expect(ValueError, ["unknown reduce op 9"], lambda: run(torch.ones(n), "op9", op=9), r)
     _expect(ValueError, [f"rank {r}", "sparse"], lambda: run(torch.eye(2).to_sparse(), "sparse"), r)
     assert time.time() - t0 < 5, "local errors took too long"
     if n > 1:
-        _expect(hvd.HvdError, [f"mismatched reducescatter '{label}.shape'", "shape", "ranks [1]"],
-                lambda: run(torch.ones(n + (r == 1)), f"{label}.shape"), r)
-        _expect(hvd.HvdError, [f"mismatched reducescatter '{label}.op'", "reduce op", "ranks [0]"],
-                lambda: run(torch.ones(n), f"{label}.op", op=hvd.Max if r == 0 else hvd.Sum), r)
+        _expect(
+            hvd.HvdError,
+            [f"mismatched reducescatter '{label}.shape'", "shape", "ranks [1]"],
+            lambda: run(torch.ones(n + (r == 1)), f"{label}.shape"),
+            r,
+        )
+        _expect(
+            hvd.HvdError,
+            [f"mismatched reducescatter '{label}.op'", "reduce op", "ranks [0]"],
+            lambda: run(torch.ones(n), f"{label}.op", op=hvd.Max if r == 0 else hvd.Sum),
+            r,
+        )
     if grouped and n > 1:
-        _expect(hvd.HvdError, ["mismatched reducescatter 'count'", "group of"],
-                lambda: hvd.grouped_reducescatter([torch.ones(n)] * (1 + (r == 0)), name="count"), r)
+        _expect(
+            hvd.HvdError,
+            ["mismatched reducescatter 'count'", "group of"],
+            lambda: hvd.grouped_reducescatter([torch.ones(n)] * (1 + (r == 0)), name="count"),
+            r,
+        )
     out = run(torch.full((n,), float(r)), "after", op=hvd.Sum)
     out = out[0] if grouped else out
     assert out.tolist() == [float(sum(range(n)))], out

@@ -1,4 +1,5 @@
 """Rank-side checks of init/shutdown, topology and autograd-aware ops."""
+
 import torch
 import torch.distributed as dist
 

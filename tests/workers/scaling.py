@@ -1,6 +1,7 @@
 """Average, pre- and postscale factors, and exact integer averages, against
 references computed with Python integers and plain arithmetic on each rank
 (every rank knows every rank's input)."""
+
 import torch
 
 import hvdtorch as hvd
@@ -21,7 +22,7 @@ def check_float_scaling():
         cases = [
             # (op, prescale, postscale, expected)
             (hvd.Average, 1.0, 1.0, total / n),
-            (hvd.Average, 1.0, 2.0, total / n * 2.0),   # the user's postscale is kept with Average
+            (hvd.Average, 1.0, 2.0, total / n * 2.0),  # the user's postscale is kept with Average
             (hvd.Average, 3.0, 1.0, total * 3.0 / n),
             (hvd.Average, 2.0, 5.0, total * 2.0 / n * 5.0),
             (hvd.Sum, 2.0, 0.25, total * 0.5),
@@ -41,8 +42,8 @@ def check_float_scaling():
 
 def _int_inputs(k: int, n: int):
     """Rank k's int64 input: large, sign-mixed and small values."""
-    big = 2 ** 53 + 1
-    return [big, -big, (2 ** 62) // n - k, -(2 ** 62) // n + k, -7 if k == 0 else 2 + k, 3 * k - 4, 1, -1]
+    big = 2**53 + 1
+    return [big, -big, (2**62) // n - k, -(2**62) // n + k, -7 if k == 0 else 2 + k, 3 * k - 4, 1, -1]
 
 
 def check_integer_average():
@@ -53,8 +54,12 @@ def check_integer_average():
     got = hvd.allreduce(torch.tensor(inputs[r], dtype=torch.int64), op=hvd.Average)
     assert got.tolist() == want, f"int64 Average: got {got.tolist()} want {want}"
     # Narrow dtypes, fused together in one group with mixed signs.
-    for dtype, lo, hi in ((torch.int32, -2 ** 28, 2 ** 28), (torch.int16, -4000, 4000), (torch.int8, -30, 30),
-                          (torch.uint8, 0, 60)):
+    for dtype, lo, hi in (
+        (torch.int32, -(2**28), 2**28),
+        (torch.int16, -4000, 4000),
+        (torch.int8, -30, 30),
+        (torch.uint8, 0, 60),
+    ):
         g = torch.Generator().manual_seed(7)
         table = torch.randint(lo, hi, (n, 33), generator=g, dtype=torch.int64)
         want = [trunc_div(int(s), n) for s in table.sum(0).tolist()]
@@ -69,7 +74,8 @@ def check_integer_average():
     vals = [3 + 2 * k for k in range(n)]  # odd: halving truncates each one
     pre = [int(v * 0.5) for v in vals]
     want = trunc_div(sum(pre), n) * 3
-    got = hvd.allreduce(torch.tensor([vals[r]], dtype=torch.int32), op=hvd.Average, prescale_factor=0.5,
-                        postscale_factor=3.0)
+    got = hvd.allreduce(
+        torch.tensor([vals[r]], dtype=torch.int32), op=hvd.Average, prescale_factor=0.5, postscale_factor=3.0
+    )
     assert got.tolist() == [want], f"int Average with pre 0.5, post 3: got {got.tolist()} want {want}"
     hvd.shutdown()

@@ -1,6 +1,7 @@
 """Sparse reductions: sparse_allreduce_async against densified references, and
 nn.Embedding(sparse=True) trained through DistributedOptimizer (all-gather of
 sparse gradients, and sparse_as_dense) against one process on the global batch."""
+
 import warnings
 
 import torch
@@ -26,8 +27,12 @@ def check_sparse_allreduce():
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     nnz = lambda k: 0 if k == 1 else 3 + 2 * k  # rank 1 has nothing to contribute  # noqa: E731
-    cases = [((7, 3), 1, torch.float32), ((6, 5), 2, torch.float64), ((5, 2, 2), 1, torch.float32),
-             ((9, 4), 1, torch.int64)]
+    cases = [
+        ((7, 3), 1, torch.float32),
+        ((6, 5), 2, torch.float64),
+        ((5, 2, 2), 1, torch.float32),
+        ((9, 4), 1, torch.int64),
+    ]
     for shape, sparse_dim, dtype in cases:
         for op in (hvd.Average, hvd.Sum):
             mine = rank_sparse(r, shape, sparse_dim, dtype, nnz(r))
@@ -47,8 +52,10 @@ def check_sparse_allreduce():
     got = hvd.synchronize(hvd.sparse_allreduce_async(rank_sparse(r, (4, 2), 1, torch.float32, 2)))
     want = sum(rank_sparse(k, (4, 2), 1, torch.float32, 2).to_dense() for k in range(n)) / n
     torch.testing.assert_close(got.to_dense(), want)
-    for what, call in [("sparse COO tensor", lambda: hvd.sparse_allreduce_async(torch.ones(3), name="dense")),
-                       ("Average or Sum", lambda: hvd.sparse_allreduce_async(torch.eye(2).to_sparse(), "m", hvd.Max))]:
+    for what, call in [
+        ("sparse COO tensor", lambda: hvd.sparse_allreduce_async(torch.ones(3), name="dense")),
+        ("Average or Sum", lambda: hvd.sparse_allreduce_async(torch.eye(2).to_sparse(), "m", hvd.Max)),
+    ]:
         try:
             call()
         except ValueError as e:
@@ -106,6 +113,7 @@ def count_sparse_gathers():
         if name and ".sparse." in name and name.endswith(".indices"):
             calls.append(name)
         return original(tensor, name=name, process_set=process_set)
+
     hvd.ops.allgather_async = spy
     return calls
 
@@ -123,9 +131,12 @@ def check_embedding_training(mode):
     model = EmbeddingNet()
     model.load_state_dict(base.state_dict())
     gathers = count_sparse_gathers()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
-                                   named_parameters=model.named_parameters(), sparse_as_dense=(mode == "dense"),
-                                   backward_passes_per_step=passes)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        named_parameters=model.named_parameters(),
+        sparse_as_dense=(mode == "dense"),
+        backward_passes_per_step=passes,
+    )
     for step in range(STEPS):
         opt.zero_grad()
         for p in range(passes):
@@ -136,8 +147,13 @@ def check_embedding_training(mode):
         with opt.skip_synchronize():
             opt.step()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=1e-5,
-                                   msg=lambda m: f"{mode}: parameter {name} after {STEPS} steps: {m}")
+        torch.testing.assert_close(
+            p.detach(),
+            q.detach(),
+            atol=1e-6,
+            rtol=1e-5,
+            msg=lambda m: f"{mode}: parameter {name} after {STEPS} steps: {m}",
+        )
     if n > 1:
         if mode == "dense":
             assert not gathers, f"sparse_as_dense=True still all-gathered: {gathers}"
@@ -180,10 +196,10 @@ def check_sparse_adam_with_sparse_as_dense():
         x, _ = tokens_and_labels(step, n)
         target = torch.linspace(-1, 1, DIM)
         ref_opt.zero_grad()
-        (sum(((ref(x[k * PER_RANK:(k + 1) * PER_RANK]) - target) ** 2).sum() for k in range(n)) / n).backward()
+        (sum(((ref(x[k * PER_RANK : (k + 1) * PER_RANK]) - target) ** 2).sum() for k in range(n)) / n).backward()
         ref_opt.step()
         opt.zero_grad()
-        ((base(x[r * PER_RANK:(r + 1) * PER_RANK]) - target) ** 2).sum().backward()
+        ((base(x[r * PER_RANK : (r + 1) * PER_RANK]) - target) ** 2).sum().backward()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             opt.step()
@@ -217,8 +233,9 @@ def check_process_set():
     base = EmbeddingNet()
     model = EmbeddingNet()
     model.load_state_dict(base.state_dict())
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
-                                   named_parameters=model.named_parameters(), process_set=even)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.5), named_parameters=model.named_parameters(), process_set=even
+    )
     reference = EmbeddingNet()
     reference.load_state_dict(base.state_dict())
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
@@ -231,7 +248,6 @@ def check_process_set():
         (sum(shard_loss(reference, step, k, n) for k in group) / len(group)).backward()
         ref_opt.step()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=1e-5,
-                                   msg=lambda m: f"rank {r}: {name}: {m}")
+        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=1e-5, msg=lambda m: f"rank {r}: {name}: {m}")
     hvd.barrier()  # a rank's shutdown stops the others' pending ops
     hvd.shutdown()

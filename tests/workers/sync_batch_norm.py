@@ -2,6 +2,7 @@
 against one torch.nn.BatchNorm{1,2,3}d on the concatenated batch in this
 process: outputs, input gradients, weight/bias gradients (summed over ranks),
 running statistics, and eval-mode outputs, over several steps."""
+
 import torch
 import torch.nn.functional as F
 
@@ -29,7 +30,7 @@ def global_batch(step, sizes, tail, dtype):
 
 def my_rows(t, sizes, r):
     start = sum(sizes[:r])
-    return t[start:start + sizes[r]]
+    return t[start : start + sizes[r]]
 
 
 def compare(got, want, what, dtype):
@@ -40,8 +41,10 @@ def compare(got, want, what, dtype):
 def check_config(reference_cls, tail, dtype, affine=True, momentum=0.1, track=True, with_empty=False):
     r, n = hvd.rank(), hvd.size()
     channels = tail[0]
-    what = (f"{reference_cls.__name__} input (N,{','.join(map(str, tail))}) {dtype} affine={affine} "
-            f"momentum={momentum} track_running_stats={track} empty shard={with_empty}")
+    what = (
+        f"{reference_cls.__name__} input (N,{','.join(map(str, tail))}) {dtype} affine={affine} "
+        f"momentum={momentum} track_running_stats={track} empty shard={with_empty}"
+    )
     torch.manual_seed(7)
     ref = reference_cls(channels, momentum=momentum, affine=affine, track_running_stats=track).to(dtype)
     if affine:
@@ -69,8 +72,12 @@ def check_config(reference_cls, tail, dtype, affine=True, momentum=0.1, track=Tr
             # The loss is a sum over samples, so the global gradient is the sum of every rank's share.
             for name in ("weight", "bias"):
                 mine = getattr(sync, name).grad
-                compare(hvd.allreduce(mine, op=hvd.Sum, name=f"sbn.{name}"), getattr(ref, name).grad,
-                        f"{what} step {step}: {name} gradient", dtype)
+                compare(
+                    hvd.allreduce(mine, op=hvd.Sum, name=f"sbn.{name}"),
+                    getattr(ref, name).grad,
+                    f"{what} step {step}: {name} gradient",
+                    dtype,
+                )
         if track:
             compare(sync.running_mean, ref.running_mean, f"{what} step {step}: running_mean", dtype)
             compare(sync.running_var, ref.running_var, f"{what} step {step}: running_var", dtype)
@@ -108,15 +115,21 @@ def check_training_with_optimizer():
 
     def net(bn_cls):
         torch.manual_seed(3)
-        return torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), bn_cls(4), torch.nn.ReLU(),
-                                   torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3))
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(2, 4, 3, padding=1),
+            bn_cls(4),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(4 * 4 * 4, 3),
+        )
 
     ref = net(torch.nn.BatchNorm2d).double()
     model = net(hvd.SyncBatchNorm).double()
     model.load_state_dict(ref.state_dict())
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=model.named_parameters()
+    )
     for step in range(4):
         g = torch.Generator().manual_seed(step)
         x = torch.randn(per_rank * n, 2, 4, 4, generator=g, dtype=torch.float64)
@@ -157,14 +170,13 @@ def check_bad_input():
     hvd.shutdown()
 
 
-
 def check_process_set():
     """SyncBatchNorm(process_set=even) normalizes over the even ranks' batches only."""
     hvd.init()
     r = hvd.rank()
     even = hvd.add_process_set([k for k in range(hvd.size()) if k % 2 == 0])
     members = even.ranks
-    sizes = [3, 2, 4, 1][:hvd.size()]
+    sizes = [3, 2, 4, 1][: hvd.size()]
     x, upstream = global_batch(0, sizes, (3, 2), torch.float64)
     sync = hvd.SyncBatchNorm(3, process_set=even).double()
     if r not in members:
@@ -187,8 +199,8 @@ def check_process_set():
     y = sync(mine)
     (y * my_rows(upstream, sizes, r)).sum().backward()
     at = sum(sizes[k] for k in members if k < r)
-    compare(y.detach(), y_ref.detach()[at:at + sizes[r]], "process set: output", torch.float64)
-    compare(mine.grad, rows.grad[at:at + sizes[r]], "process set: input gradient", torch.float64)
+    compare(y.detach(), y_ref.detach()[at : at + sizes[r]], "process set: output", torch.float64)
+    compare(mine.grad, rows.grad[at : at + sizes[r]], "process set: input gradient", torch.float64)
     compare(sync.running_var, ref.running_var, "process set: running_var", torch.float64)
     hvd.barrier()
     hvd.shutdown()

@@ -5,6 +5,7 @@ head's bucket is reduced while backward is still running: the trace must
 show communication inside BACKWARD. Each rank writes what it knows about the
 run (steps, bucket count) next to its trace.
 """
+
 import json
 import os
 import time

@@ -4,6 +4,7 @@ Every rank builds the same model (same seed), trains on its shard of each
 global batch through hvdtorch, and also trains a private copy on the whole
 global batch; parameters must match after several steps.
 """
+
 import copy
 
 import torch
@@ -48,7 +49,7 @@ def batch(step, n):
 
 
 def shard(t, r):
-    return t[r * PER_RANK:(r + 1) * PER_RANK]
+    return t[r * PER_RANK : (r + 1) * PER_RANK]
 
 
 def make_opt(kind, params):
@@ -57,8 +58,9 @@ def make_opt(kind, params):
 
 def assert_params_close(a, b, what, atol=1e-5):
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), atol=atol, rtol=1e-4,
-                                   msg=lambda m, name=name: f"{what}: parameter {name}: {m}")
+        torch.testing.assert_close(
+            p.detach(), q.detach(), atol=atol, rtol=1e-4, msg=lambda m, name=name: f"{what}: parameter {name}: {m}"
+        )
 
 
 def train_reference(model, kind, n, steps=STEPS):
@@ -74,8 +76,13 @@ def train_reference(model, kind, n, steps=STEPS):
 def check_distributed_model(configs="all"):
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    modes = {"none": (False, 0), "P": (True, 0), "F": (False, 1 << 20), "P+F": (True, 1 << 20),
-             "P+F small buckets": (True, 600)}
+    modes = {
+        "none": (False, 0),
+        "P": (True, 0),
+        "F": (False, 1 << 20),
+        "P+F": (True, 1 << 20),
+        "P+F small buckets": (True, 600),
+    }
     reducers = ["auto", "ring", "central", "native"]
     cases = [(red, mode, "sgd") for red in reducers for mode in modes] + [("auto", "P+F", "adam")]
     if configs == "quick":
@@ -85,8 +92,13 @@ def check_distributed_model(configs="all"):
         base = Net()
         ref = train_reference(copy.deepcopy(base), kind, n)
         pipeline, fusion = modes[mode]
-        model = hvd.DistributedModel(copy.deepcopy(base), reducer=reducer, pipeline=pipeline, fusion_bytes=fusion,
-                                     first_bucket_bytes=min(fusion, 300))
+        model = hvd.DistributedModel(
+            copy.deepcopy(base),
+            reducer=reducer,
+            pipeline=pipeline,
+            fusion_bytes=fusion,
+            first_bucket_bytes=min(fusion, 300),
+        )
         opt = make_opt(kind, model.parameters())
         for s in range(STEPS):
             x, y = batch(s, n)
@@ -96,8 +108,12 @@ def check_distributed_model(configs="all"):
         # Adam divides by sqrt(v): for near-zero gradients it turns the rounding
         # of a different summation order (mean of shard means vs global mean)
         # into visible differences, so it gets a looser absolute tolerance.
-        assert_params_close(model.module, ref, f"DistributedModel reducer={reducer} mode={mode} opt={kind}",
-                            atol=1e-4 if kind == "adam" else 1e-5)
+        assert_params_close(
+            model.module,
+            ref,
+            f"DistributedModel reducer={reducer} mode={mode} opt={kind}",
+            atol=1e-4 if kind == "adam" else 1e-5,
+        )
     hvd.shutdown()
 
 
@@ -226,14 +242,18 @@ def check_accumulation_and_optimizer():
     assert_params_close(model2.module, ref, "backward_passes_per_step=2")
 
     # DistributedOptimizer (Horovod API), SGD and Adam, with and without fp16 compression.
-    for kind, compression, atol in (("sgd", hvd.Compression.none, 1e-5), ("adam", hvd.Compression.none, 1e-4),
-                                    ("sgd", hvd.Compression.fp16, 2e-3)):
+    for kind, compression, atol in (
+        ("sgd", hvd.Compression.none, 1e-5),
+        ("adam", hvd.Compression.none, 1e-4),
+        ("sgd", hvd.Compression.fp16, 2e-3),
+    ):
         torch.manual_seed(5)
         base = Net()
         reference = train_reference(copy.deepcopy(base), kind, n)
         model = copy.deepcopy(base)
-        opt = hvd.DistributedOptimizer(make_opt(kind, model.parameters()), named_parameters=model.named_parameters(),
-                                       compression=compression)
+        opt = hvd.DistributedOptimizer(
+            make_opt(kind, model.parameters()), named_parameters=model.named_parameters(), compression=compression
+        )
         for s in range(STEPS):
             x, y = batch(s, n)
             opt.zero_grad()
@@ -291,11 +311,16 @@ def check_unused_zero_fill_over_iterations():
         net = copy.deepcopy(base)
         if how == "optimizer":
             model = net
-            opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.0),
-                                           named_parameters=net.named_parameters(), fusion_bytes=1 << 20)
+            opt = hvd.DistributedOptimizer(
+                torch.optim.SGD(net.parameters(), lr=0.0), named_parameters=net.named_parameters(), fusion_bytes=1 << 20
+            )
         else:
-            model = hvd.DistributedModel(net, fusion_bytes=(1 << 20) if how == "model-one-bucket" else 64,
-                                         first_bucket_bytes=64, name=f"zero.{how}")
+            model = hvd.DistributedModel(
+                net,
+                fusion_bytes=(1 << 20) if how == "model-one-bucket" else 64,
+                first_bucket_bytes=64,
+                name=f"zero.{how}",
+            )
             opt = torch.optim.SGD(net.parameters(), lr=0.0)
         for step in range(5):
             for set_to_none in (True, False):  # .grad dropped, or kept and zeroed
@@ -320,12 +345,14 @@ def check_gradient_predivide_factor():
         torch.manual_seed(11)
         base = Net()
         ref = train_reference(copy.deepcopy(base), "sgd", n)
-        model = hvd.DistributedModel(copy.deepcopy(base), gradient_predivide_factor=f, fusion_bytes=4096,
-                                     name=f"predivide.{f}")
+        model = hvd.DistributedModel(
+            copy.deepcopy(base), gradient_predivide_factor=f, fusion_bytes=4096, name=f"predivide.{f}"
+        )
         opt = make_opt("sgd", model.parameters())
         net2 = copy.deepcopy(base)
-        opt2 = hvd.DistributedOptimizer(make_opt("sgd", net2.parameters()), named_parameters=net2.named_parameters(),
-                                        gradient_predivide_factor=f)
+        opt2 = hvd.DistributedOptimizer(
+            make_opt("sgd", net2.parameters()), named_parameters=net2.named_parameters(), gradient_predivide_factor=f
+        )
         for s in range(STEPS):
             x, y = batch(s, n)
             opt.zero_grad()

@@ -106,7 +106,8 @@ void AdasumAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType
     exchange(ctx.link(peer), other, mine.count * esize, base + theirs.offset * esize, theirs.count * esize, deadline);
     // a is the left subtree's vector: mine when I am the left rank.
     char* own = base + mine.offset * esize;
-    std::vector<double> d = left ? adasumDots(own, other, mine.count, dtype) : adasumDots(other, own, mine.count, dtype);
+    std::vector<double> d = left ? adasumDots(own, other, mine.count, dtype)
+                                 : adasumDots(other, own, mine.count, dtype);
     // Sum the partial products over the block of 2*level ranks holding the
     // rest of both vectors (recursive doubling: a + b == b + a, so every
     // rank ends with the same bits).

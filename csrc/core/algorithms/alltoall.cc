@@ -13,8 +13,8 @@ void alltoall(Context& ctx, const AlltoallOptions& opts) {
   if (static_cast<int>(opts.send_bytes.size()) != p || static_cast<int>(opts.recv_bytes.size()) != p)
     throw InvalidArgument(strCat("rank ", me, ": alltoall needs one send and one receive size per rank"));
   if (opts.send_bytes[me] != opts.recv_bytes[me])
-    throw InvalidArgument(strCat("rank ", me, ": alltoall keeps ", opts.send_bytes[me], " bytes but expects ",
-                                 opts.recv_bytes[me]));
+    throw InvalidArgument(
+        strCat("rank ", me, ": alltoall keeps ", opts.send_bytes[me], " bytes but expects ", opts.recv_bytes[me]));
   const std::vector<size_t> send_at = blockOffsets(opts.send_bytes);
   const std::vector<size_t> recv_at = blockOffsets(opts.recv_bytes);
   const char* in = static_cast<const char*>(opts.input);

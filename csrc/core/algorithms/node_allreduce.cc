@@ -18,7 +18,8 @@ ShmArena& NodeAllreduce::arena(Context& ctx) {
   const Topology& t = ctx.topo();
   if (arena_) {
     if (arena_rank_ != t.rank || arena_->localSize() != t.local_size || arena_->localRank() != t.local_rank)
-      throw InvalidArgument(strCat("rank ", t.rank, ": node reducer reused with a different topology; "
+      throw InvalidArgument(strCat("rank ", t.rank,
+                                   ": node reducer reused with a different topology; "
                                    "make one NodeAllreduce per Context"));
     return *arena_;
   }
@@ -32,8 +33,8 @@ void NodeAllreduce::checkUsable(const Context& ctx, DataType dtype, ReduceOp op,
   if (!Reducer::supports(ctx, dtype, op))
     throw InvalidArgument(strCat("node reducer: op ", reduceOpName(op), " is not an element-wise reduction"));
   if (opts_.slot_bytes / dtypeSize(dtype) < min_slot_elems)
-    throw InvalidArgument(strCat("node reducer: slot of ", opts_.slot_bytes, " bytes holds fewer than ",
-                                 min_slot_elems, " ", dtypeName(dtype), " elements"));
+    throw InvalidArgument(strCat("node reducer: slot of ", opts_.slot_bytes, " bytes holds fewer than ", min_slot_elems,
+                                 " ", dtypeName(dtype), " elements"));
   if (!broken_.empty()) throw CollectiveError(broken_);
 }
 

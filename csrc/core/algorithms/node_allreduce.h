@@ -68,8 +68,7 @@ class NodeAllreduce : public Reducer {
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
   // One host with several ranks: the reduce-scatter runs in shared memory.
   bool hasReduceScatter(const Context& ctx) const override;
-  void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
-                     ReduceOp op) override;
+  void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype, ReduceOp op) override;
 
  private:
   ShmArena& arena(Context& ctx);
@@ -83,9 +82,9 @@ class NodeAllreduce : public Reducer {
   NodeOptions opts_;
   RingAllreduce ring_;
   std::unique_ptr<ShmArena> arena_;
-  int arena_rank_ = -1;         // the global rank the arena was made for
-  uint64_t chunks_ = 0;         // chunks done in this arena; its parity picks the buffer set
-  std::string broken_;          // set after a failure: later calls throw it
+  int arena_rank_ = -1;  // the global rank the arena was made for
+  uint64_t chunks_ = 0;  // chunks done in this arena; its parity picks the buffer set
+  std::string broken_;   // set after a failure: later calls throw it
 };
 
 }  // namespace hvdtorch

@@ -43,8 +43,8 @@ uint16_t floatToHalf(float f) {
     return sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u);
   }
   if (absx >= 0x477ff000u) return sign | 0x7c00u;  // overflows to inf
-  if (absx < 0x38800000u) {                       // result is subnormal or zero
-    if (absx < 0x33000000u) return sign;          // rounds to zero
+  if (absx < 0x38800000u) {                        // result is subnormal or zero
+    if (absx < 0x33000000u) return sign;           // rounds to zero
     const uint32_t e = absx >> 23;
     const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126u - e;  // 14..24
@@ -124,19 +124,25 @@ void reduceBool(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t n
 template <typename Op>
 void dispatchType(void* dst, const void* src, size_t n, DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8: return reduceLoop<uint8_t, Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+    case DataType::kUInt8:
+      return reduceLoop<uint8_t, Op>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
     case DataType::kInt8: return reduceLoop<int8_t, Op>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), n);
-    case DataType::kInt16: return reduceLoop<int16_t, Op>(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n);
-    case DataType::kInt32: return reduceLoop<int32_t, Op>(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n);
-    case DataType::kInt64: return reduceLoop<int64_t, Op>(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n);
+    case DataType::kInt16:
+      return reduceLoop<int16_t, Op>(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), n);
+    case DataType::kInt32:
+      return reduceLoop<int32_t, Op>(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n);
+    case DataType::kInt64:
+      return reduceLoop<int64_t, Op>(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n);
     case DataType::kFloat32: return reduceLoop<float, Op>(static_cast<float*>(dst), static_cast<const float*>(src), n);
-    case DataType::kFloat64: return reduceLoop<double, Op>(static_cast<double*>(dst), static_cast<const double*>(src), n);
+    case DataType::kFloat64:
+      return reduceLoop<double, Op>(static_cast<double*>(dst), static_cast<const double*>(src), n);
     case DataType::kFloat16:
-      return reduceHalfLoop<halfToFloat, floatToHalf, Op>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
+      return reduceHalfLoop<halfToFloat, floatToHalf, Op>(static_cast<uint16_t*>(dst),
+                                                          static_cast<const uint16_t*>(src), n);
     case DataType::kBFloat16:
-      return reduceHalfLoop<bf16ToFloat, floatToBf16, Op>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
-    case DataType::kBool:
-      break;  // handled by the caller
+      return reduceHalfLoop<bf16ToFloat, floatToBf16, Op>(static_cast<uint16_t*>(dst),
+                                                          static_cast<const uint16_t*>(src), n);
+    case DataType::kBool: break;  // handled by the caller
   }
 }
 
@@ -170,8 +176,7 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
     case ReduceOp::kMax: return dispatchType<MaxOp>(dst, src, count, dtype);
     case ReduceOp::kProduct: return dispatchType<ProdOp>(dst, src, count, dtype);
     case ReduceOp::kAverage:
-    case ReduceOp::kAdasum:
-      break;
+    case ReduceOp::kAdasum: break;
   }
   throw InvalidArgument(strCat("reduceInto: op ", reduceOpName(op), " is not an element-wise reduction"));
 }
@@ -187,9 +192,9 @@ void scaleBuffer(void* buf, size_t count, DataType dtype, double factor) {
     case DataType::kFloat32: return scaleLoop(static_cast<float*>(buf), count, factor);
     case DataType::kFloat64: return scaleLoop(static_cast<double*>(buf), count, factor);
     case DataType::kFloat16: return scaleHalfLoop<halfToFloat, floatToHalf>(static_cast<uint16_t*>(buf), count, factor);
-    case DataType::kBFloat16: return scaleHalfLoop<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(buf), count, factor);
-    case DataType::kBool:
-      throw InvalidArgument("scaling is not defined for bool tensors");
+    case DataType::kBFloat16:
+      return scaleHalfLoop<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(buf), count, factor);
+    case DataType::kBool: throw InvalidArgument("scaling is not defined for bool tensors");
   }
 }
 
@@ -228,13 +233,20 @@ void copyAveraged(void* dst, const void* src, size_t count, DataType dtype, int6
   }
   if (count == 0) return;
   switch (dtype) {
-    case DataType::kUInt8: divideLoop(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, divisor); break;
+    case DataType::kUInt8:
+      divideLoop(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, divisor);
+      break;
     case DataType::kInt8: divideLoop(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, divisor); break;
-    case DataType::kInt16: divideLoop(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, divisor); break;
-    case DataType::kInt32: divideLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, divisor); break;
-    case DataType::kInt64: divideLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, divisor); break;
-    default:
-      throw InvalidArgument(strCat("Average is not defined for ", dtypeName(dtype), " tensors"));
+    case DataType::kInt16:
+      divideLoop(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, divisor);
+      break;
+    case DataType::kInt32:
+      divideLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, divisor);
+      break;
+    case DataType::kInt64:
+      divideLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, divisor);
+      break;
+    default: throw InvalidArgument(strCat("Average is not defined for ", dtypeName(dtype), " tensors"));
   }
   scaleBuffer(dst, count, dtype, factor);
 }
@@ -246,19 +258,27 @@ void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double
     return;
   }
   switch (dtype) {
-    case DataType::kUInt8: return copyScaledLoop(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, factor);
-    case DataType::kInt8: return copyScaledLoop(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, factor);
-    case DataType::kInt16: return copyScaledLoop(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, factor);
-    case DataType::kInt32: return copyScaledLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, factor);
-    case DataType::kInt64: return copyScaledLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, factor);
-    case DataType::kFloat32: return copyScaledLoop(static_cast<float*>(dst), static_cast<const float*>(src), count, factor);
-    case DataType::kFloat64: return copyScaledLoop(static_cast<double*>(dst), static_cast<const double*>(src), count, factor);
+    case DataType::kUInt8:
+      return copyScaledLoop(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, factor);
+    case DataType::kInt8:
+      return copyScaledLoop(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count, factor);
+    case DataType::kInt16:
+      return copyScaledLoop(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count, factor);
+    case DataType::kInt32:
+      return copyScaledLoop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count, factor);
+    case DataType::kInt64:
+      return copyScaledLoop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), count, factor);
+    case DataType::kFloat32:
+      return copyScaledLoop(static_cast<float*>(dst), static_cast<const float*>(src), count, factor);
+    case DataType::kFloat64:
+      return copyScaledLoop(static_cast<double*>(dst), static_cast<const double*>(src), count, factor);
     case DataType::kFloat16:
-      return copyScaledHalf<halfToFloat, floatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, factor);
+      return copyScaledHalf<halfToFloat, floatToHalf>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src),
+                                                      count, factor);
     case DataType::kBFloat16:
-      return copyScaledHalf<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count, factor);
-    case DataType::kBool:
-      throw InvalidArgument("scaling is not defined for bool tensors");
+      return copyScaledHalf<bf16ToFloat, floatToBf16>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src),
+                                                      count, factor);
+    case DataType::kBool: throw InvalidArgument("scaling is not defined for bool tensors");
   }
 }
 

@@ -35,9 +35,7 @@ class Reducer {
   // ops Sum, Min, Max, Product on every dtype).
   virtual bool supports(const Context& ctx, DataType dtype, ReduceOp op) const;
   // Whether `auto` may pick it for this dtype/op (default: when supported).
-  virtual bool autoCandidate(const Context& ctx, DataType dtype, ReduceOp op) const {
-    return supports(ctx, dtype, op);
-  }
+  virtual bool autoCandidate(const Context& ctx, DataType dtype, ReduceOp op) const { return supports(ctx, dtype, op); }
 
   // Reduce-scatter, for reducers that have one on this context (default:
   // none). `data` holds this rank's contribution: ctx.size() consecutive
@@ -45,8 +43,7 @@ class Reducer {
   // the reduction of every rank's block ctx.rank(); the other blocks are
   // undefined. Every rank passes the same counts.
   virtual bool hasReduceScatter(const Context& ctx) const { return false; }
-  virtual void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
-                             ReduceOp op);
+  virtual void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype, ReduceOp op);
 };
 
 // Index of a reducer in the registry (reducer_registry.h); kAutoReducer lets

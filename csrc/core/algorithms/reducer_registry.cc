@@ -12,26 +12,26 @@ const std::vector<ReducerEntry>& reducerRegistry() {
   // microseconds per message and about 1 GB/s; the backend's own all-reduce
   // has the lowest latency for tiny messages; shared memory beats both.
   static const std::vector<ReducerEntry> table = {
-      {"ring", [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
-         return std::make_unique<RingAllreduce>(env.ring);
-       },
-       "", 200e-6, 1.5e-9, true, std::nullopt},
-      {"node", [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
+      {"ring",
+       [](const ReducerEnv& env) -> std::unique_ptr<Reducer> { return std::make_unique<RingAllreduce>(env.ring); }, "",
+       200e-6, 1.5e-9, true, std::nullopt},
+      {"node",
+       [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
          if (env.shm_prefix.empty()) return nullptr;
          return std::make_unique<NodeAllreduce>(NodeOptions{env.shm_prefix, size_t(4) << 20, env.ring});
        },
        "the node reducer needs shared memory, which is off (HVDTORCH_SHM=0)", 20e-6, 0.5e-9, true, std::nullopt},
-      {"central", [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
+      {"central",
+       [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
          return std::make_unique<CentralAllreduce>(env.central);
        },
        "", 150e-6, 4e-9, true, std::nullopt},
-      {"native", [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
-         return std::make_unique<NativeAllreduce>(env.ring);
-       },
+      {"native",
+       [](const ReducerEnv& env) -> std::unique_ptr<Reducer> { return std::make_unique<NativeAllreduce>(env.ring); },
        "", 100e-6, 3e-9, true, std::nullopt},
       // Serves only op Adasum, so `auto` picks it exactly for that op.
-      {"adasum", [](const ReducerEnv&) -> std::unique_ptr<Reducer> { return std::make_unique<AdasumAllreduce>(); },
-       "", 300e-6, 3e-9, true, ReduceOp::kAdasum},
+      {"adasum", [](const ReducerEnv&) -> std::unique_ptr<Reducer> { return std::make_unique<AdasumAllreduce>(); }, "",
+       300e-6, 3e-9, true, ReduceOp::kAdasum},
   };
   return table;
 }

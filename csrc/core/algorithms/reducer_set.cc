@@ -62,8 +62,8 @@ Reducer& ReducerSet::reduceScatterer(const Context& ctx, size_t bytes, DataType 
       best_t = t;
     }
   }
-  if (!best) throw InvalidArgument(strCat("no reducer has a reduce-scatter for ", reduceOpName(op), " on ",
-                                          dtypeName(dtype)));
+  if (!best)
+    throw InvalidArgument(strCat("no reducer has a reduce-scatter for ", reduceOpName(op), " on ", dtypeName(dtype)));
   return *best;
 }
 

@@ -7,8 +7,7 @@
 
 namespace hvdtorch {
 
-void ringAllgatherv(Context& ctx, const void* input, void* output,
-                    const std::vector<size_t>& bytes_per_rank) {
+void ringAllgatherv(Context& ctx, const void* input, void* output, const std::vector<size_t>& bytes_per_rank) {
   const int p = ctx.size();
   const int me = ctx.rank();
   if (static_cast<int>(bytes_per_rank.size()) != p)

@@ -10,8 +10,7 @@
 
 namespace hvdtorch {
 
-void ringAllgatherv(Context& ctx, const void* input, void* output,
-                    const std::vector<size_t>& bytes_per_rank);
+void ringAllgatherv(Context& ctx, const void* input, void* output, const std::vector<size_t>& bytes_per_rank);
 
 // Broadcast over links along a chain (root -> root+1 -> ...), segmented so the
 // chain pipelines. Used where the backend has no broadcast of its own.

@@ -12,9 +12,9 @@ namespace {
 
 // One message of the ring schedule: a segment of one block at one step.
 struct Message {
-  int step;        // 0 .. 2(p-1)-1; steps < p-1 are reduce-scatter
-  size_t offset;   // element offset into the buffer
-  size_t count;    // elements
+  int step;       // 0 .. 2(p-1)-1; steps < p-1 are reduce-scatter
+  size_t offset;  // element offset into the buffer
+  size_t count;   // elements
 };
 
 int mod(int a, int p) { return ((a % p) + p) % p; }
@@ -77,8 +77,7 @@ void RingAllreduce::run(Context& ctx, const std::vector<int>& members, void* dat
                         DataType dtype, ReduceOp op, bool allgather) {
   const int p = static_cast<int>(members.size());
   const auto it = std::find(members.begin(), members.end(), ctx.rank());
-  if (it == members.end())
-    throw InvalidArgument(strCat("rank ", ctx.rank(), ": ring called on a group it is not in"));
+  if (it == members.end()) throw InvalidArgument(strCat("rank ", ctx.rank(), ": ring called on a group it is not in"));
   const int pos = static_cast<int>(it - members.begin());
   const int rs_steps = p - 1;
   const int steps = allgather ? 2 * (p - 1) : p - 1;

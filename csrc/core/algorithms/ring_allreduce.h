@@ -38,25 +38,24 @@ class RingAllreduce : public Reducer {
   const char* name() const override { return "ring"; }
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
   bool hasReduceScatter(const Context&) const override { return true; }
-  void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
-                     ReduceOp op) override;
+  void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype, ReduceOp op) override;
 
   // All-reduce among `members` only (global ranks, ring order; must contain
   // ctx.rank()). `data` is reduced element-wise across those ranks.
-  void allreduceAmong(Context& ctx, const std::vector<int>& members, void* data, size_t count,
-                      DataType dtype, ReduceOp op);
+  void allreduceAmong(Context& ctx, const std::vector<int>& members, void* data, size_t count, DataType dtype,
+                      ReduceOp op);
   // Reduce-scatter among `members`: on return, the element range blocks[i]
   // of `data` on ring position i holds the reduction of that range over every
   // member. The blocks tile a prefix of the buffer in any order and may be
   // empty; every member passes the same blocks.
-  void reduceScatterAmong(Context& ctx, const std::vector<int>& members, void* data,
-                          const std::vector<Range>& blocks, DataType dtype, ReduceOp op);
+  void reduceScatterAmong(Context& ctx, const std::vector<int>& members, void* data, const std::vector<Range>& blocks,
+                          DataType dtype, ReduceOp op);
 
  private:
   // The ring schedule over `blocks`: the reduce-scatter steps and, when
   // `allgather` is set, the all-gather steps after them.
-  void run(Context& ctx, const std::vector<int>& members, void* data, const std::vector<Range>& blocks,
-           DataType dtype, ReduceOp op, bool allgather);
+  void run(Context& ctx, const std::vector<int>& members, void* data, const std::vector<Range>& blocks, DataType dtype,
+           ReduceOp op, bool allgather);
 
   RingOptions opts_;
   std::vector<char> scratch_;  // persistent receive slots, grown on demand

@@ -6,18 +6,14 @@ size_t dtypeSize(DataType t) {
   switch (t) {
     case DataType::kUInt8:
     case DataType::kInt8:
-    case DataType::kBool:
-      return 1;
+    case DataType::kBool: return 1;
     case DataType::kInt16:
     case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return 2;
+    case DataType::kBFloat16: return 2;
     case DataType::kInt32:
-    case DataType::kFloat32:
-      return 4;
+    case DataType::kFloat32: return 4;
     case DataType::kInt64:
-    case DataType::kFloat64:
-      return 8;
+    case DataType::kFloat64: return 8;
   }
   return 0;
 }
@@ -39,8 +35,7 @@ const char* dtypeName(DataType t) {
 }
 
 bool isFloating(DataType t) {
-  return t == DataType::kFloat16 || t == DataType::kBFloat16 ||
-         t == DataType::kFloat32 || t == DataType::kFloat64;
+  return t == DataType::kFloat16 || t == DataType::kBFloat16 || t == DataType::kFloat32 || t == DataType::kFloat64;
 }
 
 const char* reduceOpName(ReduceOp op) {

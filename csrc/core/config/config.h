@@ -13,19 +13,19 @@
 namespace hvdtorch {
 
 struct Config {
-  std::chrono::milliseconds timeout{std::chrono::seconds(600)};      // HVDTORCH_TIMEOUT (s)
-  std::chrono::milliseconds stall_warning{std::chrono::seconds(60)}; // HVDTORCH_STALL_CHECK_TIME (s)
-  std::chrono::microseconds cycle_time{1000};                        // HVDTORCH_CYCLE_TIME (ms)
-  size_t fusion_threshold = 64u << 20;                               // HVDTORCH_FUSION_THRESHOLD (bytes)
-  size_t cache_capacity = 1024;                                      // HVDTORCH_CACHE_CAPACITY
-  std::string reducer = "auto";                                      // HVDTORCH_REDUCER
-  bool shm = true;                                                   // HVDTORCH_SHM
-  size_t ring_segment_bytes = 1u << 20;                              // HVDTORCH_RING_SEGMENT_BYTES
-  int ring_window = 4;                                               // HVDTORCH_RING_WINDOW
-  int central_shards = 1;                                            // HVDTORCH_CENTRAL_SHARDS
-  bool calibrate = true;                                             // HVDTORCH_CALIBRATE
-  std::string timeline;                                              // HVDTORCH_TIMELINE (path)
-  std::string hostname;                                              // HVDTORCH_HOSTNAME (empty: the real one)
+  std::chrono::milliseconds timeout{std::chrono::seconds(600)};       // HVDTORCH_TIMEOUT (s)
+  std::chrono::milliseconds stall_warning{std::chrono::seconds(60)};  // HVDTORCH_STALL_CHECK_TIME (s)
+  std::chrono::microseconds cycle_time{1000};                         // HVDTORCH_CYCLE_TIME (ms)
+  size_t fusion_threshold = 64u << 20;                                // HVDTORCH_FUSION_THRESHOLD (bytes)
+  size_t cache_capacity = 1024;                                       // HVDTORCH_CACHE_CAPACITY
+  std::string reducer = "auto";                                       // HVDTORCH_REDUCER
+  bool shm = true;                                                    // HVDTORCH_SHM
+  size_t ring_segment_bytes = 1u << 20;                               // HVDTORCH_RING_SEGMENT_BYTES
+  int ring_window = 4;                                                // HVDTORCH_RING_WINDOW
+  int central_shards = 1;                                             // HVDTORCH_CENTRAL_SHARDS
+  bool calibrate = true;                                              // HVDTORCH_CALIBRATE
+  std::string timeline;                                               // HVDTORCH_TIMELINE (path)
+  std::string hostname;                                               // HVDTORCH_HOSTNAME (empty: the real one)
 
   struct Knob {
     std::string name;  // without the HVDTORCH_ prefix

@@ -49,8 +49,8 @@ void CpuDevice::copyScaled(void* dst, const void* src, size_t count, DataType dt
   hvdtorch::copyScaled(dst, src, count, dtype, factor);
 }
 
-void CpuDevice::copyAveraged(void* dst, const void* src, size_t count, DataType dtype, int64_t divisor,
-                             double factor, Stream*) {
+void CpuDevice::copyAveraged(void* dst, const void* src, size_t count, DataType dtype, int64_t divisor, double factor,
+                             Stream*) {
   hvdtorch::copyAveraged(dst, src, count, dtype, divisor, factor);
 }
 

@@ -17,8 +17,7 @@ namespace hvdtorch {
 namespace {
 
 void check(cudaError_t e, int ordinal, const char* what) {
-  if (e != cudaSuccess)
-    throw CollectiveError(strCat("cuda:", ordinal, ": ", what, " failed: ", cudaGetErrorString(e)));
+  if (e != cudaSuccess) throw CollectiveError(strCat("cuda:", ordinal, ": ", what, " failed: ", cudaGetErrorString(e)));
 }
 
 // ---- element types: what a value is loaded as, and how it is stored back ---
@@ -350,8 +349,8 @@ class CudaDevice : public Device {
 
   template <typename T>
   static void launchAverage(void* dst, const void* src, size_t n, int64_t divisor, double factor, cudaStream_t s) {
-    averageIntKernel<T><<<blocksFor(n), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src), n,
-                                                          divisor, factor);
+    averageIntKernel<T>
+        <<<blocksFor(n), kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(src), n, divisor, factor);
   }
 
   int ordinal_;

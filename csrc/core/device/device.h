@@ -71,14 +71,12 @@ class Device {
   virtual void fill(void* dst, size_t bytes, uint8_t byte, Stream* stream) = 0;
 
   // dst[i] = dst[i] (op) src[i]; op is Sum, Min, Max or Product.
-  virtual void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op,
-                          Stream* stream) = 0;
+  virtual void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op, Stream* stream) = 0;
   // dst[i] = src[i] * factor (dst may equal src).
-  virtual void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double factor,
-                          Stream* stream) = 0;
+  virtual void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double factor, Stream* stream) = 0;
   // dst[i] = (src[i] / divisor) * factor, as copyAveraged in reduce_kernels.h.
-  virtual void copyAveraged(void* dst, const void* src, size_t count, DataType dtype, int64_t divisor,
-                            double factor, Stream* stream) = 0;
+  virtual void copyAveraged(void* dst, const void* src, size_t count, DataType dtype, int64_t divisor, double factor,
+                            Stream* stream) = 0;
 
   // A new stream owned by the caller.
   virtual std::unique_ptr<Stream> newStream() = 0;
@@ -91,7 +89,7 @@ class Device {
   virtual void record(Event& event, Stream* stream) = 0;
   // Work enqueued on `stream` after this call starts once `event` completed.
   virtual void wait(Stream* stream, Event& event) = 0;
-  virtual bool query(Event& event) = 0;      // completed?
+  virtual bool query(Event& event) = 0;        // completed?
   virtual void synchronize(Event& event) = 0;  // blocks the host until completed
 };
 

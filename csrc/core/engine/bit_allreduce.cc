@@ -15,7 +15,8 @@ struct Group {
 
 class Steps {
  public:
-  Steps(Context& ctx, Deadline d, BitAllreduceCost* cost, size_t bytes) : ctx_(ctx), d_(d), cost_(cost), bytes_(bytes) {}
+  Steps(Context& ctx, Deadline d, BitAllreduceCost* cost, size_t bytes)
+      : ctx_(ctx), d_(d), cost_(cost), bytes_(bytes) {}
 
   void send(int peer, const std::vector<uint64_t>& w) {
     ctx_.link(peer).send(w.data(), bytes_, d_);

@@ -36,8 +36,8 @@ std::vector<char> ControlPlane::recvBytes(Link& link, Deadline d) {
   uint64_t n = 0;
   std::memcpy(&n, frame, sizeof n);
   if (n > kMaxMessage)
-    throw CollectiveError(strCat("corrupt control message from rank ", link.peer(), " (length ", n, " > ", kMaxMessage,
-                                 ")"));
+    throw CollectiveError(
+        strCat("corrupt control message from rank ", link.peer(), " (length ", n, " > ", kMaxMessage, ")"));
   std::vector<char> bytes(n);
   const size_t first = std::min<size_t>(n, kInline);
   if (first > 0) std::memcpy(bytes.data(), frame + sizeof n, first);

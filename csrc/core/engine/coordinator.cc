@@ -76,8 +76,8 @@ Response Coordinator::makeResponse(std::vector<Request> reqs, const std::vector<
   if (!stand_ins.empty()) {
     // What a rank that adds nothing can take part in.
     const std::string joined = strCat("ranks ", rankList(stand_ins), " have joined");
-    const bool reduces_with_zeros =
-        s.type != OpType::kAllreduce || model.reduce().op == ReduceOp::kSum || model.reduce().op == ReduceOp::kAverage;
+    const bool reduces_with_zeros = s.type != OpType::kAllreduce || model.reduce().op == ReduceOp::kSum ||
+                                    model.reduce().op == ReduceOp::kAverage;
     if (s.type == OpType::kAlltoall || s.type == OpType::kReducescatter || !reduces_with_zeros) {
       s.error = strCat(model.describe(), (scope_.empty() ? "" : " in " + scope_), ": cannot run while ", joined,
                        " (while ranks have joined, only allreduce with Sum or Average, allgather, broadcast and "
@@ -155,15 +155,14 @@ std::optional<Response> Coordinator::checkStall(const std::string& what, OpType 
   }
   if (!warned) {
     warned = true;
-    warn_(strCat("hvdtorch: stall: ", where, " has waited ", seconds(waited), " s: ready on ranks ",
-                 rankList(ready), ", missing on ranks ", rankList(missing)));
+    warn_(strCat("hvdtorch: stall: ", where, " has waited ", seconds(waited), " s: ready on ranks ", rankList(ready),
+                 ", missing on ranks ", rankList(missing)));
   }
   return std::nullopt;
 }
 
-std::vector<bool> Coordinator::submitted(const std::string& name, const Pending& pending,
-                                         const ResponseCache& cache, const BitRanks& bit_ranks,
-                                         const std::vector<bool>& joined) const {
+std::vector<bool> Coordinator::submitted(const std::string& name, const Pending& pending, const ResponseCache& cache,
+                                         const BitRanks& bit_ranks, const std::vector<bool>& joined) const {
   const int id = cache.idOf(name);
   const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
   std::vector<bool> has(size_);
@@ -318,8 +317,7 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
   }
   if (join_done) out.responses.push_back(std::move(*join_done));
   // Forget bit timers for ops nobody reports any more.
-  for (auto it = bits_.begin(); it != bits_.end();)
-    it = bit_ranks.count(it->first) ? std::next(it) : bits_.erase(it);
+  for (auto it = bits_.begin(); it != bits_.end();) it = bit_ranks.count(it->first) ? std::next(it) : bits_.erase(it);
 
   return out;
 }

@@ -51,7 +51,6 @@ class Coordinator {
   // [0, 2]"). The global set keeps the defaults (identity, no scope).
   void setScope(std::vector<int> global_ranks, std::string scope);
 
-
  private:
   struct Pending {
     std::vector<std::optional<Request>> by_rank;

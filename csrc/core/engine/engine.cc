@@ -14,8 +14,7 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
     : config_(std::move(config)),
       timeline_(config_.timeline, topo.rank),
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
-      data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native,
-                config_.timeout),
+      data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native, config_.timeout),
       reducers_(reducerEnv(config_, transports.shm_token, 0)),
       executor_(data_ctx_, reducers_, timeline_),
       control_(control_ctx_),
@@ -74,8 +73,9 @@ int32_t Engine::addProcessSet(std::vector<int> ranks) {
     throw InvalidArgument(strCat("rank ", t.rank, ": a process set lists rank ",
                                  *std::adjacent_find(ranks.begin(), ranks.end()), " twice"));
   if (ranks.front() < 0 || ranks.back() >= t.size)
-    throw InvalidArgument(strCat("rank ", t.rank, ": process set rank ", ranks.front() < 0 ? ranks.front() : ranks.back(),
-                                 " is not a rank in [0, ", t.size, ")"));
+    throw InvalidArgument(strCat("rank ", t.rank, ": process set rank ",
+                                 ranks.front() < 0 ? ranks.front() : ranks.back(), " is not a rank in [0, ", t.size,
+                                 ")"));
   auto ps = std::make_shared<ProcessSet>();
   ps->ranks = ranks;
   const auto me = std::find(ranks.begin(), ranks.end(), t.rank);
@@ -117,7 +117,8 @@ void Engine::removeProcessSet(int32_t id) {
   auto it = sets_.find(id);
   if (it == sets_.end()) throw InvalidArgument(strCat("rank ", me, ": process set ", id, " does not exist"));
   if (it->second->outstanding > 0)
-    throw InvalidArgument(strCat("rank ", me, ": ", it->second->describe(), " still has ", it->second->outstanding.load(),
+    throw InvalidArgument(strCat("rank ", me, ": ", it->second->describe(), " still has ",
+                                 it->second->outstanding.load(),
                                  " op(s) in flight on this rank; synchronize them before removing it"));
   sets_.erase(it);  // units still queued keep it alive (QueuedUnit)
 }
@@ -155,8 +156,8 @@ int64_t Engine::submit(EntryPtr entry) {
     throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " '", req.name, "': process set ",
                                  req.process_set_id, " does not exist (never added, or removed)"));
   if (!ps->member())
-    throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " '", req.name, "': ",
-                                 ps->describe(), " does not include this rank"));
+    throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " '", req.name,
+                                 "': ", ps->describe(), " does not include this rank"));
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) throw CollectiveError(strCat(req.describe(), ": ", failure_));
   if (shutdown_requested_ || stopped_)
@@ -269,8 +270,8 @@ void Engine::controlLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       stop = stopped_;
     } catch (const std::exception& e) {
-      const std::string why = strCat("rank ", control_ctx_.rank(),
-                                     ": lost contact with the other ranks during negotiation: ", e.what());
+      const std::string why =
+          strCat("rank ", control_ctx_.rank(), ": lost contact with the other ranks during negotiation: ", e.what());
       failEverything(why);
       std::string reason;  // the first failure on this rank, which may predate this one
       {
@@ -338,8 +339,7 @@ std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list)
     s.type = cached.type;
     s.name = cached.name;
     s.process_set_id = cached.process_set_id;
-    if (planIndexFor(cached.type) != 0)
-      s.plan = makePlan(std::vector<const Request*>(ps.control->size(), &cached));
+    if (planIndexFor(cached.type) != 0) s.plan = makePlan(std::vector<const Request*>(ps.control->size(), &cached));
     ready.push_back({std::move(s), take(cached.name)});
   }
   for (const Response& s : list.responses) {
@@ -432,13 +432,12 @@ void Engine::runCycle() {
   if (list.shutdown) {
     // Name the rank that stopped and, when it stopped on an error, that error:
     // "shut down" alone would hide the real cause from everyone else.
-    const std::string reason =
-        list.shutdown_reason.empty()
-            ? strCat("hvdtorch was shut down (shutdown() called on rank ", list.shutdown_rank,
-                     ") while this op was pending")
-            : (list.shutdown_rank == me ? list.shutdown_reason
-                                        : strCat("stopped because rank ", list.shutdown_rank,
-                                                 " failed: ", list.shutdown_reason));
+    const std::string reason = list.shutdown_reason.empty()
+                                   ? strCat("hvdtorch was shut down (shutdown() called on rank ", list.shutdown_rank,
+                                            ") while this op was pending")
+                                   : (list.shutdown_rank == me ? list.shutdown_reason
+                                                               : strCat("stopped because rank ", list.shutdown_rank,
+                                                                        " failed: ", list.shutdown_reason));
     auto why = [&](const EntryPtr& e) { return strCat("rank ", me, ": ", e->request.describe(), ": ", reason); };
     failNegotiating(why);
     std::deque<EntryPtr> late;

@@ -46,9 +46,9 @@ namespace hvdtorch {
 class Engine {
  public:
   struct Transports {
-    Context::LinkFactory control;  // links for negotiation (own process group)
-    Context::LinkFactory data;     // links for collectives between hosts
-    Context::LinkFactory local;    // same-host links; empty: shared memory when shm_token is set
+    Context::LinkFactory control;         // links for negotiation (own process group)
+    Context::LinkFactory data;            // links for collectives between hosts
+    Context::LinkFactory local;           // same-host links; empty: shared memory when shm_token is set
     NativeCollectives* native = nullptr;  // the data group's own collectives
     // Job-unique token shared by every rank (names the shared-memory
     // segments). Empty, or HVDTORCH_SHM=0: no shared memory at all.

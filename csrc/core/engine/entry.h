@@ -14,7 +14,7 @@ namespace hvdtorch {
 
 struct Entry {
   Request request;
-  std::vector<TensorPtr> inputs;   // one per request tensor
+  std::vector<TensorPtr> inputs;  // one per request tensor
   // Allreduce/broadcast: given by the caller, may alias inputs (in place).
   // Allgather/alltoall/reducescatter: made by the engine through `allocate`
   // once negotiation has fixed their shape (alltoall adds the received splits).

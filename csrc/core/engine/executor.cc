@@ -252,8 +252,8 @@ void Executor::reducescatterRun(Entry& e, const ReducescatterPlan& plan, size_t 
       size_t row_at = 0;  // first row of rank r in tensor t
       for (int q = 0; q < r; ++q) row_at += static_cast<size_t>(plan.rows[t * p + q]);
       const size_t n = static_cast<size_t>(plan.rows[t * p + r]) * row[t];
-      copyScaled(buf + at * esize, static_cast<const char*>(e.inputs[t]->data()) + row_at * row[t] * esize, n,
-                 dtype, args.prescale);
+      copyScaled(buf + at * esize, static_cast<const char*>(e.inputs[t]->data()) + row_at * row[t] * esize, n, dtype,
+                 args.prescale);
       at += n;
     }
   }

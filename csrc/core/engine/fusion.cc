@@ -10,8 +10,8 @@ namespace {
 bool fusable(const Request& a, size_t ta, const Request& b, size_t tb) {
   const ReduceArgs& x = a.reduce();
   const ReduceArgs& y = b.reduce();
-  return x.fuse && y.fuse && a.tensors[ta].dtype == b.tensors[tb].dtype && x.op == y.op &&
-         x.prescale == y.prescale && x.postscale == y.postscale && x.reducer == y.reducer;
+  return x.fuse && y.fuse && a.tensors[ta].dtype == b.tensors[tb].dtype && x.op == y.op && x.prescale == y.prescale &&
+         x.postscale == y.postscale && x.reducer == y.reducer;
 }
 
 }  // namespace
@@ -41,8 +41,7 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
       bool fits = false;
       if (open != kNone) {
         const WorkUnit::Piece& first = units[open].pieces.front();
-        fits = units[open].bytes + bytes <= fusion_threshold &&
-               fusable(first.entry->request, first.tensor, req, t);
+        fits = units[open].bytes + bytes <= fusion_threshold && fusable(first.entry->request, first.tensor, req, t);
       }
       if (!fits) {
         units.emplace_back();

@@ -55,9 +55,9 @@ struct ProcessSet {
 
   // Negotiation state (control thread).
   std::unique_ptr<ResponseCache> cache;
-  std::unique_ptr<Coordinator> coordinator;          // on the set's first rank
-  std::deque<EntryPtr> fresh;                        // submitted, not yet sent to the coordinator
-  std::unordered_map<std::string, EntryPtr> pending;  // sent, awaiting a response
+  std::unique_ptr<Coordinator> coordinator;                  // on the set's first rank
+  std::deque<EntryPtr> fresh;                                // submitted, not yet sent to the coordinator
+  std::unordered_map<std::string, EntryPtr> pending;         // sent, awaiting a response
   std::unordered_map<uint32_t, std::string> cached_pending;  // cache id -> name
 
   std::atomic<int> outstanding{0};  // ops of this set submitted here and not finished

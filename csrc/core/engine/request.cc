@@ -68,9 +68,7 @@ E getEnum(ByteReader& r, unsigned count, const char* what) {
   return static_cast<E>(v);
 }
 
-OpType getOpType(ByteReader& r) {
-  return getEnum<OpType>(r, static_cast<unsigned>(OpType::kJoin) + 1, "op type");
-}
+OpType getOpType(ByteReader& r) { return getEnum<OpType>(r, static_cast<unsigned>(OpType::kJoin) + 1, "op type"); }
 
 // Allgather and alltoall let the first dimension differ across ranks.
 bool firstDimMayDiffer(OpType t) { return t == OpType::kAllgather || t == OpType::kAlltoall; }
@@ -138,8 +136,7 @@ Request Request::read(ByteReader& r) {
 
 std::string Request::signatureMismatch(const Request& a, const Request& b) {
   if (a.type != b.type) return strCat("operation ", opTypeName(a.type), " vs ", opTypeName(b.type));
-  if (a.process_set_id != b.process_set_id)
-    return strCat("process set ", a.process_set_id, " vs ", b.process_set_id);
+  if (a.process_set_id != b.process_set_id) return strCat("process set ", a.process_set_id, " vs ", b.process_set_id);
   if (a.tensors.size() != b.tensors.size())
     return strCat("group of ", a.tensors.size(), " tensors vs ", b.tensors.size());
   for (size_t i = 0; i < a.tensors.size(); ++i) {
@@ -161,10 +158,9 @@ std::string Request::signatureMismatch(const Request& a, const Request& b) {
     const ReduceArgs& y = b.reduce();
     if (x.op != y.op) return strCat("reduce op ", reduceOpName(x.op), " vs ", reduceOpName(y.op));
     if (x.prescale != y.prescale || x.postscale != y.postscale)
-      return strCat("scale factors (prescale ", x.prescale, ", postscale ", x.postscale, ") vs (prescale ",
-                    y.prescale, ", postscale ", y.postscale, ")");
-    if (x.reducer != y.reducer)
-      return strCat("reducer ", reducerName(x.reducer), " vs ", reducerName(y.reducer));
+      return strCat("scale factors (prescale ", x.prescale, ", postscale ", x.postscale, ") vs (prescale ", y.prescale,
+                    ", postscale ", y.postscale, ")");
+    if (x.reducer != y.reducer) return strCat("reducer ", reducerName(x.reducer), " vs ", reducerName(y.reducer));
     if (x.fuse != y.fuse) return strCat("fusion ", x.fuse ? "on" : "off", " vs ", y.fuse ? "on" : "off");
   }
   if (a.type == OpType::kBroadcast && a.broadcast().root != b.broadcast().root)
@@ -186,9 +182,7 @@ std::string Request::describe() const {
   return os.str();
 }
 
-int64_t reducescatterRows(int64_t dim0, int size, int rank) {
-  return dim0 / size + (rank < dim0 % size ? 1 : 0);
-}
+int64_t reducescatterRows(int64_t dim0, int size, int rank) { return dim0 / size + (rank < dim0 % size ? 1 : 0); }
 
 OpPlan makePlan(const std::vector<const Request*>& by_rank) {
   const int p = static_cast<int>(by_rank.size());
@@ -235,7 +229,8 @@ void Response::write(ByteWriter& w) const {
   w.putString(error);
   // Error responses carry no plan.
   const size_t index = error.empty() ? planIndexFor(type) : 0;
-  if (plan.index() != index) throw InvalidArgument(strCat(opTypeName(type), " '", name, "': response carries the wrong plan"));
+  if (plan.index() != index)
+    throw InvalidArgument(strCat(opTypeName(type), " '", name, "': response carries the wrong plan"));
   switch (index) {
     case 1: w.putVector(std::get<AllgatherPlan>(plan).first_dims); break;
     case 2: w.putVector(std::get<AlltoallPlan>(plan).splits); break;

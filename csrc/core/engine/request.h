@@ -101,7 +101,7 @@ using OpPlan = std::variant<std::monostate, AllgatherPlan, AlltoallPlan, Reduces
 struct Request {
   OpType type = OpType::kAllreduce;
   std::string name;
-  int32_t process_set_id = 0;  // 0: every rank (the only set so far)
+  int32_t process_set_id = 0;       // 0: every rank (the only set so far)
   std::vector<TensorSpec> tensors;  // more than one for grouped ops
   OpArgs args;
 
@@ -165,10 +165,10 @@ struct ResponseList {
 // What one rank tells the coordinator each cycle.
 struct RankMessage {
   bool shutdown = false;
-  std::string failure;  // why this rank stops, when it stops on an error
-  std::vector<uint64_t> cache_bits;    // bit i: cached request i is pending here
-  std::vector<Request> uncached;      // new requests not in the cache
-  std::vector<int32_t> busy_sets;     // global set only: sets (id > 0) with work on this rank
+  std::string failure;               // why this rank stops, when it stops on an error
+  std::vector<uint64_t> cache_bits;  // bit i: cached request i is pending here
+  std::vector<Request> uncached;     // new requests not in the cache
+  std::vector<int32_t> busy_sets;    // global set only: sets (id > 0) with work on this rank
 
   std::vector<char> serialize() const;
   static RankMessage parse(const std::vector<char>& bytes);

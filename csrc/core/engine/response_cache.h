@@ -54,7 +54,7 @@ class ResponseCache {
   size_t capacity_;
   std::vector<Request> entries_;
   std::unordered_map<std::string, uint32_t> by_name_;
-  std::list<uint32_t> recency_;                     // front: least recently used
+  std::list<uint32_t> recency_;                       // front: least recently used
   std::vector<std::list<uint32_t>::iterator> where_;  // id -> its place in recency_
 };
 

@@ -12,7 +12,7 @@ namespace hvdtorch::ops {
 struct AllgatherOptions {
   std::string name;
   std::vector<TensorPtr> inputs;  // at least one dimension each
-  OutputAllocator allocate;      // makes each output once every rank's size is known
+  OutputAllocator allocate;       // makes each output once every rank's size is known
   int32_t process_set_id = 0;
 };
 

@@ -38,8 +38,8 @@ int64_t alltoall(Engine& engine, AlltoallOptions opts) {
     if (s < 0) throw InvalidArgument(strCat(where.str(), ": splits ", listStr(opts.splits), " has a negative entry"));
   const int64_t sum = std::accumulate(opts.splits.begin(), opts.splits.end(), int64_t(0));
   if (sum != dim0)
-    throw InvalidArgument(strCat(where.str(), ": splits ", listStr(opts.splits), " sum to ", sum,
-                                 ", not to the first dimension ", dim0));
+    throw InvalidArgument(
+        strCat(where.str(), ": splits ", listStr(opts.splits), " sum to ", sum, ", not to the first dimension ", dim0));
   auto e = std::make_shared<Entry>();
   Request& q = e->request;
   q.type = OpType::kAlltoall;

@@ -15,8 +15,9 @@ int64_t broadcast(Engine& engine, BroadcastOptions opts) {
   const auto at = std::find(ps->ranks.begin(), ps->ranks.end(), opts.root);
   if (at == ps->ranks.end()) {
     const int size = engine.topo().size;
-    throw InvalidArgument(ps->id == 0 ? strCat(where.str(), ": root_rank ", opts.root, " is not a rank in [0, ", size, ")")
-                                      : strCat(where.str(), ": root_rank ", opts.root, " is not in ", ps->describe()));
+    throw InvalidArgument(ps->id == 0
+                              ? strCat(where.str(), ": root_rank ", opts.root, " is not a rank in [0, ", size, ")")
+                              : strCat(where.str(), ": root_rank ", opts.root, " is not in ", ps->describe()));
   }
   const int32_t set_root = static_cast<int32_t>(at - ps->ranks.begin());
   if (opts.input->numel() != opts.output->numel() || opts.input->dtype() != opts.output->dtype())

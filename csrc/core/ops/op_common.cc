@@ -4,7 +4,9 @@
 
 namespace hvdtorch::ops {
 
-std::string OpWhere::str() const { return strCat("rank ", engine.topo().rank, ": ", opTypeName(type), " '", name, "'"); }
+std::string OpWhere::str() const {
+  return strCat("rank ", engine.topo().rank, ": ", opTypeName(type), " '", name, "'");
+}
 
 ReduceOp toReduceOp(int value) {
   if (value < static_cast<int>(ReduceOp::kAverage) || value > static_cast<int>(ReduceOp::kProduct))
@@ -15,8 +17,8 @@ ReduceOp toReduceOp(int value) {
 std::shared_ptr<const ProcessSet> checkProcessSet(const OpWhere& where, int32_t process_set_id) {
   auto ps = where.engine.processSet(process_set_id);
   if (!ps)
-    throw InvalidArgument(strCat(where.str(), ": process set ", process_set_id,
-                                 " does not exist (never added, or removed)"));
+    throw InvalidArgument(
+        strCat(where.str(), ": process set ", process_set_id, " does not exist (never added, or removed)"));
   if (!ps->member()) throw InvalidArgument(strCat(where.str(), ": ", ps->describe(), " does not include this rank"));
   return ps;
 }
@@ -28,7 +30,8 @@ ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double
   for (const auto& t : tensors) {
     if (t->dtype() != DataType::kBool) continue;
     if (op == ReduceOp::kAverage)
-      throw InvalidArgument(strCat(where.str(), ": Average is not defined for bool tensors; use Min (and) or Max (or)"));
+      throw InvalidArgument(
+          strCat(where.str(), ": Average is not defined for bool tensors; use Min (and) or Max (or)"));
     if (prescale != 1.0 || postscale != 1.0)
       throw InvalidArgument(strCat(where.str(), ": scale factors are not defined for bool tensors"));
   }

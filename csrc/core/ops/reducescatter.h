@@ -15,7 +15,7 @@ namespace hvdtorch::ops {
 struct ReducescatterOptions {
   std::string name;
   std::vector<TensorPtr> inputs;  // at least one dimension each; not modified
-  OutputAllocator allocate;      // makes each output (its share of the rows)
+  OutputAllocator allocate;       // makes each output (its share of the rows)
   ReduceOp op = ReduceOp::kAverage;
   double prescale = 1.0;
   double postscale = 1.0;

@@ -93,8 +93,8 @@ void Timeline::event(const std::string& op, const std::string& phase, char ph) {
   if (!enabled()) return;
   const int pid = pidOf(op);
   separator();
-  out_ << R"({"name": ")" << jsonEscape(phase) << R"(", "ph": ")" << ph << R"(", "ts": )" << nowUs()
-       << R"(, "pid": )" << pid << R"(, "tid": 0})";
+  out_ << R"({"name": ")" << jsonEscape(phase) << R"(", "ph": ")" << ph << R"(", "ts": )" << nowUs() << R"(, "pid": )"
+       << pid << R"(, "tid": 0})";
 }
 
 void Timeline::begin(const std::string& op, const std::string& phase) { event(op, phase, 'B'); }

@@ -45,8 +45,8 @@ std::unique_ptr<Context> Context::view(Context& parent, const std::vector<int>& 
   return std::make_unique<Context>(std::move(t), std::move(through_parent), nullptr, nullptr, parent.timeout());
 }
 
-Context::Context(Topology topo, LinkFactory remote_links, LinkFactory local_links,
-                 NativeCollectives* native, std::chrono::milliseconds timeout)
+Context::Context(Topology topo, LinkFactory remote_links, LinkFactory local_links, NativeCollectives* native,
+                 std::chrono::milliseconds timeout)
     : topo_(std::move(topo)),
       remote_factory_(std::move(remote_links)),
       local_links_(std::move(local_links)),

@@ -23,8 +23,8 @@ class Context {
   using LinkFactory = std::function<std::unique_ptr<Link>(int peer)>;
 
   // `local_links` may be empty: then every hop goes through `remote_links`.
-  Context(Topology topo, LinkFactory remote_links, LinkFactory local_links,
-          NativeCollectives* native, std::chrono::milliseconds timeout);
+  Context(Topology topo, LinkFactory remote_links, LinkFactory local_links, NativeCollectives* native,
+          std::chrono::milliseconds timeout);
 
   // A process set's view of `parent`: rank i of the view is global rank
   // members[i] (ascending, this rank among them). Its links are the parent's

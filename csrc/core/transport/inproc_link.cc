@@ -15,10 +15,17 @@ class DoneRequest : public LinkRequest {
 
 class InProcRecv : public LinkRequest {
  public:
-  InProcRecv(std::mutex& mu, std::condition_variable& cv, std::map<uint64_t, std::vector<char>>& arrived,
-             uint64_t seq, void* dst, size_t bytes, std::shared_ptr<bool> closed, int self, int peer)
-      : mu_(mu), cv_(cv), arrived_(arrived), seq_(seq), dst_(dst), bytes_(bytes),
-        closed_(std::move(closed)), self_(self), peer_(peer) {}
+  InProcRecv(std::mutex& mu, std::condition_variable& cv, std::map<uint64_t, std::vector<char>>& arrived, uint64_t seq,
+             void* dst, size_t bytes, std::shared_ptr<bool> closed, int self, int peer)
+      : mu_(mu),
+        cv_(cv),
+        arrived_(arrived),
+        seq_(seq),
+        dst_(dst),
+        bytes_(bytes),
+        closed_(std::move(closed)),
+        self_(self),
+        peer_(peer) {}
 
   void wait(Deadline deadline) override {
     if (done_) return;
@@ -87,9 +94,7 @@ InProcFabric::InProcFabric(int size) : size_(size), closed_(std::make_shared<boo
   for (int i = 0; i < size * size; ++i) channels_.push_back(std::make_unique<Channel>());
 }
 
-std::unique_ptr<Link> InProcFabric::link(int self, int peer) {
-  return std::make_unique<InProcLink>(*this, self, peer);
-}
+std::unique_ptr<Link> InProcFabric::link(int self, int peer) { return std::make_unique<InProcLink>(*this, self, peer); }
 
 void InProcFabric::close() {
   for (auto& ch : channels_) {

@@ -23,13 +23,13 @@ struct ShmArena::Control {
   ShmSignal barrier;
 };
 
-ShmArena::ShmArena(const std::string& name, int local_rank, const std::vector<int>& local_ranks,
-                   size_t slot_bytes, Deadline deadline)
+ShmArena::ShmArena(const std::string& name, int local_rank, const std::vector<int>& local_ranks, size_t slot_bytes,
+                   Deadline deadline)
     : local_rank_(local_rank), local_ranks_(local_ranks) {
   const int size = static_cast<int>(local_ranks.size());
   if (size < 1 || local_rank < 0 || local_rank >= size || slot_bytes == 0)
-    throw InvalidArgument(strCat("node arena ", name, ": bad local rank ", local_rank, " of ", size,
-                                 " or slot size ", slot_bytes));
+    throw InvalidArgument(
+        strCat("node arena ", name, ": bad local rank ", local_rank, " of ", size, " or slot size ", slot_bytes));
   slot_stride_ = roundUp64(slot_bytes);
   slots_offset_ = roundUp64(sizeof(Control) + size * sizeof(ArrivalCounter));
   const size_t bytes = slots_offset_ + 2 * static_cast<size_t>(size) * slot_stride_;
@@ -85,20 +85,19 @@ void ShmArena::barrier(Deadline deadline, const char* what) {
           if (j == local_rank_ || arrivals(j).load(std::memory_order_acquire) >= n) continue;
           switch (seg_.peer(j)) {
             case ShmSegment::Peer::kDead:
-              return strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j, ", pid ",
-                            seg_.pidOf(j), ") died; node barrier ", what, " cannot complete");
+              return strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j, ", pid ", seg_.pidOf(j),
+                            ") died; node barrier ", what, " cannot complete");
             case ShmSegment::Peer::kDetached:
               return strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j,
                             ") left the node arena ", seg_.name(), "; node barrier ", what, " cannot complete");
-            default:
-              break;
+            default: break;
           }
         }
         return "";
       },
       [&](std::chrono::milliseconds waited) {
-        return strCat("rank ", self, ": timed out after ", waited.count(), " ms in node barrier ", what,
-                      " (segment ", seg_.name(), "); still waiting for ", missing(n));
+        return strCat("rank ", self, ": timed out after ", waited.count(), " ms in node barrier ", what, " (segment ",
+                      seg_.name(), "); still waiting for ", missing(n));
       });
 }
 

@@ -95,12 +95,12 @@ struct ShmLink::State {
   ShmRing in;
 
   std::mutex mu;
-  std::condition_variable work_cv;  // the sender thread: work queued or stop
-  std::condition_variable done_cv;  // send waiters: an op finished or failed
+  std::condition_variable work_cv;            // the sender thread: work queued or stop
+  std::condition_variable done_cv;            // send waiters: an op finished or failed
   std::deque<std::shared_ptr<SendOp>> sends;  // unfinished, in posting order
   SendOp* pumping = nullptr;                  // the op the sender thread holds (not under mu while streaming)
   bool stop = false;
-  std::string send_broken;  // once set, every pending and later send fails with it
+  std::string send_broken;             // once set, every pending and later send fails with it
   std::atomic<bool> interrupt{false};  // stop or send_broken, readable without mu
   std::thread sender;
   std::atomic<bool> peer_attached{false};
@@ -122,10 +122,8 @@ struct ShmLink::State {
       case ShmSegment::Peer::kDead:
         return strCat("rank ", self, ": peer rank ", peer, " (pid ", seg.pidOf(peer_party), ") died");
       case ShmSegment::Peer::kDetached:
-        return strCat("rank ", self, ": peer rank ", peer, " closed its shared-memory link (segment ", seg.name(),
-                      ")");
-      default:
-        return "";
+        return strCat("rank ", self, ": peer rank ", peer, " closed its shared-memory link (segment ", seg.name(), ")");
+      default: return "";
     }
   }
 
@@ -133,9 +131,8 @@ struct ShmLink::State {
   bool pushSome(SendOp& op) {
     size_t pos = op.pos.load(std::memory_order_relaxed);
     while (pos < op.total()) {
-      const size_t n = pos < kFrame
-                           ? out.write(reinterpret_cast<const char*>(&op.frame) + pos, kFrame - pos)
-                           : out.write(op.payload(pos - kFrame), op.total() - pos);
+      const size_t n = pos < kFrame ? out.write(reinterpret_cast<const char*>(&op.frame) + pos, kFrame - pos)
+                                    : out.write(op.payload(pos - kFrame), op.total() - pos);
       if (n == 0) break;
       pos += n;
     }
@@ -213,8 +210,7 @@ struct ShmLink::State {
         op->done = true;
         op->released = true;
       } else {
-        if (send_broken.empty())
-          send_broken = result != "interrupted" ? result : closedMessage();
+        if (send_broken.empty()) send_broken = result != "interrupted" ? result : closedMessage();
         op->error = send_broken;
       }
       if (!sends.empty() && sends.front() == op) sends.pop_front();
@@ -259,9 +255,7 @@ struct ShmLink::State {
   void flush() {
     std::unique_lock<std::mutex> lock(mu);
     const Deadline deadline = Deadline::after(flush_timeout);
-    auto owed = [&] {
-      return std::any_of(sends.begin(), sends.end(), [](const auto& op) { return op->released; });
-    };
+    auto owed = [&] { return std::any_of(sends.begin(), sends.end(), [](const auto& op) { return op->released; }); };
     while (owed() && !deadline.expired())
       done_cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(100)));
   }

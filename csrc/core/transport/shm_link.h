@@ -49,8 +49,8 @@
 namespace hvdtorch {
 
 struct ShmLinkConfig {
-  std::string prefix;                        // job-unique, e.g. makeShmPrefix(run_id)
-  size_t ring_bytes = size_t(4) << 20;       // per direction
+  std::string prefix;                   // job-unique, e.g. makeShmPrefix(run_id)
+  size_t ring_bytes = size_t(4) << 20;  // per direction
   // How long the higher rank waits for the segment, and the destructor for
   // staged data to be delivered.
   std::chrono::milliseconds timeout{30000};

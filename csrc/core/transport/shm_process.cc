@@ -1,11 +1,12 @@
 #include "transport/shm_process.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <unistd.h>
 
 namespace hvdtorch {
 

@@ -9,8 +9,9 @@
 // containers that share /dev/shm would look dead to each other).
 #pragma once
 
-#include <cstdint>
 #include <sys/types.h>
+
+#include <cstdint>
 
 namespace hvdtorch {
 

@@ -41,8 +41,8 @@ class ShmRing {
 
   // Producer side.
   size_t freeBytes() const {
-    return cap_ - static_cast<size_t>(ctl_->head.load(std::memory_order_relaxed) -
-                                      ctl_->tail.load(std::memory_order_acquire));
+    return cap_ -
+           static_cast<size_t>(ctl_->head.load(std::memory_order_relaxed) - ctl_->tail.load(std::memory_order_acquire));
   }
   // Copies up to min(n, free space, piece) bytes in, publishes them and
   // wakes the consumer. Returns the number of bytes written (0 if full).
@@ -50,8 +50,7 @@ class ShmRing {
 
   // Consumer side.
   size_t available() const {
-    return static_cast<size_t>(ctl_->head.load(std::memory_order_acquire) -
-                               ctl_->tail.load(std::memory_order_relaxed));
+    return static_cast<size_t>(ctl_->head.load(std::memory_order_acquire) - ctl_->tail.load(std::memory_order_relaxed));
   }
   // Copies up to min(n, available, piece) bytes out, releases the space and
   // wakes the producer. Returns the number of bytes read (0 if empty).

@@ -104,8 +104,7 @@ bool ShmSegment::removeIfStale(const std::string& name, std::string* why_not) {
   if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= kPage)
     p = mmap(nullptr, kPage, PROT_READ, MAP_SHARED, fd, 0);
   close(fd);
-  *why_not = strCat("it exists but was never initialised (left by a crashed process? remove /dev/shm",
-                    name, ")");
+  *why_not = strCat("it exists but was never initialised (left by a crashed process? remove /dev/shm", name, ")");
   if (p == MAP_FAILED) return false;
   ShmSegment probe;  // a read-only view of the header; never registered
   probe.base_ = p;
@@ -163,8 +162,8 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes, int parties
   close(fd);  // the mapping keeps the memory
   if (base == MAP_FAILED) {
     shm_unlink(name.c_str());
-    throw CollectiveError(strCat("rank ", self_rank, ": cannot map shared-memory segment ", name, ": ",
-                                 errnoText(map_err)));
+    throw CollectiveError(
+        strCat("rank ", self_rank, ": cannot map shared-memory segment ", name, ": ", errnoText(map_err)));
   }
   dontFork(base, seg.total_bytes_);
   seg.base_ = base;
@@ -228,8 +227,8 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes, int parties, 
   const int map_err = errno;
   close(fd);
   if (base == MAP_FAILED)
-    throw CollectiveError(strCat("rank ", self_rank, ": cannot map shared-memory segment ", name, ": ",
-                                 errnoText(map_err)));
+    throw CollectiveError(
+        strCat("rank ", self_rank, ": cannot map shared-memory segment ", name, ": ", errnoText(map_err)));
   dontFork(base, static_cast<size_t>(st.st_size));
   seg.base_ = base;
   seg.total_bytes_ = static_cast<size_t>(st.st_size);
@@ -240,12 +239,10 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes, int parties, 
     if (deadline.expired()) throw timeout("initialise");
     pause(attempt);
   }
-  if (h->total_bytes != seg.total_bytes_ || h->parties != static_cast<uint32_t>(parties) ||
-      h->user_bytes != bytes) {
+  if (h->total_bytes != seg.total_bytes_ || h->parties != static_cast<uint32_t>(parties) || h->user_bytes != bytes) {
     throw CollectiveError(strCat("rank ", self_rank, ": shared-memory segment ", name, " of rank ", creator_rank,
-                                 " was made for ", h->parties, " parties and ", h->user_bytes,
-                                 " bytes; expected ", parties, " and ", bytes,
-                                 " (do ranks disagree on the shared-memory settings?)"));
+                                 " was made for ", h->parties, " parties and ", h->user_bytes, " bytes; expected ",
+                                 parties, " and ", bytes, " (do ranks disagree on the shared-memory settings?)"));
   }
   seg.user_ = static_cast<char*>(base) + h->user_offset;
   seg.user_bytes_ = bytes;
@@ -257,11 +254,9 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes, int parties, 
       throw CollectiveError(strCat("rank ", self_rank, ": rank ", creator_rank, " (pid ", seg.pidOf(0),
                                    ") died after creating shared-memory segment ", name));
     case Peer::kDetached:
-      throw CollectiveError(strCat("rank ", self_rank, ": rank ", creator_rank,
-                                   " released shared-memory segment ", name, " before rank ", self_rank,
-                                   " attached"));
-    default:
-      break;
+      throw CollectiveError(strCat("rank ", self_rank, ": rank ", creator_rank, " released shared-memory segment ",
+                                   name, " before rank ", self_rank, " attached"));
+    default: break;
   }
 
   // 4. Register; the registration that completes the count removes the name.
@@ -295,10 +290,8 @@ ShmSegment::Peer ShmSegment::peer(int party) const {
       id.start_time = s->start_time;
       return id.alive() ? Peer::kAlive : Peer::kDead;
     }
-    case kDetached:
-      return Peer::kDetached;
-    default:
-      return Peer::kAbsent;
+    case kDetached: return Peer::kDetached;
+    default: return Peer::kAbsent;
   }
 }
 

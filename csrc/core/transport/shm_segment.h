@@ -65,8 +65,8 @@ class ShmSegment {
   // `creator_rank` has created it. Checks that it was made for `parties`
   // parties and `bytes` user bytes (ranks disagreeing on a size is an error,
   // not silent corruption).
-  static ShmSegment open(const std::string& name, size_t bytes, int parties, int party, int self_rank,
-                         int creator_rank, Deadline deadline);
+  static ShmSegment open(const std::string& name, size_t bytes, int parties, int party, int self_rank, int creator_rank,
+                         Deadline deadline);
 
   bool valid() const { return base_ != nullptr; }
   void* data() const { return user_; }

@@ -82,8 +82,7 @@ void shmWait(ShmSignal& sig, Deadline deadline, Ready&& ready, Probe&& probe, De
     }
     const auto left = deadline.remaining();
     if (left.count() > 0) {
-      shm_detail::futexWait(&sig.seq, seen,
-                            std::min<std::chrono::microseconds>(left, ShmWaitTuning::kSleepSlice));
+      shm_detail::futexWait(&sig.seq, seen, std::min<std::chrono::microseconds>(left, ShmWaitTuning::kSleepSlice));
     }
     sig.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (ready()) return;
@@ -101,8 +100,7 @@ void shmWait(ShmSignal& sig, Deadline deadline, Ready&& ready, Probe&& probe, De
       // A dead peer is the better explanation of a timeout: say so if it is.
       const std::string gone = probe();
       if (!gone.empty()) throw CollectiveError(gone);
-      throw TimeoutError(
-          describe(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)));
+      throw TimeoutError(describe(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)));
     }
   }
 }

@@ -26,8 +26,7 @@ Topology Topology::build(int rank, const std::vector<int>& host_of_rank) {
   }
   t.local_size = static_cast<int>(t.local_ranks.size());
   t.cross_size = static_cast<int>(t.cross_ranks.size());
-  t.cross_rank = static_cast<int>(
-      std::find(t.cross_ranks.begin(), t.cross_ranks.end(), rank) - t.cross_ranks.begin());
+  t.cross_rank = static_cast<int>(std::find(t.cross_ranks.begin(), t.cross_ranks.end(), rank) - t.cross_ranks.begin());
   return t;
 }
 

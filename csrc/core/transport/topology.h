@@ -19,8 +19,8 @@ struct Topology {
   int cross_rank = 0;  // my index among ranks with my local_rank
   int cross_size = 1;  // number of ranks with my local_rank
   int num_hosts = 1;
-  std::vector<int> local_ranks;  // global ranks on my host, ascending
-  std::vector<int> cross_ranks;  // global ranks with my local_rank, ascending
+  std::vector<int> local_ranks;    // global ranks on my host, ascending
+  std::vector<int> cross_ranks;    // global ranks with my local_rank, ascending
   std::vector<int> local_rank_of;  // per global rank: its local rank
 
   static Topology build(int rank, const std::vector<int>& host_of_rank);

@@ -79,7 +79,8 @@ TEST(cuda_kernels_match_cpu_kernels) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
           std::vector<char> want = a;
           cpu.reduceInto(want.data(), b.data(), n, dt, op, nullptr);
-          const auto got = onGpu(*gpu, a, b, skew, [&](void* x, void* y) { gpu->reduceInto(x, y, n, dt, op, nullptr); });
+          const auto got =
+              onGpu(*gpu, a, b, skew, [&](void* x, void* y) { gpu->reduceInto(x, y, n, dt, op, nullptr); });
           CHECK_MSG(got == want, "reduceInto %s %s n=%zu skew=%zu", dtypeName(dt), reduceOpName(op), n, skew);
         }
         if (dt == DataType::kBool) continue;
