@@ -60,7 +60,11 @@ std::vector<char> ControlPlane::exchange(std::vector<char> mine, const Decide& d
       }
       throw;
     }
-    return recvBytes(root, ctx_.deadline());
+    // Rank 0 gathers with the plain deadline; waiting a little longer here
+    // lets its last word (sendLastWord), naming the rank that stalled or
+    // died, arrive before this rank gives up and can only blame rank 0.
+    const auto grace = std::min<std::chrono::milliseconds>(ctx_.timeout() / 4, std::chrono::seconds(1));
+    return recvBytes(root, Deadline::after(ctx_.timeout() + grace));
   }
   std::vector<std::vector<char>> all(p);
   all[0] = std::move(mine);

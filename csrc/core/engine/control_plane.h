@@ -17,7 +17,9 @@ class ControlPlane {
  public:
   explicit ControlPlane(Context& ctx) : ctx_(ctx) {}
 
-  // Non-root ranks: send `mine`, return rank 0's reply.
+  // Non-root ranks: send `mine`, return rank 0's reply (waiting up to the
+  // timeout plus a grace of a quarter of it, at most 1 s, so that rank 0
+  // times out first and can say on whom).
   // Rank 0: collect every rank's message (index = rank, its own included),
   // call `decide`, send the result to every rank and return it.
   using Decide = std::function<std::vector<char>(std::vector<std::vector<char>>&)>;
