@@ -82,7 +82,10 @@ def _open_env_store(info: launch.LaunchInfo, timeout: datetime.timedelta):
     overall timeout."""
     global _generation
     _generation += 1
-    prefix = f"hvdtorch.init{_generation}"
+    # torchrun's agent may share its store with the workers across restarts
+    # (restarted workers count generations from 1 again): the restart count
+    # keeps each round's keys apart.
+    prefix = f"hvdtorch.restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.init{_generation}"
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
         base, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
