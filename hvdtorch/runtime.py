@@ -88,17 +88,20 @@ def _open_env_store(info: launch.LaunchInfo, timeout: datetime.timedelta):
     prefix = f"hvdtorch.restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.init{_generation}"
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
-        base, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
-        store = dist.PrefixStore(prefix, base)
         if info.rank == 0:
+            base, _, _ = next(dist.rendezvous("env://", rank=0, world_size=info.size, timeout=timeout))
+            store = dist.PrefixStore(prefix, base)
             store.set("open", "1")
             return store
         left = deadline - time.monotonic()
         try:
+            # Connecting can itself fail on an old store that closes under it.
+            base, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
+            store = dist.PrefixStore(prefix, base)
             store.wait(["open"], datetime.timedelta(seconds=max(0.1, min(2.0, left))))
             return store
         except Exception as e:  # an old store that closed, or one that never gets the mark
-            del store, base
+            store = base = None
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"hvdtorch: rank {info.rank} did not meet rank 0's rendezvous store at "
