@@ -3,6 +3,7 @@ each side (old, new), the spread (min-max) and the ratio new/old.
 
     python benchmarks/ab_summary.py benchmarks/results/ab
 """
+
 import csv
 import json
 import os
@@ -44,8 +45,10 @@ def main():
         if not old or not new:
             continue
         mo, mn = statistics.median(old), statistics.median(new)
-        print(f"{w:<45} {mo:9.3f} [{min(old):.3f}-{max(old):.3f}] {mn:9.3f} [{min(new):.3f}-{max(new):.3f}] "
-              f"{mn / mo:7.2f}x")
+        print(
+            f"{w:<45} {mo:9.3f} [{min(old):.3f}-{max(old):.3f}] {mn:9.3f} [{min(new):.3f}-{max(new):.3f}] "
+            f"{mn / mo:7.2f}x"
+        )
 
 
 if __name__ == "__main__":
