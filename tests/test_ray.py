@@ -1,7 +1,7 @@
 """hvdtorch inside Ray Train: a 2-worker TorchTrainer on a local Ray cluster the test starts.
 
-Ray is not installed by `make` (about 500 MB); install it with
-`.venv/bin/pip install --no-deps -r requirements-ray.txt` to run this test.
+`make test` installs Ray (requirements-ray.txt, about 500 MB); where it
+cannot be installed, this test skips and says so.
 """
 
 import json
@@ -17,7 +17,7 @@ from tests.workers import ray_train
 
 ray = pytest.importorskip(
     "ray",
-    reason="ray is not installed (large, not part of make's set-up): pip install --no-deps -r requirements-ray.txt",
+    reason="ray could not be installed here (make test tries: pip install --no-deps -r requirements-ray.txt)",
 )
 
 
