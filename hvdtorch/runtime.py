@@ -86,13 +86,13 @@ def _open_env_store(info: launch.LaunchInfo, timeout: datetime.timedelta):
     # (restarted workers count generations from 1 again): the restart count
     # keeps each round's keys apart.
     prefix = f"hvdtorch.restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.init{_generation}"
+    if info.rank == 0:  # hosts the store: nothing old to run into
+        base, _, _ = next(dist.rendezvous("env://", rank=0, world_size=info.size, timeout=timeout))
+        store = dist.PrefixStore(prefix, base)
+        store.set("open", "1")
+        return store
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
-        if info.rank == 0:
-            base, _, _ = next(dist.rendezvous("env://", rank=0, world_size=info.size, timeout=timeout))
-            store = dist.PrefixStore(prefix, base)
-            store.set("open", "1")
-            return store
         left = deadline - time.monotonic()
         try:
             # Connecting can itself fail on an old store that closes under it.

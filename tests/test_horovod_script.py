@@ -2,6 +2,7 @@
 join with uneven data, DistributedOptimizer) runs unchanged on hvdtorch, and
 what it prints is right."""
 
+import ast
 import os
 import re
 
@@ -25,10 +26,10 @@ def test_horovod_training_script_runs_unchanged(nranks):
         spread = float(re.search(r"weights_spread (\S+)", out[r]).group(1))
         assert spread == 0.0, (r, spread)
         m = re.search(r"alltoall_received (\[[^]]*\]) first_rows (\[[^]]*\])", out[r])
-        assert eval(m.group(1)) == [k + 1 for k in range(nranks)], m.group(0)
+        assert ast.literal_eval(m.group(1)) == [k + 1 for k in range(nranks)], m.group(0)
         # From rank k: its rows r*(k+1) .. (r+1)*(k+1)-1, plus 100 k.
         want = [float(100 * k + i) for k in range(nranks) for i in range(r * (k + 1), (r + 1) * (k + 1))]
-        assert eval(m.group(2)) == want, (m.group(0), want)
+        assert ast.literal_eval(m.group(2)) == want, (m.group(0), want)
         m = re.search(r"reducescatter (\d+)x3 value (\S+)", out[r])
         assert int(m.group(1)) == 2 and float(m.group(2)) == sum(range(1, nranks + 1)), m.group(0)
     assert "evens_rank 0 evens_sum 2" in out[0] and "evens_rank 1 evens_sum 2" in out[2], out

@@ -49,11 +49,10 @@ def check_collectives_with_joined_ranks():
     # Everyone is back in step, unnamed ops included.
     got = hvd.allreduce(torch.full((2,), float(r)), op=hvd.Sum)
     assert torch.equal(got, torch.full((2,), float(sum(range(n))))), got
-    # A second round of joins works the same way.
-    if r == 0:
-        hvd.allreduce(torch.ones(1), op=hvd.Sum, name="round2") if n == 1 else None
-    else:
-        assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="round2"), torch.full((1,), float(n - 1)))
+    # A second round of joins works the same way: rank 0 (unless alone) joins at once.
+    if n == 1 or r > 0:
+        got = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="round2")
+        assert torch.equal(got, torch.full((1,), float(max(n - 1, 1)))), got
     assert hvd.join() == (0 if n == 1 else n - 1)
     hvd.shutdown()
 
