@@ -391,8 +391,8 @@ ShmLink::ShmLink(const ShmLinkConfig& cfg, int self, int peer) : state_(std::mak
   char* data = base + 2 * sizeof(ShmRingCtl);
   const size_t stride = roundUp64(cfg.ring_bytes);
   const size_t piece = pieceFor(cfg.ring_bytes);
-  ShmRing low_to_high(&ctl[0], data, cfg.ring_bytes, piece);
-  ShmRing high_to_low(&ctl[1], data + stride, cfg.ring_bytes, piece);
+  ShmRing low_to_high(&ctl[0], data, cfg.ring_bytes, piece, name, 0);
+  ShmRing high_to_low(&ctl[1], data + stride, cfg.ring_bytes, piece, name, sizeof(ShmRingCtl));
   s.out = lower ? low_to_high : high_to_low;
   s.in = lower ? high_to_low : low_to_high;
 }
