@@ -28,7 +28,7 @@ LINT_BUILD_DIR := build/lint
 CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
-.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak clean system-deps lint \
+.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak scale clean system-deps lint \
         format lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
 all: build
@@ -108,6 +108,11 @@ fuzz: build build/fuzz/fuzz_control_plane
 
 soak: build
 	SOAK_STEPS=20000 SOAK_CYCLES=1000 $(PY) -m pytest -q -p no:timeout tests/test_soak.py
+
+# 32 ranks on this machine's cores: the collectives and a steady state that
+# the decentralized negotiation must settle (make test runs 8 ranks).
+scale: build
+	HVDTORCH_TEST_RANKS=32 $(PY) -m pytest -q -s tests/test_many_ranks.py
 
 FORCE:
 

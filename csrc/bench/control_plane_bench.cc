@@ -8,10 +8,16 @@
 //            rank per host across hosts,
 // and with a share of cycles carrying an uncached request (the AND's status
 // bit then sends that cycle through the star as well).
-// Prints, per N and path, the busiest rank's messages and bytes per cycle
-// and the cycle latency (median and p10-p90 over rounds), then projects the
-// star and the AND to 1,024 and 16,384 ranks with an alpha-beta model whose
-// per-message cost is fitted from these measurements.
+// Prints, per N and path, the busiest rank's messages and bytes per cycle,
+// the cycle's wall time here (median and p10-p90 over rounds) and the
+// busiest rank's CPU time per cycle (its thread's CPU clock). On a machine
+// with fewer cores than ranks the wall time measures the total work of all
+// ranks, not what one cycle costs when every rank has its own core; the
+// busiest rank's CPU time is the part of the cycle that cannot overlap.
+// Then it projects both paths to 1,024 and 16,384 ranks with an
+// alpha-beta model: cycle = (busiest rank's messages) x alpha + (sequential
+// steps) x L, alpha fitted from the CPU times measured here, L a stated
+// network latency.
 //
 // usage: bench_control_plane [max_ranks=256] [cycles=200]
 #include <algorithm>
@@ -20,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,8 +73,10 @@ class CountingLink : public Link {
 
 Request cachedRequest(int i) {
   Request q;
+  q.type = OpType::kAllreduce;
   q.name = "grad." + std::to_string(i);
   q.tensors = {{DataType::kFloat32, {1024}}};
+  q.args = ReduceArgs{};
   return q;
 }
 
@@ -77,7 +86,14 @@ const char* pathName(Path p) { return p == Path::kStar ? "star" : p == Path::kFl
 struct Result {
   double median_us, p10_us, p90_us;
   double busiest_msgs, busiest_bytes;  // per cycle
+  double busiest_cpu_us;               // per cycle
 };
+
+double threadCpuUs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e6 + double(ts.tv_nsec) / 1e3;
+}
 
 // `uncached_every`: every k-th cycle carries one uncached request on every
 // rank (0: never).
@@ -86,6 +102,7 @@ Result run(int n, Path path, int cycles, int uncached_every) {
   for (int r = 0; r < n; ++r) hosts[r] = path == Path::kHier ? r / kPerHost : 0;
   InProcFabric fabric(n), local(n);
   std::vector<std::atomic<long>> msgs(n), bytes(n);
+  std::vector<double> cpu_us(n, 0.0);
   std::vector<double> round_us;
   std::atomic<int> arrived{0};
   std::atomic<int> round{0};
@@ -114,6 +131,7 @@ Result run(int n, Path path, int cycles, int uncached_every) {
         arrived.fetch_add(1);
         while (arrived.load() < target) std::this_thread::yield();
         if (r == 0) round_start[k] = Clock::now();
+        const double cpu0 = threadCpuUs();
         for (int c = 0; c < per_round; ++c) {
           const bool uncached = uncached_every > 0 && (k * per_round + c) % uncached_every == 0;
           RankMessage m;
@@ -138,6 +156,7 @@ Result run(int n, Path path, int cycles, int uncached_every) {
             });
           }
         }
+        cpu_us[r] += threadCpuUs() - cpu0;
         if (r == 0) round_end[k] = Clock::now();
       }
     });
@@ -148,12 +167,15 @@ Result run(int n, Path path, int cycles, int uncached_every) {
     per_cycle.push_back(std::chrono::duration<double, std::micro>(round_end[k] - round_start[k]).count() / per_round);
   std::sort(per_cycle.begin(), per_cycle.end());
   long worst_msgs = 0, worst_bytes = 0;
+  double worst_cpu = 0;
   for (int r = 0; r < n; ++r) {
     worst_msgs = std::max(worst_msgs, msgs[r].load());
     worst_bytes = std::max(worst_bytes, bytes[r].load());
+    worst_cpu = std::max(worst_cpu, cpu_us[r]);
   }
   const double total = double(rounds * per_round);
-  return {per_cycle[rounds / 2], per_cycle.front(), per_cycle.back(), worst_msgs / total, worst_bytes / total};
+  return {per_cycle[rounds / 2], per_cycle.front(), per_cycle.back(), worst_msgs / total, worst_bytes / total,
+          worst_cpu / total};
 }
 
 }  // namespace
@@ -165,8 +187,8 @@ int main(int argc, char** argv) {
       "# control-plane cycle, in-process ranks (threads), %d cached ops, %d pending per cycle, "
       "hier: %d ranks per host\n",
       kCached, kPending, kPerHost);
-  std::printf("%-6s %-8s %-10s %12s %14s %12s %22s\n", "ranks", "path", "uncached", "msgs/cycle", "bytes/cycle",
-              "cycle us", "p10-p90 us");
+  std::printf("%-6s %-8s %-10s %12s %14s %12s %22s %16s\n", "ranks", "path", "uncached", "msgs/cycle",
+              "bytes/cycle", "wall us", "p10-p90 us", "busiest cpu us");
   struct Row {
     int n;
     Path path;
@@ -180,30 +202,32 @@ int main(int argc, char** argv) {
         if (p == Path::kHier && n <= kPerHost) continue;
         const Result res = run(n, p, cycles, uncached);
         rows.push_back({n, p, uncached, res});
-        std::printf("%-6d %-8s %-10s %12.1f %14.0f %12.1f %10.1f-%-10.1f\n", n, pathName(p),
+        std::printf("%-6d %-8s %-10s %12.1f %14.0f %12.1f %10.1f-%-10.1f %16.1f\n", n, pathName(p),
                     uncached ? "1 in 10" : "none", res.busiest_msgs, res.busiest_bytes, res.median_us, res.p10_us,
-                    res.p90_us);
+                    res.p90_us, res.busiest_cpu_us);
         std::fflush(stdout);
       }
     }
   }
-  // Model: the busiest rank's messages are handled one after another, so a
-  // cycle costs about alpha per message it handles (in-process links on this
-  // machine); fit alpha from the all-cached star and flat rows at the largest N.
-  double alpha_star = 0, alpha_flat = 0;
+  // Model: the busiest rank handles its messages one after another (alpha
+  // each, fitted from its measured CPU time at the largest N), and each
+  // sequential step adds the network latency L. Star: 2 steps, rank 0
+  // handles 2(N-1) messages. AND: 2 log2 N + 2 steps and messages at most.
+  constexpr double kLatencyUs = 10;  // one-way, a datacenter network
+  double alpha_star = 0, alpha_and = 0;
   for (const Row& row : rows) {
     if (row.uncached || row.n != rows.back().n) continue;
-    if (row.path == Path::kStar) alpha_star = row.r.median_us / row.r.busiest_msgs;
-    if (row.path == Path::kFlat) alpha_flat = row.r.median_us / row.r.busiest_msgs;
+    if (row.path == Path::kStar) alpha_star = row.r.busiest_cpu_us / row.r.busiest_msgs;
+    if (row.path == Path::kHier) alpha_and = row.r.busiest_cpu_us / row.r.busiest_msgs;
   }
-  std::printf("\n# projection (alpha-beta, per-message cost fitted here: star %.2f us, AND %.2f us)\n", alpha_star,
-              alpha_flat);
+  std::printf("\n# projection, all cached: alpha fitted here (star %.2f us, AND %.2f us per message), L = %.0f us\n",
+              alpha_star, alpha_and, kLatencyUs);
   std::printf("%-8s %-6s %12s %12s\n", "ranks", "path", "msgs/cycle", "cycle us");
-  for (int n : {1024, 16384}) {
+  for (int n : {256, 1024, 16384}) {
     const double star_msgs = 2.0 * (n - 1);
-    const double flat_msgs = 2.0 * std::floor(std::log2(n)) + 2;
-    std::printf("%-8d %-6s %12.0f %12.0f\n", n, "star", star_msgs, star_msgs * alpha_star);
-    std::printf("%-8d %-6s %12.0f %12.0f\n", n, "flat", flat_msgs, flat_msgs * alpha_flat);
+    const double and_steps = 2.0 * std::ceil(std::log2(n)) + 2;
+    std::printf("%-8d %-6s %12.0f %12.0f\n", n, "star", star_msgs, star_msgs * alpha_star + 2 * kLatencyUs);
+    std::printf("%-8d %-6s %12.0f %12.0f\n", n, "AND", and_steps, and_steps * (alpha_and + kLatencyUs));
   }
   return 0;
 }

@@ -9,6 +9,8 @@
 #include "check.h"
 #include "common/error.h"
 #include "engine/bit_allreduce.h"
+#include "engine/control_frame.h"
+#include "engine/request.h"
 #include "ranks.h"
 
 using namespace hvdtorch;
@@ -80,7 +82,7 @@ TEST(flat_and_matches_reference_with_log_messages) {
         CHECK_MSG(results[r] == want, "p=%d words=%zu rank %d", p, words, r);
         CHECK_MSG(costs[r].messages() <= 2 * log2floor(p) + 2, "p=%d rank %d handled %d messages", p, r,
                   costs[r].messages());
-        CHECK(costs[r].bytes_sent == size_t(costs[r].sent) * words * 8);
+        CHECK(costs[r].bytes_sent == size_t(costs[r].sent) * kFrameBytes);  // one control frame each
       }
     }
   }
@@ -166,6 +168,51 @@ TEST(dead_rank_fails_the_others_by_the_deadline) {
     }
     CHECK_MSG(collective, "rank %d: %s", r, outcomes[r].what.c_str());
   }
+}
+
+TEST(long_vectors_travel_as_frame_and_tail) {
+  // 700 words do not fit one control frame: each message is a frame plus a tail.
+  for (int p : {2, 3, 5}) {
+    std::vector<std::vector<uint64_t>> results(p);
+    hvdtorch::test::runRanks(std::vector<int>(p, 0), [&](Context& ctx) {
+      auto v = vectorOf(ctx.rank(), p, 700);
+      bitAndAllreduce(ctx, v, ctx.deadline(), BitAllreduceShape::kFlat);
+      results[ctx.rank()] = v;
+    });
+    for (int r = 0; r < p; ++r) CHECK_MSG(results[r] == expectedAnd(p, 700), "p=%d rank %d", p, r);
+  }
+}
+
+TEST(a_last_word_in_place_of_a_vector_names_the_peer_and_its_cause) {
+  // Rank 1 stops: instead of its vector it sends its last word, as the
+  // engine does after an error. Rank 0 must pass the cause on, not time out.
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      std::vector<int>(2, 0),
+      [](Context& ctx) {
+        if (ctx.rank() == 1) {
+          ResponseList last;
+          last.shutdown = true;
+          last.shutdown_rank = 1;
+          last.shutdown_reason = "rank 1: the data plane lost rank 7";
+          const std::vector<char> bytes = last.serialize();
+          sendFrame(ctx.link(0), FrameKind::kLastWord, bytes.data(), bytes.size(), ctx.deadline());
+          return;
+        }
+        std::vector<uint64_t> v(2, ~uint64_t(0));
+        bitAndAllreduce(ctx, v, ctx.deadline(), BitAllreduceShape::kFlat);
+      },
+      std::chrono::milliseconds(5000));
+  CHECK(outcomes[1].ok());
+  bool stopped = false;
+  try {
+    if (outcomes[0].error) std::rethrow_exception(outcomes[0].error);
+  } catch (const PeerStopped& e) {
+    stopped = e.peer() == 1;
+  } catch (...) {
+  }
+  CHECK_MSG(stopped, "rank 0: %s", outcomes[0].what.c_str());
+  CHECK_MSG(outcomes[0].what.find("rank 1 stopped: rank 1: the data plane lost rank 7") != std::string::npos, "%s",
+            outcomes[0].what.c_str());
 }
 
 HVD_TEST_MAIN()

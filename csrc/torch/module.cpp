@@ -208,6 +208,16 @@ class PyEngine {
     return d;
   }
 
+  // Negotiation rounds so far (every process set): how many were settled by
+  // the decentralized AND alone, how many went through a coordinator.
+  py::dict negotiationStats() const {
+    const Engine::NegotiationStats s = engine_->negotiationStats();
+    py::dict d;
+    d["decentralized"] = s.decentralized;
+    d["star"] = s.star;
+    return d;
+  }
+
   // reducer -> (alpha seconds, beta seconds per byte) of the auto cost model.
   py::dict costModel() {
     py::dict d;
@@ -300,7 +310,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("topology", &PyEngine::topology)
       .def("choose_reducer", &PyEngine::chooseReducer)
       .def("link_kinds", &PyEngine::linkKinds)
-      .def("cost_model", &PyEngine::costModel);
+      .def("cost_model", &PyEngine::costModel)
+      .def("negotiation_stats", &PyEngine::negotiationStats);
 
   py::class_<GradientReducer>(m, "GradientReducer")
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),

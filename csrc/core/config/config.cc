@@ -15,6 +15,9 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"CYCLE_TIME", "1", "milliseconds between negotiation cycles of the background thread"},
       {"FUSION_THRESHOLD", "67108864", "bytes of the fusion buffer; 0 disables fusion"},
       {"CACHE_CAPACITY", "1024", "negotiated ops remembered by the response cache; 0 disables it"},
+      {"DECENTRALIZED", "1",
+       "agree on cached ops by a bitwise-AND all-reduce among the ranks (O(log N) messages per rank, no "
+       "coordinator); 0: every cycle goes through rank 0"},
       {"REDUCER", "auto", "default all-reduce algorithm: auto, ring, node, central, native, adasum"},
       {"SHM", "1", "use shared memory between ranks on the same host; 0 forces the c10d link"},
       {"RING_SEGMENT_BYTES", "1048576", "bytes per pipelined segment of the ring"},
@@ -67,6 +70,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     fusion_threshold = static_cast<size_t>(toNumber(key, v));
   } else if (key == "CACHE_CAPACITY") {
     cache_capacity = static_cast<size_t>(toNumber(key, v));
+  } else if (key == "DECENTRALIZED") {
+    decentralized = toBool(key, v);
   } else if (key == "REDUCER") {
     reducer = v;
   } else if (key == "SHM") {

@@ -18,6 +18,7 @@ struct Config {
   std::chrono::microseconds cycle_time{1000};                         // HVDTORCH_CYCLE_TIME (ms)
   size_t fusion_threshold = 64u << 20;                                // HVDTORCH_FUSION_THRESHOLD (bytes)
   size_t cache_capacity = 1024;                                       // HVDTORCH_CACHE_CAPACITY
+  bool decentralized = true;                                          // HVDTORCH_DECENTRALIZED
   std::string reducer = "auto";                                       // HVDTORCH_REDUCER
   bool shm = true;                                                    // HVDTORCH_SHM
   size_t ring_segment_bytes = 1u << 20;                               // HVDTORCH_RING_SEGMENT_BYTES

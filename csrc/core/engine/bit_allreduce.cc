@@ -1,6 +1,10 @@
 #include "engine/bit_allreduce.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "engine/control_frame.h"
 
 namespace hvdtorch {
 
@@ -13,58 +17,62 @@ struct Group {
   int size() const { return static_cast<int>(ranks.size()); }
 };
 
+// Every message is one control frame (control_frame.h): a peer that stopped
+// on an error may send its last word instead of its vector, and the frame
+// says which it is (messageOf() throws PeerStopped for a last word).
 class Steps {
  public:
   Steps(Context& ctx, Deadline d, BitAllreduceCost* cost, size_t bytes)
       : ctx_(ctx), d_(d), cost_(cost), bytes_(bytes) {}
 
   void send(int peer, const std::vector<uint64_t>& w) {
-    ctx_.link(peer).send(w.data(), bytes_, d_);
+    sendFrame(ctx_.link(peer), FrameKind::kMessage, w.data(), bytes_, d_);
     count(true);
   }
-  void recvAnd(int peer, std::vector<uint64_t>& w) {
-    ctx_.link(peer).recv(scratch(w.size()), bytes_, d_);
-    count(false);
-    for (size_t i = 0; i < w.size(); ++i) w[i] &= scratch_[i];
-  }
+  void recvAnd(int peer, std::vector<uint64_t>& w) { andInto(w, receive(peer, recvFrame(ctx_.link(peer), d_))); }
   void recvInto(int peer, std::vector<uint64_t>& w) {
-    ctx_.link(peer).recv(w.data(), bytes_, d_);
-    count(false);
+    const std::vector<char> in = receive(peer, recvFrame(ctx_.link(peer), d_));
+    std::memcpy(w.data(), in.data(), bytes_);
   }
-  // Both directions at once with `peer`: the receive is posted before the
-  // send, so transports that complete a send only once the peer posted its
-  // receive cannot deadlock.
+  // Both directions at once with `peer`.
   void exchangeAnd(int peer, std::vector<uint64_t>& w) {
-    Link& link = ctx_.link(peer);
-    auto r = link.irecv(scratch(w.size()), bytes_);
-    auto s = link.isend(w.data(), bytes_);
-    r->wait(d_);
-    s->wait(d_);
+    Frame f = exchangeFrames(ctx_.link(peer), w.data(), bytes_, d_);
     count(true);
-    count(false);
-    for (size_t i = 0; i < w.size(); ++i) w[i] &= scratch_[i];
+    andInto(w, receive(peer, std::move(f)));
   }
 
  private:
-  uint64_t* scratch(size_t n) {
-    scratch_.resize(n);
-    return scratch_.data();
+  std::vector<char> receive(int peer, Frame f) {
+    std::vector<char> in = messageOf(std::move(f), peer);
+    if (in.size() != bytes_)
+      throw CollectiveError(strCat("rank ", ctx_.rank(), ": rank ", peer, " sent a bit vector of ", in.size(),
+                                   " bytes, expected ", bytes_, " (do all ranks use the same configuration?)"));
+    count(false);
+    return in;
+  }
+  void andInto(std::vector<uint64_t>& w, const std::vector<char>& in) const {
+    for (size_t i = 0; i < w.size(); ++i) {
+      uint64_t v = 0;
+      std::memcpy(&v, in.data() + i * sizeof v, sizeof v);
+      w[i] &= v;
+    }
   }
   void count(bool sent) {
     if (!cost_) return;
+    // What travels is the frame, plus the tail of a long vector.
+    const size_t wire = kFrameBytes + (bytes_ > kFrameInline ? bytes_ - kFrameInline : 0);
     if (sent) {
       ++cost_->sent;
-      cost_->bytes_sent += bytes_;
+      cost_->bytes_sent += wire;
     } else {
       ++cost_->received;
-      cost_->bytes_received += bytes_;
+      cost_->bytes_received += wire;
     }
   }
   Context& ctx_;
   Deadline d_;
   BitAllreduceCost* cost_;
   size_t bytes_;
-  std::vector<uint64_t> scratch_;
 };
 
 // Recursive doubling over the group, with the fold for a non-power-of-two size.

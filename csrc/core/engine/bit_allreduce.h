@@ -23,8 +23,10 @@
 //    same point of the traffic on `ctx`'s links (control messages on one
 //    link are matched in posting order).
 //  * On return `words` holds the AND over all ranks, identical everywhere.
-//  * Every wait is bounded by `deadline`; a dead peer or the deadline throws
-//    CollectiveError / TimeoutError naming the peer.
+//  * Every message is one control frame (control_frame.h). Every wait is
+//    bounded by `deadline`; a dead peer or the deadline throws
+//    CollectiveError / TimeoutError naming the peer, and a peer's last word
+//    in place of its vector throws PeerStopped.
 #pragma once
 
 #include <cstddef>

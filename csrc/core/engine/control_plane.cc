@@ -5,44 +5,12 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "engine/control_frame.h"
 
 namespace hvdtorch {
 
-// A message is one fixed-size frame (length + the first bytes), followed by
-// a second message with the rest only when it does not fit: in steady state
-// (response-cache bits only) every exchange is one message each way.
-namespace {
-constexpr size_t kFrame = 4096;
-constexpr size_t kInline = kFrame - sizeof(uint64_t);
-// No control message comes near this (a cycle's requests are names and
-// shapes); a length past it is a corrupt frame, not a reason to allocate.
-constexpr uint64_t kMaxMessage = uint64_t(64) << 20;
-}  // namespace
-
 void ControlPlane::sendBytes(Link& link, const std::vector<char>& bytes, Deadline d) {
-  char frame[kFrame];
-  const uint64_t n = bytes.size();
-  std::memcpy(frame, &n, sizeof n);
-  const size_t first = std::min<size_t>(n, kInline);
-  if (first > 0) std::memcpy(frame + sizeof n, bytes.data(), first);
-  auto head = link.isend(frame, kFrame);
-  if (n > first) link.send(bytes.data() + first, n - first, d);
-  head->wait(d);
-}
-
-std::vector<char> ControlPlane::recvBytes(Link& link, Deadline d) {
-  char frame[kFrame];
-  link.recv(frame, kFrame, d);
-  uint64_t n = 0;
-  std::memcpy(&n, frame, sizeof n);
-  if (n > kMaxMessage)
-    throw CollectiveError(
-        strCat("corrupt control message from rank ", link.peer(), " (length ", n, " > ", kMaxMessage, ")"));
-  std::vector<char> bytes(n);
-  const size_t first = std::min<size_t>(n, kInline);
-  if (first > 0) std::memcpy(bytes.data(), frame + sizeof n, first);
-  if (n > first) link.recv(bytes.data() + first, n - first, d);
-  return bytes;
+  sendFrame(link, FrameKind::kMessage, bytes.data(), bytes.size(), d);
 }
 
 std::vector<char> ControlPlane::exchange(std::vector<char> mine, const Decide& decide) {
@@ -55,7 +23,7 @@ std::vector<char> ControlPlane::exchange(std::vector<char> mine, const Decide& d
       // Rank 0 may have stopped right after its last word (sendLastWord):
       // that reply, if it is already here, says why; prefer it to "closed".
       try {
-        return recvBytes(root, Deadline::after(std::chrono::milliseconds(200)));
+        return recvFrame(root, Deadline::after(std::chrono::milliseconds(200))).payload;
       } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): no reply; the send error follows
       }
       throw;
@@ -64,27 +32,48 @@ std::vector<char> ControlPlane::exchange(std::vector<char> mine, const Decide& d
     // lets its last word (sendLastWord), naming the rank that stalled or
     // died, arrive before this rank gives up and can only blame rank 0.
     const auto grace = std::min<std::chrono::milliseconds>(ctx_.timeout() / 4, std::chrono::seconds(1));
-    return recvBytes(root, Deadline::after(ctx_.timeout() + grace));
+    // A last word from rank 0 is a ResponseList too (shutdown set, naming
+    // the cause): the caller handles it like any shutdown.
+    return recvFrame(root, Deadline::after(ctx_.timeout() + grace)).payload;
   }
   std::vector<std::vector<char>> all(p);
   all[0] = std::move(mine);
-  for (int r = 1; r < p; ++r) all[r] = recvBytes(ctx_.link(r), ctx_.deadline());
+  for (int r = 1; r < p; ++r) all[r] = messageOf(recvFrame(ctx_.link(r), ctx_.deadline()), r);
   std::vector<char> reply = decide(all);
   for (int r = 1; r < p; ++r) sendBytes(ctx_.link(r), reply, ctx_.deadline());
   return reply;
 }
 
-void ControlPlane::sendLastWord(const std::vector<char>& last, std::chrono::milliseconds within) {
-  const Deadline d = Deadline::after(within);
-  for (int r = 1; r < ctx_.size(); ++r) {
+void ControlPlane::andAll(std::vector<uint64_t>& words, BitAllreduceCost* cost) {
+  bitAndAllreduce(ctx_, words, ctx_.deadline(), BitAllreduceShape::kHierarchical, cost);
+}
+
+void ControlPlane::sendLastWord(const std::vector<char>& last) {
+  const std::vector<char> frame = frameOf(FrameKind::kLastWord, last.data(), last.size());
+  for (int r = 0; r < ctx_.size(); ++r) {
+    if (r == ctx_.rank()) continue;
     Link* link = ctx_.openLink(r);  // never create a link now: that could wait for a dead peer
     if (link == nullptr) continue;
     try {
-      sendBytes(*link, last, d);
+      // First take whatever that peer may be sending here (some transports
+      // complete a send only once the receiver posts), so that it gets to
+      // read the last word; then the last word itself. Nothing is waited
+      // for: the buffers and requests stay here until the links close.
+      Posted absorb{std::make_unique<char[]>(kFrameBytes), nullptr};
+      absorb.request = link->irecv(absorb.buffer.get(), kFrameBytes);
+      posted_.push_back(std::move(absorb));
+      Posted word{std::make_unique<char[]>(kFrameBytes), nullptr};
+      std::memcpy(word.buffer.get(), frame.data(), kFrameBytes);
+      word.request = link->isend(word.buffer.get(), kFrameBytes);
+      posted_.push_back(std::move(word));
     } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch)
-      // That rank is gone or stuck; the others still deserve the message.
+      // That rank is gone; the others still deserve the message.
     }
   }
+}
+
+void ControlPlane::dropPosted() {
+  for (auto& p : posted_) p.request.reset();
 }
 
 }  // namespace hvdtorch

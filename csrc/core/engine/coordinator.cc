@@ -172,6 +172,10 @@ std::vector<bool> Coordinator::submitted(const std::string& name, const Pending&
   return has;
 }
 
+void Coordinator::ranFromCache(const std::vector<uint32_t>& ids) {
+  for (uint32_t id : ids) bits_.erase(id);
+}
+
 ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const ResponseCache& cache,
                                   Clock::time_point now) {
   ResponseList out;

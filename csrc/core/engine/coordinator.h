@@ -46,6 +46,11 @@ class Coordinator {
 
   ResponseList process(const std::vector<RankMessage>& msgs, const ResponseCache& cache, Clock::time_point now);
 
+  // Ops that ran from the cache in a cycle that did not go through the
+  // coordinator (the decentralized steady state): their stall timers, if
+  // any, belonged to that run and must not carry over to the next one.
+  void ranFromCache(const std::vector<uint32_t>& ids);
+
   // For a process set: messages name its members by their global ranks
   // (global_ranks[i] for set rank i) and say which set ("process set 1
   // [0, 2]"). The global set keeps the defaults (identity, no scope).

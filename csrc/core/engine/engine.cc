@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "common/error.h"
+#include "engine/control_frame.h"
 #include "engine/fusion.h"
 #include "transport/shm_link.h"
 #include "transport/shm_segment.h"
@@ -211,10 +212,15 @@ void Engine::shutdown() {
   exec_cv_.notify_all();
   if (executor_thread_.joinable()) executor_thread_.join();
   timeline_.close();
+  // After a last word, keep the control links open a little: a peer that
+  // was about to exchange with this rank reads the last word (and learns
+  // the real cause) instead of finding the connection closed.
+  std::this_thread::sleep_until(linger_until_);
   // Nothing runs any more: let go of the transports now, not when the last
   // owner of this engine (a DistributedModel, say) goes away, so that
   // shutdown() leaves no process group thread or socket behind.
   control_ctx_.close();
+  control_.dropPosted();
   data_ctx_.close();
 }
 
@@ -269,25 +275,13 @@ void Engine::controlLoop() {
       runCycle();
       std::lock_guard<std::mutex> lock(mu_);
       stop = stopped_;
+    } catch (const PeerStopped& e) {
+      // A peer's last word where its message was expected: pass its cause on.
+      onNegotiationFailure(strCat("rank ", control_ctx_.rank(), ": ", e.what()));
+      stop = true;
     } catch (const std::exception& e) {
-      const std::string why =
-          strCat("rank ", control_ctx_.rank(), ": lost contact with the other ranks during negotiation: ", e.what());
-      failEverything(why);
-      std::string reason;  // the first failure on this rank, which may predate this one
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        reason = failure_;
-      }
-      if (global_->coordinator) {
-        // The other ranks only see rank 0 go away; tell them what it saw.
-        ResponseList last;
-        last.shutdown = true;
-        last.shutdown_rank = control_ctx_.rank();
-        last.shutdown_reason = reason;
-        control_.sendLastWord(last.serialize(),
-                              std::min<std::chrono::milliseconds>(config_.timeout, std::chrono::seconds(2)));
-      }
-      failNegotiating([&](const EntryPtr& e) { return strCat(e->request.describe(), ": ", reason); });
+      onNegotiationFailure(
+          strCat("rank ", control_ctx_.rank(), ": lost contact with the other ranks during negotiation: ", e.what()));
       stop = true;
     }
   }
@@ -295,21 +289,42 @@ void Engine::controlLoop() {
   stopped_ = true;
 }
 
+void Engine::onNegotiationFailure(const std::string& why) {
+  failEverything(why);
+  std::string reason;  // the first failure on this rank, which may predate this one
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reason = failure_;
+  }
+  failNegotiating([&](const EntryPtr& e) { return strCat(e->request.describe(), ": ", reason); });
+  // The other ranks only see this rank go away, wherever they wait for it
+  // (rank 0's reply in the star, a vector in the AND): tell them what it saw.
+  ResponseList last;
+  last.shutdown = true;
+  last.shutdown_rank = control_ctx_.rank();
+  constexpr size_t kMaxReason = 3000;  // the last word is one control frame
+  last.shutdown_reason = reason.size() > kMaxReason ? reason.substr(0, kMaxReason) + " [...]" : reason;
+  control_.sendLastWord(last.serialize());
+  linger_until_ = std::chrono::steady_clock::now() +
+                  std::min<std::chrono::milliseconds>(config_.timeout / 4, std::chrono::seconds(1));
+}
+
 void Engine::prepareMessage(ProcessSet& ps, RankMessage& msg) {
   // An op reported by its cache bit whose entry was evicted since (the cache
   // was full) is negotiated in full again.
   for (auto it = ps.cached_pending.begin(); it != ps.cached_pending.end();) {
-    if (ps.cache->idOf(it->second) == static_cast<int>(it->first)) {
+    if (ps.cache->idOf(it->second.name) == static_cast<int>(it->first)) {
       ++it;
       continue;
     }
-    msg.uncached.push_back(ps.pending.at(it->second)->request);
+    msg.uncached.push_back(ps.pending.at(it->second.name)->request);
     it = ps.cached_pending.erase(it);
   }
+  const auto now = std::chrono::steady_clock::now();
   for (auto& e : ps.fresh) {
     const int id = ps.cache->lookup(e->request);
     if (id >= 0) {
-      ps.cached_pending[static_cast<uint32_t>(id)] = e->request.name;
+      ps.cached_pending[static_cast<uint32_t>(id)] = {e->request.name, now};
     } else {
       msg.uncached.push_back(e->request);
     }
@@ -317,7 +332,84 @@ void Engine::prepareMessage(ProcessSet& ps, RankMessage& msg) {
   }
   ps.fresh.clear();
   msg.cache_bits.assign(ps.cache->words(), 0);
-  for (const auto& [id, name] : ps.cached_pending) msg.cache_bits[id / 64] |= uint64_t(1) << (id % 64);
+  for (const auto& [id, op] : ps.cached_pending) msg.cache_bits[id / 64] |= uint64_t(1) << (id % 64);
+}
+
+// ---- negotiation: the decentralized AND, the star when someone needs it ------
+
+namespace {
+// The AND vector: [status | idle sets (global set only) | cache bits].
+// Every bit means "fine with me", so that the AND answers "fine with
+// everyone": an op's bit survives when every rank has it pending, the
+// status bit when no rank needs the coordinator, a set's idle bit when no
+// rank has work in that set.
+constexpr uint64_t kNoCoordinator = 1;
+constexpr int32_t kIdleBits = 64;  // sets 1..63 travel in the AND; busy ones past that need the star
+}  // namespace
+
+std::chrono::milliseconds Engine::coordinatorGrace() const {
+  auto limit = config_.timeout;
+  if (config_.stall_warning.count() > 0) limit = std::min(limit, config_.stall_warning);
+  return std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100), limit / 10);
+}
+
+bool Engine::needsCoordinator(const ProcessSet& ps, const RankMessage& msg) const {
+  // Uncached requests, and ops sent in full in an earlier cycle and not yet
+  // answered (their entry lives in the coordinator's table only).
+  if (msg.shutdown || !msg.uncached.empty() || ps.pending.size() != ps.cached_pending.size()) return true;
+  for (int32_t id : msg.busy_sets)
+    if (id >= kIdleBits) return true;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [id, op] : ps.cached_pending)
+    if (now - op.since > coordinatorGrace()) return true;  // the coordinator must time this wait
+  return false;
+}
+
+ResponseList Engine::negotiate(ProcessSet& ps, const RankMessage& msg) {
+  const bool global = ps.id == 0;
+  if (config_.decentralized && ps.control->size() > 1) {
+    const size_t head = global ? 2 : 1;
+    std::vector<uint64_t> words(head + msg.cache_bits.size(), 0);
+    if (!needsCoordinator(ps, msg)) words[0] = kNoCoordinator;
+    if (global) {
+      words[1] = ~uint64_t(0);
+      for (int32_t id : msg.busy_sets)
+        if (id < kIdleBits) words[1] &= ~(uint64_t(1) << id);
+    }
+    std::copy(msg.cache_bits.begin(), msg.cache_bits.end(), words.begin() + static_cast<ptrdiff_t>(head));
+    ps.plane->andAll(words);
+    if (words[0] & kNoCoordinator) {
+      ++and_rounds_;
+      ResponseList list;
+      for (size_t w = head; w < words.size(); ++w)
+        for (uint64_t bits = words[w]; bits != 0; bits &= bits - 1)
+          list.cached_ready.push_back(static_cast<uint32_t>((w - head) * 64 + __builtin_ctzll(bits)));
+      if (global)
+        for (int32_t id = 1; id < kIdleBits; ++id)
+          if (!(words[1] >> id & 1)) list.busy_sets.push_back(id);
+      if (ps.coordinator) ps.coordinator->ranFromCache(list.cached_ready);
+      return list;
+    }
+  }
+  ++star_rounds_;
+  return starExchange(ps, msg);
+}
+
+ResponseList Engine::starExchange(ProcessSet& ps, const RankMessage& msg) {
+  const bool global = ps.id == 0;
+  const std::vector<char> reply = ps.plane->exchange(msg.serialize(), [&](std::vector<std::vector<char>>& all) {
+    std::vector<RankMessage> msgs;
+    msgs.reserve(all.size());
+    for (const auto& bytes : all) msgs.push_back(RankMessage::parse(bytes));
+    ResponseList out = ps.coordinator->process(msgs, *ps.cache, Coordinator::Clock::now());
+    if (global) {
+      for (const auto& m : msgs) out.busy_sets.insert(out.busy_sets.end(), m.busy_sets.begin(), m.busy_sets.end());
+      std::sort(out.busy_sets.begin(), out.busy_sets.end());
+      out.busy_sets.erase(std::unique(out.busy_sets.begin(), out.busy_sets.end()), out.busy_sets.end());
+    }
+    return out.serialize();
+  });
+  return ResponseList::parse(reply);
 }
 
 std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list) {
@@ -415,17 +507,7 @@ void Engine::runCycle() {
     if (ps->id != 0 && ps->member() && ps->busy()) msg.busy_sets.push_back(ps->id);
   prepareMessage(*global_, msg);
 
-  const std::vector<char> reply = control_.exchange(msg.serialize(), [&](std::vector<std::vector<char>>& all) {
-    std::vector<RankMessage> msgs;
-    msgs.reserve(all.size());
-    for (const auto& bytes : all) msgs.push_back(RankMessage::parse(bytes));
-    ResponseList out = global_->coordinator->process(msgs, *global_->cache, Coordinator::Clock::now());
-    for (const auto& m : msgs) out.busy_sets.insert(out.busy_sets.end(), m.busy_sets.begin(), m.busy_sets.end());
-    std::sort(out.busy_sets.begin(), out.busy_sets.end());
-    out.busy_sets.erase(std::unique(out.busy_sets.begin(), out.busy_sets.end()), out.busy_sets.end());
-    return out.serialize();
-  });
-  const ResponseList list = ResponseList::parse(reply);
+  const ResponseList list = negotiate(*global_, msg);
   queueUnits(global_, takeReady(*global_, list));
   others_busy_ = !list.busy_sets.empty();
 
@@ -463,13 +545,7 @@ void Engine::runCycle() {
 void Engine::runSetCycle(const std::shared_ptr<ProcessSet>& ps) {
   RankMessage msg;  // sets never carry shutdown: the global exchange does
   prepareMessage(*ps, msg);
-  const std::vector<char> reply = ps->plane->exchange(msg.serialize(), [&](std::vector<std::vector<char>>& all) {
-    std::vector<RankMessage> msgs;
-    msgs.reserve(all.size());
-    for (const auto& bytes : all) msgs.push_back(RankMessage::parse(bytes));
-    return ps->coordinator->process(msgs, *ps->cache, Coordinator::Clock::now()).serialize();
-  });
-  queueUnits(ps, takeReady(*ps, ResponseList::parse(reply)));
+  queueUnits(ps, takeReady(*ps, negotiate(*ps, msg)));
 }
 
 void Engine::executorLoop() {

@@ -2,10 +2,26 @@
 // cache, fusion planning) that feeds an executor thread (the collectives).
 //
 //   submit() --> incoming queue --> control thread: one cycle every
-//   HVDTORCH_CYCLE_TIME, exchanges RankMessage/ResponseList with rank 0
-//   (then, for each process set with work anywhere, with the set's first
-//   rank), plans work units --> executor queue --> executor thread runs
-//   reducers, completes OpStates --> poll()/wait() through handles.
+//   HVDTORCH_CYCLE_TIME agrees on the ready ops (then, for each process set
+//   with work anywhere, among the set's ranks), plans work units -->
+//   executor queue --> executor thread runs reducers, completes OpStates
+//   --> poll()/wait() through handles.
+//
+// Negotiation, per set and cycle, takes one of two paths:
+//  * the steady state (Romero et al., NSDI'22): every rank's pending ops
+//    are in the response cache, so a bitwise-AND all-reduce of the ranks'
+//    cache bits (ControlPlane::andAll, O(log N) messages per rank) tells
+//    every rank which ops are ready everywhere; they run in cache-id order.
+//    No coordinator takes part.
+//  * the star: every rank sends its RankMessage to the coordinator (rank 0,
+//    or the set's first rank) and gets the ResponseList back. It runs in a
+//    cycle where some rank needs it, which that rank says through a status
+//    bit in the same AND: a request not in the cache (first sight, changed
+//    signature, evicted), shutdown or failure, a join, busy process sets
+//    past id 63, or a cached op that has waited longer than
+//    coordinatorGrace() for the other ranks (the coordinator then times
+//    the stall, warns and fails it exactly as before, at most that grace
+//    late). HVDTORCH_DECENTRALIZED=0 takes the star every cycle.
 //
 // Every rank's control thread runs the same cycles in lockstep, and the
 // executor receives the same units in the same order on every rank, which is
@@ -19,6 +35,8 @@
 // original message, naming the rank that saw it.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -87,6 +105,14 @@ class Engine {
   std::shared_ptr<const ProcessSet> processSet(int32_t id) const;
   std::vector<std::shared_ptr<const ProcessSet>> processSets() const;
 
+  // Negotiation rounds run by this rank (every set): how many took the
+  // decentralized AND alone, how many went through a coordinator.
+  struct NegotiationStats {
+    uint64_t decentralized = 0;
+    uint64_t star = 0;
+  };
+  NegotiationStats negotiationStats() const { return {and_rounds_.load(), star_rounds_.load()}; }
+
   const Topology& topo() const { return data_ctx_.topo(); }
   const Config& config() const { return config_; }
   ReducerSet& reducers() { return reducers_; }
@@ -105,11 +131,25 @@ class Engine {
   // Moves the set's fresh entries to pending and fills msg's cache bits and
   // uncached requests.
   void prepareMessage(ProcessSet& ps, RankMessage& msg);
+  // This cycle's ResponseList for one set: the AND, then the star only if
+  // some member needs it (see the top of this file). For the global set,
+  // msg carries shutdown and the busy sets, and so does the list.
+  ResponseList negotiate(ProcessSet& ps, const RankMessage& msg);
+  ResponseList starExchange(ProcessSet& ps, const RankMessage& msg);
+  // Whether this rank needs the coordinator this cycle.
+  bool needsCoordinator(const ProcessSet& ps, const RankMessage& msg) const;
+  // How long a cached op may wait for other ranks before this rank asks for
+  // the coordinator, which times stalls: 100 ms, or a tenth of the stall
+  // warning or timeout when that is shorter.
+  std::chrono::milliseconds coordinatorGrace() const;
   // The ops `list` made ready in this set, as the fusion planner takes them.
   std::vector<ReadyOp> takeReady(ProcessSet& ps, const ResponseList& list);
   void queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready);
   // What a joined rank runs for an op it never submitted (Response::stand_in).
   static EntryPtr makeStandIn(const Request& req);
+  // The control thread's exchange failed (`why`): fail everything, send
+  // the other ranks this rank's last word.
+  void onNegotiationFailure(const std::string& why);
   // Fails every op the control thread holds, in every set.
   void failNegotiating(const std::function<std::string(const EntryPtr&)>& why);
   std::vector<std::shared_ptr<ProcessSet>> setsSnapshot() const;
@@ -148,6 +188,11 @@ class Engine {
   std::map<int32_t, std::shared_ptr<ProcessSet>> sets_;  // by id; 0 is the global set
   std::shared_ptr<ProcessSet> global_;
   bool others_busy_ = false;  // control thread: some set had work somewhere last cycle
+  // Control thread, read by shutdown() after joining it: when the control
+  // links may close after this rank sent its last word.
+  std::chrono::steady_clock::time_point linger_until_{};
+  std::atomic<uint64_t> and_rounds_{0};
+  std::atomic<uint64_t> star_rounds_{0};
 
   struct QueuedUnit {
     std::shared_ptr<ProcessSet> set;  // keeps a removed set alive until its last unit ran

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
@@ -55,10 +56,14 @@ struct ProcessSet {
 
   // Negotiation state (control thread).
   std::unique_ptr<ResponseCache> cache;
-  std::unique_ptr<Coordinator> coordinator;                  // on the set's first rank
-  std::deque<EntryPtr> fresh;                                // submitted, not yet sent to the coordinator
-  std::unordered_map<std::string, EntryPtr> pending;         // sent, awaiting a response
-  std::unordered_map<uint32_t, std::string> cached_pending;  // cache id -> name
+  std::unique_ptr<Coordinator> coordinator;           // on the set's first rank
+  std::deque<EntryPtr> fresh;                         // submitted, not yet sent to the coordinator
+  std::unordered_map<std::string, EntryPtr> pending;  // sent, awaiting a response
+  struct CachedOp {
+    std::string name;
+    std::chrono::steady_clock::time_point since;  // reported by its bit from then on
+  };
+  std::unordered_map<uint32_t, CachedOp> cached_pending;  // cache id -> op
 
   std::atomic<int> outstanding{0};  // ops of this set submitted here and not finished
 
