@@ -174,8 +174,8 @@ Result run(int n, Path path, int cycles, int uncached_every) {
     worst_cpu = std::max(worst_cpu, cpu_us[r]);
   }
   const double total = double(rounds * per_round);
-  return {per_cycle[rounds / 2], per_cycle.front(), per_cycle.back(), worst_msgs / total, worst_bytes / total,
-          worst_cpu / total};
+  return {per_cycle[rounds / 2], per_cycle.front(),   per_cycle.back(),
+          worst_msgs / total,    worst_bytes / total, worst_cpu / total};
 }
 
 }  // namespace
@@ -187,8 +187,8 @@ int main(int argc, char** argv) {
       "# control-plane cycle, in-process ranks (threads), %d cached ops, %d pending per cycle, "
       "hier: %d ranks per host\n",
       kCached, kPending, kPerHost);
-  std::printf("%-6s %-8s %-10s %12s %14s %12s %22s %16s\n", "ranks", "path", "uncached", "msgs/cycle",
-              "bytes/cycle", "wall us", "p10-p90 us", "busiest cpu us");
+  std::printf("%-6s %-8s %-10s %12s %14s %12s %22s %16s\n", "ranks", "path", "uncached", "msgs/cycle", "bytes/cycle",
+              "wall us", "p10-p90 us", "busiest cpu us");
   struct Row {
     int n;
     Path path;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "engine/request.h"
 
@@ -46,7 +47,16 @@ size_t tailOf(size_t n) { return n > kFrameInline ? n - kFrameInline : 0; }
 // still be pending (a transport can keep a posted receive or send until its
 // link closes, and a peer may yet answer it, a last word's absorbing
 // receive for one), so the buffer is then left to it instead of freed under
-// it: a few frames at most, once, on a failure. abandon() is that.
+// it: abandon() keeps it, reachable, until the process exits (a few frames
+// at most, once, on a failure).
+void keepUntilExit(char* p) {
+  static std::mutex mu;
+  static auto* kept =
+      new std::vector<std::unique_ptr<char[]>>();  // never destroyed: a pending transfer may outlive main()
+  std::lock_guard<std::mutex> lock(mu);
+  kept->emplace_back(p);
+}
+
 class Posted {
  public:
   explicit Posted(size_t n) : p_(n > 0 ? new char[n] : nullptr) {}
@@ -56,7 +66,10 @@ class Posted {
   Posted& operator=(const Posted&) = delete;
   Posted& operator=(Posted&&) = delete;
   char* get() const { return p_; }
-  void abandon() { p_ = nullptr; }
+  void abandon() {
+    if (p_ != nullptr) keepUntilExit(p_);
+    p_ = nullptr;
+  }
 
  private:
   char* p_;
