@@ -28,7 +28,7 @@ LINT_BUILD_DIR := build/lint
 CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
-.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak scale clean system-deps lint \
+.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak scale test-asan test-tsan clean system-deps lint \
         format lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
 all: build
@@ -92,10 +92,15 @@ test-fuzz-wire: build/fuzz/fuzz_control_plane
 	build/fuzz/fuzz_control_plane -max_total_time=30 -malloc_limit_mb=128 -rss_limit_mb=1024 -timeout=10 \
 	  -print_final_stats=1 build/fuzz/corpus csrc/fuzz/corpus
 
-sanitize: $(VENV)/.system-deps
+sanitize: test-asan test-tsan
+
+# The C++ unit tests under ASan+UBSan (CI runs this after make test), and under TSan.
+test-asan: $(VENV)/.system-deps
 	$(SAN_CMAKE) -B build/asan -DHVDTORCH_SANITIZE=address,undefined >/dev/null
 	cmake --build build/asan -- -j$(MAX_JOBS)
 	cd build/asan && ctest --output-on-failure --timeout 900
+
+test-tsan: $(VENV)/.system-deps
 	$(SAN_CMAKE) -B build/tsan -DHVDTORCH_SANITIZE=thread >/dev/null
 	cmake --build build/tsan -- -j$(MAX_JOBS)
 	cd build/tsan && ctest --output-on-failure --timeout 900
@@ -107,7 +112,7 @@ fuzz: build build/fuzz/fuzz_control_plane
 	  -timeout=10 -print_final_stats=1 build/fuzz/corpus csrc/fuzz/corpus
 
 soak: build
-	SOAK_STEPS=20000 SOAK_CYCLES=1000 $(PY) -m pytest -q -p no:timeout tests/test_soak.py
+	SOAK_STEPS=20000 SOAK_CYCLES=1000 $(PY) -m pytest -q -s -p no:timeout tests/test_soak.py
 
 # 32 ranks on this machine's cores: the collectives and a steady state that
 # the decentralized negotiation must settle (make test runs 8 ranks).

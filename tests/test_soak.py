@@ -30,6 +30,7 @@ def _check(results, what, n):
         assert rss <= RSS_LIMIT_KIB, f"rank {r.rank}: RSS grew by {rss} KiB over {n} {what}: {m.group(0)}"
         assert t1 <= t0 and f1 <= f0, f"rank {r.rank}: threads or fds grew: {m.group(0)}"
         assert shm == 0, f"rank {r.rank}: {shm} shared-memory segments left: {m.group(0)}"
+        print(m.group(0))  # make soak (-s) shows the numbers it checked
 
 
 def test_distributed_model_steps_do_not_grow():
