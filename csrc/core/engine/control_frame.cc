@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <mutex>
 
 #include "engine/request.h"
 
@@ -45,39 +44,31 @@ size_t tailOf(size_t n) { return n > kFrameInline ? n - kFrameInline : 0; }
 
 // Memory a posted transfer reads or fills. On an error the transfer may
 // still be pending (a transport can keep a posted receive or send until its
-// link closes, and a peer may yet answer it, a last word's absorbing
-// receive for one), so the buffer is then left to it instead of freed under
-// it: abandon() keeps it, reachable, until the process exits (a few frames
-// at most, once, on a failure).
-void keepUntilExit(char* p) {
-  static std::mutex mu;
-  static auto* kept =
-      new std::vector<std::unique_ptr<char[]>>();  // never destroyed: a pending transfer may outlive main()
-  std::lock_guard<std::mutex> lock(mu);
-  kept->emplace_back(p);
-}
-
+// link closes, and a peer may yet answer it: a last word's absorbing
+// receive, say), so the buffer is then given to the link (abandon()), which
+// frees it when it is destroyed, instead of freed under the transport.
 class Posted {
  public:
-  explicit Posted(size_t n) : p_(n > 0 ? new char[n] : nullptr) {}
+  Posted(Link& link, size_t n) : link_(&link), p_(n > 0 ? new char[n] : nullptr) {}
   ~Posted() { delete[] p_; }
-  Posted(Posted&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  Posted(Posted&& o) noexcept : link_(o.link_), p_(o.p_) { o.p_ = nullptr; }
   Posted(const Posted&) = delete;
   Posted& operator=(const Posted&) = delete;
   Posted& operator=(Posted&&) = delete;
   char* get() const { return p_; }
   void abandon() {
-    if (p_ != nullptr) keepUntilExit(p_);
+    if (p_ != nullptr) link_->keepWhileOpen(std::unique_ptr<char[]>(p_));
     p_ = nullptr;
   }
 
  private:
+  Link* link_;
   char* p_;
 };
 
 // Head frame, then the tail, in one buffer.
-Posted encodeMessage(FrameKind kind, const void* payload, size_t n) {
-  Posted out(kFrameBytes + tailOf(n));
+Posted encodeMessage(Link& link, FrameKind kind, const void* payload, size_t n) {
+  Posted out(link, kFrameBytes + tailOf(n));
   encodeHead(out.get(), kind, payload, n);
   if (tailOf(n) > 0) std::memcpy(out.get() + kFrameBytes, static_cast<const char*>(payload) + kFrameInline, tailOf(n));
   return out;
@@ -86,7 +77,7 @@ Posted encodeMessage(FrameKind kind, const void* payload, size_t n) {
 void recvTail(Link& link, Frame& f, Deadline d) {
   const size_t tail = tailOf(f.payload.size());
   if (tail == 0) return;
-  Posted in(tail);
+  Posted in(link, tail);
   try {
     link.recv(in.get(), tail, d);
   } catch (...) {
@@ -107,7 +98,7 @@ std::vector<char> frameOf(FrameKind kind, const void* payload, size_t n) {
 }
 
 void sendFrame(Link& link, FrameKind kind, const void* payload, size_t n, Deadline d) {
-  Posted out = encodeMessage(kind, payload, n);
+  Posted out = encodeMessage(link, kind, payload, n);
   try {
     auto head = link.isend(out.get(), kFrameBytes);
     if (tailOf(n) > 0) link.send(out.get() + kFrameBytes, tailOf(n), d);
@@ -119,7 +110,7 @@ void sendFrame(Link& link, FrameKind kind, const void* payload, size_t n, Deadli
 }
 
 Frame recvFrame(Link& link, Deadline d) {
-  Posted in(kFrameBytes);
+  Posted in(link, kFrameBytes);
   try {
     link.recv(in.get(), kFrameBytes, d);
   } catch (...) {
@@ -132,8 +123,8 @@ Frame recvFrame(Link& link, Deadline d) {
 }
 
 Frame exchangeFrames(Link& link, const void* payload, size_t n, Deadline d) {
-  Posted out = encodeMessage(FrameKind::kMessage, payload, n);
-  Posted in(kFrameBytes);
+  Posted out = encodeMessage(link, FrameKind::kMessage, payload, n);
+  Posted in(link, kFrameBytes);
   std::unique_ptr<LinkRequest> s;
   Frame f;
   try {
@@ -160,7 +151,7 @@ Frame exchangeFrames(Link& link, const void* payload, size_t n, Deadline d) {
   }
   try {
     // Tails (long vectors only) likewise: the receive posted first.
-    Posted tail_in(tailOf(f.payload.size()));
+    Posted tail_in(link, tailOf(f.payload.size()));
     std::unique_ptr<LinkRequest> ti, to;
     try {
       if (tailOf(f.payload.size()) > 0) ti = link.irecv(tail_in.get(), tailOf(f.payload.size()));

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "common/deadline.h"
 
@@ -40,6 +41,15 @@ class Link {
 
   void send(const void* data, size_t bytes, Deadline deadline) { isend(data, bytes)->wait(deadline); }
   void recv(void* data, size_t bytes, Deadline deadline) { irecv(data, bytes)->wait(deadline); }
+
+  // Keeps `buffer` alive as long as this link: the buffer of a transfer
+  // given up after an error, which the transport may hold until the link
+  // is destroyed (see the contract above). Freed after the transport (a
+  // base-class member outlives the derived class's state).
+  void keepWhileOpen(std::unique_ptr<char[]> buffer) { kept_.push_back(std::move(buffer)); }
+
+ private:
+  std::vector<std::unique_ptr<char[]>> kept_;
 };
 
 }  // namespace hvdtorch
