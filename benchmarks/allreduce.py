@@ -4,6 +4,12 @@ processes of the same mpirun job.
 
     python benchmarks/allreduce.py                      # 2 and 4 ranks, 4 KiB .. 256 MiB
     python benchmarks/allreduce.py --ranks 2 --max-bytes 64M --reps 5
+    python benchmarks/allreduce.py --horovod ...         # Horovod 0.28.1 in the same job
+
+--horovod adds Horovod's allreduce_ (its MPI operations) to the same
+processes: the ranks then run the Python of the venv that
+benchmarks/peers/build_horovod.sh builds (same torch pin, hvdtorch from this
+tree on PYTHONPATH).
 
 Prints, per world size and message size, the median time of --reps runs,
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' definitions),
@@ -25,6 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HVD_REDUCERS = ["ring", "node", "central", "native", "auto"]
+HOROVOD_PYTHON = os.path.join(ROOT, "build", "horovod-venv", "bin", "python")
 
 
 def parse_bytes(s: str) -> int:
@@ -48,6 +55,11 @@ def worker(args):
 
     torch.set_num_threads(1)
     hvd.init()
+    peer = None
+    if args.horovod:
+        import horovod.torch as peer  # MPI is already initialised (mpi4py): Horovod uses it
+
+        peer.init()
     comm = MPI.COMM_WORLD
     rank, n = hvd.rank(), hvd.size()
     assert comm.Get_rank() == rank and comm.Get_size() == n
@@ -74,6 +86,8 @@ def worker(args):
         }
         impls["gloo"] = functools.partial(dist.all_reduce, x)
         impls["mpi"] = functools.partial(comm.Allreduce, MPI.IN_PLACE, x.numpy(), op=MPI.SUM)
+        if peer is not None:
+            impls["horovod"] = functools.partial(peer.allreduce_, x, op=peer.Sum, name=f"horovod.{nbytes}")
         for name, fn in impls.items():
             t = timed(fn, reps)
             algbw = nbytes / t
@@ -91,6 +105,8 @@ def worker(args):
             print(f"  {n} ranks, {nbytes:>10} B done", file=sys.stderr, flush=True)
     if rank == 0:
         print("ROWS " + json.dumps(rows), flush=True)
+    if peer is not None:
+        peer.shutdown()
     hvd.shutdown()
 
 
@@ -119,7 +135,7 @@ def plot(rows, path):
     for ax, n in zip(axes[0], worlds):
         for impl in sorted({r["impl"] for r in rows}):
             pts = sorted((r["bytes"], r["busbw_GBps"]) for r in rows if r["ranks"] == n and r["impl"] == impl)
-            style = "--" if impl in ("gloo", "mpi") else "-"
+            style = "--" if impl in ("gloo", "mpi", "horovod") else "-"
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=impl)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
@@ -138,10 +154,16 @@ def main():
     p.add_argument("--max-bytes", type=parse_bytes, default=256 << 20)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    p.add_argument("--horovod", action="store_true", help="also Horovod 0.28.1 (benchmarks/peers/build_horovod.sh)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    rank_python = sys.executable
+    if args.horovod:
+        if not os.path.exists(HOROVOD_PYTHON):
+            raise SystemExit(f"--horovod needs {HOROVOD_PYTHON}: run benchmarks/peers/build_horovod.sh first")
+        rank_python = HOROVOD_PYTHON
 
     os.makedirs(args.out, exist_ok=True)
     mem = memcpy_bandwidth()
@@ -156,7 +178,7 @@ def main():
             "--oversubscribe",
             "-np",
             str(n),
-            sys.executable,
+            rank_python,
             os.path.abspath(__file__),
             "--worker",
             "--min-bytes",
@@ -165,7 +187,7 @@ def main():
             str(args.max_bytes),
             "--reps",
             str(args.reps),
-        ]
+        ] + (["--horovod"] if args.horovod else [])
         print(f"$ {' '.join(cmd[:4])} python benchmarks/allreduce.py --worker ...", flush=True)
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if out.returncode != 0:
@@ -177,7 +199,7 @@ def main():
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    impls = [f"hvdtorch-{r}" for r in HVD_REDUCERS] + ["gloo", "mpi"]
+    impls = [f"hvdtorch-{r}" for r in HVD_REDUCERS] + ["gloo", "mpi"] + (["horovod"] if args.horovod else [])
     for n in sorted({r["ranks"] for r in rows}):
         print(f"\n{n} ranks: median time (ms) / busbw (GB/s) / busbw ratio to gloo")
         print(f"{'bytes':>10} " + " ".join(f"{i.replace('hvdtorch-', 'hvd-'):>21}" for i in impls))
