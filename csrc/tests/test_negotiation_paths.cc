@@ -11,46 +11,33 @@
 #include "cluster.h"
 #include "common/error.h"
 #include "engine/engine.h"
+#include "submit.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::Cluster;
+using hvdtorch::test::finish;
+using hvdtorch::test::floats;
+using hvdtorch::test::sumOf;
+using hvdtorch::test::valuesOf;
 
 namespace {
 
-EntryPtr allreduce(const std::string& name, int64_t n, float value, int32_t set = 0) {
-  auto e = std::make_shared<Entry>();
-  e->request.type = OpType::kAllreduce;
-  e->request.name = name;
-  e->request.process_set_id = set;
-  e->request.tensors = {{DataType::kFloat32, {n}}};
-  e->request.args = ReduceArgs{};
-  auto t = std::make_shared<HostTensor>(DataType::kFloat32, std::vector<int64_t>{n});
-  for (int64_t i = 0; i < n; ++i) static_cast<float*>(t->data())[i] = value;
-  e->inputs = {t};
-  e->outputs = {t};
-  return e;
-}
-
-float first(const EntryPtr& e) { return static_cast<float*>(e->outputs[0]->data())[0]; }
-
-// One training-like step: three named all-reduces submitted in a rank-
+// One training-like step: three named Sum all-reduces submitted in a rank-
 // dependent order, all waited for. Returns the first error, if any.
 std::string step(Engine& eng, int r, int p, int32_t set = 0, int set_size = 0) {
-  std::vector<EntryPtr> es;
+  std::vector<TensorPtr> ts;
   std::vector<int64_t> hs;
   for (int k = 0; k < 3; ++k) {
     const int j = (k + r) % 3;
-    es.push_back(allreduce("grad" + std::to_string(j), 8 + j, float(j + 1), set));
-    hs.push_back(eng.submit(es.back()));
+    ts.push_back(floats(std::vector<float>(8 + j, float(j + 1))));
+    hs.push_back(sumOf(eng, "grad" + std::to_string(j), ts.back(), set));
   }
   const int n = set_size ? set_size : p;
   for (int k = 0; k < 3; ++k) {
-    if (!eng.state(hs[k])->waitFor(std::chrono::seconds(10))) return "timed out";
-    const std::string err = eng.state(hs[k])->error();
-    eng.release(hs[k]);
+    const std::string err = finish(eng, hs[k], std::chrono::seconds(10));
     if (!err.empty()) return err;
     const int j = (k + r) % 3;
-    if (first(es[k]) != float(n * (j + 1))) return "wrong sum for grad" + std::to_string(j);
+    if (valuesOf(ts[k])[0] != float(n * (j + 1))) return "wrong sum for grad" + std::to_string(j);
   }
   return "";
 }
@@ -131,11 +118,8 @@ TEST(a_changed_signature_of_a_cached_op_is_a_mismatch_everywhere) {
     // Rank 2 changes grad1's shape: its lookup misses, so it sends the
     // request in full and calls the coordinator in, which sees the others'
     // cache bits against rank 2's request.
-    auto e = allreduce("grad1", r == 2 ? 5 : 9, 1.f);
-    const int64_t h = eng.submit(e);
-    CHECK(eng.state(h)->waitFor(std::chrono::seconds(10)));
-    errors[r] = eng.state(h)->error();
-    eng.release(h);
+    errors[r] =
+        finish(eng, sumOf(eng, "grad1", floats(std::vector<float>(r == 2 ? 5 : 9, 1.f))), std::chrono::seconds(10));
     CHECK_MSG(step(eng, r, p).empty(), "rank %d: the engine goes on", r);
   });
   for (int r = 0; r < p; ++r) {
@@ -157,12 +141,8 @@ TEST(a_cached_op_one_rank_never_submits_times_out_naming_it) {
   c.onEveryRank([&](int r, Engine& eng) {
     if (r == 2) return;
     const auto t0 = std::chrono::steady_clock::now();
-    auto e = allreduce("grad0", 8, 1.f);
-    const int64_t h = eng.submit(e);
-    CHECK(eng.state(h)->waitFor(std::chrono::seconds(20)));
+    errors[r] = finish(eng, sumOf(eng, "grad0", floats(std::vector<float>(8, 1.f))), std::chrono::seconds(20));
     waited[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    errors[r] = eng.state(h)->error();
-    eng.release(h);
   });
   for (int r = 0; r < 2; ++r) {
     CHECK_MSG(errors[r].find("ranks [2] did not submit it") != std::string::npos, "rank %d: %s", r, errors[r].c_str());

@@ -14,41 +14,16 @@
 #include "ops/allreduce.h"
 #include "ops/barrier.h"
 #include "ops/broadcast.h"
+#include "submit.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::Cluster;
+using hvdtorch::test::finish;
+using hvdtorch::test::floats;
+using hvdtorch::test::sumOf;
+using hvdtorch::test::valuesOf;
 
 namespace {
-
-TensorPtr floats(std::vector<float> v) {
-  auto t = std::make_shared<HostTensor>(DataType::kFloat32, std::vector<int64_t>{static_cast<int64_t>(v.size())});
-  std::memcpy(t->data(), v.data(), v.size() * sizeof(float));
-  return t;
-}
-
-std::vector<float> valuesOf(const TensorPtr& t) {
-  const float* p = static_cast<const float*>(t->data());
-  return std::vector<float>(p, p + t->numel());
-}
-
-// Waits for the op and returns its error ("" on success).
-std::string finish(Engine& eng, int64_t h) {
-  auto st = eng.state(h);
-  if (!st->waitFor(std::chrono::milliseconds(20000))) return "did not finish";
-  const std::string err = st->error();
-  eng.release(h);
-  return err;
-}
-
-int64_t sumOf(Engine& eng, const std::string& name, const TensorPtr& t, int32_t set) {
-  ops::AllreduceOptions o;
-  o.name = name;
-  o.inputs = {t};
-  o.outputs = {t};
-  o.op = ReduceOp::kSum;
-  o.process_set_id = set;
-  return ops::allreduce(eng, std::move(o));
-}
 
 // Every rank adds the same sets in the same order, as hvdtorch.add_process_set does.
 std::vector<int32_t> addSets(Cluster& c, const std::vector<std::vector<int>>& sets) {
