@@ -8,21 +8,8 @@ import time
 import torch
 
 import hvdtorch as hvd
-from tests.workers.alltoall import _expect
-from tests.workers.collectives import assert_equal, reference, value
-
-DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.bool,
-]
-OPS = {hvd.Sum: "Sum", hvd.Average: "Average", hvd.Min: "Min", hvd.Max: "Max", hvd.Product: "Product"}
+from tests.workers.alltoall import DTYPES, _expect
+from tests.workers.collectives import OPS, assert_equal, reference, value
 
 
 def share(full: torch.Tensor, r: int, n: int) -> torch.Tensor:
