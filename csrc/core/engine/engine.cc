@@ -360,8 +360,9 @@ bool Engine::needsCoordinator(const ProcessSet& ps, const RankMessage& msg) cons
   for (int32_t id : msg.busy_sets)
     if (id >= kIdleBits) return true;
   const auto now = std::chrono::steady_clock::now();
+  const auto grace = coordinatorGrace();
   for (const auto& [id, op] : ps.cached_pending)
-    if (now - op.since > coordinatorGrace()) return true;  // the coordinator must time this wait
+    if (now - op.since > grace) return true;  // the coordinator must time this wait
   return false;
 }
 
