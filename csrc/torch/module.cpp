@@ -218,16 +218,48 @@ class PyEngine {
     return d;
   }
 
-  // reducer -> (alpha seconds, beta seconds per byte) of the auto cost model.
+  // reducer -> (alpha seconds, beta seconds per byte): the line through the
+  // auto cost model's estimates at 4 KiB and 256 MiB (a summary; the model
+  // itself is per size band, see reducerChoices).
   py::dict costModel() {
     py::dict d;
     const ReducerSet& set = engine_->reducers();
+    const CostModel model = set.model();
+    const size_t lo = SizeBands::bytes(0), hi = SizeBands::bytes(SizeBands::kCount - 1);
     for (size_t i = 0; i < set.size(); ++i) {
       const auto id = static_cast<ReducerId>(i);
-      if (set.available(id) && reducerRegistry()[i].automatic)
-        d[reducerName(id)] = py::make_tuple(set.model().alpha[i], set.model().beta[i]);
+      if (!set.available(id) || !reducerRegistry()[i].automatic) continue;
+      const double beta = (model.estimate(id, hi) - model.estimate(id, lo)) / static_cast<double>(hi - lo);
+      d[reducerName(id)] = py::make_tuple(model.estimate(id, lo) - beta * static_cast<double>(lo), beta);
     }
     return d;
+  }
+
+  // Per size band of the auto cost model: its size, the reducer auto runs
+  // for float32 Sum, and per reducer the agreed estimate (seconds; None
+  // until measured) and the samples seen.
+  py::list reducerChoices() {
+    py::list out;
+    const ReducerSet& set = engine_->reducers();
+    const CostModel model = set.model();
+    auto& ctx = engine_->dataContext();
+    for (int band = 0; band < SizeBands::kCount; ++band) {
+      py::dict row, est, samples;
+      row["bytes"] = SizeBands::bytes(band);
+      row["choice"] = reducerName(set.choose(ctx, SizeBands::bytes(band), DataType::kFloat32, ReduceOp::kSum));
+      for (size_t i = 0; i < set.size(); ++i) {
+        const auto id = static_cast<ReducerId>(i);
+        if (!set.available(id) || !reducerRegistry()[i].automatic) continue;
+        const double m = model.measured(band, id);
+        est[reducerName(id)] = m < 0 ? py::object(py::none()) : py::object(py::float_(m));
+        samples[reducerName(id)] = model.samples(band, id);
+      }
+      row["estimates_s"] = est;
+      row["samples"] = samples;
+      row["switches"] = model.switches(band);
+      out.append(row);
+    }
+    return out;
   }
 
   std::string chooseReducer(size_t bytes, at::ScalarType dtype) {
@@ -311,6 +343,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("choose_reducer", &PyEngine::chooseReducer)
       .def("link_kinds", &PyEngine::linkKinds)
       .def("cost_model", &PyEngine::costModel)
+      .def("reducer_choices", &PyEngine::reducerChoices)
       .def("negotiation_stats", &PyEngine::negotiationStats);
 
   py::class_<GradientReducer>(m, "GradientReducer")

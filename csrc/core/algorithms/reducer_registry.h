@@ -30,8 +30,8 @@ struct ReducerEntry {
   std::unique_ptr<Reducer> (*make)(const ReducerEnv& env);
   // Why make() returned null, for the error of an explicit request.
   const char* unavailable;
-  // The cost-model hook: alpha (seconds) and beta (seconds per byte) of an
-  // all-reduce until calibrate() measures them.
+  // The cost model's prior: alpha (seconds) and beta (seconds per byte) of
+  // an all-reduce, assumed until measured (cost_model.h).
   double alpha;
   double beta;
   // Whether `auto` may choose it (and calibrate() measures it) for the
@@ -41,6 +41,10 @@ struct ReducerEntry {
   // (Adasum), if any: asking for the reducer by name turns a Sum or Average
   // all-reduce into that op.
   std::optional<ReduceOp> own_op;
+  // Whether calibrate() times it at init. False for one whose small messages
+  // cost milliseconds, which would make every init() slow: the real ops then
+  // measure it (CostModel's exploration).
+  bool measure_at_init = true;
 };
 
 // Indexed by ReducerId.

@@ -1,18 +1,30 @@
 #include "algorithms/reducer_set.h"
 
-#include <algorithm>
 #include <chrono>
 
 #include "common/error.h"
 
 namespace hvdtorch {
 
-ReducerSet::ReducerSet(const ReducerEnv& env) {
+namespace {
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+CostModel priors() {
+  std::vector<double> alpha, beta;
   for (const ReducerEntry& entry : reducerRegistry()) {
-    reducers_.push_back(entry.make(env));
-    model_.alpha.push_back(entry.alpha);
-    model_.beta.push_back(entry.beta);
+    alpha.push_back(entry.alpha);
+    beta.push_back(entry.beta);
   }
+  return CostModel(std::move(alpha), std::move(beta));
+}
+
+}  // namespace
+
+ReducerSet::ReducerSet(const ReducerEnv& env) : model_(priors()), calibrated_(model_) {
+  for (const ReducerEntry& entry : reducerRegistry()) reducers_.push_back(entry.make(env));
 }
 
 Reducer& ReducerSet::get(ReducerId id) {
@@ -22,10 +34,23 @@ Reducer& ReducerSet::get(ReducerId id) {
   return *reducers_[id];
 }
 
+std::vector<bool> ReducerSet::candidates(const Context& ctx, DataType dtype, ReduceOp op) const {
+  std::vector<bool> c(reducers_.size(), false);
+  for (size_t i = 0; i < reducers_.size(); ++i)
+    c[i] = reducers_[i] && reducerRegistry()[i].automatic && reducers_[i]->autoCandidate(ctx, dtype, op);
+  return c;
+}
+
+ReducerId ReducerSet::idOf(const Reducer& reducer) const {
+  for (size_t i = 0; i < reducers_.size(); ++i)
+    if (reducers_[i].get() == &reducer) return static_cast<ReducerId>(i);
+  return kAutoReducer;
+}
+
 void ReducerSet::check(ReducerId id, const Context& ctx, DataType dtype, ReduceOp op) const {
   if (id == kAutoReducer) {
-    for (size_t i = 0; i < reducers_.size(); ++i)
-      if (reducers_[i] && reducerRegistry()[i].automatic && reducers_[i]->autoCandidate(ctx, dtype, op)) return;
+    for (bool c : candidates(ctx, dtype, op))
+      if (c) return;
     throw InvalidArgument(strCat("no reducer serves ", reduceOpName(op), " on ", dtypeName(dtype)));
   }
   const Reducer& r = const_cast<ReducerSet*>(this)->get(id);
@@ -34,23 +59,67 @@ void ReducerSet::check(ReducerId id, const Context& ctx, DataType dtype, ReduceO
 }
 
 ReducerId ReducerSet::choose(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) const {
-  ReducerId best = kAutoReducer;
-  double best_t = -1;
-  for (size_t i = 0; i < reducers_.size(); ++i) {
-    const auto id = static_cast<ReducerId>(i);
-    if (!reducers_[i] || !reducerRegistry()[i].automatic || !reducers_[i]->autoCandidate(ctx, dtype, op)) continue;
-    const double t = model_.estimate(id, bytes);
-    if (best_t < 0 || t < best_t) {
-      best = id;
-      best_t = t;
-    }
+  const std::vector<bool> anchors = candidates(ctx, DataType::kFloat32, ReduceOp::kSum);
+  ReducerId best;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    best = model_.choose(bytes, candidates(ctx, dtype, op), anchors);
   }
   if (best == kAutoReducer)
     throw InvalidArgument(strCat("no reducer serves ", reduceOpName(op), " on ", dtypeName(dtype)));
   return best;
 }
 
+Reducer& ReducerSet::pick(ReducerId id, const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) {
+  if (id != kAutoReducer || ctx.size() <= 1) return resolve(id, ctx, bytes, dtype, op);
+  const std::vector<bool> anchors = candidates(ctx, DataType::kFloat32, ReduceOp::kSum);
+  ReducerId best;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    best = model_.pickForRun(bytes, candidates(ctx, dtype, op), anchors);
+  }
+  if (best == kAutoReducer)
+    throw InvalidArgument(strCat("no reducer serves ", reduceOpName(op), " on ", dtypeName(dtype)));
+  return get(best);
+}
+
+void ReducerSet::allreduce(Context& ctx, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op) {
+  const auto t0 = std::chrono::steady_clock::now();
+  reducer.allreduce(ctx, data, count, dtype, op);
+  const double seconds = secondsSince(t0);
+  record(idOf(reducer), count * dtypeSize(dtype), seconds);
+  bool fold_now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fold_now = ++ops_since_fold_ >= fold_period_;
+  }
+  if (fold_now) agree(ctx);
+}
+
+void ReducerSet::record(ReducerId id, size_t bytes, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  model_.observe(id, bytes, seconds);
+}
+
+void ReducerSet::agree(Context& ctx) {
+  std::vector<double> stats;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats = model_.localStats();
+  }
+  // The slowest rank's view decides, identically everywhere. A fixed
+  // reducer: the model must not choose how it is agreed.
+  RingAllreduce ring;
+  ring.allreduce(ctx, stats.data(), stats.size(), DataType::kFloat64, ReduceOp::kMax);
+  const std::vector<bool> anchors = candidates(ctx, DataType::kFloat32, ReduceOp::kSum);
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool learnt = model_.fold(stats, anchors);
+  fold_period_ = learnt ? kMinFoldPeriod : std::min(2 * fold_period_, kMaxFoldPeriod);
+  ops_since_fold_ = 0;
+}
+
 Reducer& ReducerSet::reduceScatterer(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
   Reducer* best = nullptr;
   double best_t = -1;
   for (size_t i = 0; i < reducers_.size(); ++i) {
@@ -68,42 +137,40 @@ Reducer& ReducerSet::reduceScatterer(const Context& ctx, size_t bytes, DataType 
 }
 
 void ReducerSet::calibrate(Context& ctx) {
-  if (ctx.size() <= 1) return;
-  constexpr size_t kSmall = 8 << 10, kLarge = 4 << 20;
-  constexpr int kReps = 3;
-  std::vector<char> buf(kLarge, 0);
-  std::vector<double> t;  // per reducer: small time, large time (seconds); -1: not measured
-  for (size_t i = 0; i < reducers_.size(); ++i) {
-    Reducer* r = reducers_[i].get();
-    const bool measure = r && reducerRegistry()[i].automatic &&
-                         r->autoCandidate(ctx, DataType::kFloat32, ReduceOp::kSum);
-    for (size_t bytes : {kSmall, kLarge}) {
-      if (!measure) {
-        t.push_back(-1);
-        continue;
+  if (ctx.size() > 1) {
+    std::vector<ReducerId> measured;
+    const std::vector<bool> anchors = candidates(ctx, DataType::kFloat32, ReduceOp::kSum);
+    for (size_t i = 0; i < reducers_.size(); ++i)
+      if (anchors[i] && reducerRegistry()[i].measure_at_init) measured.push_back(static_cast<ReducerId>(i));
+    std::vector<float> buf(SizeBands::bytes(kCalibrationBands[std::size(kCalibrationBands) - 1]) / sizeof(float));
+    for (size_t band : kCalibrationBands) {
+      const size_t count = SizeBands::bytes(static_cast<int>(band)) / sizeof(float);
+      for (ReducerId id : measured)  // warm-up: first-use allocations, links, arenas
+        reducers_[id]->allreduce(ctx, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      // Interleaved, so a burst of load hits every reducer alike.
+      for (int rep = 0; rep < kCalibrationReps; ++rep) {
+        for (ReducerId id : measured) {
+          const auto t0 = std::chrono::steady_clock::now();
+          reducers_[id]->allreduce(ctx, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
+          record(id, count * sizeof(float), secondsSince(t0));
+        }
       }
-      const size_t count = bytes / sizeof(float);
-      r->allreduce(ctx, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);  // warm-up, allocations
-      std::vector<double> times;
-      for (int k = 0; k < kReps; ++k) {
-        const auto t0 = std::chrono::steady_clock::now();
-        r->allreduce(ctx, buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
-        times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-      std::sort(times.begin(), times.end());
-      t.push_back(times[kReps / 2]);
     }
+    agree(ctx);
   }
-  // The slowest rank's view decides, identically everywhere.
-  RingAllreduce ring;
-  ring.allreduce(ctx, t.data(), t.size(), DataType::kFloat64, ReduceOp::kMax);
-  for (size_t i = 0; i < reducers_.size(); ++i) {
-    const double small = t[2 * i], large = t[2 * i + 1];
-    if (small < 0 || large < 0) continue;
-    const double beta = std::max(0.0, (large - small) / static_cast<double>(kLarge - kSmall));
-    model_.alpha[i] = std::max(1e-7, small - beta * static_cast<double>(kSmall));
-    model_.beta[i] = beta;
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  calibrated_ = model_;
+}
+
+CostModel ReducerSet::model() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return model_;
+}
+
+void ReducerSet::adoptModel(const CostModel& model) {
+  std::lock_guard<std::mutex> lock(mu_);
+  model_ = model;
+  calibrated_ = model;
 }
 
 }  // namespace hvdtorch

@@ -1,31 +1,43 @@
 // One instance of every registered reducer that can run in this job (each
 // keeps persistent scratch memory), and the choice among them.
 //
-// The `auto` rule is an alpha-beta cost model: for each candidate reducer the
-// time of an n-byte all-reduce is estimated as alpha + beta·n, and the
-// cheapest candidate wins. calibrate() measures every automatic reducer at
-// two sizes on the real transports at init and fits alpha and beta; the times
-// are max-reduced over ranks first, so every rank holds the same model and
-// makes the same choice (they must: all ranks run the same reducer). Without
-// calibration, the registry's defaults apply.
+// Reducer `auto` runs, per size band, the reducer the cost model
+// (cost_model.h) holds cheapest. The model learns from times measured on
+// every rank and made identical across ranks before they count:
+//  * calibrate(), at init: every reducer marked measure_at_init, at 4 KiB,
+//    64 KiB and 1 MiB (the latency-bound bands, where the choice depends
+//    most on the machine), kCalibrationReps interleaved repetitions each after
+//    a warm-up; a few milliseconds at 2 ranks;
+//  * online: allreduce() times every all-reduce the executor runs (`auto` or
+//    named) into the model, and every fold period-th call, which is the same
+//    op on every rank, agree() max-reduces the ranks' statistics and folds
+//    them in. The period starts at kMinFoldPeriod and doubles up to
+//    kMaxFoldPeriod while folds learn nothing new, so a settled job pays one
+//    small extra all-reduce per kMaxFoldPeriod ops.
+// A process set's ReducerSet starts from the job's calibrated model
+// (calibrated(), fixed once calibrate() returns, so every member adopts the
+// same one) and then refines its own on its own ops.
+//
+// Thread-safety: the executor thread runs ops; choose(), model() and the
+// other const methods may be called from any thread meanwhile.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "algorithms/cost_model.h"
 #include "algorithms/reducer_registry.h"
 
 namespace hvdtorch {
 
-struct CostModel {
-  // Seconds and seconds per byte, indexed by ReducerId.
-  std::vector<double> alpha;
-  std::vector<double> beta;
-  double estimate(ReducerId id, size_t bytes) const { return alpha[id] + beta[id] * static_cast<double>(bytes); }
-};
-
 class ReducerSet {
  public:
+  static constexpr size_t kCalibrationBands[] = {0, 1, 2};  // 4, 16 and 64 KiB
+  static constexpr int kCalibrationReps = 5;
+  static constexpr uint32_t kMinFoldPeriod = 8;
+  static constexpr uint32_t kMaxFoldPeriod = 1024;
+
   explicit ReducerSet(const ReducerEnv& env);
 
   size_t size() const { return reducers_.size(); }
@@ -40,19 +52,43 @@ class ReducerSet {
   Reducer& resolve(ReducerId id, const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) {
     return get(id == kAutoReducer ? choose(ctx, bytes, dtype, op) : id);
   }
+  // resolve() for an op about to run through allreduce(): `auto` may pick
+  // an under-measured reducer instead (the model's exploration). Every rank
+  // must call it for the same ops in the same order.
+  Reducer& pick(ReducerId id, const Context& ctx, size_t bytes, DataType dtype, ReduceOp op);
+  // reducer.allreduce(...), timed into the model; a collective, and at fold
+  // points two (agree()). Every rank calls it for the same ops in the same
+  // order, as the executor does.
+  void allreduce(Context& ctx, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op);
   // The cheapest available reducer with a reduce-scatter on this context.
   Reducer& reduceScatterer(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op);
 
+  // Records one timing of this rank into the model (allreduce() and
+  // calibrate() do; public for tests). Every rank records the same ops.
+  void record(ReducerId id, size_t bytes, double seconds);
   // Collective: every rank must call it at the same point.
   void calibrate(Context& ctx);
-  CostModel& model() { return model_; }
-  const CostModel& model() const { return model_; }
-  // Takes another set's calibration (a process set reuses the job's).
-  void adoptModel(const CostModel& model) { model_ = model; }
+  // Collective: max-reduces every rank's statistics and folds them into the
+  // model. allreduce() calls it; public for tests.
+  void agree(Context& ctx);
+  // A copy of the current model.
+  CostModel model() const;
+  // The model as calibrate() left it; never changes afterwards.
+  const CostModel& calibrated() const { return calibrated_; }
+  // Starts from another set's model (a process set takes the job's calibrated()).
+  void adoptModel(const CostModel& model);
 
  private:
+  // By ReducerId: may `auto` run it for dtype/op on ctx.
+  std::vector<bool> candidates(const Context& ctx, DataType dtype, ReduceOp op) const;
+  ReducerId idOf(const Reducer& reducer) const;
+
   std::vector<std::unique_ptr<Reducer>> reducers_;  // by ReducerId; null: cannot run here
+  mutable std::mutex mu_;                           // guards model_ and the fold schedule
   CostModel model_;
+  CostModel calibrated_;
+  uint32_t ops_since_fold_ = 0;
+  uint32_t fold_period_ = kMinFoldPeriod;
 };
 
 }  // namespace hvdtorch

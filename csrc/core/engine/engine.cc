@@ -92,7 +92,7 @@ int32_t Engine::addProcessSet(std::vector<int> ranks) {
     ps->own_control = Context::view(control_ctx_, ranks);
     ps->own_data = Context::view(data_ctx_, ranks);
     ps->own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, id));
-    ps->own_reducers->adoptModel(reducers_.model());  // the job's calibration serves every set
+    ps->own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
     ps->own_executor = std::make_unique<Executor>(*ps->own_data, *ps->own_reducers, timeline_);
     ps->own_plane = std::make_unique<ControlPlane>(*ps->own_control);
     ps->control = ps->own_control.get();

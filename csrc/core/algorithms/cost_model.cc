@@ -1,0 +1,130 @@
+#include "algorithms/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace hvdtorch {
+
+namespace {
+
+// A generic all-reduce cost shape (50 us + n / 2 GB/s), only used to move a
+// sample taken at n bytes to its band's size (at most a factor 2 away) and an
+// estimate back; the same for every reducer, so it does not bias a choice.
+double shape(size_t bytes) { return 50e-6 + 0.5e-9 * static_cast<double>(bytes); }
+
+}  // namespace
+
+int SizeBands::of(size_t bytes) {
+  int band = 0;
+  // Band b+1 starts at twice band b's size.
+  while (band + 1 < kCount && bytes >= 2 * SizeBands::bytes(band)) ++band;
+  return band;
+}
+
+CostModel::CostModel(std::vector<double> alpha, std::vector<double> beta)
+    : alpha_(std::move(alpha)), beta_(std::move(beta)) {
+  const size_t cells = SizeBands::kCount * alpha_.size();
+  window_.assign(cells, {});
+  count_.assign(cells, 0);
+  count_at_fold_.assign(cells, 0);
+  agreed_.assign(cells, -1.0);
+  incumbent_.fill(kAutoReducer);
+}
+
+ReducerId CostModel::anchor(int band, const std::vector<bool>& anchors) const {
+  ReducerId best = kAutoReducer;
+  for (size_t i = 0; i < reducers(); ++i) {
+    const auto id = static_cast<ReducerId>(i);
+    if (i < anchors.size() && anchors[i] &&
+        (best == kAutoReducer || prior(id, SizeBands::bytes(band)) < prior(best, SizeBands::bytes(band))))
+      best = id;
+  }
+  return best;
+}
+
+ReducerId CostModel::incumbent(int band, const std::vector<bool>& anchors) const {
+  const ReducerId id = incumbent_[band];
+  return id != kAutoReducer && id < anchors.size() && anchors[id] ? id : anchor(band, anchors);
+}
+
+double CostModel::estimate(ReducerId id, size_t bytes) const {
+  const int band = SizeBands::of(bytes);
+  const double m = agreed_[cell(band, id)];
+  return m < 0 ? prior(id, bytes) : m * shape(bytes) / shape(SizeBands::bytes(band));
+}
+
+ReducerId CostModel::choose(size_t bytes, const std::vector<bool>& candidates, const std::vector<bool>& anchors) const {
+  const ReducerId inc = incumbent(SizeBands::of(bytes), anchors);
+  if (inc != kAutoReducer && inc < candidates.size() && candidates[inc]) return inc;
+  ReducerId best = kAutoReducer;
+  for (size_t i = 0; i < reducers() && i < candidates.size(); ++i) {
+    const auto id = static_cast<ReducerId>(i);
+    if (candidates[i] && (best == kAutoReducer || estimate(id, bytes) < estimate(best, bytes))) best = id;
+  }
+  return best;
+}
+
+ReducerId CostModel::pickForRun(size_t bytes, const std::vector<bool>& candidates, const std::vector<bool>& anchors) {
+  const int band = SizeBands::of(bytes);
+  if (++auto_ops_[band] % kExplorePeriod == 0) {
+    ReducerId least = kAutoReducer;
+    for (size_t i = 0; i < reducers() && i < candidates.size() && i < anchors.size(); ++i) {
+      const auto id = static_cast<ReducerId>(i);
+      if (!candidates[i] || !anchors[i] || count_[cell(band, id)] >= kExploreSamples) continue;
+      if (least == kAutoReducer || count_[cell(band, id)] < count_[cell(band, least)]) least = id;
+    }
+    if (least != kAutoReducer) return least;
+  }
+  return choose(bytes, candidates, anchors);
+}
+
+void CostModel::observe(ReducerId id, size_t bytes, double seconds) {
+  if (id >= reducers() || !(seconds >= 0)) return;
+  const int band = SizeBands::of(bytes);
+  const size_t c = cell(band, id);
+  window_[c][count_[c] % kWindow] = seconds * shape(SizeBands::bytes(band)) / shape(bytes);
+  ++count_[c];
+}
+
+std::vector<double> CostModel::localStats() const {
+  std::vector<double> stats(agreed_.size(), -1.0);
+  for (size_t c = 0; c < stats.size(); ++c) {
+    const size_t n = std::min<size_t>(count_[c], kWindow);
+    if (n == 0) continue;
+    std::array<double, kWindow> w = window_[c];
+    const size_t k = static_cast<size_t>(kQuantile * static_cast<double>(n - 1));
+    std::nth_element(w.begin(), w.begin() + k, w.begin() + n);
+    stats[c] = w[k];
+  }
+  return stats;
+}
+
+bool CostModel::fold(const std::vector<double>& agreed, const std::vector<bool>& anchors) {
+  bool learnt = false;
+  for (size_t c = 0; c < agreed_.size() && c < agreed.size(); ++c) {
+    if (agreed[c] >= 0) agreed_[c] = agreed_[c] < 0 ? agreed[c] : std::min(agreed_[c], agreed[c]);
+    if (count_at_fold_[c] == 0 && count_[c] > 0) learnt = true;
+    count_at_fold_[c] = count_[c];
+  }
+  for (int band = 0; band < SizeBands::kCount; ++band) {
+    const ReducerId inc = incumbent(band, anchors);
+    incumbent_[band] = inc;
+    if (inc == kAutoReducer || switches_[band] >= kMaxSwitches) continue;
+    const double inc_t = agreed_[cell(band, inc)];
+    if (inc_t < 0) continue;  // no evidence against the incumbent
+    ReducerId best = inc;
+    for (size_t i = 0; i < reducers() && i < anchors.size(); ++i) {
+      const auto id = static_cast<ReducerId>(i);
+      const double t = agreed_[cell(band, id)];
+      if (anchors[i] && t >= 0 && t < agreed_[cell(band, best)]) best = id;
+    }
+    if (best != inc && agreed_[cell(band, best)] < (1 - kSwitchMargin) * inc_t) {
+      incumbent_[band] = best;
+      ++switches_[band];
+      learnt = true;
+    }
+  }
+  return learnt;
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,125 @@
+// The cost model behind reducer `auto`: which reducer an n-byte all-reduce
+// runs, learnt from measured times, identical on every rank.
+//
+// Sizes fall into bands, one per power of 4 from 4 KiB to 256 MiB; an op
+// belongs to the band whose size is nearest on a log scale (smaller ops to the
+// first band, larger ones to the last). Per band and reducer the model holds:
+//  * a prior: the registry's alpha + beta·n at the band's size, the guess
+//    before anything is measured;
+//  * samples: this rank's last kWindow times of that reducer on ops of the
+//    band (every all-reduce the executor ran, `auto` or named, and the
+//    calibration's repetitions), each scaled to the band's size;
+//  * the agreed estimate: at every fold, the max over ranks of each rank's
+//    low quantile (kQuantile) of its window; the estimate keeps the lowest
+//    agreed value so far. The quantile ignores stragglers (a rep that a busy
+//    core delayed); the running minimum makes estimates only fall, so load
+//    that comes and goes does not move the choice back and forth;
+//  * the incumbent: the reducer `auto` runs in the band.
+//
+// Choice and hysteresis. A band's first incumbent is the candidate the priors
+// rank cheapest: the same on every rank and in every run, whatever the noise.
+// A fold replaces it only with a measured candidate whose estimate is below
+// (1 - kSwitchMargin) times the incumbent's measured estimate. Estimates only
+// fall, and a reducer gets samples only while it runs, so switching back would
+// take new evidence for the old incumbent (exploration, or ops that name it)
+// that beats the new one by the margin again: no oscillation. Each band
+// switches at most kMaxSwitches times all the same.
+//
+// Exploration (sparing). While a candidate has fewer than kExploreSamples
+// samples in a band, every kExplorePeriod-th `auto` op of that band runs it
+// instead of the incumbent, least-sampled candidate first. So a large band is
+// measured on the real ops, never on a scratch copy, at the cost of a few ops
+// run by a slower reducer once per job.
+//
+// Agreement. All ranks must run the same reducer for the same op. Everything
+// that decides (incumbents, estimates, which op explores) depends only on the
+// op sequence, which is the same on every rank (so are sample counts and op
+// counters), and on fold()'s input, which the caller max-reduces over ranks
+// first (ReducerSet::agree). Local times never decide anything directly.
+//
+// Not thread-safe; ReducerSet serialises access.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "algorithms/reducer.h"
+
+namespace hvdtorch {
+
+// Size bands: band b stands for kFirstBandBytes << 2b.
+struct SizeBands {
+  static constexpr int kCount = 9;  // 4 KiB .. 256 MiB
+  static constexpr size_t kFirstBytes = size_t(4) << 10;
+  static size_t bytes(int band) { return kFirstBytes << (2 * band); }
+  // The band nearest to `bytes` on a log scale (edges at twice a band's size).
+  static int of(size_t bytes);
+};
+
+class CostModel {
+ public:
+  static constexpr int kWindow = 16;
+  static constexpr double kQuantile = 0.25;
+  static constexpr double kSwitchMargin = 0.10;
+  static constexpr int kMaxSwitches = 3;
+  static constexpr int kExploreSamples = 4;
+  static constexpr int kExplorePeriod = 4;
+
+  CostModel() = default;
+  // Priors per reducer (indexed by ReducerId): seconds, seconds per byte.
+  CostModel(std::vector<double> alpha, std::vector<double> beta);
+
+  size_t reducers() const { return alpha_.size(); }
+
+  // The reducer `auto` runs for `bytes` among `candidates` (by ReducerId: may
+  // `auto` run it for this dtype/op here). `anchors` are the candidates for
+  // the calibration's dtype and op (float32 Sum), which the incumbent is
+  // chosen among; when the incumbent cannot serve this op, the cheapest
+  // candidate by estimate. kAutoReducer when nothing is a candidate.
+  ReducerId choose(size_t bytes, const std::vector<bool>& candidates, const std::vector<bool>& anchors) const;
+  // As choose(), but counts the op towards its band's exploration schedule and
+  // may return an under-sampled candidate instead. For ops that then run.
+  ReducerId pickForRun(size_t bytes, const std::vector<bool>& candidates, const std::vector<bool>& anchors);
+
+  // Estimated seconds of `id` for `bytes`: the agreed estimate of the band,
+  // scaled from the band's size to `bytes`, or the prior where unmeasured.
+  double estimate(ReducerId id, size_t bytes) const;
+  // The agreed estimate at the band's size; < 0: not measured yet.
+  double measured(int band, ReducerId id) const { return agreed_[cell(band, id)]; }
+  double prior(ReducerId id, size_t bytes) const { return alpha_[id] + beta_[id] * static_cast<double>(bytes); }
+  // Samples seen so far (not only those in the window).
+  uint32_t samples(int band, ReducerId id) const { return count_[cell(band, id)]; }
+  int switches(int band) const { return switches_[band]; }
+
+  // Records one timing of this rank.
+  void observe(ReducerId id, size_t bytes, double seconds);
+  // This rank's statistic per band and reducer (band-major, reducer-minor);
+  // -1 where it has no sample. Max-reduce it over ranks, then fold() it.
+  std::vector<double> localStats() const;
+  // Folds agreed statistics (localStats() max-reduced over ranks) into the
+  // estimates and revisits every band's incumbent among `anchors`. Returns
+  // whether anything new was learnt: an incumbent changed, or a band and
+  // reducer got its first samples since the previous fold.
+  bool fold(const std::vector<double>& agreed, const std::vector<bool>& anchors);
+
+ private:
+  size_t cell(int band, ReducerId id) const { return static_cast<size_t>(band) * alpha_.size() + id; }
+  // The prior's cheapest anchor for `band`; kAutoReducer if none.
+  ReducerId anchor(int band, const std::vector<bool>& anchors) const;
+  ReducerId incumbent(int band, const std::vector<bool>& anchors) const;
+
+  std::vector<double> alpha_, beta_;  // priors
+  // Per cell (band x reducer):
+  std::vector<std::array<double, kWindow>> window_;  // this rank's samples, ring buffer
+  std::vector<uint32_t> count_;                      // samples observed (identical on every rank)
+  std::vector<uint32_t> count_at_fold_;              // count_ at the previous fold
+  std::vector<double> agreed_;                       // agreed estimate; -1: none
+  // Per band:
+  std::array<ReducerId, SizeBands::kCount> incumbent_{};
+  std::array<int, SizeBands::kCount> switches_{};
+  std::array<uint64_t, SizeBands::kCount> auto_ops_{};
+};
+
+}  // namespace hvdtorch

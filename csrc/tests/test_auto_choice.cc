@@ -1,0 +1,209 @@
+// The `auto` choice (cost_model.h, reducer_set.h): which reducer the model
+// picks from given timings, stragglers included; how online refinement moves
+// the choice (once, to a reducer that proves faster, and never back and
+// forth); and that ranks whose local timings differ end with the same model.
+// Timings are fed in directly, so the expected choices do not depend on how
+// fast this machine is.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "algorithms/cost_model.h"
+#include "algorithms/reducer_set.h"
+#include "check.h"
+#include "cluster.h"
+#include "ranks.h"
+#include "submit.h"
+
+using namespace hvdtorch;
+using hvdtorch::test::runRanks;
+
+namespace {
+
+constexpr ReducerId kA = 0, kB = 1, kC = 2;
+constexpr double kUs = 1e-6;
+
+// Three reducers; the priors rank A cheapest at every size, then B, then C.
+CostModel threeReducers() { return CostModel({10 * kUs, 20 * kUs, 30 * kUs}, {1e-9, 2e-9, 3e-9}); }
+const std::vector<bool> kAll = {true, true, true};
+
+// Folds this one rank's statistics, as agree() would with one rank.
+bool foldLocal(CostModel& m, const std::vector<bool>& anchors = kAll) { return m.fold(m.localStats(), anchors); }
+
+void observeMany(CostModel& m, ReducerId id, size_t bytes, const std::vector<double>& us) {
+  for (double t : us) m.observe(id, bytes, t * kUs);
+}
+
+}  // namespace
+
+TEST(bands_cover_every_size) {
+  CHECK(SizeBands::of(0) == 0);
+  CHECK(SizeBands::of(4 << 10) == 0);
+  CHECK(SizeBands::of((8 << 10) - 1) == 0);
+  CHECK(SizeBands::of(8 << 10) == 1);
+  CHECK(SizeBands::of(16 << 10) == 1);
+  CHECK(SizeBands::of(64 << 20) == 7);
+  CHECK(SizeBands::of(size_t(256) << 20) == SizeBands::kCount - 1);
+  CHECK(SizeBands::of(size_t(4) << 30) == SizeBands::kCount - 1);
+  for (int b = 0; b < SizeBands::kCount; ++b) CHECK(SizeBands::of(SizeBands::bytes(b)) == b);
+}
+
+TEST(priors_pick_the_first_choice_before_anything_is_measured) {
+  CostModel m = threeReducers();
+  CHECK(m.choose(4 << 10, kAll, kAll) == kA);
+  CHECK(m.choose(4 << 10, {false, true, true}, kAll) == kB);  // A cannot serve this op
+  CHECK(m.choose(4 << 10, {false, false, false}, kAll) == kAutoReducer);
+}
+
+TEST(fit_per_band_from_timings_ignores_a_straggler) {
+  CostModel m = threeReducers();
+  const size_t small = 4 << 10, large = size_t(64) << 20;
+  // Small: B is twice as fast as A, except one straggling repetition of B
+  // (a descheduled rank) that a mean or a maximum would let decide.
+  observeMany(m, kA, small, {100, 102, 98, 101, 99});
+  observeMany(m, kB, small, {50, 51, 5000, 49, 50});
+  observeMany(m, kC, small, {300, 310, 305, 295, 300});
+  // Large: A is faster; one of its repetitions straggles.
+  observeMany(m, kA, large, {30000, 31000, 900000, 30500, 29500});
+  observeMany(m, kB, large, {45000, 46000, 44000, 45500, 45000});
+  foldLocal(m);
+  CHECK(m.choose(small, kAll, kAll) == kB);
+  CHECK(m.choose(large, kAll, kAll) == kA);
+  CHECK_MSG(m.measured(0, kB) < 60 * kUs, "B's small estimate %.1f us", m.measured(0, kB) / kUs);
+  CHECK_MSG(m.measured(7, kA) < 32000 * kUs, "A's large estimate %.1f us", m.measured(7, kA) / kUs);
+  // A band nobody measured keeps the priors' choice.
+  CHECK(m.choose(size_t(1) << 20, kAll, kAll) == kA);
+}
+
+TEST(a_candidate_that_is_only_slightly_faster_does_not_take_over) {
+  CostModel m = threeReducers();
+  observeMany(m, kA, 4 << 10, {100, 100, 100, 100});
+  observeMany(m, kB, 4 << 10, {95, 95, 95, 95});  // 5%: within the margin
+  foldLocal(m);
+  CHECK(m.choose(4 << 10, kAll, kAll) == kA);
+  CHECK(m.switches(0) == 0);
+}
+
+TEST(an_unmeasured_incumbent_is_not_replaced_without_evidence) {
+  CostModel m = threeReducers();
+  observeMany(m, kB, 4 << 10, {1, 1, 1, 1});  // only B measured (ops that named it)
+  foldLocal(m);
+  CHECK(m.choose(4 << 10, kAll, kAll) == kA);
+}
+
+// Runs `ops` auto ops of `bytes` as the executor would: pick, time (the
+// reducer's true cost times a load factor that comes and goes), record, and
+// fold every 8 ops. Returns the reducer each op ran.
+std::vector<ReducerId> runOnline(CostModel& m, size_t bytes, const std::vector<double>& true_us, int ops) {
+  std::vector<ReducerId> ran;
+  for (int i = 0; i < ops; ++i) {
+    const ReducerId id = m.pickForRun(bytes, kAll, kAll);
+    const double load = (i / 16) % 2 == 0 ? 1.0 : 1.8;  // bursts of load
+    m.observe(id, bytes, true_us[id] * load * (1 + 0.05 * (i % 3)) * kUs);
+    ran.push_back(id);
+    if (i % 8 == 7) foldLocal(m);
+  }
+  return ran;
+}
+
+TEST(online_refinement_switches_to_a_reducer_that_proves_faster) {
+  CostModel m = threeReducers();
+  const size_t bytes = size_t(16) << 20;
+  // The priors pick A; B is really 40% faster, C slower.
+  const std::vector<ReducerId> ran = runOnline(m, bytes, {10000, 6000, 20000}, 400);
+  CHECK(ran.front() == kA);
+  CHECK(m.choose(bytes, kAll, kAll) == kB);
+  CHECK_MSG(m.switches(SizeBands::of(bytes)) == 1, "%d switches", m.switches(SizeBands::of(bytes)));
+  // Exploration was sparing: C ran only its kExploreSamples times.
+  int c_runs = 0;
+  for (ReducerId id : ran) c_runs += id == kC;
+  CHECK_MSG(c_runs == CostModel::kExploreSamples, "C ran %d times", c_runs);
+  // And the last half of the ops all ran B.
+  for (size_t i = ran.size() / 2; i < ran.size(); ++i) CHECK(ran[i] == kB);
+}
+
+TEST(online_refinement_does_not_oscillate_between_near_ties) {
+  // A and B within a few percent, under load that comes and goes: the
+  // choice may change at most once, never back and forth.
+  for (const auto& costs : {std::vector<double>{1000, 980, 5000}, std::vector<double>{1000, 1030, 5000}}) {
+    CostModel m = threeReducers();
+    const std::vector<ReducerId> ran = runOnline(m, 1 << 20, costs, 600);
+    int changes = 0;
+    ReducerId last = kAutoReducer;
+    for (size_t i = 0; i < ran.size(); ++i) {
+      // Exploring ops are not choices; skip the first ones (exploration).
+      if (i < 64) continue;
+      if (last != kAutoReducer && ran[i] != last) ++changes;
+      last = ran[i];
+    }
+    CHECK_MSG(changes == 0, "the choice changed %d times after exploration", changes);
+    CHECK(m.switches(SizeBands::of(1 << 20)) <= 1);
+  }
+}
+
+TEST(ranks_end_with_the_same_model_when_their_timings_differ) {
+  // Three ranks, each seeing a different winner locally (rank r's timings
+  // favour reducer r). After agree() every rank holds the same estimates and
+  // choices, and the winner is what the slowest rank's view makes it.
+  constexpr int kRanks = 3;
+  std::vector<std::vector<ReducerId>> choices(kRanks);
+  std::vector<std::vector<double>> estimates(kRanks);
+  runRanks(kRanks, [&](Context& ctx) {
+    ReducerEnv env;  // no shared memory: ring, central, native (not a candidate: no native collectives)
+    ReducerSet set(env);
+    const ReducerId ring = parseReducer("ring"), central = parseReducer("central");
+    for (int band = 0; band < SizeBands::kCount; ++band) {
+      const size_t bytes = SizeBands::bytes(band);
+      for (int k = 0; k < 5; ++k) {
+        set.record(ring, bytes, (ctx.rank() == 0 ? 100 : 400) * kUs * (band + 1));
+        set.record(central, bytes, (ctx.rank() == 1 ? 100 : 200) * kUs * (band + 1));
+      }
+    }
+    set.agree(ctx);
+    const CostModel m = set.model();
+    for (int band = 0; band < SizeBands::kCount; ++band) {
+      choices[ctx.rank()].push_back(set.choose(ctx, SizeBands::bytes(band), DataType::kFloat32, ReduceOp::kSum));
+      estimates[ctx.rank()].push_back(m.measured(band, ring));
+      estimates[ctx.rank()].push_back(m.measured(band, central));
+    }
+  });
+  for (int r = 1; r < kRanks; ++r) {
+    CHECK_MSG(choices[r] == choices[0], "rank %d chooses differently from rank 0", r);
+    CHECK_MSG(estimates[r] == estimates[0], "rank %d's estimates differ from rank 0's", r);
+  }
+  // Max over ranks: ring 400, central 200 (x band): central wins everywhere.
+  for (ReducerId id : choices[0]) CHECK(std::string(reducerName(id)) == "central");
+  CHECK_MSG(std::abs(estimates[0][0] - 400 * kUs) < 1e-12 && std::abs(estimates[0][1] - 200 * kUs) < 1e-12,
+            "ring %g central %g", estimates[0][0], estimates[0][1]);
+}
+
+TEST(engine_ranks_run_the_same_reducers_while_the_model_learns) {
+  // Two engines over in-process links: a few hundred auto all-reduces at
+  // three sizes (exploration and folds through the executor). A rank that
+  // ran another reducer than its peer would deadlock or sum wrongly; at the
+  // end both hold the same choices.
+  test::Cluster c(2);
+  std::vector<std::vector<ReducerId>> choices(2);
+  c.onEveryRank([&](int rank, Engine& e) {
+    for (int i = 0; i < 120; ++i) {
+      for (int64_t n : {int64_t(100), int64_t(5000), int64_t(300000)}) {
+        auto t = test::floats(std::vector<float>(static_cast<size_t>(n), float(rank + 1)));
+        const std::string err = test::finish(e, test::sumOf(e, "auto." + std::to_string(n), t));
+        CHECK_MSG(err.empty(), "rank %d op %d size %lld: %s", rank, i, (long long)n, err.c_str());
+        if (!err.empty()) return;
+        const std::vector<float> got = test::valuesOf(t);
+        CHECK_MSG(got.front() == 3.0f && got.back() == 3.0f, "rank %d size %lld: %f", rank, (long long)n, got.front());
+      }
+    }
+    for (int band = 0; band < SizeBands::kCount; ++band)
+      choices[rank].push_back(
+          e.reducers().choose(e.dataContext(), SizeBands::bytes(band), DataType::kFloat32, ReduceOp::kSum));
+  });
+  CHECK(choices[0] == choices[1]);
+  const CostModel m = c.engines[0]->reducers().model();
+  uint32_t seen = 0;
+  for (size_t id = 0; id < m.reducers(); ++id) seen += m.samples(SizeBands::of(300000 * 4), static_cast<ReducerId>(id));
+  CHECK_MSG(seen == 120, "the 1.2 MB band recorded %u ops, expected 120", seen);
+}
+
+HVD_TEST_MAIN()
