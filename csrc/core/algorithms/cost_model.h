@@ -9,17 +9,23 @@
 //  * samples: this rank's last kWindow times of that reducer on ops of the
 //    band (every all-reduce the executor ran, `auto` or named, and the
 //    calibration's repetitions), each scaled to the band's size;
-//  * the agreed estimate: at every fold, the max over ranks of each rank's
-//    low quantile (kQuantile) of its window; the estimate keeps the lowest
-//    agreed value so far. The quantile ignores stragglers (a rep that a busy
-//    core delayed); the running minimum makes estimates only fall, so load
-//    that comes and goes does not move the choice back and forth;
+//  * the agreed estimate: at every fold, the min over ranks of each rank's
+//    median of its window (the rank that arrived last timed the collective
+//    without waiting for the others); the estimate keeps the lowest agreed
+//    value so far (a min of medians). The median ignores stragglers (a rep
+//    that a busy core delayed); the running minimum makes estimates only
+//    fall, so load that comes and goes does not move the choice back and
+//    forth;
 //  * the incumbent: the reducer `auto` runs in the band.
 //
 // Choice and hysteresis. A band's first incumbent is the candidate the priors
 // rank cheapest: the same on every rank and in every run, whatever the noise.
 // A fold replaces it only with a measured candidate whose estimate is below
-// (1 - kSwitchMargin) times the incumbent's measured estimate. Estimates only
+// (1 - kSwitchMargin) times the incumbent's measured estimate. The margin is
+// 20%: on a loaded 2-core host, reducers within 10-15% of each other swap
+// places from run to run (measured: 4 KiB node/central/ring, 1 MiB
+// node/ring), and keeping the prior's choice among such near-ties costs at
+// most the margin, while a candidate that is clearly faster still wins. Estimates only
 // fall, and a reducer gets samples only while it runs, so switching back would
 // take new evidence for the old incumbent (exploration, or ops that name it)
 // that beats the new one by the margin again: no oscillation. Each band
@@ -35,7 +41,8 @@
 // that decides (incumbents, estimates, which op explores) depends only on the
 // op sequence, which is the same on every rank (so are sample counts and op
 // counters), and on fold()'s input, which the caller max-reduces over ranks
-// first (ReducerSet::agree). Local times never decide anything directly.
+// first (ReducerSet::agree: a min-reduction). Local times never decide
+// anything directly.
 //
 // Not thread-safe; ReducerSet serialises access.
 #pragma once
@@ -61,11 +68,11 @@ struct SizeBands {
 class CostModel {
  public:
   static constexpr int kWindow = 16;
-  static constexpr double kQuantile = 0.25;
-  static constexpr double kSwitchMargin = 0.10;
+  static constexpr double kQuantile = 0.5;
+  static constexpr double kSwitchMargin = 0.20;
   static constexpr int kMaxSwitches = 3;
   static constexpr int kExploreSamples = 4;
-  static constexpr int kExplorePeriod = 4;
+  static constexpr int kExplorePeriod = 2;
 
   CostModel() = default;
   // Priors per reducer (indexed by ReducerId): seconds, seconds per byte.
@@ -96,9 +103,10 @@ class CostModel {
   // Records one timing of this rank.
   void observe(ReducerId id, size_t bytes, double seconds);
   // This rank's statistic per band and reducer (band-major, reducer-minor);
-  // -1 where it has no sample. Max-reduce it over ranks, then fold() it.
+  // -1 where it has no sample (alike on every rank). Min-reduce it over
+  // ranks, then fold() it.
   std::vector<double> localStats() const;
-  // Folds agreed statistics (localStats() max-reduced over ranks) into the
+  // Folds agreed statistics (localStats() min-reduced over ranks) into the
   // estimates and revisits every band's incumbent among `anchors`. Returns
   // whether anything new was learnt: an incumbent changed, or a band and
   // reducer got its first samples since the previous fold.

@@ -107,10 +107,13 @@ void ReducerSet::agree(Context& ctx) {
     std::lock_guard<std::mutex> lock(mu_);
     stats = model_.localStats();
   }
-  // The slowest rank's view decides, identically everywhere. A fixed
-  // reducer: the model must not choose how it is agreed.
+  // Min over ranks: a collective's time on the rank that arrived last is
+  // the collective itself; the others' times add how long they waited for
+  // it, which is noise from outside the reducer. Any rank-independent
+  // reduction would do for agreement. A fixed reducer: the model must not
+  // choose how it is agreed.
   RingAllreduce ring;
-  ring.allreduce(ctx, stats.data(), stats.size(), DataType::kFloat64, ReduceOp::kMax);
+  ring.allreduce(ctx, stats.data(), stats.size(), DataType::kFloat64, ReduceOp::kMin);
   const std::vector<bool> anchors = candidates(ctx, DataType::kFloat32, ReduceOp::kSum);
   std::lock_guard<std::mutex> lock(mu_);
   const bool learnt = model_.fold(stats, anchors);

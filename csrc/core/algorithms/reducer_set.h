@@ -4,13 +4,15 @@
 // Reducer `auto` runs, per size band, the reducer the cost model
 // (cost_model.h) holds cheapest. The model learns from times measured on
 // every rank and made identical across ranks before they count:
-//  * calibrate(), at init: every reducer marked measure_at_init, at 4 KiB,
-//    64 KiB and 1 MiB (the latency-bound bands, where the choice depends
-//    most on the machine), kCalibrationReps interleaved repetitions each after
-//    a warm-up; a few milliseconds at 2 ranks;
+//  * calibrate(), at init: every reducer marked measure_at_init, at 4, 16
+//    and 64 KiB (the latency-bound bands, where each op is cheap),
+//    kCalibrationReps interleaved repetitions each after a warm-up; a few
+//    milliseconds at 2 ranks beyond the links' and arenas' first use. The
+//    larger bands, where one op costs up to hundreds of milliseconds, are
+//    measured on the real ops (the model's exploration) instead;
 //  * online: allreduce() times every all-reduce the executor runs (`auto` or
 //    named) into the model, and every fold period-th call, which is the same
-//    op on every rank, agree() max-reduces the ranks' statistics and folds
+//    op on every rank, agree() min-reduces the ranks' statistics and folds
 //    them in. The period starts at kMinFoldPeriod and doubles up to
 //    kMaxFoldPeriod while folds learn nothing new, so a settled job pays one
 //    small extra all-reduce per kMaxFoldPeriod ops.
@@ -68,7 +70,7 @@ class ReducerSet {
   void record(ReducerId id, size_t bytes, double seconds);
   // Collective: every rank must call it at the same point.
   void calibrate(Context& ctx);
-  // Collective: max-reduces every rank's statistics and folds them into the
+  // Collective: min-reduces every rank's statistics and folds them into the
   // model. allreduce() calls it; public for tests.
   void agree(Context& ctx);
   // A copy of the current model.
