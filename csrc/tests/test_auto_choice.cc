@@ -60,11 +60,11 @@ TEST(fit_per_band_from_timings_ignores_a_straggler) {
   const size_t small = 4 << 10, large = size_t(64) << 20;
   // Small: B is twice as fast as A, except one straggling repetition of B
   // (a descheduled rank) that a mean or a maximum would let decide.
-  observeMany(m, kA, small, {100, 102, 98, 101, 99});
+  observeMany(m, kA, small, {100, 102, 98, 101, 99, 100, 103, 97});
   observeMany(m, kB, small, {50, 51, 5000, 49, 50});
   observeMany(m, kC, small, {300, 310, 305, 295, 300});
   // Large: A is faster; one of its repetitions straggles.
-  observeMany(m, kA, large, {30000, 31000, 900000, 30500, 29500});
+  observeMany(m, kA, large, {30000, 31000, 900000, 30500, 29500, 30000, 30200, 29800});
   observeMany(m, kB, large, {45000, 46000, 44000, 45500, 45000});
   foldLocal(m);
   CHECK(m.choose(small, kAll, kAll) == kB);
@@ -77,11 +77,22 @@ TEST(fit_per_band_from_timings_ignores_a_straggler) {
 
 TEST(a_candidate_that_is_only_slightly_faster_does_not_take_over) {
   CostModel m = threeReducers();
-  observeMany(m, kA, 4 << 10, {100, 100, 100, 100});
-  observeMany(m, kB, 4 << 10, {95, 95, 95, 95});  // 5%: within the margin
+  observeMany(m, kA, 4 << 10, {100, 100, 100, 100, 100, 100, 100, 100});
+  observeMany(m, kB, 4 << 10, {85, 85, 85, 85});  // 15%: within the margin
   foldLocal(m);
   CHECK(m.choose(4 << 10, kAll, kAll) == kA);
   CHECK(m.switches(0) == 0);
+}
+
+TEST(an_incumbent_is_not_judged_on_its_first_few_samples) {
+  CostModel m = threeReducers();
+  observeMany(m, kA, 4 << 10, {900, 900, 900});  // a slow start (first use, a burst of load)
+  observeMany(m, kB, 4 << 10, {100, 100, 100, 100});
+  foldLocal(m);
+  CHECK(m.choose(4 << 10, kAll, kAll) == kA);
+  observeMany(m, kA, 4 << 10, {900, 900, 900, 900, 900});  // now mature, and still slow
+  foldLocal(m);
+  CHECK(m.choose(4 << 10, kAll, kAll) == kB);
 }
 
 TEST(an_unmeasured_incumbent_is_not_replaced_without_evidence) {
@@ -154,7 +165,7 @@ TEST(ranks_end_with_the_same_model_when_their_timings_differ) {
     const ReducerId ring = parseReducer("ring"), central = parseReducer("central");
     for (int band = 0; band < SizeBands::kCount; ++band) {
       const size_t bytes = SizeBands::bytes(band);
-      for (int k = 0; k < 5; ++k) {
+      for (int k = 0; k < 8; ++k) {
         // Locally, rank 0 sees ring win; ranks 1 and 2 see central win.
         set.record(ring, bytes, (ctx.rank() == 0 ? 100 : 600) * kUs * (band + 1));
         set.record(central, bytes, (ctx.rank() == 1 ? 250 : 500) * kUs * (band + 1));

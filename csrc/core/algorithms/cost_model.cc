@@ -111,7 +111,7 @@ bool CostModel::fold(const std::vector<double>& agreed, const std::vector<bool>&
     incumbent_[band] = inc;
     if (inc == kAutoReducer || switches_[band] >= kMaxSwitches) continue;
     const double inc_t = agreed_[cell(band, inc)];
-    if (inc_t < 0) continue;  // no evidence against the incumbent
+    if (inc_t < 0 || count_[cell(band, inc)] < kMatureSamples) continue;  // not enough evidence yet
     ReducerId best = inc;
     for (size_t i = 0; i < reducers() && i < anchors.size(); ++i) {
       const auto id = static_cast<ReducerId>(i);

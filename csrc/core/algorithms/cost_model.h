@@ -25,7 +25,10 @@
 // 20%: on a loaded 2-core host, reducers within 10-15% of each other swap
 // places from run to run (measured: 4 KiB node/central/ring, 1 MiB
 // node/ring), and keeping the prior's choice among such near-ties costs at
-// most the margin, while a candidate that is clearly faster still wins. Estimates only
+// most the margin, while a candidate that is clearly faster still wins. Nor
+// is an incumbent judged on fewer than kMatureSamples samples of its own: its
+// first few times are the noisiest (first use, load), and a switch made on
+// them is the one most likely to differ from run to run. Estimates only
 // fall, and a reducer gets samples only while it runs, so switching back would
 // take new evidence for the old incumbent (exploration, or ops that name it)
 // that beats the new one by the margin again: no oscillation. Each band
@@ -71,6 +74,7 @@ class CostModel {
   static constexpr double kQuantile = 0.5;
   static constexpr double kSwitchMargin = 0.20;
   static constexpr int kMaxSwitches = 3;
+  static constexpr uint32_t kMatureSamples = 8;
   static constexpr int kExploreSamples = 4;
   static constexpr int kExplorePeriod = 2;
 
