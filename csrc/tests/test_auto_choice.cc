@@ -91,8 +91,25 @@ TEST(an_incumbent_is_not_judged_on_its_first_few_samples) {
   foldLocal(m);
   CHECK(m.choose(4 << 10, kAll, kAll) == kA);
   observeMany(m, kA, 4 << 10, {900, 900, 900, 900, 900});  // now mature, and still slow
+  observeMany(m, kB, 4 << 10, {100});                      // and B measured again meanwhile
   foldLocal(m);
   CHECK(m.choose(4 << 10, kAll, kAll) == kB);
+}
+
+TEST(load_after_exploration_does_not_move_the_choice) {
+  // B was explored next to A and was no faster. Later the machine gets busy
+  // and A, which keeps running, looks twice as slow as B did back then: that
+  // is no evidence against A, and the choice stays.
+  CostModel m = threeReducers();
+  observeMany(m, kA, 4 << 10, {100, 100, 100, 100, 100, 100, 100, 100});
+  observeMany(m, kB, 4 << 10, {100, 100, 100, 100});
+  foldLocal(m);
+  for (int k = 0; k < 4; ++k) {
+    observeMany(m, kA, 4 << 10, {250, 250, 250, 250, 250, 250, 250, 250});
+    foldLocal(m);
+  }
+  CHECK(m.choose(4 << 10, kAll, kAll) == kA);
+  CHECK(m.switches(0) == 0);
 }
 
 TEST(an_unmeasured_incumbent_is_not_replaced_without_evidence) {

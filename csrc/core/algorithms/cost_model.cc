@@ -101,24 +101,32 @@ std::vector<double> CostModel::localStats() const {
 
 bool CostModel::fold(const std::vector<double>& agreed, const std::vector<bool>& anchors) {
   bool learnt = false;
+  std::vector<bool> fresh(agreed_.size(), false);  // samples since the previous fold
   for (size_t c = 0; c < agreed_.size() && c < agreed.size(); ++c) {
     if (agreed[c] >= 0) agreed_[c] = agreed_[c] < 0 ? agreed[c] : std::min(agreed_[c], agreed[c]);
     if (count_at_fold_[c] == 0 && count_[c] > 0) learnt = true;
+    fresh[c] = count_[c] > count_at_fold_[c];
     count_at_fold_[c] = count_[c];
   }
   for (int band = 0; band < SizeBands::kCount; ++band) {
     const ReducerId inc = incumbent(band, anchors);
     incumbent_[band] = inc;
     if (inc == kAutoReducer || switches_[band] >= kMaxSwitches) continue;
-    const double inc_t = agreed_[cell(band, inc)];
+    // Compared: the windows as of now, taken over the same stretch of time
+    // (a candidate's samples interleave with the incumbent's while it is
+    // explored), so a quiet or a busy spell counts for both alike.
+    const double inc_t = agreed[cell(band, inc)];
     if (inc_t < 0 || count_[cell(band, inc)] < kMatureSamples) continue;  // not enough evidence yet
     ReducerId best = inc;
+    double best_t = inc_t;
     for (size_t i = 0; i < reducers() && i < anchors.size(); ++i) {
-      const auto id = static_cast<ReducerId>(i);
-      const double t = agreed_[cell(band, id)];
-      if (anchors[i] && t >= 0 && t < agreed_[cell(band, best)]) best = id;
+      const size_t c = cell(band, static_cast<ReducerId>(i));
+      if (anchors[i] && fresh[c] && count_[c] >= kExploreSamples && agreed[c] >= 0 && agreed[c] < best_t) {
+        best = static_cast<ReducerId>(i);
+        best_t = agreed[c];
+      }
     }
-    if (best != inc && agreed_[cell(band, best)] < (1 - kSwitchMargin) * inc_t) {
+    if (best != inc && best_t < (1 - kSwitchMargin) * inc_t) {
       incumbent_[band] = best;
       ++switches_[band];
       learnt = true;

@@ -9,30 +9,30 @@
 //  * samples: this rank's last kWindow times of that reducer on ops of the
 //    band (every all-reduce the executor ran, `auto` or named, and the
 //    calibration's repetitions), each scaled to the band's size;
-//  * the agreed estimate: at every fold, the min over ranks of each rank's
-//    median of its window (the rank that arrived last timed the collective
-//    without waiting for the others); the estimate keeps the lowest agreed
-//    value so far (a min of medians). The median ignores stragglers (a rep
-//    that a busy core delayed); the running minimum makes estimates only
-//    fall, so load that comes and goes does not move the choice back and
-//    forth;
+//  * the agreed statistic: at every fold, the min over ranks of each rank's
+//    median of its window (the median ignores stragglers, a rep that a busy
+//    core delayed; the rank that arrived last timed the collective without
+//    waiting for the others). The estimate keeps the lowest agreed value so
+//    far (a min of medians): what estimate() and reduce-scatter use;
 //  * the incumbent: the reducer `auto` runs in the band.
 //
 // Choice and hysteresis. A band's first incumbent is the candidate the priors
 // rank cheapest: the same on every rank and in every run, whatever the noise.
-// A fold replaces it only with a measured candidate whose estimate is below
-// (1 - kSwitchMargin) times the incumbent's measured estimate. The margin is
-// 20%: on a loaded 2-core host, reducers within 10-15% of each other swap
-// places from run to run (measured: 4 KiB node/central/ring, 1 MiB
-// node/ring), and keeping the prior's choice among such near-ties costs at
-// most the margin, while a candidate that is clearly faster still wins. Nor
-// is an incumbent judged on fewer than kMatureSamples samples of its own: its
-// first few times are the noisiest (first use, load), and a switch made on
-// them is the one most likely to differ from run to run. Estimates only
-// fall, and a reducer gets samples only while it runs, so switching back would
-// take new evidence for the old incumbent (exploration, or ops that name it)
-// that beats the new one by the margin again: no oscillation. Each band
-// switches at most kMaxSwitches times all the same.
+// A fold replaces it only with a candidate that has fresh evidence (at least
+// kExploreSamples samples, some new since the previous fold) and whose
+// current agreed window median is below (1 - kSwitchMargin) times the
+// incumbent's. Both windows then cover the same stretch of time (while a
+// candidate is explored its samples interleave with the incumbent's), so a
+// quiet or a busy spell of the machine counts for both alike. Once a band's
+// exploration is over, no candidate has fresh samples (unless ops name it),
+// so the choice stays put whatever the load does: no oscillation; and each
+// band switches at most kMaxSwitches times all the same. The margin is 20%:
+// on a loaded 2-core host, reducers within 10-15% of each other swap places
+// from run to run (measured: 4 KiB node/central/ring, 1 MiB node/ring), and
+// keeping the prior's choice among such near-ties costs at most the margin,
+// while a candidate that is clearly faster still wins. Nor is an incumbent
+// judged on fewer than kMatureSamples samples of its own: its first times are
+// the noisiest (first use, load).
 //
 // Exploration (sparing). While a candidate has fewer than kExploreSamples
 // samples in a band, every kExplorePeriod-th `auto` op of that band runs it

@@ -35,8 +35,8 @@ namespace hvdtorch {
 
 class ReducerSet {
  public:
-  static constexpr size_t kCalibrationBands[] = {0, 1, 2};  // 4, 16 and 64 KiB
-  static constexpr int kCalibrationReps = 5;
+  static constexpr size_t kCalibrationBands[] = {0, 1, 2};            // 4, 16 and 64 KiB
+  static constexpr int kCalibrationReps = CostModel::kMatureSamples;  // so a calibrated band can switch at once
   static constexpr uint32_t kMinFoldPeriod = 8;
   static constexpr uint32_t kMaxFoldPeriod = 1024;
 

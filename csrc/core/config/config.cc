@@ -24,7 +24,7 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"RING_WINDOW", "4", "ring segments in flight at once"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
       {"TIMELINE", "", "Chrome-trace file written by rank 0 ({rank} in the path: every rank); empty: off"},
-      {"CALIBRATE", "1", "measure every reducer at init to fit the cost model of reducer=auto; 0 uses defaults"},
+      {"CALIBRATE", "1", "time the reducers at 4-64 KiB at init for reducer=auto; 0 leaves that to the online timing"},
       {"HOSTNAME", "", "this rank's host identity (ranks with equal names share memory); empty: the real host name"},
   };
   return k;
