@@ -126,7 +126,7 @@ bool CostModel::fold(const std::vector<double>& agreed, const std::vector<bool>&
         best_t = agreed[c];
       }
     }
-    if (best != inc && best_t < (1 - kSwitchMargin) * inc_t) {
+    if (best != inc && best_t < (1 - kSwitchMargin) * inc_t && inc_t - best_t > kMinGainSeconds) {
       incumbent_[band] = best;
       ++switches_[band];
       learnt = true;

@@ -32,7 +32,10 @@
 // keeping the prior's choice among such near-ties costs at most the margin,
 // while a candidate that is clearly faster still wins. Nor is an incumbent
 // judged on fewer than kMatureSamples samples of its own: its first times are
-// the noisiest (first use, load).
+// the noisiest (first use, load). And a switch must save kMinGainSeconds per
+// op: below 4-64 KiB the reducers differ by tens of microseconds, less than
+// the scheduling noise of one op's negotiation and hand-offs (100-200 us per
+// op at 2 ranks here), so they would swap places from run to run for nothing.
 //
 // Exploration (sparing). While a candidate has fewer than kExploreSamples
 // samples in a band, every kExplorePeriod-th `auto` op of that band runs it
@@ -73,6 +76,7 @@ class CostModel {
   static constexpr int kWindow = 16;
   static constexpr double kQuantile = 0.5;
   static constexpr double kSwitchMargin = 0.20;
+  static constexpr double kMinGainSeconds = 50e-6;
   static constexpr int kMaxSwitches = 3;
   static constexpr uint32_t kMatureSamples = 8;
   static constexpr int kExploreSamples = 4;
