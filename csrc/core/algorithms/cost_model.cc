@@ -67,13 +67,10 @@ ReducerId CostModel::choose(size_t bytes, const std::vector<bool>& candidates, c
 ReducerId CostModel::pickForRun(size_t bytes, const std::vector<bool>& candidates, const std::vector<bool>& anchors) {
   const int band = SizeBands::of(bytes);
   if (++auto_ops_[band] % kExplorePeriod == 0) {
-    ReducerId least = kAutoReducer;
-    for (size_t i = 0; i < reducers() && i < candidates.size() && i < anchors.size(); ++i) {
-      const auto id = static_cast<ReducerId>(i);
-      if (!candidates[i] || !anchors[i] || count_[cell(band, id)] >= kExploreSamples) continue;
-      if (least == kAutoReducer || count_[cell(band, id)] < count_[cell(band, least)]) least = id;
-    }
-    if (least != kAutoReducer) return least;
+    // One candidate at a time, so each is judged as soon as it has its samples.
+    for (size_t i = 0; i < reducers() && i < candidates.size() && i < anchors.size(); ++i)
+      if (candidates[i] && anchors[i] && count_[cell(band, static_cast<ReducerId>(i))] < kExploreSamples)
+        return static_cast<ReducerId>(i);
   }
   return choose(bytes, candidates, anchors);
 }

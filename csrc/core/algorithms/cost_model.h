@@ -39,7 +39,8 @@
 //
 // Exploration (sparing). While a candidate has fewer than kExploreSamples
 // samples in a band, every kExplorePeriod-th `auto` op of that band runs it
-// instead of the incumbent, least-sampled candidate first. So a large band is
+// instead of the incumbent, one candidate after the other (by ReducerId), so
+// each is judged at the first fold after its samples are in. So a large band is
 // measured on the real ops, never on a scratch copy, at the cost of a few ops
 // run by a slower reducer once per job.
 //
