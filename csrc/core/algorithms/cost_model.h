@@ -47,9 +47,8 @@
 // Agreement. All ranks must run the same reducer for the same op. Everything
 // that decides (incumbents, estimates, which op explores) depends only on the
 // op sequence, which is the same on every rank (so are sample counts and op
-// counters), and on fold()'s input, which the caller max-reduces over ranks
-// first (ReducerSet::agree: a min-reduction). Local times never decide
-// anything directly.
+// counters), and on fold()'s input, which the caller min-reduces over ranks
+// first (ReducerSet::agree). Local times never decide anything directly.
 //
 // Not thread-safe; ReducerSet serialises access.
 #pragma once
@@ -63,7 +62,7 @@
 
 namespace hvdtorch {
 
-// Size bands: band b stands for kFirstBandBytes << 2b.
+// Size bands: band b stands for kFirstBytes << 2b.
 struct SizeBands {
   static constexpr int kCount = 9;  // 4 KiB .. 256 MiB
   static constexpr size_t kFirstBytes = size_t(4) << 10;
