@@ -258,8 +258,8 @@ def main():
         for name in configs:
             elapsed, phases = measure_window(built[name], data[name], args, window_group)
             windows[name].append((elapsed, phases))
+            bar.set_postfix_str(f"round {rnd + 1} {name}: {size * s['batch'] * args.iters / elapsed:.1f} img/s", False)
             bar.update()
-            bar.set_postfix_str(f"round {rnd + 1} {name}: {size * s['batch'] * args.iters / elapsed:.1f} img/s")
     bar.close()
     rows = [summary_row(args, name, size, windows[name], launcher) for name in configs]
     if rank == 0:

@@ -41,11 +41,12 @@ def table(rows, launcher, ranks):
     cores = sel[0].get("cores") or 0
     over = f", oversubscribed: {ranks} ranks on {cores} cores" if cores and ranks > cores else ""
     first = sel[0]
+    model = next((f" GoogLeNet: {r['model']}." for r in sel if r["setting"] != "comm"), "")
     lines = [
         f"### {launcher}, {ranks} ranks{over}",
         "",
         f"img/s, median [min-max] of {first['rounds']} interleaved rounds of {first['iters']} steps; "
-        f"ratios of medians. GoogLeNet: {next((r['model'] for r in sel if r['setting'] != 'comm'), 'n/a')}.",
+        f"ratios of medians.{model}",
         "",
         "| setting | hvdtorch | "
         + " | ".join(label for _, label in PEERS)
