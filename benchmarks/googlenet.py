@@ -84,6 +84,18 @@ def is_hvdtorch(name):
     return name not in ("solo", "ddp", "horovod")
 
 
+def hvdtorch_options(name):
+    """(reducer, pipeline, fusion bytes) of a <reducer>:<mode> configuration."""
+    reducer, _, mode = name.partition(":")
+    if not reducer or not (mode in MODES or mode.isdigit()):
+        raise SystemExit(
+            f"googlenet.py: unknown config {name!r}: solo, ddp, horovod, or <reducer>:<mode> with a reducer "
+            f"(auto, node, ring, ...) and mode one of {', '.join(MODES)} or a fusion size in bytes"
+        )
+    pipeline, fusion = MODES[mode] if mode in MODES else (True, int(mode))
+    return reducer, pipeline, fusion
+
+
 class Config:
     """One configuration's model, optimizer and the two calls that differ
     between libraries: sync() after backward, step() after sync."""
@@ -91,27 +103,23 @@ class Config:
     def __init__(self, name, setting, size, horovod):
         self.name = name
         self.model = build_model(setting)
-        self.sync = lambda: None
+        self.sync = lambda: None  # solo; DDP waits inside backward
         if name == "ddp" and size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.model = DistributedDataParallel(self.model)  # waits inside backward
-        elif name == "horovod":
-            named = list(self.model.named_parameters())
-            opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-            self.opt = horovod.DistributedOptimizer(opt, named_parameters=named)
-            self.sync = self.opt.synchronize
-            self.step = self._horovod_step
-            return
+            self.model = DistributedDataParallel(self.model)
         elif is_hvdtorch(name):
-            reducer, mode = name.split(":")
-            pipeline, fusion = MODES[mode] if mode in MODES else (True, int(mode))
+            reducer, pipeline, fusion = hvdtorch_options(name)
             self.model = hvd.DistributedModel(
                 self.model, reducer=reducer, pipeline=pipeline, fusion_bytes=fusion, sync="explicit", name=f"b.{name}"
             )
             self.sync = self.model.sync_gradients
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.step = self.opt.step
+        if name == "horovod":
+            self.opt = horovod.DistributedOptimizer(self.opt, named_parameters=self.model.named_parameters())
+            self.sync = self.opt.synchronize
+            self.step = self._horovod_step
 
     def _horovod_step(self):
         with self.opt.skip_synchronize():  # synchronize() already ran, timed as "sync"
@@ -241,6 +249,8 @@ def main():
         p.error("--rounds and --iters must be at least 1, --warmup at least 0")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     configs = args.configs.split(",")
+    for name in filter(is_hvdtorch, configs):
+        hvdtorch_options(name)  # refuses a misspelt configuration before any rank starts work
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     launcher = hvd.runtime.state().launcher
