@@ -33,7 +33,7 @@ drift hits all alike. Each window: --warmup untimed steps, a barrier, --iters
 timed steps, a barrier; the window is the time between leaving the first
 barrier and leaving the second, so every rank times the same interval
 (`solo` ranks too: they exchange no gradients, but start and end together).
-The barriers run on a Gloo group of their own, outside every measured library.
+The barriers run on a Gloo group of their own (not a group DDP or hvdtorch use).
 img/s of a window = ranks x batch x iters / the longest window of any rank.
 Per configuration: the median over rounds with min and max, and the median
 per-step breakdown (data, forward, backward, waiting for gradient sync after
