@@ -1,0 +1,104 @@
+"""Training with HVDTORCH_AUTOTUNE=1 (set by the test, with a small grid).
+
+Every rank trains its shard of each global batch while the tuner walks its
+grid, and a private copy on the whole global batch: parameters must match at
+the end (tuning changes bucket layouts, never values). Then every rank must
+hold the same frozen setting -- engine fusion threshold, cycle time, bucket
+layout -- and rank 0's log must list every trial and mark the best.
+"""
+
+import copy
+import csv
+import os
+
+import torch
+import torch.nn.functional as F
+
+import hvdtorch as hvd
+from hvdtorch import autotune
+from hvdtorch.buckets import plan_buckets
+from tests.workers.training import Net, assert_params_close, batch, make_opt, shard, train_reference
+
+# Small enough that each candidate gives this small net a different layout.
+FUSION = (0, 400, 1 << 20)
+CYCLES_MS = (0.2, 1.0)  # 1.0 is the starting cycle time: phase 2 tries 0.2 only
+TRIALS = len(FUSION) + 1
+STEPS = 16  # warm-up 1 + 2 timed steps per trial: frozen after step 13
+
+
+def _train(kind: str):
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    base = Net()
+    ref = train_reference(copy.deepcopy(base), "sgd", n, steps=STEPS)
+    module = copy.deepcopy(base)
+    if kind == "model":
+        model = hvd.DistributedModel(module, fusion_bytes=1 << 20, first_bucket_bytes=300)
+        opt = make_opt("sgd", model.parameters())
+    else:
+        model = module
+        opt = hvd.DistributedOptimizer(make_opt("sgd", module.parameters()), named_parameters=module.named_parameters())
+    tuner = autotune.current()
+    assert tuner is not None, f"rank {r}: HVDTORCH_AUTOTUNE=1 attached no tuner to the {kind}"
+    for s in range(STEPS):
+        x, y = batch(s, n)
+        opt.zero_grad()
+        F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+        opt.step()
+    assert_params_close(module, ref, f"rank {r}: {kind} trained under autotune")
+    return model, tuner
+
+
+def _check_agreed(kind, model, tuner):
+    r = hvd.rank()
+    assert tuner.frozen is not None, f"rank {r}: {kind}: autotune did not freeze after {STEPS} steps"
+    tried = [(t.setting.fusion_bytes, t.setting.cycle_time_ms) for t in tuner.search.trials]
+    phase1 = max(tuner.search.trials[: len(FUSION)], key=lambda t: t.score)
+    want = [(f, 1.0) for f in FUSION] + [(phase1.setting.fusion_bytes, 0.2)]
+    assert tried == want, f"rank {r}: {kind}: tried {tried}, want {want}"
+    best = max(tuner.search.trials, key=lambda t: t.score)
+    assert tuner.frozen == best.setting, f"rank {r}: froze {tuner.frozen}, best trial was {best}"
+    engine = hvd.runtime.state().engine
+    assert engine.fusion_threshold() == tuner.frozen.fusion_bytes
+    assert abs(engine.cycle_time_ms() - tuner.frozen.cycle_time_ms) < 1e-9
+    mine = [engine.fusion_threshold(), engine.cycle_time_ms()] + [t.score for t in tuner.search.trials]
+    if kind == "model":
+        buckets = model.bucket_bytes()
+        want = plan_buckets(model._params, model._order, tuner.frozen.fusion_bytes, min(300, tuner.frozen.fusion_bytes))
+        assert len(buckets) == len(want), f"rank {r}: {len(buckets)} buckets, the frozen cap plans {len(want)}"
+        mine += buckets
+    everyone = hvd.allgather_object(mine)
+    assert all(x == everyone[0] for x in everyone), f"ranks disagree on the frozen setting or scores: {everyone}"
+
+
+def _check_log(path):
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == TRIALS, f"log {path}: {len(rows)} rows, want {TRIALS}"
+    assert list(rows[0]) == ["trial", "fusion_bytes", "cycle_time_ms", "score", "median_step_s", "chosen"]
+    chosen = [row for row in rows if row["chosen"] == "1"]
+    assert len(chosen) == 1, f"log {path}: {len(chosen)} rows marked chosen"
+    best = max(rows, key=lambda row: float(row["score"]))
+    assert chosen[0]["trial"] == best["trial"], f"log {path}: chose trial {chosen[0]['trial']}, best {best['trial']}"
+    assert all(float(row["score"]) > 0 for row in rows)
+
+
+def check_autotuned_training(kind: str):
+    autotune.FUSION_CANDIDATES = FUSION
+    autotune.CYCLE_CANDIDATES_MS = CYCLES_MS
+    hvd.init()
+    model, tuner = _train(kind)
+    _check_agreed(kind, model, tuner)
+    if hvd.rank() == 0:
+        _check_log(os.environ["HVDTORCH_AUTOTUNE_LOG"])
+    # Only the first model or optimizer of an init() is tuned.
+    second = hvd.DistributedModel(Net(), name="second")
+    assert second._autotune is None
+    hvd.shutdown()
+
+
+def check_off_by_default():
+    hvd.init()
+    model = hvd.DistributedModel(Net())
+    assert model._autotune is None and autotune.current() is None
+    hvd.shutdown()
