@@ -13,7 +13,10 @@ What is tuned, and how a setting is applied
 Search: coordinate search over a small fixed grid, simple on purpose.
   Phase 1 tries every fusion candidate at the starting cycle time
   (HVDTORCH_CYCLE_TIME); phase 2 tries every other cycle-time candidate at
-  the best fusion size. The best trial's setting is frozen. Horovod fits a
+  the best fusion size. Each phase runs HVDTORCH_AUTOTUNE_ROUNDS rounds over
+  its candidates, alternating direction (A B C, C B A) so that a drift in
+  the machine's load favours no candidate; a setting scores the median of
+  its trials. The best-scoring setting is frozen. Horovod fits a
   Gaussian process to the samples instead (Bayesian optimisation); with a
   handful of candidates, few steps per trial and a noisy shared host, a grid
   measured by medians is cheaper to reason about and cannot wander off.
@@ -49,7 +52,7 @@ Scope
 Log (HVDTORCH_AUTOTUNE_LOG, written by rank 0, rewritten after each trial
 so an interrupted run keeps what it measured): CSV with columns
 trial, fusion_bytes, cycle_time_ms, score (bytes/s), median_step_s, chosen
-(1 on the trial whose setting was frozen).
+(1 on the trials of the setting that was frozen).
 """
 
 import csv
@@ -57,7 +60,7 @@ import statistics
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -87,23 +90,41 @@ class Trial:
 class CoordinateSearch:
     """The search alone, without timing or communication: next() says what
     to measure, report() takes its score. Deterministic, so that ranks fed
-    the same scores walk the same path."""
+    the same scores walk the same path.
 
-    def __init__(self, fusion_candidates: Sequence[int], cycle_candidates_ms: Sequence[float], start_cycle_ms: float):
+    Each phase measures its candidates `rounds` times, alternating the
+    direction (A B C, C B A, ...) so that a steady drift in the machine's
+    load does not favour the candidates measured first; a setting's score is
+    the median of its trials' scores."""
+
+    def __init__(
+        self,
+        fusion_candidates: Sequence[int],
+        cycle_candidates_ms: Sequence[float],
+        start_cycle_ms: float,
+        rounds: int = 1,
+    ):
         if not fusion_candidates:
             raise ValueError("hvdtorch: autotune needs at least one fusion candidate")
         self._cycles = [float(c) for c in cycle_candidates_ms]
         self._start_cycle = float(start_cycle_ms)
-        self._queue: List[Setting] = [Setting(int(f), self._start_cycle) for f in fusion_candidates]
+        self._rounds = max(1, int(rounds))
+        self._queue = self._interleave([Setting(int(f), self._start_cycle) for f in fusion_candidates])
         self._phase = 1
         self.trials: List[Trial] = []
+
+    def _interleave(self, settings: List[Setting]) -> List[Setting]:
+        out: List[Setting] = []
+        for r in range(self._rounds):
+            out += settings if r % 2 == 0 else settings[::-1]
+        return out
 
     def next(self) -> Optional[Setting]:
         """The setting to measure next; None once the search is over."""
         if not self._queue and self._phase == 1:
             self._phase = 2
-            best = self.best().setting
-            self._queue = [Setting(best.fusion_bytes, c) for c in self._cycles if c != self._start_cycle]
+            fusion = self.best().fusion_bytes
+            self._queue = self._interleave([Setting(fusion, c) for c in self._cycles if c != self._start_cycle])
         return self._queue[0] if self._queue else None
 
     def report(self, score: float, median_step_s: float = float("nan")) -> None:
@@ -114,9 +135,17 @@ class CoordinateSearch:
         self._queue.pop(0)
         self.trials.append(Trial(len(self.trials), setting, float(score), float(median_step_s)))
 
-    def best(self) -> Trial:
+    def scores(self) -> Dict[Setting, float]:
+        """Every measured setting's score (the median over its trials), in the order first measured."""
+        by_setting: Dict[Setting, List[float]] = {}
+        for t in self.trials:
+            by_setting.setdefault(t.setting, []).append(t.score)
+        return {s: statistics.median(v) for s, v in by_setting.items()}
+
+    def best(self) -> Setting:
+        scores = self.scores()
         # max() keeps the first of equal scores: the same choice on every rank.
-        return max(self.trials, key=lambda t: t.score)
+        return max(scores, key=lambda s: scores[s])
 
 
 def apply_setting(setting: Setting, set_fusion_bytes: Callable[[int], None]) -> None:
@@ -179,7 +208,7 @@ class Autotuner:
         self.search.report(self._bytes / median, median)
         following = self.search.next()
         if following is None:
-            self.frozen = self.search.best().setting
+            self.frozen = self.search.best()
             self._switch(self.frozen)
         else:
             self._switch(following)
@@ -194,7 +223,6 @@ class Autotuner:
     def _write_log(self) -> None:
         if not self._log_path or self._rank != 0:
             return
-        chosen = self.search.best().index if self.frozen is not None else -1
         with open(self._log_path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["trial", "fusion_bytes", "cycle_time_ms", "score", "median_step_s", "chosen"])
@@ -206,7 +234,7 @@ class Autotuner:
                         t.setting.cycle_time_ms,
                         f"{t.score:.6g}",
                         f"{t.median_step_s:.6g}",
-                        int(t.index == chosen),
+                        int(t.setting == self.frozen),
                     ]
                 )
 
@@ -239,7 +267,7 @@ def attach(
         return None
     _claimed_by = weakref.ref(st)
     engine = st.engine
-    search = CoordinateSearch(FUSION_CANDIDATES, CYCLE_CANDIDATES_MS, engine.cycle_time_ms())
+    search = CoordinateSearch(FUSION_CANDIDATES, CYCLE_CANDIDATES_MS, engine.cycle_time_ms(), knobs["autotune_rounds"])
     tuner = Autotuner(
         name,
         sum(p.numel() * p.element_size() for p in params),

@@ -350,6 +350,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["autotune_log"] = c.autotune_log;
     d["autotune_warmup_steps"] = c.autotune_warmup_steps;
     d["autotune_steps_per_trial"] = c.autotune_steps_per_trial;
+    d["autotune_rounds"] = c.autotune_rounds;
     return d;
   });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

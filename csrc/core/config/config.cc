@@ -32,6 +32,7 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"AUTOTUNE_LOG", "", "CSV file where rank 0 logs every autotune trial; empty: no log"},
       {"AUTOTUNE_WARMUP_STEPS", "1", "steps run and not timed after each autotune switch of settings"},
       {"AUTOTUNE_STEPS_PER_TRIAL", "5", "timed steps per autotune trial (the trial's score is their median)"},
+      {"AUTOTUNE_ROUNDS", "2", "times autotune measures each candidate, in alternating order (its score: the median)"},
   };
   return k;
 }
@@ -101,6 +102,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
   } else if (key == "AUTOTUNE_STEPS_PER_TRIAL") {
     autotune_steps_per_trial = static_cast<int>(toNumber(key, v));
     if (autotune_steps_per_trial < 1) throw InvalidArgument("HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL must be at least 1");
+  } else if (key == "AUTOTUNE_ROUNDS") {
+    autotune_rounds = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "CENTRAL_SHARDS") {
     central_shards = std::max(1, static_cast<int>(toNumber(key, v)));
   } else {

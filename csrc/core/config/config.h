@@ -32,6 +32,7 @@ struct Config {
   std::string autotune_log;          // HVDTORCH_AUTOTUNE_LOG (path; empty: no log)
   int autotune_warmup_steps = 1;     // HVDTORCH_AUTOTUNE_WARMUP_STEPS
   int autotune_steps_per_trial = 5;  // HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL
+  int autotune_rounds = 2;           // HVDTORCH_AUTOTUNE_ROUNDS
 
   struct Knob {
     std::string name;  // without the HVDTORCH_ prefix
