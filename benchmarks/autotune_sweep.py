@@ -113,7 +113,7 @@ def main():
     # 1. Autotune until frozen.
     t0 = time.perf_counter()
     tuning_steps = 0
-    while tuner.frozen is None and tuning_steps < args.max_tuning_steps:
+    while not tuner.done and tuning_steps < args.max_tuning_steps:
         train_step(model, opt, x, y)
         tuning_steps += 1
     tuning_s = time.perf_counter() - t0

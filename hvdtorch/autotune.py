@@ -30,7 +30,7 @@ A trial
   ends when its slowest rank ends it). The median ignores a straggling step.
 
 Agreement across ranks
-  Every rank times its own steps; at the end of a trial one all-reduce (Max)
+  Every rank times its own steps; at the end of a trial one all-reduce
   of the step times gives every rank the same numbers, from which every rank
   computes the same score and, from identical search state, the same next
   setting: nothing is broadcast and no rank decides for the others. The
@@ -41,7 +41,10 @@ Agreement across ranks
 Step boundaries
   DistributedModel: each forward with grad enabled, once the bucket order
   has been agreed (its first steps). DistributedOptimizer: the end of each
-  step(). Every rank must run the same steps (the usual data-parallel loop).
+  step(). Every rank must run the same steps (the usual data-parallel loop)
+  -- except that a rank may run out of data (hvd.join()): the agreement
+  sees it missing, the others stop switching, and join() ends tuning on
+  every rank with the setting in effect.
 
 Scope
   One tuner per init(): the first DistributedModel or DistributedOptimizer
@@ -182,11 +185,15 @@ class Autotuner:
         self._last: Optional[float] = None  # time of the previous boundary
         self._since_switch = 0  # step times recorded since the last switch
         self._times: List[float] = []
+        self._current: Optional[Setting] = None  # in effect on every rank; None before the first switch
+        self.done = False
+        # The setting kept: the best one, or, when a rank joined during
+        # tuning, the one in effect then (None if tuning had not started).
         self.frozen: Optional[Setting] = None
 
     def step_boundary(self) -> None:
         """Called on every rank between two steps (nothing in flight)."""
-        if self.frozen is not None:
+        if self.done:
             return
         now = _now()
         if self._last is None:  # the first boundary: start the first trial
@@ -199,24 +206,49 @@ class Autotuner:
         if len(self._times) < self._steps:
             self._last = now
             return
-        slowest = ops.allreduce(
-            torch.tensor(self._times, dtype=torch.float64),
-            op=ops.Max,
-            name=f"{self._name}.autotune.{len(self.search.trials)}",
-        )
-        median = statistics.median(slowest.tolist())
+        slowest = self._agree(self._times)
+        if slowest is None:  # a rank has joined: it keeps the current setting, so must everyone
+            self.stop()
+            return
+        median = statistics.median(slowest)
         self.search.report(self._bytes / median, median)
         following = self.search.next()
         if following is None:
-            self.frozen = self.search.best()
-            self._switch(self.frozen)
+            self._switch(self.search.best())
+            self.stop()
         else:
             self._switch(following)
-        self._write_log()
+            self._write_log()
         self._last = _now()  # the agreement and the switch belong to no step
+
+    def _agree(self, times: List[float]) -> Optional[List[float]]:
+        """Every rank's step times -> each step's longest, the same list on
+        every rank; None when some rank is absent (joined). A Sum over one
+        row per rank, not a Max: all-reduces other than Sum/Average fail while
+        a rank has joined, and adding zeros is exact."""
+        size, rank = runtime.size(), self._rank
+        rows = torch.zeros(size, len(times) + 1, dtype=torch.float64)
+        rows[rank, :-1] = torch.tensor(times, dtype=torch.float64)
+        rows[rank, -1] = 1.0  # present; a joined rank contributes 0
+        rows = ops.allreduce(rows, op=ops.Sum, name=f"{self._name}.autotune.{len(self.search.trials)}")
+        if not bool((rows[:, -1] == 1.0).all()):
+            return None
+        return rows[:, :-1].max(dim=0).values.tolist()
+
+    def stop(self) -> None:
+        """Ends tuning with the setting in effect. Called when tuning is
+        over, and by hvd.join() on every rank (a rank that ran out of data
+        stopped switching at the last agreement it took part in, which is
+        where every other rank stops too)."""
+        if self.done:
+            return
+        self.done = True
+        self.frozen = self._current
+        self._write_log()
 
     def _switch(self, setting: Setting) -> None:
         apply_setting(setting, self._set_fusion_bytes)
+        self._current = setting
         self._since_switch = 0
         self._times = []
 
@@ -279,6 +311,14 @@ def attach(
     )
     _current = weakref.ref(tuner)
     return tuner
+
+
+def joined() -> None:
+    """hvd.join() completed (on every rank at the same point): tuning ends
+    with the setting in effect (Autotuner.stop)."""
+    tuner = current()
+    if tuner is not None:
+        tuner.stop()
 
 
 def current() -> Optional[Autotuner]:

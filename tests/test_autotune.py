@@ -99,3 +99,14 @@ def test_autotuned_training_agrees_and_stays_exact(kind, tmp_path, monkeypatch):
 def test_autotune_is_off_by_default(monkeypatch):
     monkeypatch.delenv("HVDTORCH_AUTOTUNE", raising=False)
     run_ranks("tests.workers.autotune:check_off_by_default", 2, timeout=60)
+
+
+def test_a_rank_joining_during_tuning_ends_it_everywhere(monkeypatch):
+    monkeypatch.delenv("HVDTORCH_CYCLE_TIME", raising=False)
+    env = {
+        "HVDTORCH_AUTOTUNE": "1",
+        "HVDTORCH_AUTOTUNE_WARMUP_STEPS": "1",
+        "HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL": "2",
+        "HVDTORCH_AUTOTUNE_ROUNDS": "1",
+    }
+    run_ranks("tests.workers.autotune:check_join_during_tuning", 2, env=env, timeout=60)

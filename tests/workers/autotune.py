@@ -109,3 +109,42 @@ def check_off_by_default():
     model = hvd.DistributedModel(Net())
     assert model._autotune is None and autotune.current() is None
     hvd.shutdown()
+
+
+def check_join_during_tuning():
+    """Rank 1 runs out of data in the middle of tuning: rank 0's next
+    agreement sees it missing, both keep the setting in effect, join() ends
+    tuning on both, and training goes on together afterwards."""
+    autotune.FUSION_CANDIDATES = FUSION
+    autotune.CYCLE_CANDIDATES_MS = CYCLES_MS
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    model = hvd.DistributedModel(Net(), fusion_bytes=1 << 20, first_bucket_bytes=300)
+    opt = make_opt("sgd", model.parameters())
+    tuner = autotune.current()
+    # Forward 1 agrees the bucket order and starts trial 0; trials end (and
+    # switch) at forwards 4 and 7. Rank 1 stops after forward 7, rank 0's
+    # agreement at forward 10 finds it gone.
+    for s in range(8 if r == 1 else 14):
+        x, y = batch(s, n)
+        opt.zero_grad()
+        F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+        opt.step()
+    assert not tuner.done or r == 0, f"rank {r}: tuning ended before join()"
+    hvd.join()
+    assert tuner.done, f"rank {r}: join() did not end tuning"
+    want = autotune.Setting(FUSION[2], 1.0)  # the third trial's, in effect when rank 1 left
+    assert tuner.frozen == want, f"rank {r}: kept {tuner.frozen}, want {want}"
+    engine = hvd.runtime.state().engine
+    assert engine.fusion_threshold() == want.fusion_bytes and engine.cycle_time_ms() == want.cycle_time_ms
+    everyone = hvd.allgather_object(model.bucket_bytes())
+    assert everyone[0] == everyone[1], f"bucket layouts differ after join: {everyone}"
+    for s in range(3):  # together again: the same averaged gradients everywhere
+        x, y = batch(100 + s, n)
+        opt.zero_grad()
+        F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+        grads = hvd.allgather_object([float(p.grad.sum()) for p in model.parameters()])
+        assert grads[0] == grads[1], f"step {s} after join: gradients differ across ranks: {grads}"
+        opt.step()
+    hvd.shutdown()
