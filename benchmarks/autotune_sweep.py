@@ -89,6 +89,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all settings")
     ap.add_argument("--steps-per-trial", type=int, default=5, help="HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL")
     ap.add_argument("--warmup-steps", type=int, default=1, help="HVDTORCH_AUTOTUNE_WARMUP_STEPS")
+    ap.add_argument("--tuning-rounds", type=int, default=2, help="HVDTORCH_AUTOTUNE_ROUNDS")
     ap.add_argument("--max-tuning-steps", type=int, default=200)
     ap.add_argument("--trials-log", default="autotune_sweep_trials.csv", help="HVDTORCH_AUTOTUNE_LOG")
     ap.add_argument("--out", default="", help="append JSON lines here (rank 0)")
@@ -99,6 +100,7 @@ def main():
         autotune_log=args.trials_log,
         autotune_steps_per_trial=args.steps_per_trial,
         autotune_warmup_steps=args.warmup_steps,
+        autotune_rounds=args.tuning_rounds,
     )
     rank, size = hvd.rank(), hvd.size()
     if size < 2:
