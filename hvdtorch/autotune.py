@@ -50,7 +50,10 @@ Scope
   One tuner per init(): the first DistributedModel or DistributedOptimizer
   built with autotune on, over the global process set, with fusion on
   (fusion_bytes > 0, default groups) and more than one rank. Later ones keep
-  their own settings. The engine settings it freezes apply to every op.
+  their own settings. The engine settings it freezes apply to every op, so
+  a loop that keeps asynchronous ops of its own in flight across step
+  boundaries (hvd.allreduce_async_ waited for a step later) must not tune:
+  a switch would find them half-negotiated.
 
 Log (HVDTORCH_AUTOTUNE_LOG, written by rank 0, rewritten after each trial
 so an interrupted run keeps what it measured): CSV with columns
