@@ -311,7 +311,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("choose_reducer", &PyEngine::chooseReducer)
       .def("link_kinds", &PyEngine::linkKinds)
       .def("cost_model", &PyEngine::costModel)
-      .def("negotiation_stats", &PyEngine::negotiationStats);
+      .def("negotiation_stats", &PyEngine::negotiationStats)
+      // Run-time settings for autotune (engine.h: when a change is safe).
+      .def("fusion_threshold", [](PyEngine& e) { return e.engine()->fusionThreshold(); })
+      .def("set_fusion_threshold", [](PyEngine& e, size_t bytes) { e.engine()->setFusionThreshold(bytes); })
+      .def("cycle_time_ms", [](PyEngine& e) { return e.engine()->cycleTime().count() / 1000.0; })
+      .def("set_cycle_time_ms", [](PyEngine& e, double ms) {
+        if (!(ms >= 0)) throw InvalidArgument(strCat("cycle time must be a non-negative number of ms, got ", ms));
+        e.engine()->setCycleTime(std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
+      });
 
   py::class_<GradientReducer>(m, "GradientReducer")
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),
@@ -330,14 +338,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   // Validates the options (ValueError names a bad one) and returns what the
-  // Python side needs before the engine exists: the effective HVDTORCH_TIMEOUT
-  // in seconds (torch.distributed gets the same deadline) and
-  // HVDTORCH_HOSTNAME. Config is the one place knobs are parsed.
+  // Python side reads: the effective HVDTORCH_TIMEOUT in seconds
+  // (torch.distributed gets the same deadline), HVDTORCH_HOSTNAME and the
+  // autotune knobs. Config is the one place knobs are parsed.
   m.def("resolve_options", [](const std::map<std::string, std::string>& options) {
     const Config c = Config::load(options);
     py::dict d;
     d["timeout"] = std::chrono::duration<double>(c.timeout).count();
     d["hostname"] = c.hostname;
+    d["autotune"] = c.autotune;
+    d["autotune_log"] = c.autotune_log;
+    d["autotune_warmup_steps"] = c.autotune_warmup_steps;
+    d["autotune_steps_per_trial"] = c.autotune_steps_per_trial;
+    d["autotune_rounds"] = c.autotune_rounds;
     return d;
   });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

@@ -34,6 +34,8 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
     global_->coordinator = std::make_unique<Coordinator>(topo.size, config_.stall_warning, config_.timeout,
                                                          [this](const std::string& m) { warn(m); });
   sets_.emplace(0, global_);
+  fusion_threshold_ = config_.fusion_threshold;
+  cycle_time_us_ = config_.cycle_time.count();
   // Every rank constructs its engine in init(), so this collective lines up.
   if (config_.calibrate) reducers_.calibrate(data_ctx_);
   control_thread_ = std::thread([this] { controlLoop(); });
@@ -268,7 +270,7 @@ void Engine::controlLoop() {
       bool waiting = others_busy_;
       for (const auto& ps : setsSnapshot()) waiting = waiting || ps->busy();
       std::unique_lock<std::mutex> lock(mu_);
-      const auto wait = waiting ? config_.cycle_time : std::chrono::duration_cast<std::chrono::microseconds>(kIdleWait);
+      const auto wait = waiting ? cycleTime() : std::chrono::duration_cast<std::chrono::microseconds>(kIdleWait);
       incoming_cv_.wait_for(lock, wait, [&] { return !incoming_.empty() || shutdown_requested_; });
     }
     try {
@@ -470,7 +472,7 @@ void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<Ready
     timeline_.end(op.entry->request.name, "NEGOTIATE");
     timeline_.begin(op.entry->request.name, "QUEUE");
   }
-  std::vector<WorkUnit> units = planWork(ready, config_.fusion_threshold);
+  std::vector<WorkUnit> units = planWork(ready, fusionThreshold());
   {
     std::lock_guard<std::mutex> lock(exec_mu_);
     for (auto& u : units) exec_queue_.push_back({ps, std::move(u)});

@@ -114,7 +114,19 @@ class Engine {
   NegotiationStats negotiationStats() const { return {and_rounds_.load(), star_rounds_.load()}; }
 
   const Topology& topo() const { return data_ctx_.topo(); }
+  // The config as loaded at init; the two settings below may since differ.
   const Config& config() const { return config_; }
+
+  // Run-time settings (autotune: hvdtorch/autotune.py). The fusion
+  // threshold decides which ops share a work unit, so every rank must change
+  // it at the same point of its op sequence with none of its own ops
+  // outstanding: an op is planned only once every rank submitted it, so then
+  // every rank plans it under the new value. The cycle time only paces this
+  // rank's control thread. Both are safe to call from any thread.
+  void setFusionThreshold(size_t bytes) { fusion_threshold_ = bytes; }
+  size_t fusionThreshold() const { return fusion_threshold_; }
+  void setCycleTime(std::chrono::microseconds t) { cycle_time_us_ = t.count(); }
+  std::chrono::microseconds cycleTime() const { return std::chrono::microseconds(cycle_time_us_.load()); }
   ReducerSet& reducers() { return reducers_; }
   const ReducerSet& reducers() const { return reducers_; }
   Context& dataContext() { return data_ctx_; }
@@ -193,6 +205,9 @@ class Engine {
   std::chrono::steady_clock::time_point linger_until_{};
   std::atomic<uint64_t> and_rounds_{0};
   std::atomic<uint64_t> star_rounds_{0};
+  // Start as config_'s; read by the control thread every cycle.
+  std::atomic<size_t> fusion_threshold_{0};
+  std::atomic<int64_t> cycle_time_us_{0};
 
   struct QueuedUnit {
     std::shared_ptr<ProcessSet> set;  // keeps a removed set alive until its last unit ran
