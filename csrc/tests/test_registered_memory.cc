@@ -4,6 +4,8 @@
 // at an offset inside the buffer, many chunks, many calls, several hosts)
 // against the reference -- and that the registered ranks really skipped the
 // copies (their chunks ran in place).
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -156,6 +158,29 @@ TEST(node_registered_at_an_offset_and_many_calls) {
 
 TEST(node_registered_default_slot_large_message) {
   registeredAllreduce({0, 0}, size_t(4) << 20, {(size_t(4) << 20) / 4 * 3 + 777}, [](int) { return true; });
+}
+
+TEST(names_of_a_killed_owner_are_removed_by_a_peer) {
+  // A child process allocates a buffer nobody maps, then is killed: its name
+  // stays until a peer's RegisteredMemory goes away.
+  const std::string prefix = uniquePrefix("reg");
+  const pid_t child = fork();
+  if (child == 0) {
+    RegisteredMemory owner(prefix, 1, {0, 1});
+    auto buf = owner.allocate(4096);
+    pause();
+    _exit(0);
+  }
+  for (int i = 0; i < 500 && shmEntries(prefix + "-g1-").empty(); ++i) usleep(10000);
+  CHECK(shmEntries(prefix + "-g1-").size() == 1);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(shmEntries(prefix + "-g1-").size() == 1);  // left by the killed owner
+  {
+    RegisteredMemory peer(prefix, 0, {0, 1});
+  }
+  CHECK_MSG(shmEntries(prefix).empty(), "%zu left", shmEntries(prefix).size());
 }
 
 TEST(nothing_left_in_dev_shm) {

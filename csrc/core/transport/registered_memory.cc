@@ -12,7 +12,10 @@ RegisteredMemory::RegisteredMemory(std::string prefix, int rank, std::vector<int
     throw InvalidArgument(strCat("rank ", rank_, ": registered memory needs this rank among the host's ranks"));
 }
 
-RegisteredMemory::~RegisteredMemory() = default;
+// A peer killed before every rank of the host mapped its buffers leaves
+// their names behind (ShmSegment's one leak); whoever of the host shuts down
+// later removes them.
+RegisteredMemory::~RegisteredMemory() { ShmSegment::removeStale(prefix_ + "-g"); }
 
 std::string RegisteredMemory::segmentName(int owner, uint64_t id) const {
   return strCat(prefix_, "-g", owner, "-", id);

@@ -11,7 +11,8 @@
 // A peer maps it the first time the node reducer meets it (peerBuffer) and
 // keeps the mapping until the owner releases the buffer. ShmSegment's rules
 // apply: the name is gone once every local rank has mapped it; before that,
-// the owner's destructor removes it.
+// the owner's destructor removes it, and if the owner is killed first, the
+// destructor of any other rank's RegisteredMemory on the host does.
 //
 // Contract:
 //  * allocate() may be called from any thread; the returned memory is
