@@ -23,7 +23,9 @@
 #include "ops/op_common.h"
 #include "ops/reducescatter.h"
 #include "python_errors.h"
+#include "registered_tensor.h"
 #include "torch_tensor.h"
+#include "transport/registered_memory.h"
 
 namespace py = pybind11;
 using namespace hvdtorch;
@@ -319,6 +321,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_cycle_time_ms", [](PyEngine& e, double ms) {
         if (!(ms >= 0)) throw InvalidArgument(strCat("cycle time must be a non-negative number of ms, got ", ms));
         e.engine()->setCycleTime(std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
+      })
+      // A zero-filled 1-D CPU tensor in registered memory (what
+      // DistributedModel's buckets use); plain memory where there is none.
+      .def("registered_zeros",
+           [](PyEngine& e, int64_t numel, py::object dtype) {
+             return registeredZeros(*e.engine(), numel, torch::python::detail::py_object_to_dtype(dtype));
+           })
+      // (own live buffers, mapped peer buffers); (0, 0) without registered memory.
+      .def("registered_stats", [](PyEngine& e) {
+        const auto& r = e.engine()->registered();
+        return r ? std::make_pair(r->ownBuffers(), r->peerMappings()) : std::make_pair(size_t(0), size_t(0));
       });
 
   py::class_<GradientReducer>(m, "GradientReducer")

@@ -16,8 +16,9 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       timeline_(config_.timeline, topo.rank),
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native, config_.timeout),
-      reducers_(reducerEnv(config_, transports.shm_token, 0)),
-      executor_(data_ctx_, reducers_, timeline_),
+      registered_(makeRegistered(config_, topo, transports.shm_token)),
+      reducers_(reducerEnv(config_, transports.shm_token, 0, registered_)),
+      executor_(data_ctx_, reducers_, timeline_, registered_),
       control_(control_ctx_),
       shm_token_(transports.shm_token) {
   global_ = std::make_shared<ProcessSet>();
@@ -44,8 +45,16 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
 
 Engine::~Engine() { shutdown(); }
 
-ReducerEnv Engine::reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id) {
+std::shared_ptr<RegisteredMemory> Engine::makeRegistered(const Config& config, const Topology& topo,
+                                                         const std::string& shm_token) {
+  if (!config.shm || shm_token.empty() || topo.local_size < 2) return nullptr;
+  return std::make_shared<RegisteredMemory>(makeShmPrefix(shm_token + "g"), topo.rank, topo.local_ranks);
+}
+
+ReducerEnv Engine::reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id,
+                              std::shared_ptr<RegisteredMemory> registered) {
   ReducerEnv env;
+  env.registered = std::move(registered);
   env.ring = RingOptions{config.ring_segment_bytes, config.ring_window};
   env.central = CentralOptions{config.central_shards, config.ring_segment_bytes};
   // Each set's node reducer has an arena of its own (its members only).
@@ -93,9 +102,9 @@ int32_t Engine::addProcessSet(std::vector<int> ranks) {
   if (ps->member()) {
     ps->own_control = Context::view(control_ctx_, ranks);
     ps->own_data = Context::view(data_ctx_, ranks);
-    ps->own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, id));
+    ps->own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, id, registered_));
     ps->own_reducers->adoptModel(reducers_.model());  // the job's calibration serves every set
-    ps->own_executor = std::make_unique<Executor>(*ps->own_data, *ps->own_reducers, timeline_);
+    ps->own_executor = std::make_unique<Executor>(*ps->own_data, *ps->own_reducers, timeline_, registered_);
     ps->own_plane = std::make_unique<ControlPlane>(*ps->own_control);
     ps->control = ps->own_control.get();
     ps->data = ps->own_data.get();

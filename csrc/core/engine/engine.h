@@ -133,6 +133,9 @@ class Engine {
   const Context& dataContext() const { return data_ctx_; }
   // Started and stopped at run time by hvd.start_timeline()/stop_timeline().
   Timeline& timeline() { return timeline_; }
+  // This rank's registered buffers (DistributedModel's buckets allocate
+  // there); null when shared memory is off or the job has no token.
+  const std::shared_ptr<RegisteredMemory>& registered() const { return registered_; }
 
  private:
   void controlLoop();
@@ -168,7 +171,10 @@ class Engine {
   std::shared_ptr<ProcessSet> findSet(int32_t id) const;
   void failEverything(const std::string& why);
   void warn(const std::string& msg);
-  static ReducerEnv reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id);
+  static ReducerEnv reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id,
+                               std::shared_ptr<RegisteredMemory> registered);
+  static std::shared_ptr<RegisteredMemory> makeRegistered(const Config& config, const Topology& topo,
+                                                          const std::string& shm_token);
   // Same-host links of one plane ("c" control, "d" data): shared memory
   // unless HVDTORCH_SHM=0 or no token was given.
   static Context::LinkFactory localLinks(const Config& config, const Topology& topo, const Transports& t,
@@ -178,6 +184,7 @@ class Engine {
   Timeline timeline_;
   Context control_ctx_;
   Context data_ctx_;
+  std::shared_ptr<RegisteredMemory> registered_;  // before reducers_ and executor_, which use it
   ReducerSet reducers_;
   Executor executor_;
   ControlPlane control_;
