@@ -76,6 +76,7 @@ class PyEngine {
   int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                     const std::string& name, int op, double prescale, double postscale, const std::string& reducer,
                     int32_t process_set_id) {
+    const auto bound = OpTimes::now();
     ops::AllreduceOptions o;
     o.process_set_id = process_set_id;
     o.inputs = wrapAll(inputs, "allreduce", name, rank());
@@ -85,7 +86,9 @@ class PyEngine {
     o.postscale = postscale;
     o.reducer = reducer;
     o.name = name;
-    return ops::allreduce(*engine_, std::move(o));
+    const int64_t handle = ops::allreduce(*engine_, std::move(o));
+    engine_->state(handle)->times.bound = bound;
+    return handle;
   }
 
   int64_t allgather(const std::vector<at::Tensor>& inputs, const std::string& name, int32_t process_set_id) {
@@ -169,6 +172,7 @@ class PyEngine {
       if (done) break;
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
+    st->times.woken = OpTimes::now();
     engine_->release(handle);
     if (!st->error().empty()) throw CollectiveError(st->error());
     std::vector<at::Tensor> out;
@@ -212,6 +216,28 @@ class PyEngine {
 
   // Negotiation rounds so far (every process set): how many were settled by
   // the decentralized AND alone, how many went through a coordinator.
+  // The phases (op_timing.h) of the last ops waited for, in nanoseconds:
+  // {phase: [one value per op, oldest first]}, -1 where not stamped.
+  // clear=True forgets them afterwards.
+  py::dict latencyPhases(bool clear) {
+    const std::vector<OpPhases> log = engine_->latencyLog().snapshot();
+    if (clear) engine_->latencyLog().clear();
+    std::map<std::string, std::vector<int64_t>> cols;
+    for (const OpPhases& p : log) {
+      cols["binding"].push_back(p.binding);
+      cols["control_wake"].push_back(p.control_wake);
+      cols["negotiate"].push_back(p.negotiate);
+      cols["executor_wake"].push_back(p.executor_wake);
+      cols["copy_in"].push_back(p.copy_in);
+      cols["reduce"].push_back(p.reduce);
+      cols["finish"].push_back(p.finish);
+      cols["waiter_wake"].push_back(p.waiter_wake);
+    }
+    py::dict d;
+    for (auto& [k, v] : cols) d[py::str(k)] = v;
+    return d;
+  }
+
   py::dict negotiationStats() const {
     const Engine::NegotiationStats s = engine_->negotiationStats();
     py::dict d;
@@ -332,7 +358,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("registered_stats", [](PyEngine& e) {
         const auto& r = e.engine()->registered();
         return r ? std::make_pair(r->ownBuffers(), r->peerMappings()) : std::make_pair(size_t(0), size_t(0));
-      });
+      })
+      .def("latency_phases", &PyEngine::latencyPhases, py::arg("clear") = false);
 
   py::class_<GradientReducer>(m, "GradientReducer")
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),

@@ -192,6 +192,7 @@ int64_t Engine::submit(EntryPtr entry) {
   const int64_t handle = next_handle_++;
   handles_.emplace(handle, entry->state);
   timeline_.begin(req.name, "NEGOTIATE");
+  entry->state->times.submitted = OpTimes::now();
   incoming_.push_back(std::move(entry));
   incoming_cv_.notify_one();
   return handle;
@@ -205,8 +206,15 @@ std::shared_ptr<OpState> Engine::state(int64_t handle) {
 }
 
 void Engine::release(int64_t handle) {
-  std::lock_guard<std::mutex> lock(mu_);
-  handles_.erase(handle);
+  std::shared_ptr<OpState> st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(handle);
+    if (it == handles_.end()) return;
+    st = std::move(it->second);
+    handles_.erase(it);
+  }
+  if (st->done()) latency_.add(st->times);
 }
 
 void Engine::shutdown() {
@@ -426,10 +434,12 @@ ResponseList Engine::starExchange(ProcessSet& ps, const RankMessage& msg) {
 
 std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list) {
   std::vector<ReadyOp> ready;
+  const auto negotiated = OpTimes::now();
   auto take = [&](const std::string& name) -> EntryPtr {
     auto it = ps.pending.find(name);
     if (it == ps.pending.end()) return nullptr;
     EntryPtr e = std::move(it->second);
+    e->state->times.negotiated = negotiated;
     ps.pending.erase(it);
     const int id = ps.cache->idOf(name);
     if (id >= 0) ps.cached_pending.erase(static_cast<uint32_t>(id));
@@ -497,6 +507,8 @@ void Engine::runCycle() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(incoming_);
+    const auto picked = OpTimes::now();
+    for (auto& e : fresh) e->state->times.picked = picked;
     msg.shutdown = shutdown_requested_ || !failure_.empty();
     msg.failure = failure_;
   }
@@ -583,6 +595,8 @@ void Engine::executorLoop() {
         for (auto& p : unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", failure));
         continue;
       }
+      const auto started = OpTimes::now();
+      for (auto& p : unit.pieces) p.entry->state->times.started = started;
       item.set->executor->run(unit);
     } catch (const InvalidArgument& e) {
       for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", me, ": ", e.what()));

@@ -54,6 +54,7 @@
 #include "engine/coordinator.h"
 #include "engine/entry.h"
 #include "engine/executor.h"
+#include "engine/op_timing.h"
 #include "engine/process_set.h"
 #include "engine/response_cache.h"
 #include "timeline/timeline.h"
@@ -85,6 +86,7 @@ class Engine {
   int64_t submit(EntryPtr entry);
   // The state behind a handle (throws InvalidArgument for an unknown one).
   std::shared_ptr<OpState> state(int64_t handle);
+  // Forgets the handle; a finished op's timestamps go to latencyLog().
   void release(int64_t handle);
 
   // Stops this rank and, through the next cycle, every other rank. Pending
@@ -112,6 +114,9 @@ class Engine {
     uint64_t star = 0;
   };
   NegotiationStats negotiationStats() const { return {and_rounds_.load(), star_rounds_.load()}; }
+  // The hand-off phases of the last ops released after they finished
+  // (op_timing.h): what a small op's latency is made of.
+  LatencyLog& latencyLog() { return latency_; }
 
   const Topology& topo() const { return data_ctx_.topo(); }
   // The config as loaded at init; the two settings below may since differ.
@@ -215,6 +220,7 @@ class Engine {
   // Start as config_'s; read by the control thread every cycle.
   std::atomic<size_t> fusion_threshold_{0};
   std::atomic<int64_t> cycle_time_us_{0};
+  LatencyLog latency_;
 
   struct QueuedUnit {
     std::shared_ptr<ProcessSet> set;  // keeps a removed set alive until its last unit ran

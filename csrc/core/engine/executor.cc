@@ -79,7 +79,9 @@ void Executor::allreduce(WorkUnit& unit) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     copyScaled(out.data(), in.data(), count, dtype, args.prescale);
     mark(unit, collective, true);
+    p.entry->state->times.reduce_begun = OpTimes::now();
     if (ctx_.size() > 1) reducer.allreduce(ctx_, out.data(), count, dtype, op);
+    p.entry->state->times.reduce_ended = OpTimes::now();
     mark(unit, collective, false);
     copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
     finishPiece(p);
