@@ -8,6 +8,7 @@
 #include "engine/fusion.h"
 #include "transport/shm_link.h"
 #include "transport/shm_segment.h"
+#include "transport/shm_wait.h"
 
 namespace hvdtorch {
 
@@ -37,6 +38,11 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
   sets_.emplace(0, global_);
   fusion_threshold_ = config_.fusion_threshold;
   cycle_time_us_ = config_.cycle_time.count();
+  // Shared-memory waits may spin a while when every rank of this host has
+  // a core of its own (shm_wait.h says why, and why not otherwise).
+  const unsigned cores = std::thread::hardware_concurrency();
+  setShmSpinBudget(cores != 0 && static_cast<unsigned>(topo.local_size) <= cores ? kShmSpinBudget
+                                                                                 : std::chrono::microseconds(0));
   // Every rank constructs its engine in init(), so this collective lines up.
   if (config_.calibrate) reducers_.calibrate(data_ctx_);
   control_thread_ = std::thread([this] { controlLoop(); });
@@ -170,7 +176,7 @@ int64_t Engine::submit(EntryPtr entry) {
   if (!ps->member())
     throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " '", req.name,
                                  "': ", ps->describe(), " does not include this rank"));
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.empty()) throw CollectiveError(strCat(req.describe(), ": ", failure_));
   if (shutdown_requested_ || stopped_)
     throw CollectiveError(strCat("rank ", topo().rank, ": hvdtorch has been shut down; call hvdtorch.init() again"));
@@ -194,6 +200,7 @@ int64_t Engine::submit(EntryPtr entry) {
   timeline_.begin(req.name, "NEGOTIATE");
   entry->state->times.submitted = OpTimes::now();
   incoming_.push_back(std::move(entry));
+  lock.unlock();  // the control thread wakes to take mu_: notify once it is free
   incoming_cv_.notify_one();
   return handle;
 }
@@ -484,6 +491,16 @@ EntryPtr Engine::makeStandIn(const Request& req) {
   return e;
 }
 
+bool Engine::runsInline(const WorkUnit& unit) {
+  if (!unit.error.empty()) return true;  // only fails its ops
+  switch (unit.type) {
+    case OpType::kAllreduce: return unit.bytes <= kInlineUnitBytes;
+    case OpType::kBarrier:
+    case OpType::kJoin: return true;  // no payload
+    default: return false;            // their size is not planned here
+  }
+}
+
 void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready) {
   if (ready.empty()) return;
   for (const auto& op : ready) {
@@ -492,9 +509,27 @@ void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<Ready
     timeline_.begin(op.entry->request.name, "QUEUE");
   }
   std::vector<WorkUnit> units = planWork(ready, fusionThreshold());
+  size_t next = 0;
+  // A small unit runs right here when the executor has nothing before it:
+  // that saves the op a thread hand-off (a wake-up and a context switch)
+  // worth more than the unit itself. Order is kept, because the executor
+  // is idle and its queue empty, and only this thread queues. Large units
+  // go to the executor, so that the next cycle's negotiation overlaps them.
+  while (next < units.size() && runsInline(units[next])) {
+    {
+      std::lock_guard<std::mutex> lock(exec_mu_);
+      if (!exec_queue_.empty() || exec_busy_) break;
+      exec_busy_ = true;
+    }
+    QueuedUnit item{ps, std::move(units[next++])};
+    runUnit(item);
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    exec_busy_ = false;
+  }
+  if (next == units.size()) return;
   {
     std::lock_guard<std::mutex> lock(exec_mu_);
-    for (auto& u : units) exec_queue_.push_back({ps, std::move(u)});
+    for (; next < units.size(); ++next) exec_queue_.push_back({ps, std::move(units[next])});
   }
   exec_cv_.notify_one();
 }
@@ -581,33 +616,40 @@ void Engine::executorLoop() {
       if (exec_queue_.empty()) return;  // stop requested and everything drained
       item = std::move(exec_queue_.front());
       exec_queue_.pop_front();
+      exec_busy_ = true;
     }
-    WorkUnit& unit = item.unit;
-    std::string failure;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      failure = failure_;
+    runUnit(item);
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    exec_busy_ = false;
+  }
+}
+
+void Engine::runUnit(QueuedUnit& item) {
+  WorkUnit& unit = item.unit;
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure = failure_;
+  }
+  const Request& req = unit.pieces.front().entry->request;
+  const int me = data_ctx_.rank();
+  try {
+    if (!failure.empty()) {
+      for (auto& p : unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", failure));
+      return;
     }
-    const Request& req = unit.pieces.front().entry->request;
-    const int me = data_ctx_.rank();
-    try {
-      if (!failure.empty()) {
-        for (auto& p : unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", failure));
-        continue;
-      }
-      const auto started = OpTimes::now();
-      for (auto& p : unit.pieces) p.entry->state->times.started = started;
-      item.set->executor->run(unit);
-    } catch (const InvalidArgument& e) {
-      for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", me, ": ", e.what()));
-    } catch (const std::exception& e) {
-      const std::string in_set = item.set->id == 0 ? "" : " in " + item.set->describe();
-      const std::string why =
-          strCat("rank ", me, ": ", opTypeName(unit.type), " '", req.name, "'", in_set, " failed: ", e.what());
-      for (auto& p : unit.pieces) p.entry->state->fail(why);
-      failEverything(why);
-      incoming_cv_.notify_all();  // the control thread tells the other ranks
-    }
+    const auto started = OpTimes::now();
+    for (auto& p : unit.pieces) p.entry->state->times.started = started;
+    item.set->executor->run(unit);
+  } catch (const InvalidArgument& e) {
+    for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", me, ": ", e.what()));
+  } catch (const std::exception& e) {
+    const std::string in_set = item.set->id == 0 ? "" : " in " + item.set->describe();
+    const std::string why =
+        strCat("rank ", me, ": ", opTypeName(unit.type), " '", req.name, "'", in_set, " failed: ", e.what());
+    for (auto& p : unit.pieces) p.entry->state->fail(why);
+    failEverything(why);
+    incoming_cv_.notify_all();  // the control thread tells the other ranks
   }
 }
 

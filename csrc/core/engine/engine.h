@@ -164,6 +164,8 @@ class Engine {
   std::chrono::milliseconds coordinatorGrace() const;
   // The ops `list` made ready in this set, as the fusion planner takes them.
   std::vector<ReadyOp> takeReady(ProcessSet& ps, const ResponseList& list);
+  // Plans the units and hands them to the executor, running small ones
+  // on this (the control) thread when the executor is idle.
   void queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready);
   // What a joined rank runs for an op it never submitted (Response::stand_in).
   static EntryPtr makeStandIn(const Request& req);
@@ -226,9 +228,22 @@ class Engine {
     std::shared_ptr<ProcessSet> set;  // keeps a removed set alive until its last unit ran
     WorkUnit unit;
   };
+  // Runs one unit and finishes its ops; a transport error fails everything.
+  // Called by exactly one thread at a time: whoever set exec_busy_.
+  void runUnit(QueuedUnit& item);
+  // Units up to this size run on the control thread when the executor is
+  // idle (queueUnits): for them the hand-off costs more than the work.
+  static constexpr size_t kInlineUnitBytes = size_t(64) << 10;
+  static bool runsInline(const WorkUnit& unit);
+  // How long a shared-memory wait spins before it sleeps, when the host's
+  // ranks do not outnumber its cores: a little more than a small op's
+  // usual skew between two ranks, measured with benchmarks/allreduce.py
+  // --breakdown.
+  static constexpr std::chrono::microseconds kShmSpinBudget{20};
   std::mutex exec_mu_;
   std::condition_variable exec_cv_;
   std::deque<QueuedUnit> exec_queue_;
+  bool exec_busy_ = false;  // a unit is running (on the executor, or inline on the control thread)
   bool exec_stop_ = false;
 
   std::thread control_thread_;
