@@ -278,15 +278,15 @@ def main():
         w.writerows(rows)
     impls = [f"hvdtorch-{r}" for r in HVD_REDUCERS] + ["gloo", "mpi"] + (["horovod"] if args.horovod else [])
     for n in sorted({r["ranks"] for r in rows}):
-        print(f"\n{n} ranks: median time (ms) / busbw (GB/s) / busbw ratio to gloo")
-        print(f"{'bytes':>10} " + " ".join(f"{i.replace('hvdtorch-', 'hvd-'):>21}" for i in impls))
+        print(f"\n{n} ranks: median time (us) / busbw (GB/s) / busbw ratio to gloo")
+        print(f"{'bytes':>10} " + " ".join(f"{i.replace('hvdtorch-', 'hvd-'):>23}" for i in impls))
         for nbytes in sorted({r["bytes"] for r in rows if r["ranks"] == n}):
             cell = {r["impl"]: r for r in rows if r["ranks"] == n and r["bytes"] == nbytes}
             gloo = cell["gloo"]["busbw_GBps"]
             print(
                 f"{nbytes:>10} "
                 + " ".join(
-                    f"{cell[i]['time_s'] * 1e3:8.2f} {cell[i]['busbw_GBps']:5.2f} {cell[i]['busbw_GBps'] / gloo:5.2f}x"
+                    f"{cell[i]['time_s'] * 1e6:10.1f} {cell[i]['busbw_GBps']:5.2f} {cell[i]['busbw_GBps'] / gloo:5.2f}x"
                     for i in impls
                 )
             )

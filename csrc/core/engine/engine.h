@@ -7,6 +7,12 @@
 //   executor queue --> executor thread runs reducers, completes OpStates
 //   --> poll()/wait() through handles.
 //
+// A small unit (kInlineUnitBytes) skips the executor queue when the
+// executor is idle: the control thread runs it at once, saving the op one
+// thread hand-off; so a cached small op whose peers are all ready pays two
+// wake-ups in all (the control thread's, then the caller's). Every op's
+// hand-off times are logged (op_timing.h, latencyLog()).
+//
 // Negotiation, per set and cycle, takes one of two paths:
 //  * the steady state (Romero et al., NSDI'22): every rank's pending ops
 //    are in the response cache, so a bitwise-AND all-reduce of the ranks'
