@@ -5,6 +5,7 @@
 # make sanitize the C++ unit tests under ASan+UBSan (build/asan) and TSan (build/tsan)
 # make fuzz     long fuzzing: many seeds of op sequences, and the control-plane decoder for FUZZ_SECONDS
 # make soak     20,000 DistributedModel steps and 1,000 init()/shutdown() cycles, nothing may grow
+# make bench-training  hvdtorch vs Horovod 0.28.1, DDP and solo, training img/s under mpirun and torchrun (not part of make test)
 
 # make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
 # make format apply clang-format (csrc) and ruff's import sorting and formatter
@@ -28,7 +29,7 @@ LINT_BUILD_DIR := build/lint
 CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
-.PHONY: all build test test-cpp test-py test-fuzz-wire demo mutants sanitize fuzz soak scale test-asan test-tsan clean system-deps lint \
+.PHONY: all build test test-cpp test-py test-fuzz-wire demo bench-training mutants sanitize fuzz soak scale test-asan test-tsan clean system-deps lint \
         format lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
 all: build
@@ -123,6 +124,13 @@ FORCE:
 
 demo: build
 	$(PY) examples/demo.py
+
+# Builds Horovod into build/horovod-venv first (cached; minutes the first time).
+BENCH_ROUNDS ?= 5
+BENCH_ITERS ?= 12
+bench-training: build
+	benchmarks/peers/build_horovod.sh
+	benchmarks/run_training.sh --rounds $(BENCH_ROUNDS) --iters $(BENCH_ITERS)
 
 # Builds its own copy of the tree under build/mutants (ccache keeps that cheap);
 # MUTANTS_ARGS takes mutation ids or options, e.g. MUTANTS_ARGS="-j2 ring-*".

@@ -29,7 +29,7 @@ for round in $(seq 1 "$rounds"); do
        --out "$dir" | tail -n 12)
     for setting in comm compute; do
       (cd "$tree" && OMP_NUM_THREADS=1 PYTHONPATH=$tree "$py" -m torch.distributed.run --nproc_per_node=2 \
-         benchmarks/googlenet.py --setting "$setting" --configs solo,auto:P+F --iters 12 --out "$dir" \
+         benchmarks/googlenet.py --setting "$setting" --configs solo,auto:P+F --rounds 1 --iters 12 --out "$dir" \
          2>&1 | grep img/s)
     done
   done

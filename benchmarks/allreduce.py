@@ -5,6 +5,7 @@ processes of the same mpirun job.
     python benchmarks/allreduce.py                      # 2 and 4 ranks, 4 KiB .. 256 MiB
     python benchmarks/allreduce.py --ranks 2 --max-bytes 64M --reps 5
     python benchmarks/allreduce.py --horovod ...         # Horovod 0.28.1 in the same job
+    python benchmarks/allreduce.py --ranks 2 --breakdown 2000   # where a 4 KiB all-reduce's time goes
 
 --horovod adds Horovod's allreduce_ (its MPI operations) to the same
 processes: the ranks then run the Python of the venv that
@@ -14,7 +15,11 @@ tree on PYTHONPATH).
 Prints, per world size and message size, the median time of --reps runs,
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' definitions),
 and each implementation's busbw ratio to Gloo; writes CSV and a PNG plot to
---out. Also prints this machine's memcpy bandwidth, the physical reference:
+--out. --breakdown N runs N 4 KiB all-reduces (reducer auto, a barrier before each)
+and prints, per rank, the median of each hand-off phase the engine stamps
+(csrc/core/engine/op_timing.h) next to MPI_Allreduce's time in the same job.
+
+Also prints this machine's memcpy bandwidth, the physical reference:
 a shared-memory all-reduce moves about 2(n-1)/n of the buffer through memory
 per rank, plus the reduction.
 """
@@ -46,6 +51,61 @@ def sizes(min_bytes: int, max_bytes: int):
         b *= 4
 
 
+BREAKDOWN_PHASES = [
+    "python",  # hvd.allreduce_ up to the binding, and from the binding's return
+    "binding",
+    "control_wake",
+    "negotiate",
+    "executor_wake",
+    "copy_in",
+    "reduce",
+    "finish",
+    "waiter_wake",
+]
+
+
+def breakdown(hvd, comm, MPI, reps):
+    """Median microseconds of every phase of a 4 KiB all-reduce on this rank,
+    plus the whole op and MPI_Allreduce of the same buffer (same loop)."""
+    import torch
+
+    x = torch.ones(1024, dtype=torch.float32)
+    name = "breakdown.4096"
+    for _ in range(50):  # warm-up: negotiation, response cache, reducer choice
+        hvd.allreduce_(x, op=hvd.Sum, name=name)
+    hvd.runtime.state().engine.latency_phases(clear=True)
+    totals = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter_ns()
+        hvd.allreduce_(x, op=hvd.Sum, name=name)
+        totals.append(time.perf_counter_ns() - t0)
+    phases = hvd.runtime.state().engine.latency_phases(clear=True)
+    engine_ns = [sum(v[i] for k, v in phases.items()) for i in range(len(totals))]
+    phases["python"] = [t - e for t, e in zip(totals, engine_ns)]
+    out = {k: statistics.median(v) / 1e3 for k, v in phases.items()}
+    out["total"] = statistics.median(totals) / 1e3
+    buf = x.numpy()
+    mpi = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter_ns()
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        mpi.append(time.perf_counter_ns() - t0)
+    out["mpi_allreduce"] = statistics.median(mpi) / 1e3
+    return out
+
+
+def print_breakdown(per_rank):
+    print("\n4 KiB all-reduce, median microseconds per phase")
+    print(f"{'phase':>15} " + " ".join(f"{'rank ' + str(r):>9}" for r in range(len(per_rank))))
+    for k in BREAKDOWN_PHASES + ["total", "mpi_allreduce"]:
+        print(f"{k:>15} " + " ".join(f"{m[k]:9.1f}" for m in per_rank))
+    slowest = max(m["total"] for m in per_rank)
+    mpi = max(m["mpi_allreduce"] for m in per_rank)
+    print(f"slowest rank's total / MPI_Allreduce: {slowest / mpi:.1f}x")
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
@@ -64,6 +124,13 @@ def worker(args):
     rank, n = hvd.rank(), hvd.size()
     assert comm.Get_rank() == rank and comm.Get_size() == n
     rows = []
+    if args.breakdown:
+        per_rank = comm.gather(breakdown(hvd, comm, MPI, args.breakdown), root=0)
+        if rank == 0:
+            print_breakdown(per_rank)
+            print("ROWS []", flush=True)
+        hvd.shutdown()
+        return
 
     def timed(fn, reps):
         fn()  # warm-up (and, for hvdtorch, negotiation + response cache)
@@ -155,6 +222,7 @@ def main():
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     p.add_argument("--horovod", action="store_true", help="also Horovod 0.28.1 (benchmarks/peers/build_horovod.sh)")
+    p.add_argument("--breakdown", type=int, default=0, metavar="N", help="phases of N 4 KiB all-reduces instead")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -173,27 +241,36 @@ def main():
         os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT
     )
     for n in [int(v) for v in args.ranks.split(",")]:
-        cmd = [
-            "mpirun",
-            "--oversubscribe",
-            "-np",
-            str(n),
-            rank_python,
-            os.path.abspath(__file__),
-            "--worker",
-            "--min-bytes",
-            str(args.min_bytes),
-            "--max-bytes",
-            str(args.max_bytes),
-            "--reps",
-            str(args.reps),
-        ] + (["--horovod"] if args.horovod else [])
+        cmd = (
+            [
+                "mpirun",
+                "--oversubscribe",
+                "-np",
+                str(n),
+                rank_python,
+                os.path.abspath(__file__),
+                "--worker",
+                "--min-bytes",
+                str(args.min_bytes),
+                "--max-bytes",
+                str(args.max_bytes),
+                "--reps",
+                str(args.reps),
+            ]
+            + (["--horovod"] if args.horovod else [])
+            + (["--breakdown", str(args.breakdown)] if args.breakdown else [])
+        )
         print(f"$ {' '.join(cmd[:4])} python benchmarks/allreduce.py --worker ...", flush=True)
         out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if out.returncode != 0:
             raise SystemExit(f"benchmark with {n} ranks failed (exit {out.returncode})")
+        if args.breakdown:
+            print(out.stdout[: out.stdout.find("ROWS ")], end="")
+            continue
         rows += json.loads(next(line for line in out.stdout.splitlines() if line.startswith("ROWS "))[5:])
 
+    if args.breakdown:
+        return
     csv_path = os.path.join(args.out, "allreduce.csv")
     with open(csv_path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -201,15 +278,15 @@ def main():
         w.writerows(rows)
     impls = [f"hvdtorch-{r}" for r in HVD_REDUCERS] + ["gloo", "mpi"] + (["horovod"] if args.horovod else [])
     for n in sorted({r["ranks"] for r in rows}):
-        print(f"\n{n} ranks: median time (ms) / busbw (GB/s) / busbw ratio to gloo")
-        print(f"{'bytes':>10} " + " ".join(f"{i.replace('hvdtorch-', 'hvd-'):>21}" for i in impls))
+        print(f"\n{n} ranks: median time (us) / busbw (GB/s) / busbw ratio to gloo")
+        print(f"{'bytes':>10} " + " ".join(f"{i.replace('hvdtorch-', 'hvd-'):>23}" for i in impls))
         for nbytes in sorted({r["bytes"] for r in rows if r["ranks"] == n}):
             cell = {r["impl"]: r for r in rows if r["ranks"] == n and r["bytes"] == nbytes}
             gloo = cell["gloo"]["busbw_GBps"]
             print(
                 f"{nbytes:>10} "
                 + " ".join(
-                    f"{cell[i]['time_s'] * 1e3:8.2f} {cell[i]['busbw_GBps']:5.2f} {cell[i]['busbw_GBps'] / gloo:5.2f}x"
+                    f"{cell[i]['time_s'] * 1e6:10.1f} {cell[i]['busbw_GBps']:5.2f} {cell[i]['busbw_GBps'] / gloo:5.2f}x"
                     for i in impls
                 )
             )

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hvdtorch as hvd  # noqa: E402
-from hvdtorch.models import GoogLeNet  # noqa: E402
+from benchmarks.workloads import googlenet  # noqa: E402
 
 
 def main():
@@ -30,9 +30,9 @@ def main():
     torch.set_num_threads(1)
     hvd.init()
     torch.manual_seed(0)
-    bare = GoogLeNet(num_classes=25)
+    bare = googlenet(25)
     torch.manual_seed(0)
-    wrapped = hvd.DistributedModel(GoogLeNet(num_classes=25))
+    wrapped = hvd.DistributedModel(googlenet(25))
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     y = torch.randint(0, 25, (args.batch_size,))
     opts = {m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in (bare, wrapped)}

@@ -3,7 +3,10 @@
 # the fusion sweep at 2 ranks, then the plots and tables. The benchmark script
 # is the same under both launchers.
 #   benchmarks/run_suite.sh torchrun|mpirun [--data DIR] [--ranks "1 2 3 4"] [--settings "compute small comm fusion"]
-#                          [--repeats K]
+#                          [--rounds R] [--iters N] [--configs LIST]
+# benchmarks/googlenet.py's options pass through; the configurations default to
+# every reducer with P+F, the P/F ablation of auto, DDP and solo. The
+# headline table against Horovod is benchmarks/run_training.sh.
 # Only the settings named are (re)measured; results of the others are kept.
 # Results: benchmarks/results/<launcher>/{compute,small,comm,fusion}.jsonl, *.png, summary.md
 set -euo pipefail
@@ -11,10 +14,12 @@ cd "$(dirname "$0")/.."
 LAUNCHER=${1:?usage: run_suite.sh torchrun|mpirun [options]}; shift
 PY=${PY:-.venv/bin/python}
 RANKS="1 2 3 4"; SETTINGS="compute small comm fusion"; EXTRA=()
+CONFIGS=solo,ddp,auto:P+F,node:P+F,ring:P+F,central:P+F,native:P+F,auto:none,auto:P,auto:F
 while [ $# -gt 0 ]; do
   case "$1" in
     --ranks) RANKS="$2"; shift 2 ;;
     --settings) SETTINGS="$2"; shift 2 ;;
+    --configs) CONFIGS="$2"; shift 2 ;;
     *) EXTRA+=("$1"); shift ;;
   esac
 done
@@ -36,7 +41,7 @@ for setting in $SETTINGS; do
   rm -f "$OUT/$setting.jsonl"
   for n in $RANKS; do
     echo "== $setting, $n rank(s), $LAUNCHER"
-    launch "$n" --setting "$setting" --out "$OUT" ${EXTRA[@]+"${EXTRA[@]}"}
+    launch "$n" --setting "$setting" --configs "$CONFIGS" --out "$OUT" ${EXTRA[@]+"${EXTRA[@]}"}
   done
 done
 if [[ " $SETTINGS " == *" fusion "* ]]; then

@@ -4,9 +4,14 @@
     mpirun -np 2 python examples/train.py --data /path/to/imagefolder
 
 Synthetic data by default, or an ImageFolder directory of JPEGs (--data).
-Each rank trains on its own shard; rank 0 shows progress and, at the end,
-the throughput in images per second (after warm-up). With --json the result
-is also printed as one JSON line for scripts.
+Each rank trains on its own shard (DistributedSampler); rank 0 shows a tqdm
+progress bar and, at the end, the throughput in images per second (after
+warm-up). With --json the result is also printed as one JSON line for scripts.
+
+The model and the data reader are not part of hvdtorch: they come from
+benchmarks/workloads/, which uses torchvision's GoogLeNet and ImageFolder
+where torchvision imports and its own identical definitions where it does
+not. In your own script, use your model and DataLoader instead.
 """
 
 import argparse
@@ -18,10 +23,12 @@ import time
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 import hvdtorch as hvd
-from hvdtorch.data import batches
-from hvdtorch.models import GoogLeNet
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+from benchmarks.workloads import googlenet, googlenet_source, image_batches  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -46,16 +53,17 @@ def main(argv=None):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(0)
-    model = GoogLeNet(num_classes=args.num_classes, stem="imagenet" if args.image_size >= 64 else "small")
+    model = googlenet(num_classes=args.num_classes)
     model = hvd.DistributedModel(
         model, reducer=args.reducer, fusion_bytes=args.fusion_bytes, pipeline=not args.no_pipeline
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
 
-    data = batches(args.data, args.image_size, args.batch_size, args.num_classes, rank, size)
+    data = image_batches(args.data, args.image_size, args.batch_size, args.num_classes, rank, size)
     step_times = []
-    for step in range(args.warmup + args.steps):
+    bar = tqdm(range(args.warmup + args.steps), unit="step", disable=rank != 0 or None)  # None: off without a terminal
+    for step in bar:
         t0 = time.perf_counter()
         x, y = next(data)
         loss = F.cross_entropy(model(x), y)
@@ -65,11 +73,8 @@ def main(argv=None):
         dt = time.perf_counter() - t0
         if step >= args.warmup:
             step_times.append(dt)
-        if rank == 0 and sys.stdout.isatty():
-            done = step + 1
-            total = args.warmup + args.steps
-            bar = "#" * (30 * done // total)
-            print(f"\r[{bar:<30}] step {done}/{total} loss {loss.item():.3f}", end="", flush=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+    bar.close()
     # Throughput of the job: every rank does the same steps, so use the
     # slowest rank's median step time.
     median = statistics.median(step_times)
@@ -85,10 +90,9 @@ def main(argv=None):
         "fusion_bytes": args.fusion_bytes,
         "pipeline": not args.no_pipeline,
         "launcher": hvd.runtime.state().launcher,
+        "model": googlenet_source(),
     }
     if rank == 0:
-        if sys.stdout.isatty():
-            print()
         print(
             f"GoogLeNet {args.image_size}px, {size} rank(s) x batch {args.batch_size}: "
             f"{result['img_per_s']:.1f} img/s (median step {slowest * 1000:.0f} ms), loss {loss.item():.3f}"

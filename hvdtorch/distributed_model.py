@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from . import _C, ops, runtime
+from . import _C, autotune, ops, runtime
 from .buckets import complete_order, plan_buckets
 from .compression import Compression
 from .step_marks import StepMarks
@@ -80,7 +80,10 @@ class DistributedModel(torch.nn.Module):
         self._params = params
         self._fusion_bytes = int(fusion_bytes)
         self._first_bucket_bytes = int(first_bucket_bytes)
-        layout = plan_buckets(params, reversed(range(len(params))), self._fusion_bytes, self._first_bucket_bytes)
+        # The order buckets are filled in: reverse registration order until
+        # the ranks agree on the observed one.
+        self._order = list(reversed(range(len(params))))
+        layout = plan_buckets(params, self._order, self._fusion_bytes, self._first_bucket_bytes)
         f = float(gradient_predivide_factor)
         # Names every bucket's all-reduce: models must be built in the same order on every rank.
         self._name = name or f"model{next(_instance_ids)}"
@@ -107,10 +110,20 @@ class DistributedModel(torch.nn.Module):
             rebuild_buckets and self._fusion_bytes > 0 and self._process_set.size() > 1 and len(params) > 1
         )
         self._marks = StepMarks(st.engine, self._name)
+        # HVDTORCH_AUTOTUNE: tunes this model's bucket cap (autotune.py).
+        self._autotune = (
+            autotune.attach(self._name, params, self._set_fusion_bytes, process_set)
+            if self._fusion_bytes > 0 and params
+            else None
+        )
 
     def forward(self, *args, **kwargs):
-        if self._rebuild_pending and torch.is_grad_enabled():
-            self._maybe_rebuild()
+        if torch.is_grad_enabled():
+            if self._rebuild_pending:
+                self._maybe_rebuild()
+            # Step boundaries count once the bucket order is agreed.
+            if self._autotune is not None and not self._rebuild_pending:
+                self._autotune.step_boundary()
         return self._marks.forward(lambda: self.module(*args, **kwargs))
 
     def _maybe_rebuild(self):
@@ -137,8 +150,17 @@ class DistributedModel(torch.nn.Module):
         if not bool(agreed.all()):
             return
         self._rebuild_pending = False
-        agreed = (agreed - 1).tolist()
-        self._reducer.rebuild(plan_buckets(self._params, agreed, self._fusion_bytes, self._first_bucket_bytes))
+        self._order = (agreed - 1).tolist()
+        self._reducer.rebuild(plan_buckets(self._params, self._order, self._fusion_bytes, self._first_bucket_bytes))
+
+    def _set_fusion_bytes(self, fusion_bytes: int) -> None:
+        """Rebuilds the buckets with a new cap (0: one gradient per bucket),
+        in the agreed order. Every rank must call it at the same step
+        boundary: bucket layouts must match across ranks."""
+        self._reducer.finalize()  # nothing of the last pass may land in the old buckets later
+        self._fusion_bytes = int(fusion_bytes)
+        first = min(self._first_bucket_bytes, self._fusion_bytes)
+        self._reducer.rebuild(plan_buckets(self._params, self._order, self._fusion_bytes, first))
 
     def sync_gradients(self) -> None:
         """Blocks until every gradient of the last backward pass is averaged

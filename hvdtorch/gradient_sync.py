@@ -75,8 +75,8 @@ class GradientSync:
         compression,
         backward_passes_per_step: int,
         sparse_as_dense: bool,
-        plan_layout: Callable[[List[torch.Tensor]], List[List[int]]],
-        fuse: bool,
+        plan_layout: Callable[[List[torch.Tensor], int], List[List[int]]],
+        fusion_bytes: int,
         reducer: Optional[str],
         process_set,
     ):
@@ -89,8 +89,9 @@ class GradientSync:
         self._compression = compression
         self._passes_per_step = int(backward_passes_per_step)
         self._sparse_as_dense = sparse_as_dense
-        self._plan_layout = plan_layout
-        self._fuse = fuse
+        self._plan_layout = plan_layout  # (dense parameters, fusion bytes) -> bucket layout
+        self._fusion_bytes = int(fusion_bytes)
+        self._fuse = self._fusion_bytes > 0  # fixed: autotune may change the cap, not whether buckets fuse
         self._reducer_kind = reducer or ""
         self._process_set = process_set  # an added set this rank is in, of more than one rank
         self._reducer = None
@@ -179,6 +180,14 @@ class GradientSync:
             self._passes_per_step = int(backward_passes_per_step)
         self._passes = 0
 
+    def set_fusion_bytes(self, fusion_bytes: int) -> None:
+        """New bucket cap (autotune). Every rank must call it at the same step
+        boundary, after synchronize(): bucket layouts must match across ranks."""
+        self._fusion_bytes = int(fusion_bytes)
+        if self._reducer is not None:
+            self._reducer.finalize()
+            self._reducer.rebuild(self._plan_layout([self._params[i] for i in self._dense], self._fusion_bytes))
+
     def synchronize(self) -> None:
         if self._sparse_dims is None:
             self._first_synchronize()
@@ -211,7 +220,7 @@ class GradientSync:
             self._reducer = _C.GradientReducer(
                 runtime.state().engine,
                 dense_params,
-                self._plan_layout(dense_params),
+                self._plan_layout(dense_params, self._fusion_bytes),
                 self._name,
                 self._reducer_kind,
                 self._op,

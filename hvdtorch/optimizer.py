@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from . import ops
+from . import autotune, ops
 from .buckets import plan_buckets
 from .compression import Compression
 from .gradient_sync import GradientSync
@@ -58,6 +58,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hvd_synchronized = False
         self._hvd_should_synchronize = True
         self._hvd_sync = None
+        self._hvd_autotune = None
         process_set = process_set or ops.global_process_set
         # As Horovod: on a rank outside the set, or in a set of one, nothing
         # is reduced and no hook is installed; it is the plain optimizer.
@@ -72,11 +73,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 compression,
                 backward_passes_per_step,
                 sparse_as_dense,
-                lambda dense: _layout(dense, groups, fusion_bytes),
-                fusion_bytes > 0,
+                lambda dense, fusion: _layout(dense, groups, fusion),
+                fusion_bytes,
                 reducer,
                 process_set,
             )
+            # HVDTORCH_AUTOTUNE tunes the bucket cap of fusion buckets, not of the caller's groups.
+            if groups is None and fusion_bytes > 0:
+                self._hvd_autotune = autotune.attach(name, trainable, self._hvd_sync.set_fusion_bytes, process_set)
 
     def synchronize(self):
         """Returns once every gradient of the backward passes so far is reduced."""
@@ -104,7 +108,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
             self.synchronize()
         self._hvd_synchronized = False
-        return super(self._hvd_class, self).step(closure)
+        result = super(self._hvd_class, self).step(closure)
+        if self._hvd_autotune is not None:
+            self._hvd_autotune.step_boundary()  # every gradient of this step is reduced
+        return result
 
     def zero_grad(self, set_to_none: bool = True):
         if self._hvd_sync is not None and self._hvd_sync.pending():

@@ -30,3 +30,19 @@ def test_unused_parameters_zero_filled_every_iteration(nranks):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_gradient_predivide_factor(nranks):
     run_ranks("tests.workers.training:check_gradient_predivide_factor", nranks, timeout=120)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_buckets_reduced_in_place_in_registered_memory(nranks):
+    run_ranks(
+        "tests.workers.training:check_buckets_reduced_in_place",
+        nranks,
+        timeout=120,
+        env={"HVDTORCH_FUSION_THRESHOLD": "0"},
+    )
+
+
+def test_plain_buckets_without_shared_memory():
+    run_ranks(
+        "tests.workers.training:check_no_registered_memory_without_shm", 2, timeout=120, env={"HVDTORCH_SHM": "0"}
+    )

@@ -19,7 +19,14 @@ venv=${HOROVOD_VENV:-$here/build/horovod-venv}
 version=0.28.1
 py=$venv/bin/python
 
+# What the benchmark ranks import besides torch and Horovod (the pins of
+# requirements-dev.txt): tqdm for progress bars, Pillow for --data.
+bench_deps() {
+  "$venv/bin/pip" install -q --disable-pip-version-check tqdm==4.70.1 pillow
+}
+
 if [ -x "$py" ] && "$py" -c "import horovod.torch as h; assert h.mpi_built() and h.gloo_built()" 2>/dev/null; then
+  bench_deps
   echo "horovod $version: already built in $venv"
   exit 0
 fi
@@ -29,6 +36,7 @@ python3 -m venv "$venv"
 # own dependencies without letting pip choose another torch.
 "$venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0 numpy mpi4py
 "$venv/bin/pip" install -q --disable-pip-version-check cloudpickle psutil pyyaml packaging cffi
+bench_deps
 
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "python_errors.h"
+#include "registered_tensor.h"
 #include "torch_tensor.h"
 
 namespace hvdtorch {
@@ -24,6 +25,16 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
   allreduce_.prescale = opts_.prescale;
   allreduce_.postscale = opts_.postscale;
   allreduce_.reducer = opts_.reducer;
+  // CPU buckets live in registered memory (see rebuild), which the node
+  // reducer reduces in place with no copy on the host -- better than any
+  // other reducer there, and between hosts it runs the ring. So `auto`
+  // means node when node can run; that depends on HVDTORCH_SHM alone, the
+  // same on every rank, so all ranks pick the same reducer.
+  const std::string& asked = opts_.reducer.empty() ? engine_->config().reducer : opts_.reducer;
+  const bool cpu = params_.empty() || params_.front().device().is_cpu();
+  if (parseReducer(asked) == kAutoReducer && opts_.op != ReduceOp::kAdasum && cpu &&
+      engine_->reducers().available(parseReducer("node")))
+    allreduce_.reducer = "node";
   allreduce_.fuse = opts_.fuse;
   allreduce_.process_set_id = opts_.process_set_id;
   const auto set = engine_->processSet(opts_.process_set_id);
@@ -89,7 +100,10 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
       b.offsets.push_back(total);
       total += params_[idx].numel();
     }
-    b.flat = at::zeros({total}, params_[members[0]].options().dtype(bucket_dtype).requires_grad(false));
+    // CPU buckets live in registered memory: the node reducer then reduces
+    // them in place (no copy through the node arena).
+    const at::TensorOptions options = params_[members[0]].options().dtype(bucket_dtype).requires_grad(false);
+    b.flat = options.device().is_cpu() ? registeredZeros(*engine_, total, bucket_dtype) : at::zeros({total}, options);
     next.push_back(std::move(b));
   }
   for (size_t i = 0; i < params_.size(); ++i)

@@ -23,7 +23,9 @@
 #include "ops/op_common.h"
 #include "ops/reducescatter.h"
 #include "python_errors.h"
+#include "registered_tensor.h"
 #include "torch_tensor.h"
+#include "transport/registered_memory.h"
 
 namespace py = pybind11;
 using namespace hvdtorch;
@@ -74,6 +76,7 @@ class PyEngine {
   int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                     const std::string& name, int op, double prescale, double postscale, const std::string& reducer,
                     int32_t process_set_id) {
+    const auto bound = OpTimes::now();
     ops::AllreduceOptions o;
     o.process_set_id = process_set_id;
     o.inputs = wrapAll(inputs, "allreduce", name, rank());
@@ -83,7 +86,9 @@ class PyEngine {
     o.postscale = postscale;
     o.reducer = reducer;
     o.name = name;
-    return ops::allreduce(*engine_, std::move(o));
+    const int64_t handle = ops::allreduce(*engine_, std::move(o));
+    engine_->state(handle)->times.bound = bound;
+    return handle;
   }
 
   int64_t allgather(const std::vector<at::Tensor>& inputs, const std::string& name, int32_t process_set_id) {
@@ -167,6 +172,7 @@ class PyEngine {
       if (done) break;
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
+    st->times.woken = OpTimes::now();
     engine_->release(handle);
     if (!st->error().empty()) throw CollectiveError(st->error());
     std::vector<at::Tensor> out;
@@ -210,6 +216,28 @@ class PyEngine {
 
   // Negotiation rounds so far (every process set): how many were settled by
   // the decentralized AND alone, how many went through a coordinator.
+  // The phases (op_timing.h) of the last ops waited for, in nanoseconds:
+  // {phase: [one value per op, oldest first]}, -1 where not stamped.
+  // clear=True forgets them afterwards.
+  py::dict latencyPhases(bool clear) {
+    const std::vector<OpPhases> log = engine_->latencyLog().snapshot();
+    if (clear) engine_->latencyLog().clear();
+    std::map<std::string, std::vector<int64_t>> cols;
+    for (const OpPhases& p : log) {
+      cols["binding"].push_back(p.binding);
+      cols["control_wake"].push_back(p.control_wake);
+      cols["negotiate"].push_back(p.negotiate);
+      cols["executor_wake"].push_back(p.executor_wake);
+      cols["copy_in"].push_back(p.copy_in);
+      cols["reduce"].push_back(p.reduce);
+      cols["finish"].push_back(p.finish);
+      cols["waiter_wake"].push_back(p.waiter_wake);
+    }
+    py::dict d;
+    for (auto& [k, v] : cols) d[py::str(k)] = v;
+    return d;
+  }
+
   py::dict negotiationStats() const {
     const Engine::NegotiationStats s = engine_->negotiationStats();
     py::dict d;
@@ -344,7 +372,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("link_kinds", &PyEngine::linkKinds)
       .def("cost_model", &PyEngine::costModel)
       .def("reducer_choices", &PyEngine::reducerChoices)
-      .def("negotiation_stats", &PyEngine::negotiationStats);
+      .def("negotiation_stats", &PyEngine::negotiationStats)
+      // Run-time settings for autotune (engine.h: when a change is safe).
+      .def("fusion_threshold", [](PyEngine& e) { return e.engine()->fusionThreshold(); })
+      .def("set_fusion_threshold", [](PyEngine& e, size_t bytes) { e.engine()->setFusionThreshold(bytes); })
+      .def("cycle_time_ms", [](PyEngine& e) { return e.engine()->cycleTime().count() / 1000.0; })
+      .def("set_cycle_time_ms", [](PyEngine& e, double ms) {
+        if (!(ms >= 0)) throw InvalidArgument(strCat("cycle time must be a non-negative number of ms, got ", ms));
+        e.engine()->setCycleTime(std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
+      })
+      // A zero-filled 1-D CPU tensor in registered memory (what
+      // DistributedModel's buckets use); plain memory where there is none.
+      .def("registered_zeros",
+           [](PyEngine& e, int64_t numel, py::object dtype) {
+             return registeredZeros(*e.engine(), numel, torch::python::detail::py_object_to_dtype(dtype));
+           })
+      // (own live buffers, mapped peer buffers); (0, 0) without registered memory.
+      .def("registered_stats", [](PyEngine& e) {
+        const auto& r = e.engine()->registered();
+        return r ? std::make_pair(r->ownBuffers(), r->peerMappings()) : std::make_pair(size_t(0), size_t(0));
+      })
+      .def("latency_phases", &PyEngine::latencyPhases, py::arg("clear") = false);
 
   py::class_<GradientReducer>(m, "GradientReducer")
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),
@@ -363,14 +411,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   // Validates the options (ValueError names a bad one) and returns what the
-  // Python side needs before the engine exists: the effective HVDTORCH_TIMEOUT
-  // in seconds (torch.distributed gets the same deadline) and
-  // HVDTORCH_HOSTNAME. Config is the one place knobs are parsed.
+  // Python side reads: the effective HVDTORCH_TIMEOUT in seconds
+  // (torch.distributed gets the same deadline), HVDTORCH_HOSTNAME and the
+  // autotune knobs. Config is the one place knobs are parsed.
   m.def("resolve_options", [](const std::map<std::string, std::string>& options) {
     const Config c = Config::load(options);
     py::dict d;
     d["timeout"] = std::chrono::duration<double>(c.timeout).count();
     d["hostname"] = c.hostname;
+    d["autotune"] = c.autotune;
+    d["autotune_log"] = c.autotune_log;
+    d["autotune_warmup_steps"] = c.autotune_warmup_steps;
+    d["autotune_steps_per_trial"] = c.autotune_steps_per_trial;
+    d["autotune_rounds"] = c.autotune_rounds;
     return d;
   });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

@@ -364,3 +364,56 @@ def check_gradient_predivide_factor():
         assert_params_close(model.module, ref, f"DistributedModel gradient_predivide_factor={f}")
         assert_params_close(net2, ref, f"DistributedOptimizer gradient_predivide_factor={f}")
     hvd.shutdown()
+
+
+def check_buckets_reduced_in_place():
+    """DistributedModel's buckets live in registered memory and the node
+    reducer reduces them in place: every rank maps its peers' buckets, and
+    training still equals the single-process reference."""
+    from hvdtorch import runtime
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    engine = runtime.state().engine
+    torch.manual_seed(0)
+    base = Net()
+    ref = train_reference(copy.deepcopy(base), "sgd", n)
+    model = hvd.DistributedModel(copy.deepcopy(base), fusion_bytes=1 << 10, first_bucket_bytes=300)
+    opt = make_opt("sgd", model.parameters())
+    for s in range(STEPS):
+        x, y = batch(s, n)
+        opt.zero_grad()
+        F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+        opt.step()
+    assert_params_close(model.module, ref, "DistributedModel with registered buckets")
+    buckets = len(model.bucket_bytes())
+    own, peers = engine.registered_stats()
+    assert buckets > 1, f"the model should have several buckets, got {buckets}"
+    assert own >= buckets, f"rank {r}: {own} registered buffers for {buckets} buckets"
+    # The engine fuses nothing here (HVDTORCH_FUSION_THRESHOLD=0), so every
+    # bucket ran alone, in place: this rank maps each peer's buckets, and the
+    # buckets before the first-iteration rebuild no more (freed by their owner).
+    assert peers == buckets * (n - 1), f"rank {r}: {peers} peer buffers mapped, want {buckets * (n - 1)}"
+    del model, opt
+    hvd.shutdown()
+
+
+def check_no_registered_memory_without_shm():
+    """HVDTORCH_SHM=0: no registered memory; buckets are plain tensors."""
+    from hvdtorch import runtime
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    assert runtime.state().engine.registered_stats() == (0, 0)
+    torch.manual_seed(0)
+    base = Net()
+    ref = train_reference(copy.deepcopy(base), "sgd", n, steps=2)
+    model = hvd.DistributedModel(copy.deepcopy(base), fusion_bytes=1 << 10)
+    opt = make_opt("sgd", model.parameters())
+    for s in range(2):
+        x, y = batch(s, n)
+        opt.zero_grad()
+        F.cross_entropy(model(shard(x, r)), shard(y, r)).backward()
+        opt.step()
+    assert_params_close(model.module, ref, "DistributedModel without shared memory")
+    hvd.shutdown()

@@ -6,6 +6,7 @@
 #include "algorithms/arena_reduce_scatter.h"
 #include "algorithms/reduce_kernels.h"
 #include "common/error.h"
+#include "transport/registered_memory.h"
 #include "transport/shm_arena.h"
 
 namespace hvdtorch {
@@ -83,22 +84,55 @@ void NodeAllreduce::reduceChunk(Context& ctx, char* data, size_t count, DataType
   const int local = t.local_size;
   const int set = static_cast<int>(chunks_++ % 2);
 
-  // 1. Reduce-scatter inside the host: local rank j reduces slice j of the
-  //    chunk (the slot holds the chunk in its own layout).
-  std::vector<ArenaPart> parts(local);
+  // 1. Publish where this chunk is: in a registered buffer, or copied into
+  //    this rank's slot (the slot holds the chunk in its own layout).
+  RegisteredRef where;
+  const bool registered = opts_.registered && opts_.registered->find(data, count * esize, &where);
+  a.source(me) = registered ? where : RegisteredRef{};
+  if (registered) ++in_place_chunks_;
+  if (!registered) std::memcpy(a.slot(set, me), data, count * esize);
+  a.barrier(ctx.deadline(), "after copy-in");
+
+  // The chunk of every local rank, wherever it lives.
+  std::vector<char*> chunk_of(local);
+  std::vector<bool> in_place(local);
+  bool any_copied = false;
+  for (int j = 0; j < local; ++j) {
+    const RegisteredRef ref = a.source(j);
+    in_place[j] = ref.id != 0;
+    if (j == me) {
+      chunk_of[j] = registered ? data : a.slot(set, me);
+    } else if (in_place[j]) {
+      if (!opts_.registered)
+        throw CollectiveError(strCat("rank ", t.rank, ": local rank ", j,
+                                     " reduces a registered buffer but this rank has no registered memory"));
+      chunk_of[j] = opts_.registered->peerBuffer(ref, ctx.deadline()) + ref.offset;
+    } else {
+      chunk_of[j] = a.slot(set, j);
+    }
+    any_copied = any_copied || !in_place[j];
+  }
+
+  // 2. Local rank `me` reduces slice `me` of every chunk into its own chunk
+  //    (the registered buffer itself, or its slot), then across hosts.
+  const Range mine = evenSplit(count, local, me);
+  const size_t at = mine.offset * esize;
+  char* result = chunk_of[me] + at;
+  for (int j = 0; j < local; ++j)
+    if (j != me && mine.count > 0) reduceInto(result, chunk_of[j] + at, mine.count, dtype, op);
+  if (t.cross_size > 1) ring_.allreduceAmong(ctx, t.cross_ranks, result, mine.count, dtype, op);
+
+  // 3. Deliver: straight into every registered peer's buffer; into this
+  //    rank's slot too when some rank copies its result out of the slots.
+  for (int j = 0; j < local; ++j)
+    if (j != me && in_place[j] && mine.count > 0) std::memcpy(chunk_of[j] + at, result, mine.count * esize);
+  if (registered && any_copied && mine.count > 0) std::memcpy(a.slot(set, me) + at, result, mine.count * esize);
+  a.barrier(ctx.deadline(), "after reduce");
+  if (registered) return;
   for (int j = 0; j < local; ++j) {
     const Range r = evenSplit(count, local, j);
-    parts[j] = ArenaPart{r.offset, r.offset, r.count};
+    std::memcpy(data + r.offset * esize, a.slot(set, j) + r.offset * esize, r.count * esize);
   }
-  char* mine = arenaReduceScatter(a, set, data, parts, dtype, op, ctx.deadline());
-
-  // 2. Across hosts, among the ranks holding the same slice.
-  if (t.cross_size > 1) ring_.allreduceAmong(ctx, t.cross_ranks, mine, parts[me].count, dtype, op);
-
-  // 3. All-gather inside the host: every slice from its owner's slot.
-  a.barrier(ctx.deadline(), "after reduce");
-  for (int j = 0; j < local; ++j)
-    std::memcpy(data + parts[j].from * esize, a.slot(set, j) + parts[j].at * esize, parts[j].count * esize);
 }
 
 bool NodeAllreduce::hasReduceScatter(const Context& ctx) const {

@@ -24,6 +24,15 @@
 // first barrier of chunk k+2, which reuses the set, orders it). The
 // alternation runs across calls for the same reason. Two barriers per chunk.
 //
+// Registered buffers (registered_memory.h): when this rank's data lies in a
+// registered buffer, step 1 skips the copy-in (the rank publishes where the
+// buffer is in its arena source record; peers reduce from it in place),
+// local rank i reduces slice i straight in that buffer, and step 3 becomes
+// "local rank i writes its reduced slice into every registered peer's
+// buffer" -- no copy out. Ranks with plain buffers keep the copy path in the
+// same round (a registered rank then also leaves its slice in its slot for
+// them), so mixing both kinds is correct, only slower.
+//
 // The arena is created on the first call and reused ("register once"): its
 // size is 2 x local_size x slot_bytes; any count works, larger ones are done
 // in chunks. With one host this is a pure shared-memory all-reduce; with one
@@ -49,6 +58,7 @@
 
 namespace hvdtorch {
 
+class RegisteredMemory;
 class ShmArena;
 
 struct NodeOptions {
@@ -58,6 +68,8 @@ struct NodeOptions {
   std::string shm_prefix;
   size_t slot_bytes = size_t(4) << 20;  // per local rank and buffer set
   RingOptions ring;                     // the cross-host phase
+  // This process's registered buffers; null: every buffer takes the copy path.
+  std::shared_ptr<RegisteredMemory> registered;
 };
 
 class NodeAllreduce : public Reducer {
@@ -69,6 +81,8 @@ class NodeAllreduce : public Reducer {
   // One host with several ranks: the reduce-scatter runs in shared memory.
   bool hasReduceScatter(const Context& ctx) const override;
   void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype, ReduceOp op) override;
+  // Chunks this rank reduced in place in a registered buffer (no copy in or out).
+  uint64_t inPlaceChunks() const { return in_place_chunks_; }
 
  private:
   ShmArena& arena(Context& ctx);
@@ -84,7 +98,8 @@ class NodeAllreduce : public Reducer {
   std::unique_ptr<ShmArena> arena_;
   int arena_rank_ = -1;  // the global rank the arena was made for
   uint64_t chunks_ = 0;  // chunks done in this arena; its parity picks the buffer set
-  std::string broken_;   // set after a failure: later calls throw it
+  uint64_t in_place_chunks_ = 0;
+  std::string broken_;  // set after a failure: later calls throw it
 };
 
 }  // namespace hvdtorch

@@ -18,7 +18,7 @@ const std::vector<ReducerEntry>& reducerRegistry() {
       {"node",
        [](const ReducerEnv& env) -> std::unique_ptr<Reducer> {
          if (env.shm_prefix.empty()) return nullptr;
-         return std::make_unique<NodeAllreduce>(NodeOptions{env.shm_prefix, size_t(4) << 20, env.ring});
+         return std::make_unique<NodeAllreduce>(NodeOptions{env.shm_prefix, size_t(4) << 20, env.ring, env.registered});
        },
        "the node reducer needs shared memory, which is off (HVDTORCH_SHM=0)", 20e-6, 0.5e-9, true, std::nullopt},
       {"central",

@@ -15,6 +15,8 @@
 
 namespace hvdtorch {
 
+class RegisteredMemory;
+
 // What the factories may use to build their reducer.
 struct ReducerEnv {
   RingOptions ring;
@@ -22,6 +24,9 @@ struct ReducerEnv {
   // Job-unique prefix for shared-memory segments (makeShmPrefix); empty when
   // shared memory is off (HVDTORCH_SHM=0) or the job has no token.
   std::string shm_prefix;
+  // The process's registered buffers, which the node reducer reduces in
+  // place; null: none.
+  std::shared_ptr<RegisteredMemory> registered;
 };
 
 struct ReducerEntry {

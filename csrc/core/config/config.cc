@@ -26,6 +26,13 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"TIMELINE", "", "Chrome-trace file written by rank 0 ({rank} in the path: every rank); empty: off"},
       {"CALIBRATE", "1", "time the reducers at 4-64 KiB at init for reducer=auto; 0 leaves that to the online timing"},
       {"HOSTNAME", "", "this rank's host identity (ranks with equal names share memory); empty: the real host name"},
+      {"AUTOTUNE", "0",
+       "tune the fusion threshold / bucket size and the cycle time over the first training steps by measured "
+       "throughput, then freeze the best"},
+      {"AUTOTUNE_LOG", "", "CSV file where rank 0 logs every autotune trial; empty: no log"},
+      {"AUTOTUNE_WARMUP_STEPS", "1", "steps run and not timed after each autotune switch of settings"},
+      {"AUTOTUNE_STEPS_PER_TRIAL", "5", "timed steps per autotune trial (the trial's score is their median)"},
+      {"AUTOTUNE_ROUNDS", "2", "times autotune measures each candidate, in alternating order (its score: the median)"},
   };
   return k;
 }
@@ -86,6 +93,17 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     hostname = v;
   } else if (key == "CALIBRATE") {
     calibrate = toBool(key, v);
+  } else if (key == "AUTOTUNE") {
+    autotune = toBool(key, v);
+  } else if (key == "AUTOTUNE_LOG") {
+    autotune_log = v;
+  } else if (key == "AUTOTUNE_WARMUP_STEPS") {
+    autotune_warmup_steps = static_cast<int>(toNumber(key, v));
+  } else if (key == "AUTOTUNE_STEPS_PER_TRIAL") {
+    autotune_steps_per_trial = static_cast<int>(toNumber(key, v));
+    if (autotune_steps_per_trial < 1) throw InvalidArgument("HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL must be at least 1");
+  } else if (key == "AUTOTUNE_ROUNDS") {
+    autotune_rounds = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "CENTRAL_SHARDS") {
     central_shards = std::max(1, static_cast<int>(toNumber(key, v)));
   } else {

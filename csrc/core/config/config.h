@@ -27,6 +27,12 @@ struct Config {
   bool calibrate = true;                                              // HVDTORCH_CALIBRATE
   std::string timeline;                                               // HVDTORCH_TIMELINE (path)
   std::string hostname;                                               // HVDTORCH_HOSTNAME (empty: the real one)
+  // Read by the Python tuner (hvdtorch/autotune.py), not by the engine.
+  bool autotune = false;             // HVDTORCH_AUTOTUNE
+  std::string autotune_log;          // HVDTORCH_AUTOTUNE_LOG (path; empty: no log)
+  int autotune_warmup_steps = 1;     // HVDTORCH_AUTOTUNE_WARMUP_STEPS
+  int autotune_steps_per_trial = 5;  // HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL
+  int autotune_rounds = 2;           // HVDTORCH_AUTOTUNE_ROUNDS
 
   struct Knob {
     std::string name;  // without the HVDTORCH_ prefix

@@ -8,6 +8,7 @@
 #include "engine/fusion.h"
 #include "transport/shm_link.h"
 #include "transport/shm_segment.h"
+#include "transport/shm_wait.h"
 
 namespace hvdtorch {
 
@@ -16,8 +17,9 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       timeline_(config_.timeline, topo.rank),
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native, config_.timeout),
-      reducers_(reducerEnv(config_, transports.shm_token, 0)),
-      executor_(data_ctx_, reducers_, timeline_),
+      registered_(makeRegistered(config_, topo, transports.shm_token)),
+      reducers_(reducerEnv(config_, transports.shm_token, 0, registered_)),
+      executor_(data_ctx_, reducers_, timeline_, registered_),
       control_(control_ctx_),
       shm_token_(transports.shm_token) {
   global_ = std::make_shared<ProcessSet>();
@@ -34,6 +36,13 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
     global_->coordinator = std::make_unique<Coordinator>(topo.size, config_.stall_warning, config_.timeout,
                                                          [this](const std::string& m) { warn(m); });
   sets_.emplace(0, global_);
+  fusion_threshold_ = config_.fusion_threshold;
+  cycle_time_us_ = config_.cycle_time.count();
+  // Shared-memory waits may spin a while when every rank of this host has
+  // a core of its own (shm_wait.h says why, and why not otherwise).
+  const unsigned cores = std::thread::hardware_concurrency();
+  setShmSpinBudget(cores != 0 && static_cast<unsigned>(topo.local_size) <= cores ? kShmSpinBudget
+                                                                                 : std::chrono::microseconds(0));
   // Every rank constructs its engine in init(), so this collective lines up.
   if (config_.calibrate) reducers_.calibrate(data_ctx_);
   control_thread_ = std::thread([this] { controlLoop(); });
@@ -42,8 +51,16 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
 
 Engine::~Engine() { shutdown(); }
 
-ReducerEnv Engine::reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id) {
+std::shared_ptr<RegisteredMemory> Engine::makeRegistered(const Config& config, const Topology& topo,
+                                                         const std::string& shm_token) {
+  if (!config.shm || shm_token.empty() || topo.local_size < 2) return nullptr;
+  return std::make_shared<RegisteredMemory>(makeShmPrefix(shm_token + "g"), topo.rank, topo.local_ranks);
+}
+
+ReducerEnv Engine::reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id,
+                              std::shared_ptr<RegisteredMemory> registered) {
   ReducerEnv env;
+  env.registered = std::move(registered);
   env.ring = RingOptions{config.ring_segment_bytes, config.ring_window};
   env.central = CentralOptions{config.central_shards, config.ring_segment_bytes};
   // Each set's node reducer has an arena of its own (its members only).
@@ -91,9 +108,9 @@ int32_t Engine::addProcessSet(std::vector<int> ranks) {
   if (ps->member()) {
     ps->own_control = Context::view(control_ctx_, ranks);
     ps->own_data = Context::view(data_ctx_, ranks);
-    ps->own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, id));
+    ps->own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, id, registered_));
     ps->own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
-    ps->own_executor = std::make_unique<Executor>(*ps->own_data, *ps->own_reducers, timeline_);
+    ps->own_executor = std::make_unique<Executor>(*ps->own_data, *ps->own_reducers, timeline_, registered_);
     ps->own_plane = std::make_unique<ControlPlane>(*ps->own_control);
     ps->control = ps->own_control.get();
     ps->data = ps->own_data.get();
@@ -159,7 +176,7 @@ int64_t Engine::submit(EntryPtr entry) {
   if (!ps->member())
     throw InvalidArgument(strCat("rank ", topo().rank, ": ", opTypeName(req.type), " '", req.name,
                                  "': ", ps->describe(), " does not include this rank"));
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.empty()) throw CollectiveError(strCat(req.describe(), ": ", failure_));
   if (shutdown_requested_ || stopped_)
     throw CollectiveError(strCat("rank ", topo().rank, ": hvdtorch has been shut down; call hvdtorch.init() again"));
@@ -181,7 +198,9 @@ int64_t Engine::submit(EntryPtr entry) {
   const int64_t handle = next_handle_++;
   handles_.emplace(handle, entry->state);
   timeline_.begin(req.name, "NEGOTIATE");
+  entry->state->times.submitted = OpTimes::now();
   incoming_.push_back(std::move(entry));
+  lock.unlock();  // the control thread wakes to take mu_: notify once it is free
   incoming_cv_.notify_one();
   return handle;
 }
@@ -194,8 +213,15 @@ std::shared_ptr<OpState> Engine::state(int64_t handle) {
 }
 
 void Engine::release(int64_t handle) {
-  std::lock_guard<std::mutex> lock(mu_);
-  handles_.erase(handle);
+  std::shared_ptr<OpState> st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(handle);
+    if (it == handles_.end()) return;
+    st = std::move(it->second);
+    handles_.erase(it);
+  }
+  if (st->done()) latency_.add(st->times);
 }
 
 void Engine::shutdown() {
@@ -268,7 +294,7 @@ void Engine::controlLoop() {
       bool waiting = others_busy_;
       for (const auto& ps : setsSnapshot()) waiting = waiting || ps->busy();
       std::unique_lock<std::mutex> lock(mu_);
-      const auto wait = waiting ? config_.cycle_time : std::chrono::duration_cast<std::chrono::microseconds>(kIdleWait);
+      const auto wait = waiting ? cycleTime() : std::chrono::duration_cast<std::chrono::microseconds>(kIdleWait);
       incoming_cv_.wait_for(lock, wait, [&] { return !incoming_.empty() || shutdown_requested_; });
     }
     try {
@@ -415,10 +441,12 @@ ResponseList Engine::starExchange(ProcessSet& ps, const RankMessage& msg) {
 
 std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list) {
   std::vector<ReadyOp> ready;
+  const auto negotiated = OpTimes::now();
   auto take = [&](const std::string& name) -> EntryPtr {
     auto it = ps.pending.find(name);
     if (it == ps.pending.end()) return nullptr;
     EntryPtr e = std::move(it->second);
+    e->state->times.negotiated = negotiated;
     ps.pending.erase(it);
     const int id = ps.cache->idOf(name);
     if (id >= 0) ps.cached_pending.erase(static_cast<uint32_t>(id));
@@ -463,6 +491,16 @@ EntryPtr Engine::makeStandIn(const Request& req) {
   return e;
 }
 
+bool Engine::runsInline(const WorkUnit& unit) {
+  if (!unit.error.empty()) return true;  // only fails its ops
+  switch (unit.type) {
+    case OpType::kAllreduce: return unit.bytes <= kInlineUnitBytes;
+    case OpType::kBarrier:
+    case OpType::kJoin: return true;  // no payload
+    default: return false;            // their size is not planned here
+  }
+}
+
 void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready) {
   if (ready.empty()) return;
   for (const auto& op : ready) {
@@ -470,10 +508,28 @@ void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<Ready
     timeline_.end(op.entry->request.name, "NEGOTIATE");
     timeline_.begin(op.entry->request.name, "QUEUE");
   }
-  std::vector<WorkUnit> units = planWork(ready, config_.fusion_threshold);
+  std::vector<WorkUnit> units = planWork(ready, fusionThreshold());
+  size_t next = 0;
+  // A small unit runs right here when the executor has nothing before it:
+  // that saves the op a thread hand-off (a wake-up and a context switch)
+  // worth more than the unit itself. Order is kept, because the executor
+  // is idle and its queue empty, and only this thread queues. Large units
+  // go to the executor, so that the next cycle's negotiation overlaps them.
+  while (next < units.size() && runsInline(units[next])) {
+    {
+      std::lock_guard<std::mutex> lock(exec_mu_);
+      if (!exec_queue_.empty() || exec_busy_) break;
+      exec_busy_ = true;
+    }
+    QueuedUnit item{ps, std::move(units[next++])};
+    runUnit(item);
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    exec_busy_ = false;
+  }
+  if (next == units.size()) return;
   {
     std::lock_guard<std::mutex> lock(exec_mu_);
-    for (auto& u : units) exec_queue_.push_back({ps, std::move(u)});
+    for (; next < units.size(); ++next) exec_queue_.push_back({ps, std::move(units[next])});
   }
   exec_cv_.notify_one();
 }
@@ -486,6 +542,8 @@ void Engine::runCycle() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(incoming_);
+    const auto picked = OpTimes::now();
+    for (auto& e : fresh) e->state->times.picked = picked;
     msg.shutdown = shutdown_requested_ || !failure_.empty();
     msg.failure = failure_;
   }
@@ -558,31 +616,40 @@ void Engine::executorLoop() {
       if (exec_queue_.empty()) return;  // stop requested and everything drained
       item = std::move(exec_queue_.front());
       exec_queue_.pop_front();
+      exec_busy_ = true;
     }
-    WorkUnit& unit = item.unit;
-    std::string failure;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      failure = failure_;
+    runUnit(item);
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    exec_busy_ = false;
+  }
+}
+
+void Engine::runUnit(QueuedUnit& item) {
+  WorkUnit& unit = item.unit;
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure = failure_;
+  }
+  const Request& req = unit.pieces.front().entry->request;
+  const int me = data_ctx_.rank();
+  try {
+    if (!failure.empty()) {
+      for (auto& p : unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", failure));
+      return;
     }
-    const Request& req = unit.pieces.front().entry->request;
-    const int me = data_ctx_.rank();
-    try {
-      if (!failure.empty()) {
-        for (auto& p : unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", failure));
-        continue;
-      }
-      item.set->executor->run(unit);
-    } catch (const InvalidArgument& e) {
-      for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", me, ": ", e.what()));
-    } catch (const std::exception& e) {
-      const std::string in_set = item.set->id == 0 ? "" : " in " + item.set->describe();
-      const std::string why =
-          strCat("rank ", me, ": ", opTypeName(unit.type), " '", req.name, "'", in_set, " failed: ", e.what());
-      for (auto& p : unit.pieces) p.entry->state->fail(why);
-      failEverything(why);
-      incoming_cv_.notify_all();  // the control thread tells the other ranks
-    }
+    const auto started = OpTimes::now();
+    for (auto& p : unit.pieces) p.entry->state->times.started = started;
+    item.set->executor->run(unit);
+  } catch (const InvalidArgument& e) {
+    for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", me, ": ", e.what()));
+  } catch (const std::exception& e) {
+    const std::string in_set = item.set->id == 0 ? "" : " in " + item.set->describe();
+    const std::string why =
+        strCat("rank ", me, ": ", opTypeName(unit.type), " '", req.name, "'", in_set, " failed: ", e.what());
+    for (auto& p : unit.pieces) p.entry->state->fail(why);
+    failEverything(why);
+    incoming_cv_.notify_all();  // the control thread tells the other ranks
   }
 }
 

@@ -7,6 +7,12 @@
 //   executor queue --> executor thread runs reducers, completes OpStates
 //   --> poll()/wait() through handles.
 //
+// A small unit (kInlineUnitBytes) skips the executor queue when the
+// executor is idle: the control thread runs it at once, saving the op one
+// thread hand-off; so a cached small op whose peers are all ready pays two
+// wake-ups in all (the control thread's, then the caller's). Every op's
+// hand-off times are logged (op_timing.h, latencyLog()).
+//
 // Negotiation, per set and cycle, takes one of two paths:
 //  * the steady state (Romero et al., NSDI'22): every rank's pending ops
 //    are in the response cache, so a bitwise-AND all-reduce of the ranks'
@@ -54,6 +60,7 @@
 #include "engine/coordinator.h"
 #include "engine/entry.h"
 #include "engine/executor.h"
+#include "engine/op_timing.h"
 #include "engine/process_set.h"
 #include "engine/response_cache.h"
 #include "timeline/timeline.h"
@@ -85,6 +92,7 @@ class Engine {
   int64_t submit(EntryPtr entry);
   // The state behind a handle (throws InvalidArgument for an unknown one).
   std::shared_ptr<OpState> state(int64_t handle);
+  // Forgets the handle; a finished op's timestamps go to latencyLog().
   void release(int64_t handle);
 
   // Stops this rank and, through the next cycle, every other rank. Pending
@@ -112,15 +120,33 @@ class Engine {
     uint64_t star = 0;
   };
   NegotiationStats negotiationStats() const { return {and_rounds_.load(), star_rounds_.load()}; }
+  // The hand-off phases of the last ops released after they finished
+  // (op_timing.h): what a small op's latency is made of.
+  LatencyLog& latencyLog() { return latency_; }
 
   const Topology& topo() const { return data_ctx_.topo(); }
+  // The config as loaded at init; the two settings below may since differ.
   const Config& config() const { return config_; }
+
+  // Run-time settings (autotune: hvdtorch/autotune.py). The fusion
+  // threshold decides which ops share a work unit, so every rank must change
+  // it at the same point of its op sequence with none of its own ops
+  // outstanding: an op is planned only once every rank submitted it, so then
+  // every rank plans it under the new value. The cycle time only paces this
+  // rank's control thread. Both are safe to call from any thread.
+  void setFusionThreshold(size_t bytes) { fusion_threshold_ = bytes; }
+  size_t fusionThreshold() const { return fusion_threshold_; }
+  void setCycleTime(std::chrono::microseconds t) { cycle_time_us_ = t.count(); }
+  std::chrono::microseconds cycleTime() const { return std::chrono::microseconds(cycle_time_us_.load()); }
   ReducerSet& reducers() { return reducers_; }
   const ReducerSet& reducers() const { return reducers_; }
   Context& dataContext() { return data_ctx_; }
   const Context& dataContext() const { return data_ctx_; }
   // Started and stopped at run time by hvd.start_timeline()/stop_timeline().
   Timeline& timeline() { return timeline_; }
+  // This rank's registered buffers (DistributedModel's buckets allocate
+  // there); null when shared memory is off or the job has no token.
+  const std::shared_ptr<RegisteredMemory>& registered() const { return registered_; }
 
  private:
   void controlLoop();
@@ -144,6 +170,8 @@ class Engine {
   std::chrono::milliseconds coordinatorGrace() const;
   // The ops `list` made ready in this set, as the fusion planner takes them.
   std::vector<ReadyOp> takeReady(ProcessSet& ps, const ResponseList& list);
+  // Plans the units and hands them to the executor, running small ones
+  // on this (the control) thread when the executor is idle.
   void queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready);
   // What a joined rank runs for an op it never submitted (Response::stand_in).
   static EntryPtr makeStandIn(const Request& req);
@@ -156,7 +184,10 @@ class Engine {
   std::shared_ptr<ProcessSet> findSet(int32_t id) const;
   void failEverything(const std::string& why);
   void warn(const std::string& msg);
-  static ReducerEnv reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id);
+  static ReducerEnv reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id,
+                               std::shared_ptr<RegisteredMemory> registered);
+  static std::shared_ptr<RegisteredMemory> makeRegistered(const Config& config, const Topology& topo,
+                                                          const std::string& shm_token);
   // Same-host links of one plane ("c" control, "d" data): shared memory
   // unless HVDTORCH_SHM=0 or no token was given.
   static Context::LinkFactory localLinks(const Config& config, const Topology& topo, const Transports& t,
@@ -166,6 +197,7 @@ class Engine {
   Timeline timeline_;
   Context control_ctx_;
   Context data_ctx_;
+  std::shared_ptr<RegisteredMemory> registered_;  // before reducers_ and executor_, which use it
   ReducerSet reducers_;
   Executor executor_;
   ControlPlane control_;
@@ -193,14 +225,31 @@ class Engine {
   std::chrono::steady_clock::time_point linger_until_{};
   std::atomic<uint64_t> and_rounds_{0};
   std::atomic<uint64_t> star_rounds_{0};
+  // Start as config_'s; read by the control thread every cycle.
+  std::atomic<size_t> fusion_threshold_{0};
+  std::atomic<int64_t> cycle_time_us_{0};
+  LatencyLog latency_;
 
   struct QueuedUnit {
     std::shared_ptr<ProcessSet> set;  // keeps a removed set alive until its last unit ran
     WorkUnit unit;
   };
+  // Runs one unit and finishes its ops; a transport error fails everything.
+  // Called by exactly one thread at a time: whoever set exec_busy_.
+  void runUnit(QueuedUnit& item);
+  // Units up to this size run on the control thread when the executor is
+  // idle (queueUnits): for them the hand-off costs more than the work.
+  static constexpr size_t kInlineUnitBytes = size_t(64) << 10;
+  static bool runsInline(const WorkUnit& unit);
+  // How long a shared-memory wait spins before it sleeps, when the host's
+  // ranks do not outnumber its cores: a little more than a small op's
+  // usual skew between two ranks, measured with benchmarks/allreduce.py
+  // --breakdown.
+  static constexpr std::chrono::microseconds kShmSpinBudget{20};
   std::mutex exec_mu_;
   std::condition_variable exec_cv_;
   std::deque<QueuedUnit> exec_queue_;
+  bool exec_busy_ = false;  // a unit is running (on the executor, or inline on the control thread)
   bool exec_stop_ = false;
 
   std::thread control_thread_;

@@ -79,7 +79,9 @@ void Executor::allreduce(WorkUnit& unit) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     copyScaled(out.data(), in.data(), count, dtype, args.prescale);
     mark(unit, collective, true);
+    p.entry->state->times.reduce_begun = OpTimes::now();
     if (ctx_.size() > 1) reducers_.allreduce(ctx_, reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
+    p.entry->state->times.reduce_ended = OpTimes::now();
     mark(unit, collective, false);
     copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
     finishPiece(p);

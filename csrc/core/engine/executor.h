@@ -12,8 +12,11 @@ namespace hvdtorch {
 
 class Executor {
  public:
-  Executor(Context& ctx, ReducerSet& reducers, Timeline& timeline)
-      : ctx_(ctx), reducers_(reducers), timeline_(timeline) {}
+  // `registered` (may be null): where the fusion buffer lives, so the node
+  // reducer reduces fused units in place.
+  Executor(Context& ctx, ReducerSet& reducers, Timeline& timeline,
+           std::shared_ptr<RegisteredMemory> registered = nullptr)
+      : ctx_(ctx), reducers_(reducers), timeline_(timeline), fusion_(std::move(registered)) {}
 
   // Runs one unit. Errors from the transport propagate (the engine then fails
   // everything: ranks may have diverged); errors carried by the unit itself

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "common/error.h"
+
 namespace hvdtorch {
 
 namespace {
@@ -58,9 +60,20 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
 void* FusionBuffer::reserve(size_t bytes) {
   if (bytes > capacity_) {
     const size_t cap = std::max(bytes, capacity_ * 2);
-    void* p = nullptr;
-    if (posix_memalign(&p, 64, cap) != 0) throw std::bad_alloc();
-    storage_.reset(static_cast<char*>(p));
+    storage_.reset();  // the old buffer goes before the new one is made
+    capacity_ = 0;
+    if (registered_) {
+      try {
+        storage_ = registered_->allocate(cap);
+      } catch (const CollectiveError&) {
+        // /dev/shm is full: plain memory works too, through the copy path.
+      }
+    }
+    if (!storage_) {
+      void* p = nullptr;
+      if (posix_memalign(&p, 64, cap) != 0) throw std::bad_alloc();
+      storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    }
     capacity_ = cap;
   }
   return storage_.get();

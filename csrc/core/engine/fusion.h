@@ -13,6 +13,7 @@
 
 #include "engine/entry.h"
 #include "engine/request.h"
+#include "transport/registered_memory.h"
 
 namespace hvdtorch {
 
@@ -25,17 +26,17 @@ struct ReadyOp {
 std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_threshold);
 
 // A persistent buffer reused by every fused unit ("register once"): it only
-// grows, and is 64-byte aligned so kernels vectorise.
+// grows, and is 64-byte aligned so kernels vectorise. With registered memory
+// it lives there, so the node reducer reduces fused units in place.
 class FusionBuffer {
  public:
+  explicit FusionBuffer(std::shared_ptr<RegisteredMemory> registered = nullptr) : registered_(std::move(registered)) {}
   void* reserve(size_t bytes);
   size_t capacity() const { return capacity_; }
 
  private:
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  std::unique_ptr<char, Free> storage_;
+  std::shared_ptr<RegisteredMemory> registered_;
+  std::shared_ptr<void> storage_;
   size_t capacity_ = 0;
 };
 

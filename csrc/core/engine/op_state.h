@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/op_timing.h"
 #include "engine/tensor.h"
 
 namespace hvdtorch {
@@ -44,6 +45,9 @@ class OpState {
   const std::string& error() const { return error_; }  // valid once done
   const std::vector<TensorPtr>& outputs() const { return outputs_; }
 
+  // Hand-off timestamps (op_timing.h says who writes which, and when).
+  OpTimes times;
+
  private:
   void finish(std::vector<TensorPtr> outputs, const std::string& error) {
     {
@@ -54,6 +58,7 @@ class OpState {
     if (on_done_) on_done_();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      times.completed = OpTimes::now();
       outputs_ = std::move(outputs);
       error_ = error;
       done_ = true;

@@ -1,6 +1,7 @@
 #include "transport/shm_arena.h"
 
 #include <atomic>
+#include <type_traits>
 
 #include "common/error.h"
 #include "transport/shm_wait.h"
@@ -15,10 +16,16 @@ struct alignas(64) ArrivalCounter {
   std::atomic<uint64_t> n;
 };
 
+struct alignas(64) SourceRecord {
+  RegisteredRef ref;
+};
+static_assert(std::is_trivially_copyable<RegisteredRef>::value, "source records live in shared memory");
+
 }  // namespace
 
 // Start of the user region; all-zero is the initial state. The per-rank
-// arrival counters follow it, then the slots.
+// arrival counters follow it, then the per-rank source records, then the
+// slots.
 struct ShmArena::Control {
   ShmSignal barrier;
 };
@@ -31,7 +38,8 @@ ShmArena::ShmArena(const std::string& name, int local_rank, const std::vector<in
     throw InvalidArgument(
         strCat("node arena ", name, ": bad local rank ", local_rank, " of ", size, " or slot size ", slot_bytes));
   slot_stride_ = roundUp64(slot_bytes);
-  slots_offset_ = roundUp64(sizeof(Control) + size * sizeof(ArrivalCounter));
+  sources_offset_ = roundUp64(sizeof(Control) + size * sizeof(ArrivalCounter));
+  slots_offset_ = sources_offset_ + size * sizeof(SourceRecord);
   const size_t bytes = slots_offset_ + 2 * static_cast<size_t>(size) * slot_stride_;
   const int self = local_ranks[local_rank];
   seg_ = local_rank == 0 ? ShmSegment::create(name, bytes, size, self)
@@ -43,6 +51,11 @@ ShmArena::Control* ShmArena::control() const { return static_cast<Control*>(seg_
 std::atomic<uint64_t>& ShmArena::arrivals(int j) const {
   auto* counters = reinterpret_cast<ArrivalCounter*>(static_cast<char*>(seg_.data()) + sizeof(Control));
   return counters[j].n;
+}
+
+RegisteredRef& ShmArena::source(int owner) const {
+  auto* records = reinterpret_cast<SourceRecord*>(static_cast<char*>(seg_.data()) + sources_offset_);
+  return records[owner].ref;
 }
 
 char* ShmArena::slot(int set, int owner) const {

@@ -1,6 +1,13 @@
 // The node arena: one shared-memory segment mapped by every local rank of a
-// host, holding one slot per local rank in each of two buffer sets, plus a
-// barrier. The node reducer does its intra-host phases in it.
+// host, holding one slot per local rank in each of two buffer sets, one
+// source record per local rank, plus a barrier. The node reducer does its
+// intra-host phases in it.
+//
+// Source records: a local rank whose data for a round lies in a registered
+// buffer (registered_memory.h) says so in its record before the round's
+// first barrier instead of copying the data into its slot; the peers read
+// the record after that barrier and work on the buffer in place. A record of
+// all zeros (id 0) means "my data is in my slot".
 //
 // Local rank 0 creates the segment, the others open it (ShmSegment's
 // lifetime rules apply: the name is gone once all have attached).
@@ -20,6 +27,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "transport/registered_memory.h"
 #include "transport/shm_segment.h"
 
 namespace hvdtorch {
@@ -39,6 +47,10 @@ class ShmArena {
   // Slot of local rank `owner` in buffer set `set` (0 or 1).
   char* slot(int set, int owner) const;
 
+  // Local rank `owner`'s source record (see above). Written by its owner
+  // before a barrier, read by the others after it and before the next one.
+  RegisteredRef& source(int owner) const;
+
   // Returns once every local rank has entered barrier() as many times as
   // this one. Memory written before the barrier by any local rank is visible
   // after it. `what` names the phase in error messages.
@@ -54,6 +66,7 @@ class ShmArena {
   int local_rank_;
   std::vector<int> local_ranks_;
   size_t slot_stride_;
+  size_t sources_offset_;
   size_t slots_offset_;
   ShmSegment seg_;
   uint64_t barriers_ = 0;  // barriers this rank has entered

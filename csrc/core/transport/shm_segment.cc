@@ -1,5 +1,6 @@
 #include "transport/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "transport/shm_process.h"
@@ -77,6 +79,23 @@ std::string makeShmPrefix(const std::string& job_token) {
     clean = clean.substr(0, kMaxToken - 17) + "-" + strCat(std::hex, h);
   }
   return "/hvdtorch-" + clean;
+}
+
+int ShmSegment::removeStale(const std::string& prefix) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = std::string("/") + e->d_name;
+      if (name.compare(0, prefix.size(), prefix) == 0) names.push_back(name);
+    }
+    closedir(d);
+  }
+  int removed = 0;
+  for (const std::string& name : names) {
+    std::string why_not;
+    if (removeIfStale(name, &why_not)) ++removed;
+  }
+  return removed;
 }
 
 void ShmSegment::checkName(const std::string& name) {

@@ -85,6 +85,11 @@ class ShmSegment {
   // Removes the name now; the mapping stays valid. Idempotent.
   void unlink();
 
+  // Removes every segment whose name starts with `prefix` and whose creator
+  // has died (what a killed creator leaves when not every party attached).
+  // Returns how many it removed.
+  static int removeStale(const std::string& prefix);
+
   // Checks that `name` is a valid shm_open name: one leading '/', no other
   // '/', at most 255 characters. Throws InvalidArgument otherwise.
   static void checkName(const std::string& name);

@@ -15,6 +15,18 @@
 
 namespace hvdtorch {
 
+namespace {
+std::atomic<int64_t> spin_budget_us{0};
+}  // namespace
+
+void setShmSpinBudget(std::chrono::microseconds budget) {
+  spin_budget_us.store(budget.count(), std::memory_order_relaxed);
+}
+
+std::chrono::microseconds shmSpinBudget() {
+  return std::chrono::microseconds(spin_budget_us.load(std::memory_order_relaxed));
+}
+
 namespace shm_detail {
 
 void cpuRelax() {

@@ -1,6 +1,16 @@
 // Waiting on a condition that another process makes true through shared
 // memory: spin a little, then sleep on a futex in short slices.
 //
+// "A little" is kSpins pauses, plus, when set (setShmSpinBudget), spinning
+// for up to a time budget. Waking a futex sleeper costs the waker a system
+// call and the sleeper a trip through the scheduler (on a virtual machine
+// an idle vCPU must be woken by the host): tens of microseconds under load,
+// which dominated a small all-reduce, where the peer typically arrives
+// within a few microseconds. The budget is for processes that each have a
+// core of their own: spinning next to the very process one waits for only
+// delays it, so the engine leaves the budget at zero when the host's ranks
+// outnumber its cores.
+//
 // Why this shape: the machines we run on are often oversubscribed (several
 // ranks per core, or other jobs), so a waiter must give its core to the
 // process it waits for after a few microseconds; a futex sleep costs nothing
@@ -40,6 +50,10 @@ struct alignas(64) ShmSignal {
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex words are 32 bits");
 
+// Process-wide; 0 (the default) means kSpins pauses only.
+void setShmSpinBudget(std::chrono::microseconds budget);
+std::chrono::microseconds shmSpinBudget();
+
 namespace shm_detail {
 void cpuRelax();
 // Sleeps while *word == expected, at most `timeout` (spurious returns are fine).
@@ -50,6 +64,8 @@ struct ShmWaitTuning {
   // ~100 pause instructions are a few microseconds: enough to catch a peer
   // that is running right now, short enough not to steal a shared core.
   static constexpr int kSpins = 128;
+  // Within a spin budget, the clock is read once per this many pauses.
+  static constexpr int kSpinsPerClockRead = 32;
   static constexpr std::chrono::milliseconds kSleepSlice{1};
   // How often a long wait asks whether the peer is still there (reads /proc).
   static constexpr std::chrono::milliseconds kProbeInterval{100};
@@ -71,6 +87,15 @@ void shmWait(ShmSignal& sig, Deadline deadline, Ready&& ready, Probe&& probe, De
     if (ready()) return;
   }
   using Clock = std::chrono::steady_clock;
+  if (const auto budget = shmSpinBudget(); budget.count() > 0) {
+    const auto until = Clock::now() + budget;
+    do {
+      for (int i = 0; i < ShmWaitTuning::kSpinsPerClockRead; ++i) {
+        shm_detail::cpuRelax();
+        if (ready()) return;
+      }
+    } while (Clock::now() < until);
+  }
   const auto start = Clock::now();
   auto next_probe = start + ShmWaitTuning::kProbeInterval;
   for (;;) {
