@@ -11,8 +11,8 @@ Each cycle: hvd.init() (which calibrates), the choice table right after it
 (`init`); then --warmup `auto` all-reduces per size, as a training job's
 first steps would run them (the model explores and learns online), and the
 choice table again (`learnt`); then interleaved rounds per size of `auto` and
-each fixed reducer (5 up to 1 MiB, 3 up to 16 MiB, 1 above; the order
-rotates every round), each op barrier-aligned (torch.distributed barrier on
+each fixed reducer (5 up to 1 MiB, 3 up to 16 MiB, 1 above; a fresh
+shuffled order every round), each op barrier-aligned (torch.distributed barrier on
 the default group hvd.init() creates) and its time the slowest rank's; then the choice table once more
 (`final`) and hvd.shutdown().
 
@@ -24,6 +24,7 @@ each fixed reducer, with auto / best-fixed. Writes the rows as JSON to --out.
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -99,8 +100,12 @@ def worker(args):
         for n in byte_sizes:
             samples = {impl: [] for impl in impls}
             for rnd in range(rounds(n)):
-                k = (run + rnd) % len(impls)
-                for impl in impls[k:] + impls[:k]:
+                # A fresh order every round (the same on every rank): no
+                # implementation always follows the same one (after `native`,
+                # a c10d op, the next op is slower).
+                order = list(impls)
+                random.Random(1000 * run + rnd).shuffle(order)
+                for impl in order:
                     name = "warm" if impl == "auto" else f"fixed.{impl}"
                     samples[impl].append(timed(bufs[n], f"{name}.{n}", impl))
             for impl in impls:
