@@ -8,7 +8,7 @@
 
 It reports the torch and hvdtorch versions; whether CUDA, NCCL, MPI and Gloo
 are there; whether a shared-memory segment can be created and removed; the
-reducers this build has, their fitted cost model and the one ``auto`` picks
+reducers this build has, their cost model (summarised) and the one ``auto`` picks
 per message size; and every HVDTORCH_* knob with its value and where that
 value came from (default, environment, or an ``--option`` argument, which
 wins over the environment exactly as ``hvd.init(**options)`` does).
@@ -297,8 +297,11 @@ def format_report(r: Dict[str, object]) -> str:
         lines += [f"  launcher   {r['launcher']}"]
     if "reducers" in r:
         red = r["reducers"]
-        how = "fitted at init" if r.get("job") else "defaults: one process, nothing to measure"
-        lines += ["", f"reducers (cost model t(n) = alpha + beta*n, {how})"]
+        how = "measured at init and refined online" if r.get("job") else "defaults: one process, nothing to measure"
+        lines += [
+            "",
+            f"reducers (per-size-band cost model, summarised as t(n) = alpha + beta*n from 4 KiB to 256 MiB; {how})",
+        ]
         for name, m in red["cost_model"].items():
             beta = m["beta_s_per_byte"]
             rate = f"  ({1 / beta / 1e9:.2f} GB/s)" if beta > 0 else ""

@@ -377,10 +377,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("fusion_threshold", [](PyEngine& e) { return e.engine()->fusionThreshold(); })
       .def("set_fusion_threshold", [](PyEngine& e, size_t bytes) { e.engine()->setFusionThreshold(bytes); })
       .def("cycle_time_ms", [](PyEngine& e) { return e.engine()->cycleTime().count() / 1000.0; })
-      .def("set_cycle_time_ms", [](PyEngine& e, double ms) {
-        if (!(ms >= 0)) throw InvalidArgument(strCat("cycle time must be a non-negative number of ms, got ", ms));
-        e.engine()->setCycleTime(std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
-      })
+      .def("set_cycle_time_ms",
+           [](PyEngine& e, double ms) {
+             if (!(ms >= 0)) throw InvalidArgument(strCat("cycle time must be a non-negative number of ms, got ", ms));
+             e.engine()->setCycleTime(std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
+           })
       // A zero-filled 1-D CPU tensor in registered memory (what
       // DistributedModel's buckets use); plain memory where there is none.
       .def("registered_zeros",
@@ -388,10 +389,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return registeredZeros(*e.engine(), numel, torch::python::detail::py_object_to_dtype(dtype));
            })
       // (own live buffers, mapped peer buffers); (0, 0) without registered memory.
-      .def("registered_stats", [](PyEngine& e) {
-        const auto& r = e.engine()->registered();
-        return r ? std::make_pair(r->ownBuffers(), r->peerMappings()) : std::make_pair(size_t(0), size_t(0));
-      })
+      .def("registered_stats",
+           [](PyEngine& e) {
+             const auto& r = e.engine()->registered();
+             return r ? std::make_pair(r->ownBuffers(), r->peerMappings()) : std::make_pair(size_t(0), size_t(0));
+           })
       .def("latency_phases", &PyEngine::latencyPhases, py::arg("clear") = false);
 
   py::class_<GradientReducer>(m, "GradientReducer")

@@ -66,7 +66,7 @@ void* FusionBuffer::reserve(size_t bytes) {
       try {
         storage_ = registered_->allocate(cap);
       } catch (const CollectiveError&) {
-        // /dev/shm is full: plain memory works too, through the copy path.
+        storage_ = nullptr;  // /dev/shm is full: plain memory works too, through the copy path
       }
     }
     if (!storage_) {
