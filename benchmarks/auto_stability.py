@@ -162,7 +162,7 @@ def main():
     p.add_argument("--max-bytes", type=parse_bytes, default=256 << 20)
     p.add_argument("--warmup", type=int, default=32, help="auto all-reduces per size before the `learnt` table")
     p.add_argument("--launcher", choices=["mpirun", "torchrun"], default="mpirun")
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "auto_stability.json"))
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "perf", "auto_stability.json"))
     p.add_argument("--report", nargs="+", metavar="JSON", help="only report the cycles saved in these --out files")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -67,6 +67,10 @@ TEST(fit_per_band_from_timings_ignores_a_straggler) {
   observeMany(m, kA, large, {30000, 31000, 900000, 30500, 29500, 30000, 30200, 29800});
   observeMany(m, kB, large, {45000, 46000, 44000, 45500, 45000});
   foldLocal(m);
+  CHECK(m.choose(small, kAll, kAll) == kA);           // B only challenges so far
+  observeMany(m, kB, small, {150, 152, 148, 15000});  // its confirmation: another straggler among them
+  observeMany(m, kA, small, {300, 300});
+  foldLocal(m);
   CHECK(m.choose(small, kAll, kAll) == kB);
   CHECK(m.choose(large, kAll, kAll) == kA);
   CHECK_MSG(m.measured(0, kB) < 160 * kUs, "B's small estimate %.1f us", m.measured(0, kB) / kUs);
@@ -80,6 +84,8 @@ TEST(a_candidate_that_is_only_slightly_faster_does_not_take_over) {
   observeMany(m, kA, 1 << 20, {1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000});
   observeMany(m, kB, 1 << 20, {850, 850, 850, 850});  // 15%: within the margin
   foldLocal(m);
+  observeMany(m, kB, 1 << 20, {850, 850, 850, 850});  // and again: no confirmation of anything
+  foldLocal(m);
   CHECK(m.choose(1 << 20, kAll, kAll) == kA);
   CHECK(m.switches(SizeBands::of(1 << 20)) == 0);
 }
@@ -88,6 +94,8 @@ TEST(a_few_microseconds_are_no_reason_to_switch) {
   CostModel m = threeReducers();
   observeMany(m, kA, 4 << 10, {100, 100, 100, 100, 100, 100, 100, 100});
   observeMany(m, kC, 4 << 10, {60, 60, 60, 60});  // 40% faster, but by 40 us
+  foldLocal(m);
+  observeMany(m, kC, 4 << 10, {60, 60, 60, 60});
   foldLocal(m);
   CHECK(m.choose(4 << 10, kAll, kAll) == kA);
   CHECK(m.switches(0) == 0);
@@ -102,21 +110,75 @@ TEST(an_incumbent_is_not_judged_on_its_first_few_samples) {
   observeMany(m, kA, 4 << 10, {900, 900, 900, 900, 900});  // now mature, and still slow
   observeMany(m, kB, 4 << 10, {100});                      // and B measured again meanwhile
   foldLocal(m);
-  CHECK(m.choose(4 << 10, kAll, kAll) == kB);
+  CHECK(m.choose(4 << 10, kAll, kAll) == kA);  // B challenges
+  observeMany(m, kB, 4 << 10, {100, 100, 100, 100});
+  foldLocal(m);
+  CHECK(m.choose(4 << 10, kAll, kAll) == kB);  // and is confirmed
+}
+
+TEST(a_win_that_is_not_confirmed_does_not_switch) {
+  // B wins one window by far (a lucky spell), then runs no faster than A on
+  // its confirmation samples: A stays, and B is no challenger any more.
+  CostModel m = threeReducers();
+  observeMany(m, kA, 1 << 20, {1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000});
+  observeMany(m, kB, 1 << 20, {500, 500, 500, 500});
+  foldLocal(m);
+  CHECK(m.choose(1 << 20, kAll, kAll) == kA);
+  // Until its confirmation samples are in, a fold does not judge the band.
+  // (Over its whole window, lucky spell included, B would still win.)
+  observeMany(m, kB, 1 << 20, {700, 1010});
+  observeMany(m, kA, 1 << 20, {1000, 1000});
+  foldLocal(m);
+  CHECK(m.choose(1 << 20, kAll, kAll) == kA);
+  observeMany(m, kB, 1 << 20, {1000, 1020});
+  foldLocal(m);
+  CHECK(m.choose(1 << 20, kAll, kAll) == kA);
+  CHECK(m.switches(SizeBands::of(1 << 20)) == 0);
+  // A later, confirmed win still switches: named again, then confirmed.
+  observeMany(m, kB, 1 << 20, {500, 500, 500, 500});
+  foldLocal(m);
+  CHECK(m.choose(1 << 20, kAll, kAll) == kA);
+  observeMany(m, kB, 1 << 20, {500, 500, 500, 500});
+  foldLocal(m);
+  CHECK(m.choose(1 << 20, kAll, kAll) == kB);
+  CHECK(m.switches(SizeBands::of(1 << 20)) == 1);
+}
+
+TEST(online_exploration_confirms_a_challenger_on_real_ops) {
+  // pickForRun explores a named challenger until its confirmation samples
+  // are in, and no further.
+  CostModel m = threeReducers();
+  const size_t bytes = 1 << 20;
+  observeMany(m, kA, bytes, {1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000});
+  observeMany(m, kB, bytes, {500, 500, 500, 500});
+  observeMany(m, kC, bytes, {3000, 3000, 3000, 3000});
+  foldLocal(m);
+  int b_runs = 0;
+  for (int i = 0; i < 40; ++i) {
+    const ReducerId id = m.pickForRun(bytes, kAll, kAll);
+    m.observe(id, bytes, (id == kB ? 500 : 1000) * kUs);
+    b_runs += id == kB;
+  }
+  CHECK_MSG(b_runs == CostModel::kExploreSamples, "B ran %d times", b_runs);
 }
 
 TEST(load_after_exploration_does_not_move_the_choice) {
   // B was explored next to A and was no faster. Later the machine gets busy
   // and A, which keeps running, looks twice as slow as B did back then: that
-  // is no evidence against A, and the choice stays.
+  // is no evidence against A: the choice stays, and B is not explored again.
   CostModel m = threeReducers();
   observeMany(m, kA, 4 << 10, {100, 100, 100, 100, 100, 100, 100, 100});
   observeMany(m, kB, 4 << 10, {100, 100, 100, 100});
+  observeMany(m, kC, 4 << 10, {300, 300, 300, 300});
   foldLocal(m);
-  for (int k = 0; k < 4; ++k) {
-    observeMany(m, kA, 4 << 10, {250, 250, 250, 250, 250, 250, 250, 250});
-    foldLocal(m);
+  int others = 0;
+  for (int i = 0; i < 64; ++i) {
+    const ReducerId id = m.pickForRun(4 << 10, kAll, kAll);
+    m.observe(id, 4 << 10, 250 * kUs);  // the load slows whatever runs
+    others += id != kA;
+    if (i % 8 == 7) foldLocal(m);
   }
+  CHECK_MSG(others == 0, "%d ops ran another reducer than A", others);
   CHECK(m.choose(4 << 10, kAll, kAll) == kA);
   CHECK(m.switches(0) == 0);
 }
@@ -197,6 +259,10 @@ TEST(ranks_end_with_the_same_model_when_their_timings_differ) {
         set.record(central, bytes, (ctx.rank() == 1 ? 250 : 500) * kUs * (band + 1));
       }
     }
+    set.agree(ctx);  // names ring the challenger where the priors chose central
+    for (int band = 0; band < SizeBands::kCount; ++band)
+      for (int k = 0; k < CostModel::kExploreSamples; ++k)  // its confirmation
+        set.record(ring, SizeBands::bytes(band), (ctx.rank() == 0 ? 100 : 600) * kUs * (band + 1));
     set.agree(ctx);
     const CostModel m = set.model();
     for (int band = 0; band < SizeBands::kCount; ++band) {

@@ -29,6 +29,7 @@ CostModel::CostModel(std::vector<double> alpha, std::vector<double> beta)
   count_at_fold_.assign(cells, 0);
   agreed_.assign(cells, -1.0);
   incumbent_.fill(kAutoReducer);
+  challenger_.fill(kAutoReducer);
 }
 
 ReducerId CostModel::anchor(int band, const std::vector<bool>& anchors) const {
@@ -40,6 +41,11 @@ ReducerId CostModel::anchor(int band, const std::vector<bool>& anchors) const {
       best = id;
   }
   return best;
+}
+
+bool CostModel::confirmed(int band) const {
+  const ReducerId ch = challenger_[band];
+  return ch == kAutoReducer || count_[cell(band, ch)] >= challenge_from_[band] + kExploreSamples;
 }
 
 ReducerId CostModel::incumbent(int band, const std::vector<bool>& anchors) const {
@@ -71,6 +77,8 @@ ReducerId CostModel::pickForRun(size_t bytes, const std::vector<bool>& candidate
     for (size_t i = 0; i < reducers() && i < candidates.size() && i < anchors.size(); ++i)
       if (candidates[i] && anchors[i] && count_[cell(band, static_cast<ReducerId>(i))] < kExploreSamples)
         return static_cast<ReducerId>(i);
+    const ReducerId ch = challenger_[band];
+    if (ch != kAutoReducer && ch < candidates.size() && candidates[ch] && !confirmed(band)) return ch;
   }
   return choose(bytes, candidates, anchors);
 }
@@ -86,9 +94,13 @@ void CostModel::observe(ReducerId id, size_t bytes, double seconds) {
 std::vector<double> CostModel::localStats() const {
   std::vector<double> stats(agreed_.size(), -1.0);
   for (size_t c = 0; c < stats.size(); ++c) {
-    const size_t n = std::min<size_t>(count_[c], kWindow);
+    // A challenger is judged on its confirmation samples alone.
+    const size_t band = c / reducers();
+    const uint32_t since = challenger_[band] == c % reducers() ? challenge_from_[band] : 0;
+    const size_t n = std::min<size_t>(count_[c] - since, kWindow);
     if (n == 0) continue;
-    std::array<double, kWindow> w = window_[c];
+    std::array<double, kWindow> w;  // the last n samples of the ring buffer
+    for (size_t j = 0; j < n; ++j) w[j] = window_[c][(count_[c] - n + j) % kWindow];
     const size_t k = static_cast<size_t>(kQuantile * static_cast<double>(n - 1));
     std::nth_element(w.begin(), w.begin() + k, w.begin() + n);
     stats[c] = w[k];
@@ -123,9 +135,21 @@ bool CostModel::fold(const std::vector<double>& agreed, const std::vector<bool>&
         best_t = agreed[c];
       }
     }
-    if (best != inc && best_t < (1 - kSwitchMargin) * inc_t && inc_t - best_t > kMinGainSeconds) {
+    // A win counts twice: first it names a challenger, then the challenger
+    // must win again on kExploreSamples new samples of its own.
+    ReducerId& ch = challenger_[band];
+    if (ch != kAutoReducer && !confirmed(band)) continue;  // judged when its samples are in
+    const bool wins = best != inc && best_t < (1 - kSwitchMargin) * inc_t && inc_t - best_t > kMinGainSeconds;
+    if (!wins) {
+      ch = kAutoReducer;  // not faster after all (or the incumbent caught up)
+    } else if (ch == best) {
       incumbent_[band] = best;
       ++switches_[band];
+      ch = kAutoReducer;
+      learnt = true;
+    } else {
+      ch = best;
+      challenge_from_[band] = count_[cell(band, best)];
       learnt = true;
     }
   }

@@ -30,7 +30,12 @@
 // on a loaded 2-core host, reducers within 10-15% of each other swap places
 // from run to run (measured: 4 KiB node/central/ring, 1 MiB node/ring), and
 // keeping the prior's choice among such near-ties costs at most the margin,
-// while a candidate that is clearly faster still wins. Nor is an incumbent
+// while a candidate that is clearly faster still wins. And a win must be
+// confirmed: the first names the candidate challenger, which is explored for
+// kExploreSamples more ops and replaces the incumbent only if it wins again
+// on those new samples alone (a lucky window of four, measured: a 16 MiB
+// near-tie switched in 1 of 10 runs, is not confirmed by the next four).
+// Until the confirmation's samples are in, the band is not judged. Nor is an incumbent
 // judged on fewer than kMatureSamples samples of its own: its first times are
 // the noisiest (first use, load). And a switch must save kMinGainSeconds per
 // op: below 4-64 KiB the reducers differ by tens of microseconds, less than
@@ -40,7 +45,8 @@
 // Exploration (sparing). While a candidate has fewer than kExploreSamples
 // samples in a band, every kExplorePeriod-th `auto` op of that band runs it
 // instead of the incumbent, one candidate after the other (by ReducerId), so
-// each is judged at the first fold after its samples are in. So a large band is
+// each is judged at the first fold after its samples are in; then a
+// challenger's confirmation samples, the same way. So a large band is
 // measured on the real ops, never on a scratch copy, at the cost of a few ops
 // run by a slower reducer once per job.
 //
@@ -125,6 +131,8 @@ class CostModel {
   // The prior's cheapest anchor for `band`; kAutoReducer if none.
   ReducerId anchor(int band, const std::vector<bool>& anchors) const;
   ReducerId incumbent(int band, const std::vector<bool>& anchors) const;
+  // No challenger in `band`, or its confirmation samples are all in.
+  bool confirmed(int band) const;
 
   std::vector<double> alpha_, beta_;  // priors
   // Per cell (band x reducer):
@@ -136,6 +144,8 @@ class CostModel {
   std::array<ReducerId, SizeBands::kCount> incumbent_{};
   std::array<int, SizeBands::kCount> switches_{};
   std::array<uint64_t, SizeBands::kCount> auto_ops_{};
+  std::array<ReducerId, SizeBands::kCount> challenger_{};     // kAutoReducer: none
+  std::array<uint32_t, SizeBands::kCount> challenge_from_{};  // its count_ when named
 };
 
 }  // namespace hvdtorch
