@@ -1,8 +1,9 @@
 """Nothing grows: DistributedModel steps and init()/shutdown() cycles on 2 ranks.
 
 `make test` runs short versions; `make soak` the long ones (SOAK_STEPS=20000,
-SOAK_CYCLES=1000). After a warm-up, RSS (after malloc_trim, see
-tests/workers/soak.py) may grow by at most 8 MiB and the
+SOAK_CYCLES=1000). After a warm-up, RSS (after malloc_trim, sampled through
+the run: the minimum of the last samples against that of the first, see
+_RssTrend in tests/workers/soak.py) may grow by at most 8 MiB and the
 numbers of threads and file descriptors must not grow at all; no shared-memory
 segment of any of the jobs may exist at the end.
 """
