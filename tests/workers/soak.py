@@ -34,25 +34,27 @@ class _RssTrend:
     With the engine running, RSS saw-tooths without leaking (measured on the
     train job: it climbs by under 1 KiB a step for a few hundred steps, then
     drops by about 4 MiB; after 5800 steps it is where it was after 1300),
-    so one sample at each end can differ by a whole tooth, or two. The run
-    is sampled kSamples times and growth is the minimum of the last kEdge
-    samples less the minimum of the first kEdge: a leak raises every sample
-    after it, a tooth only some."""
+    so one sample at each end can differ by a whole tooth, or two. The n
+    iterations after the warm-up are sampled SAMPLES times and growth is the
+    minimum of the last EDGE samples less the minimum of the first EDGE: a
+    leak raises every sample after it, a tooth only some."""
 
-    kSamples = 12
-    kEdge = 3
+    SAMPLES = 12
+    EDGE = 3
 
-    def __init__(self, n: int):
-        self.every = max(1, n // (self.kSamples - 1))
+    def __init__(self, warmup: int, n: int):
+        self.warmup = warmup
+        self.every = max(1, n // (self.SAMPLES - 1))
         self.samples = []
 
-    def maybe_sample(self, i: int):
-        if i % self.every == 0:
+    def at(self, i: int):
+        """Called at the start of iteration i, warm-up iterations included."""
+        if i >= self.warmup and (i - self.warmup) % self.every == 0:
             self.samples.append(_rss_kib())
 
     def growth_kib(self) -> int:
         self.samples.append(_rss_kib())
-        return min(self.samples[-self.kEdge :]) - min(self.samples[: self.kEdge])
+        return min(self.samples[-self.EDGE :]) - min(self.samples[: self.EDGE])
 
 
 def _threads_fds():
@@ -89,12 +91,11 @@ def train(steps: str, warmup: str):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(16, 32), torch.randint(0, 8, (16,))
     t0 = time.time()
-    trend = _RssTrend(steps - warmup)
+    trend = _RssTrend(warmup, steps - warmup)
     for step in range(steps):
         if step == warmup:
             res0 = _threads_fds()
-        if step >= warmup:
-            trend.maybe_sample(step - warmup)
+        trend.at(step)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -112,12 +113,11 @@ def cycles(count: str, warmup: str):
     count, warmup = int(count), int(warmup)
     tokens = []
     t0 = time.time()
-    trend = _RssTrend(count - warmup)
+    trend = _RssTrend(warmup, count - warmup)
     for i in range(count):
         if i == warmup:
             res0 = _threads_fds()
-        if i >= warmup:
-            trend.maybe_sample(i - warmup)
+        trend.at(i)
         hvd.init()
         tokens.append(hvd.runtime.state().shm_token)
         n = hvd.size()

@@ -35,8 +35,8 @@
 // kExploreSamples more ops and replaces the incumbent only if it wins again
 // on those new samples alone (a lucky window of four, measured: a 16 MiB
 // near-tie switched in 1 of 10 runs, is not confirmed by the next four).
-// Until the confirmation's samples are in, the band is not judged. Nor is an incumbent
-// judged on fewer than kMatureSamples samples of its own: its first times are
+// Until the confirmation's samples are in, the band is not judged. Nor is an
+// incumbent judged on fewer than kMatureSamples samples of its own: its first times are
 // the noisiest (first use, load). And a switch must save kMinGainSeconds per
 // op: below 4-64 KiB the reducers differ by tens of microseconds, less than
 // the scheduling noise of one op's negotiation and hand-offs (100-200 us per
