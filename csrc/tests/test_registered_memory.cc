@@ -4,6 +4,7 @@
 // at an offset inside the buffer, many chunks, many calls, several hosts)
 // against the reference -- and that the registered ranks really skipped the
 // copies (their chunks ran in place).
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -163,15 +164,26 @@ TEST(node_registered_default_slot_large_message) {
 TEST(names_of_a_killed_owner_are_removed_by_a_peer) {
   // A child process allocates a buffer nobody maps, then is killed: its name
   // stays until a peer's RegisteredMemory goes away.
+  // The child says when allocate() has returned: the name appears in
+  // /dev/shm before the segment's header is written, and a segment killed
+  // before that cannot be told from one still being created.
   const std::string prefix = uniquePrefix("reg");
+  int ready[2];
+  CHECK(pipe(ready) == 0);
   const pid_t child = fork();
   if (child == 0) {
+    close(ready[0]);
     RegisteredMemory owner(prefix, 1, {0, 1});
     auto buf = owner.allocate(4096);
+    const char byte = 1;
+    if (write(ready[1], &byte, 1) != 1) _exit(1);
     pause();
     _exit(0);
   }
-  for (int i = 0; i < 500 && shmEntries(prefix + "-g1-").empty(); ++i) usleep(10000);
+  close(ready[1]);
+  pollfd pfd{ready[0], POLLIN, 0};
+  CHECK_MSG(poll(&pfd, 1, 5000) == 1, "the child did not allocate within 5 s");
+  close(ready[0]);
   CHECK(shmEntries(prefix + "-g1-").size() == 1);
   kill(child, SIGKILL);
   int status = 0;
