@@ -6,6 +6,7 @@
 # make fuzz     long fuzzing: many seeds of op sequences, and the control-plane decoder for FUZZ_SECONDS
 # make soak     20,000 DistributedModel steps and 1,000 init()/shutdown() cycles, nothing may grow
 # make bench-training  hvdtorch vs Horovod 0.28.1, DDP and solo, training img/s under mpirun and torchrun (not part of make test)
+# make test-cuda-build  the CUDA build against torch 2.14.1 in .venv-cuda (no GPU needed), then its checks and tests
 
 # make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
 # make format apply clang-format (csrc) and ruff's import sorting and formatter
@@ -14,6 +15,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export MAX_JOBS ?= 2
+# ccache rewrites paths below the tree into relative ones, so a build of the same sources in another
+# folder of the tree (the sdist check's, the mutants' scratch tree) reuses the objects of `make build`.
+export CCACHE_BASEDIR ?= $(CURDIR)
 # Open MPI refuses to run as root unless told it is fine (CI runs as root).
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
@@ -29,6 +33,7 @@ LINT_BUILD_DIR := build/lint
 CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
+.PHONY: cuda-build test-cuda-build
 .PHONY: all build test test-cpp test-py test-fuzz-wire demo bench-training mutants sanitize fuzz soak scale test-asan test-tsan clean system-deps lint \
         format lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
@@ -57,8 +62,9 @@ $(VENV)/.deps: requirements-dev.txt requirements-lightning.txt $(VENV)/.system-d
 	$(PIP) install -q --disable-pip-version-check --no-deps -r requirements-lightning.txt
 	@touch $@
 
+# HVDTORCH_BUILD_TESTS: the C++ unit tests too (ctest in $(BUILD_DIR)); a user's install leaves them out.
 build: $(VENV)/.deps
-	$(PIP) install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	HVDTORCH_BUILD_TESTS=1 $(PIP) install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 
 test-cpp: build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300
@@ -73,6 +79,40 @@ $(VENV)/.ray: requirements-ray.txt $(VENV)/.deps
 	else echo "make: Ray could not be installed; tests/test_ray.py will skip"; fi
 
 test: test-cpp test-fuzz-wire test-py
+
+# ---- the CUDA build (CI runs it; no GPU needed) -------------------------------------
+# A second venv with the CUDA 13 build of torch 2.14.1 (C++20 headers) and torchvision,
+# hvdtorch installed into it as a user installs it (not editable: the tree's hvdtorch/_C
+# belongs to .venv), its CUDA device compiled by nvcc and linked. The tests then run from a
+# copy of tests/, examples/ and benchmarks/ that holds no hvdtorch/, so they import the
+# installed package. CUDA_TESTS: the build's own facts, the torchvision-dependent tests (the
+# GoogLeNet comparison, ImageFolder, the training benchmark, Horovod-style example scripts),
+# and of the CPU suite what exercises every collective, dtype and reducer and DistributedModel
+# training equal to one process through this build. The rest of the CPU suite (the same
+# Python code against the other torch) runs in `make test`: all of it here would add about
+# 12 minutes on 2 cores, and CI's whole run must stay under 35.
+CUDA_VENV ?= .venv-cuda
+CUDA_PY := $(CUDA_VENV)/bin/python
+CUDA_BUILD_DIR := build/cmake-cuda
+CUDA_STAGE := build/cuda-stage
+CUDA_TESTS ?= tests/test_build.py tests/test_check.py tests/test_workloads.py tests/test_collectives.py \
+              tests/test_reducers.py tests/test_training.py::test_distributed_model_equals_single_process
+
+$(CUDA_VENV)/.deps: requirements-cuda.txt $(VENV)/.system-deps
+	@test -x $(CUDA_PY) || python3 -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-cuda.txt
+	@touch $@
+
+cuda-build: $(CUDA_VENV)/.deps
+	HVDTORCH_BUILD_DIR=$(CURDIR)/$(CUDA_BUILD_DIR) $(CUDA_VENV)/bin/pip install -q --disable-pip-version-check \
+	  --no-build-isolation --no-deps .
+
+test-cuda-build: cuda-build
+	rm -rf $(CUDA_STAGE) && mkdir -p $(CUDA_STAGE)
+	tar -c --exclude=__pycache__ --exclude=benchmarks/results tests examples benchmarks pyproject.toml \
+	  | tar -x -C $(CUDA_STAGE)
+	cd $(CUDA_STAGE) && $(CURDIR)/$(CUDA_PY) -m hvdtorch.check
+	cd $(CUDA_STAGE) && $(CURDIR)/$(CUDA_PY) -m pytest -q $(PYTEST_ARGS) $(CUDA_TESTS)
 
 # ---- sanitizers and fuzzing (clang 19, with the system packages) ---------------
 SAN_CMAKE = cmake -S . -G Ninja -DCMAKE_CXX_COMPILER=$(CLANGXX) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVDTORCH_CUDA=OFF

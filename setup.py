@@ -1,18 +1,78 @@
-"""Builds hvdtorch: CMake compiles the torch-free core, the C++ tests and the
-extension module hvdtorch/_C; this file only tells CMake where torch is.
+"""Builds hvdtorch: CMake compiles the torch-free core, the extension module
+hvdtorch/_C and, where torch is a CUDA build and nvcc is found, the core's CUDA
+device; this file only tells CMake where torch is and what it demands.
 
 Build against the torch already installed (never let pip fetch another one):
-    pip install --no-build-isolation -e .
+    pip install --no-build-isolation .          # users: the package and the extension
+    pip install --no-build-isolation -e .       # developers (`make build`)
+
+Environment (all optional):
+    HVDTORCH_BUILD_DIR    CMake build folder (default build/cmake); kept, so rebuilds are incremental
+    HVDTORCH_BUILD_TYPE   Release (default), RelWithDebInfo, Debug
+    HVDTORCH_BUILD_TESTS  1: also the C++ unit tests and core benchmarks (make build sets it)
+    HVDTORCH_CUDA         0: leave the CUDA device out even where torch is a CUDA build
+    CMAKE_CUDA_ARCHITECTURES  GPU architectures of the CUDA device (default 90: Hopper)
+    MAX_JOBS              parallel compile jobs (default 2)
 """
 
 import os
+import re
 import subprocess
 import sys
+import warnings
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# The torch releases hvdtorch is built and tested against (README "Install" says the same).
+# Older ones are refused; newer ones build with a warning, as their C++ API may have moved.
+TORCH_OLDEST = (2, 11)
+TORCH_NEWEST_TESTED = (2, 14)
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() not in ("0", "false", "off", "no", "")
+
+
+def torch_release(version: str):
+    """(major, minor) of a torch version string such as '2.14.1+cu130'."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if not match:
+        raise RuntimeError(f"hvdtorch: cannot read the installed torch's version {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_torch_release(version: str) -> None:
+    release = torch_release(version)
+    if release < TORCH_OLDEST:
+        raise RuntimeError(
+            f"hvdtorch needs torch {TORCH_OLDEST[0]}.{TORCH_OLDEST[1]} or newer; the installed torch is {version}. "
+            "Install a supported torch first, then build hvdtorch with --no-build-isolation."
+        )
+    if release > TORCH_NEWEST_TESTED:
+        warnings.warn(
+            f"hvdtorch is tested with torch up to {TORCH_NEWEST_TESTED[0]}.{TORCH_NEWEST_TESTED[1]}; "
+            f"building against {version}",
+            stacklevel=1,
+        )
+
+
+def torch_cxx_standard(include_dirs) -> int:
+    """The C++ standard the installed torch's headers demand: ATen/ATen.h stops
+    with #error below it (`__cplusplus < 202002L` from torch 2.14 on). 17 where
+    the guard is not found."""
+    for d in include_dirs:
+        header = os.path.join(d, "ATen", "ATen.h")
+        if os.path.exists(header):
+            with open(header, encoding="utf-8", errors="replace") as f:
+                match = re.search(r"__cplusplus\s*<\s*(\d{4})(\d{2})L", f.read())
+            if match:
+                year = int(match.group(1))
+                return {2017: 17, 2020: 20, 2023: 23}.get(year, 17 if year < 2020 else 20)
+    return 17
 
 
 class CMakeExtension(Extension):
@@ -25,11 +85,13 @@ class CMakeBuild(build_ext):
         import torch
         from torch.utils import cpp_extension
 
+        check_torch_release(torch.__version__)
         target = os.path.abspath(self.get_ext_fullpath(ext.name))
         out_dir, filename = os.path.split(target)
         build_dir = os.environ.get("HVDTORCH_BUILD_DIR", os.path.join(ROOT, "build", "cmake"))
         os.makedirs(build_dir, exist_ok=True)
-        with_cuda = torch.cuda.is_available() or torch.version.cuda is not None
+        include_dirs = cpp_extension.include_paths()
+        with_cuda = torch.version.cuda is not None
         args = [
             "cmake",
             "-S",
@@ -37,14 +99,20 @@ class CMakeBuild(build_ext):
             "-B",
             build_dir,
             "-DCMAKE_BUILD_TYPE=" + os.environ.get("HVDTORCH_BUILD_TYPE", "Release"),
-            "-DTORCH_INCLUDE_DIRS=" + ";".join(cpp_extension.include_paths()),
+            "-DHVDTORCH_CXX_STANDARD=" + str(torch_cxx_standard(include_dirs)),
+            "-DTORCH_INCLUDE_DIRS=" + ";".join(include_dirs),
             "-DTORCH_LIBRARY_DIRS=" + ";".join(cpp_extension.library_paths()),
             "-DHVDTORCH_CXX11_ABI=" + str(int(torch._C._GLIBCXX_USE_CXX11_ABI)),
             "-DHVDTORCH_EXT_OUTPUT_DIR=" + out_dir,
             "-DHVDTORCH_EXT_FILENAME=" + filename,
             "-DHVDTORCH_WITH_CUDA=" + ("ON" if with_cuda else "OFF"),
+            # The CUDA device is compiled where torch can hand it CUDA tensors.
+            "-DHVDTORCH_CUDA=" + ("ON" if with_cuda and _env_flag("HVDTORCH_CUDA", True) else "OFF"),
+            "-DHVDTORCH_BUILD_TESTS=" + ("ON" if _env_flag("HVDTORCH_BUILD_TESTS", False) else "OFF"),
             "-DPython3_EXECUTABLE=" + sys.executable,
         ]
+        if os.environ.get("CMAKE_CUDA_ARCHITECTURES"):
+            args.append("-DCMAKE_CUDA_ARCHITECTURES=" + os.environ["CMAKE_CUDA_ARCHITECTURES"])
         if subprocess.call(["which", "ninja"], stdout=subprocess.DEVNULL) == 0:
             args += ["-G", "Ninja"] if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")) else []
         subprocess.check_call(args)

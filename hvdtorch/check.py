@@ -6,8 +6,10 @@
     torchrun --nproc_per_node=2 -m hvdtorch.check   # also a quick all-reduce across the job
     mpirun -np 2 python -m hvdtorch.check
 
-It reports the torch and hvdtorch versions; whether CUDA, NCCL, MPI and Gloo
-are there; whether a shared-memory segment can be created and removed; the
+It reports the torch and hvdtorch versions; what the extension was compiled
+with (C++ standard, whether the CUDA device is built and for which GPUs, how
+many GPUs the CUDA runtime sees, and why none); whether NCCL (through
+torch.distributed), MPI and Gloo are there; whether a shared-memory segment can be created and removed; the
 reducers this build has, their cost model (summarised) and the one ``auto`` picks
 per message size; and every HVDTORCH_* knob with its value and where that
 value came from (default, environment, or an ``--option`` argument, which
@@ -79,7 +81,7 @@ def backends() -> Dict[str, object]:
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
-    nccl = cuda and dist.is_nccl_available()
+    nccl = dist.is_nccl_available()  # torch.distributed has its NCCL process group (a CUDA build of torch)
     nccl_version = None
     if nccl:
         try:
@@ -103,6 +105,38 @@ def backends() -> Dict[str, object]:
         "mpi4py": mpi4py_version,
         "torch_mpi_backend": dist.is_mpi_available(),
     }
+
+
+def build() -> Dict[str, object]:
+    """What the extension was compiled with (hvdtorch._C.build_info())."""
+    from hvdtorch import _C
+
+    return dict(_C.build_info())
+
+
+def cuda_lines(build_info: Dict[str, object], b: Dict[str, object]) -> List[str]:
+    """CUDA and NCCL in words: what the build holds, what torch offers, what
+    this machine shows, and why where something is missing."""
+    if build_info.get("cuda_device"):
+        visible = build_info["cuda_devices_visible"]
+        why = f": {build_info['cuda_devices_why_none']}" if not visible else ""
+        cuda = (
+            f"built (device code for sm_{build_info['cuda_architectures']}, nvcc {build_info['cuda_compiler']}); "
+            f"{visible} GPUs visible to the CUDA runtime{why}; the collectives take CPU tensors only so far"
+        )
+    elif build_info.get("torch_cuda"):
+        cuda = "not built: torch is a CUDA build, but no CUDA compiler (nvcc) was found when hvdtorch was built"
+    elif b["cuda_version"] is None:
+        cuda = "not built: the installed torch is a CPU build"
+    else:
+        cuda = "not built: hvdtorch was built against a CPU build of torch"
+    if b["nccl"]:
+        version = f" (NCCL {b['nccl_version']})" if b["nccl_version"] else ""
+        use = "usable" if b["gpus"] else "not usable here: no GPU is visible to torch"
+        nccl = f"torch.distributed has NCCL{version}; {use}"
+    else:
+        nccl = "no: torch.distributed has no NCCL process group (a CPU build of torch)"
+    return [f"  CUDA       {cuda}", f"  NCCL       {nccl}"]
 
 
 def shared_memory() -> Dict[str, object]:
@@ -234,6 +268,7 @@ def collect(options: Dict[str, str]) -> Dict[str, object]:
         return report
     from hvdtorch import _C, launch
 
+    report["build"] = build()
     report["knobs"] = knob_table(options)
     report["unknown_environment"] = unknown_environment()
     try:
@@ -280,9 +315,11 @@ def format_report(r: Dict[str, object]) -> str:
     ext = r["extension"]
     lines += ["", "build", f"  extension  {'loads (' + ext['path'] + ')' if ext['ok'] else 'BROKEN: ' + ext['error']}"]
     b = r["backends"]
+    if "build" in r:
+        torch_kind = f"CUDA {b['cuda_version']}" if b["cuda_version"] else "CPU"
+        lines += [f"  compiled   C++{r['build']['cxx_standard']} against torch {r['versions']['torch']} ({torch_kind})"]
+        lines += cuda_lines(r["build"], b)
     lines += [
-        f"  CUDA       {_yes(b['cuda'])}" + (f" ({b['cuda_version']}, {b['gpus']} GPUs)" if b["cuda"] else ""),
-        f"  NCCL       {_yes(b['nccl'])}" + (f" ({b['nccl_version']})" if b["nccl_version"] else ""),
         f"  Gloo       {_yes(b['gloo'])}",
         f"  MPI        mpirun: {b['mpirun'] or 'not found'}; mpi4py: {b['mpi4py'] or 'not installed'}; "
         f"torch MPI backend: {_yes(b['torch_mpi_backend'])}",

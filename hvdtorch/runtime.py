@@ -328,9 +328,18 @@ def ccl_built() -> bool:
     return False
 
 
+def _build_info() -> Dict[str, object]:
+    from . import _C
+
+    return _C.build_info()
+
+
 def cuda_built() -> bool:
-    """False: this build moves CPU tensors only (a CUDA tensor is rejected with a clear error)."""
-    return False
+    """True when this build compiled and linked the core's CUDA device: torch is
+    a CUDA build and nvcc was found when hvdtorch was built. The collectives do
+    not take CUDA tensors yet (one is refused with an error naming it);
+    ``python -m hvdtorch.check`` says what the build holds and what it serves."""
+    return bool(_build_info()["cuda_device"])
 
 
 def rocm_built() -> bool:
@@ -338,4 +347,7 @@ def rocm_built() -> bool:
 
 
 def nccl_built() -> bool:
-    return torch.cuda.is_available() and dist.is_nccl_available()
+    """True when this build was compiled against a CUDA torch whose
+    torch.distributed has its NCCL process group (a build fact, as in Horovod:
+    it does not say whether a GPU is visible now)."""
+    return bool(_build_info()["c10d_nccl"]) and dist.is_nccl_available()

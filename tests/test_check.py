@@ -81,7 +81,7 @@ def test_broken_build_exits_non_zero_naming_the_extension(tmp_path):
     # The package with an extension that does not load, as after a half-finished build (a file that is not
     # a shared object; a missing one would be found through an editable install of the real tree instead).
     shutil.copytree(
-        os.path.join(ROOT, "hvdtorch"), tmp_path / "hvdtorch", ignore=shutil.ignore_patterns("_C*", "__pycache__")
+        os.path.dirname(hvdtorch.__file__), tmp_path / "hvdtorch", ignore=shutil.ignore_patterns("_C*", "__pycache__")
     )
     (tmp_path / "hvdtorch" / ("_C" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not an ELF file")
     env = _env()

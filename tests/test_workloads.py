@@ -2,10 +2,17 @@
 fallback GoogLeNet is torchvision's architecture, and image batches are
 sharded across ranks by DistributedSampler."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from benchmarks.workloads import GoogLeNet, googlenet, googlenet_source, image_batches, load_torchvision
+from benchmarks.workloads.data import ImageFolder, image_folder
+from tests.harness import ROOT, free_port
 
 # torchvision's published parameter count of GoogLeNet without auxiliary
 # classifiers, 1000 classes (GoogLeNet_Weights.IMAGENET1K_V1.meta["num_params"]).
@@ -162,3 +169,32 @@ def test_image_batches_refuse_a_folder_smaller_than_a_batch_per_rank(tmp_path):
     write_image_folder(tmp_path, classes=1, per_class=3)
     with pytest.raises(ValueError, match="fewer than one batch"):
         next(image_batches(str(tmp_path), 8, 2, 1, 0, 2))
+
+
+def test_image_folder_is_torchvisions_where_it_imports(tmp_path):
+    write_image_folder(tmp_path)
+    tv, _ = load_torchvision()
+    dataset = image_folder(str(tmp_path), 8)
+    assert isinstance(dataset, tv.datasets.ImageFolder if tv is not None else ImageFolder)
+    assert len(dataset) == 21
+
+
+def test_training_benchmark_runs_under_torchrun_on_an_image_folder(tmp_path):
+    # The benchmark's whole path at its smallest: GoogLeNet (torchvision's where it imports) trained by
+    # hvdtorch and by DDP on a sharded ImageFolder, 2 ranks, one window each.
+    data, out = tmp_path / "images", tmp_path / "results"
+    data.mkdir()
+    write_image_folder(data)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HVDTORCH_TIMEOUT="60", PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+    cmd += ["benchmarks/googlenet.py", "--setting", "small", "--configs", "auto:P+F,ddp"]
+    cmd += ["--rounds", "1", "--iters", "1", "--warmup", "1", "--data", str(data), "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert f"GoogLeNet: {googlenet_source()}" in p.stdout
+    with open(out / "small.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["config"] for r in rows] == ["auto:P+F", "ddp"]
+    for r in rows:
+        assert r["model"] == googlenet_source() and r["data"] == "jpeg" and r["ranks"] == 2
+        assert r["img_per_s"] > 0

@@ -295,6 +295,7 @@ class Tree:
                 "PYTHONPATH": self.path,
                 "PYTHONDONTWRITEBYTECODE": "1",  # a same-size mutation within one second would reuse a stale .pyc
                 "HVDTORCH_BUILD_DIR": self.build_dir,
+                "HVDTORCH_BUILD_TESTS": "1",  # the C++ test binaries the mutations name
                 "MAX_JOBS": self.jobs,
                 "OMPI_ALLOW_RUN_AS_ROOT": "1",
                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <map>
 
+#include "build_info.h"
 #include "c10d_link.h"
 #include "common/error.h"
 #include "config/config.h"
@@ -330,6 +331,7 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "hvdtorch C++ core (engine, reducers, transports)";
+  bindBuildInfo(m);
   static py::exception<CollectiveError> hvd_error(m, "HvdError", PyExc_RuntimeError);
   setHvdErrorType(hvd_error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
