@@ -10,6 +10,7 @@
 
 # make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
 # make format apply clang-format (csrc) and ruff's import sorting and formatter
+# make docs   rewrite the generated parts of README.md and docs/ (knob table, file map) from the code
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -35,7 +36,7 @@ TIDY_JOBS ?= $(MAX_JOBS)
 
 .PHONY: cuda-build test-cuda-build
 .PHONY: all build test test-cpp test-py test-fuzz-wire demo bench-training mutants sanitize fuzz soak scale test-asan test-tsan clean system-deps lint \
-        format lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
+        format docs lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
 all: build
 
@@ -212,6 +213,9 @@ format: $(VENV)/.deps
 	@echo "== ruff: sort imports, format"
 	@$(RUFF) check --select I --fix -q .
 	@$(RUFF) format -q .
+
+docs: build
+	$(PY) tools/gen_docs.py
 
 clean:
 	rm -rf build hvdtorch/_C*.so *.egg-info

@@ -83,8 +83,18 @@ from .timeline import start_timeline, stop_timeline
 __version__ = "0.1.0"
 
 
+# Knobs read in Python rather than by the engine (whose knobs _C.knobs() lists).
+_PYTHON_KNOBS = [
+    (
+        "HVDTORCH_ELASTIC_DIR",
+        "",
+        "where hvd.elastic states commit (TorchState(commit_dir=...) overrides); empty: commits in memory only",
+    ),
+]
+
+
 def knobs():
     """Every HVDTORCH_* environment variable as (name, default, meaning)."""
     from . import _C
 
-    return _C.knobs()
+    return list(_C.knobs()) + _PYTHON_KNOBS

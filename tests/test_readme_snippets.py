@@ -1,5 +1,5 @@
-"""The README's Lightning and Ray examples run as written (copied out of
-README.md at test time, so the README cannot drift from what works)."""
+"""The Lightning and Ray examples of docs/integrations.md run as written
+(copied out of that file at test time, so the docs cannot drift from what works)."""
 
 import os
 import re
@@ -12,11 +12,11 @@ from tests.harness import ROOT, free_port
 
 
 def _snippet(first_line: str) -> str:
-    """The ```python block of README.md whose first line starts with `first_line`."""
-    with open(os.path.join(ROOT, "README.md")) as f:
+    """The ```python block of docs/integrations.md whose first line starts with `first_line`."""
+    with open(os.path.join(ROOT, "docs", "integrations.md")) as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
     found = [b for b in blocks if b.startswith(first_line)]
-    assert len(found) == 1, f"README.md has {len(found)} python blocks starting with {first_line!r}"
+    assert len(found) == 1, f"docs/integrations.md has {len(found)} python blocks starting with {first_line!r}"
     return found[0]
 
 

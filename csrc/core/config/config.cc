@@ -9,30 +9,48 @@
 namespace hvdtorch {
 
 const std::vector<Config::Knob>& Config::knobs() {
+  // The meanings are the README's knob table (tools/gen_docs.py writes it from here).
   static const std::vector<Knob> k = {
       {"TIMEOUT", "600", "seconds any collective may wait for a peer before it fails on every rank"},
       {"STALL_CHECK_TIME", "60", "seconds before a warning names the ranks that have not submitted an op"},
       {"CYCLE_TIME", "1", "milliseconds between negotiation cycles of the background thread"},
-      {"FUSION_THRESHOLD", "67108864", "bytes of the fusion buffer; 0 disables fusion"},
-      {"CACHE_CAPACITY", "1024", "negotiated ops remembered by the response cache; 0 disables it"},
+      {"FUSION_THRESHOLD", "67108864", "bytes of the engine's fusion buffer; 0 disables fusion"},
+      {"CACHE_CAPACITY", "1024",
+       "negotiated ops remembered by the response cache (full: the least recently used is evicted, the same one "
+       "on every rank); 0 disables it"},
       {"DECENTRALIZED", "1",
-       "agree on cached ops by a bitwise-AND all-reduce among the ranks (O(log N) messages per rank, no "
-       "coordinator); 0: every cycle goes through rank 0"},
-      {"REDUCER", "auto", "default all-reduce algorithm: auto, ring, node, central, native, adasum"},
+       "settle cycles whose ops are all cached by a bitwise-AND all-reduce among the ranks (O(log N) messages per "
+       "rank, no coordinator); 0: every cycle goes through rank 0; must be the same on every rank"},
+      {"REDUCER", "auto",
+       "default all-reduce algorithm: auto, ring, node, central, native, adasum (adasum makes every Average/Sum "
+       "all-reduce Adasum)"},
       {"SHM", "1", "use shared memory between ranks on the same host; 0 forces the c10d link"},
       {"RING_SEGMENT_BYTES", "1048576", "bytes per pipelined segment of the ring"},
       {"RING_WINDOW", "4", "ring segments in flight at once"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
-      {"TIMELINE", "", "Chrome-trace file written by rank 0 ({rank} in the path: every rank); empty: off"},
+      {"TIMELINE", "",
+       "Chrome-trace file written by rank 0 from init() on ({rank} in the path: one file per rank); phases "
+       "NEGOTIATE, QUEUE, MEMCPY_IN_FUSION, ALLREDUCE:<reducer>, MEMCPY_OUT_FUSION, ALLGATHER, BROADCAST, "
+       "ALLTOALL, REDUCESCATTER per op; hvd.start_timeline()/stop_timeline() do the same at run time; empty: off"},
       {"CALIBRATE", "1", "time the reducers at 4-64 KiB at init for reducer=auto; 0 leaves that to the online timing"},
-      {"HOSTNAME", "", "this rank's host identity (ranks with equal names share memory); empty: the real host name"},
+      {"HOSTNAME", "",
+       "this rank's host identity: ranks with equal names share memory (emulates several hosts on one machine); "
+       "empty: the real host name"},
       {"AUTOTUNE", "0",
-       "tune the fusion threshold / bucket size and the cycle time over the first training steps by measured "
-       "throughput, then freeze the best"},
-      {"AUTOTUNE_LOG", "", "CSV file where rank 0 logs every autotune trial; empty: no log"},
-      {"AUTOTUNE_WARMUP_STEPS", "1", "steps run and not timed after each autotune switch of settings"},
-      {"AUTOTUNE_STEPS_PER_TRIAL", "5", "timed steps per autotune trial (the trial's score is their median)"},
-      {"AUTOTUNE_ROUNDS", "2", "times autotune measures each candidate, in alternating order (its score: the median)"},
+       "1: over the first training steps, try fusion sizes (0, 1, 4, 16, 64 MiB: the bucket cap of the first "
+       "DistributedModel/DistributedOptimizer and the engine's fusion threshold) and then cycle times (0.2, 1, "
+       "5 ms), score each by measured throughput agreed across ranks, and freeze the best (Horovod's "
+       "HOROVOD_AUTOTUNE; design in hvdtorch/autotune.py)"},
+      {"AUTOTUNE_LOG", "",
+       "CSV file where rank 0 writes every autotune trial: trial,fusion_bytes,cycle_time_ms,score,median_step_s,"
+       "chosen (score: gradient bytes per second); empty: no log"},
+      {"AUTOTUNE_WARMUP_STEPS", "1",
+       "steps run untimed after each autotune switch of settings (new bucket names are negotiated once)"},
+      {"AUTOTUNE_STEPS_PER_TRIAL", "5",
+       "timed steps per autotune trial; the score uses their median (each step timed by its slowest rank)"},
+      {"AUTOTUNE_ROUNDS", "2",
+       "autotune trials per candidate, in alternating order (A B C, C B A) so that a drift in load favours none; "
+       "a candidate scores the median of its trials"},
   };
   return k;
 }
