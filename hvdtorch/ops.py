@@ -227,6 +227,41 @@ def grouped_allreduce_async_(
     return _register(h, finish)
 
 
+class _GroupedAllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, reducer, process_set, *tensors):
+        ctx.op, ctx.prescale, ctx.postscale, ctx.reducer = op, prescale_factor, postscale_factor, reducer
+        ctx.process_set = process_set
+        return tuple(
+            synchronize(
+                grouped_allreduce_async(
+                    list(tensors),
+                    name=name,
+                    op=op,
+                    prescale_factor=prescale_factor,
+                    postscale_factor=postscale_factor,
+                    process_set=process_set,
+                    reducer=reducer,
+                )
+            )
+        )
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # As for one tensor: the same grouped all-reduce of the gradients.
+        reduced = synchronize(
+            grouped_allreduce_async(
+                list(grads),
+                op=ctx.op,
+                prescale_factor=ctx.prescale,
+                postscale_factor=ctx.postscale,
+                process_set=ctx.process_set,
+                reducer=ctx.reducer,
+            )
+        )
+        return (None, None, None, None, None, None, *reduced)
+
+
 def grouped_allreduce(
     tensors,
     average=None,
@@ -238,14 +273,22 @@ def grouped_allreduce(
     process_set=None,
     reducer=None,
 ) -> List[torch.Tensor]:
+    """All-reduces a list of tensors as one negotiated unit; differentiable (the
+    gradients are all-reduced with the same op, scaling and process set)."""
     from .compression import Compression
 
+    psid = _check_process_set(process_set)
+    op = _resolve_op(average, op)
     compression = compression or Compression.none
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(
-        grouped_allreduce_async(
-            [p[0] for p in pairs], average, name, op, prescale_factor, postscale_factor, process_set, reducer
-        )
+    outs = _GroupedAllreduceFn.apply(
+        _name("grouped_allreduce", name, psid),
+        op,
+        prescale_factor,
+        postscale_factor,
+        reducer,
+        process_set,
+        *[p[0] for p in pairs],
     )
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
