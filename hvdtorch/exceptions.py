@@ -14,8 +14,7 @@ ValueError (our contract: bad arguments are ValueErrors) and RuntimeError
 scripts written for it catch that), but not from HorovodInternalError, so
 elastic training does not retry a call that can never succeed. Checks of
 Python-only helpers that Horovod also makes in Python (DistributedOptimizer's
-arguments, broadcast_parameters' input, init) stay plain ValueErrors, as
-there.
+arguments, broadcast_parameters' input) stay plain ValueErrors, as there.
 
 ``HostsUpdatedInterrupt`` exists so that scripts written for elastic Horovod
 import and catch it; hvdtorch itself never raises it: under torchrun, hosts
