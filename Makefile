@@ -96,8 +96,9 @@ CUDA_VENV ?= .venv-cuda
 CUDA_PY := $(CUDA_VENV)/bin/python
 CUDA_BUILD_DIR := build/cmake-cuda
 CUDA_STAGE := build/cuda-stage
-CUDA_TESTS ?= tests/test_build.py tests/test_check.py tests/test_workloads.py tests/test_collectives.py \
-              tests/test_reducers.py tests/test_training.py::test_distributed_model_equals_single_process
+CUDA_TESTS ?= tests/test_build.py tests/test_check.py tests/test_workloads.py tests/test_horovod_examples.py \
+              tests/test_collectives.py tests/test_reducers.py \
+              tests/test_training.py::test_distributed_model_equals_single_process
 
 $(CUDA_VENV)/.deps: requirements-cuda.txt $(VENV)/.system-deps
 	@test -x $(CUDA_PY) || python3 -m venv $(CUDA_VENV)

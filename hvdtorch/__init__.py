@@ -16,12 +16,16 @@ except ImportError as _error:
         "`pip install --no-build-isolation .` (or `make build`) against the torch installed here, "
         "then run `python -m hvdtorch.check`"
     ) from _error
-from . import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler)
+from . import (  # noqa: F401  (horovod.torch's submodules, for scripts importing from them)
+    elastic,  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler)
+    functions,
+    mpi_ops,
+)
 from .alltoall import alltoall, alltoall_async
 from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .distributed_model import DistributedModel
-from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, InvalidArgumentError
 from .ops import (
     Adasum,
     Average,

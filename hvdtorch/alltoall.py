@@ -17,6 +17,7 @@ from typing import List
 import torch
 
 from . import runtime
+from .exceptions import InvalidArgumentError
 from .ops import _check_process_set, _contiguous, _engine, _name, _register, synchronize
 
 
@@ -27,14 +28,14 @@ def _split_list(splits, name: str) -> List[int]:
     where = f"hvdtorch: rank {runtime.rank()}: alltoall '{name}'"
     if isinstance(splits, torch.Tensor):
         if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
-            raise ValueError(f"{where}: splits must hold integers, got {splits.dtype}")
+            raise InvalidArgumentError(f"{where}: splits must hold integers, got {splits.dtype}")
         if splits.dim() != 1:
-            raise ValueError(f"{where}: splits must be one-dimensional, got shape {tuple(splits.shape)}")
+            raise InvalidArgumentError(f"{where}: splits must be one-dimensional, got shape {tuple(splits.shape)}")
         return [int(s) for s in splits.tolist()]
     values = list(splits)
     for s in values:
         if isinstance(s, bool) or not isinstance(s, int):
-            raise ValueError(f"{where}: splits must hold integers, got {s!r}")
+            raise InvalidArgumentError(f"{where}: splits must hold integers, got {s!r}")
     return values
 
 

@@ -1,12 +1,20 @@
-"""Exception classes with Horovod's names.
+"""Exception classes with Horovod's names, and the argument error.
 
 ``HorovodInternalError`` is the class every failed collective raises: a
 mismatch across ranks, a peer that died or timed out, an op submitted after
 the engine failed or shut down. It *is* ``hvdtorch.HvdError`` (the class the
 C++ engine's errors are translated to, a RuntimeError), so ``except
 hvd.HorovodInternalError`` and ``except hvd.HvdError`` catch the same errors.
-Bad arguments are not internal errors: they raise ValueError before anything
-is sent.
+
+Bad arguments to a collective or to a process-set call are not internal
+errors: they raise ``InvalidArgumentError`` before anything is sent, from
+the C++ core and from the Python checks alike. It derives from both
+ValueError (our contract: bad arguments are ValueErrors) and RuntimeError
+(Horovod reports the same mistakes from its core as RuntimeError, and
+scripts written for it catch that), but not from HorovodInternalError, so
+elastic training does not retry a call that can never succeed. Checks of
+Python-only helpers that Horovod also makes in Python (DistributedOptimizer's
+arguments, broadcast_parameters' input) stay plain ValueErrors, as there.
 
 ``HostsUpdatedInterrupt`` exists so that scripts written for elastic Horovod
 import and catch it; hvdtorch itself never raises it: under torchrun, hosts
@@ -14,7 +22,7 @@ that come or go make the agent restart the workers, which resume from the
 last commit (see hvdtorch.elastic).
 """
 
-from ._C import HvdError
+from ._C import HvdError, InvalidArgumentError  # noqa: F401  (re-exported)
 
 HorovodInternalError = HvdError
 

@@ -8,8 +8,9 @@ in the same order. Ops are negotiated by the engine's background thread, so
 ranks may submit *named* ops in different orders.
 
 Failures raise ``hvdtorch.HvdError`` (a RuntimeError) on every rank involved,
-naming the op and the ranks; bad arguments raise ValueError before anything is
-sent.
+naming the op and the ranks; bad arguments raise
+``hvdtorch.InvalidArgumentError`` (a ValueError and a RuntimeError, see
+exceptions.py) before anything is sent.
 """
 
 import warnings
@@ -19,6 +20,7 @@ import torch
 
 from . import runtime
 from ._C import HvdError  # noqa: F401  (re-exported)
+from .exceptions import InvalidArgumentError
 from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 
 # Reduce ops, with Horovod's values.
@@ -41,7 +43,7 @@ def _engine():
 def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
     """Horovod's deprecated ``average=`` mapped onto ``op`` (the core checks the op itself)."""
     if op is not None and average is not None:
-        raise ValueError("hvdtorch: pass either op= or the deprecated average=, not both")
+        raise InvalidArgumentError("hvdtorch: pass either op= or the deprecated average=, not both")
     if average is not None:
         warnings.warn(
             "hvdtorch: average= is deprecated (as in Horovod); pass op=hvd.Average or op=hvd.Sum",
@@ -54,7 +56,7 @@ def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
 
 
 def _check_process_set(process_set) -> int:
-    """The engine id of an op's process_set (ValueError for one not added or removed)."""
+    """The engine id of an op's process_set (InvalidArgumentError for one not added or removed)."""
     return set_id(process_set)
 
 
@@ -65,9 +67,9 @@ def _name(kind: str, name: Optional[str], psid: int) -> str:
 
 def _contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise ValueError(f"hvdtorch: {what} expects a torch.Tensor, got {type(t).__name__}")
+        raise InvalidArgumentError(f"hvdtorch: {what} expects a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"hvdtorch: rank {runtime.rank()}: {what}: {t.layout} (sparse) tensors are not "
             "supported; densify them first (tensor.to_dense())"
         )
@@ -227,6 +229,41 @@ def grouped_allreduce_async_(
     return _register(h, finish)
 
 
+class _GroupedAllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, reducer, process_set, *tensors):
+        ctx.op, ctx.prescale, ctx.postscale, ctx.reducer = op, prescale_factor, postscale_factor, reducer
+        ctx.process_set = process_set
+        return tuple(
+            synchronize(
+                grouped_allreduce_async(
+                    list(tensors),
+                    name=name,
+                    op=op,
+                    prescale_factor=prescale_factor,
+                    postscale_factor=postscale_factor,
+                    process_set=process_set,
+                    reducer=reducer,
+                )
+            )
+        )
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # As for one tensor: the same grouped all-reduce of the gradients.
+        reduced = synchronize(
+            grouped_allreduce_async(
+                list(grads),
+                op=ctx.op,
+                prescale_factor=ctx.prescale,
+                postscale_factor=ctx.postscale,
+                process_set=ctx.process_set,
+                reducer=ctx.reducer,
+            )
+        )
+        return (None, None, None, None, None, None, *reduced)
+
+
 def grouped_allreduce(
     tensors,
     average=None,
@@ -238,14 +275,22 @@ def grouped_allreduce(
     process_set=None,
     reducer=None,
 ) -> List[torch.Tensor]:
+    """All-reduces a list of tensors as one negotiated unit; differentiable (the
+    gradients are all-reduced with the same op, scaling and process set)."""
     from .compression import Compression
 
+    psid = _check_process_set(process_set)
+    op = _resolve_op(average, op)
     compression = compression or Compression.none
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(
-        grouped_allreduce_async(
-            [p[0] for p in pairs], average, name, op, prescale_factor, postscale_factor, process_set, reducer
-        )
+    outs = _GroupedAllreduceFn.apply(
+        _name("grouped_allreduce", name, psid),
+        op,
+        prescale_factor,
+        postscale_factor,
+        reducer,
+        process_set,
+        *[p[0] for p in pairs],
     )
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
@@ -428,6 +473,6 @@ def synchronize(handle: int):
         return handle()
     finish = _finishers.pop(handle, None)
     if finish is None:
-        raise ValueError(f"hvdtorch: unknown or already synchronized handle {handle!r}")
+        raise InvalidArgumentError(f"hvdtorch: unknown or already synchronized handle {handle!r}")
     outs = _engine().wait(handle)
     return finish(outs)

@@ -18,6 +18,7 @@ is a rank's position inside the set (useful to pick its rows of an allgather).
 from typing import Dict, Iterable, List, Optional, Union
 
 from . import runtime
+from .exceptions import InvalidArgumentError
 
 # id -> the ProcessSet object every rank registered under it
 _registry: Dict[int, "ProcessSet"] = {}
@@ -28,13 +29,13 @@ class ProcessSet:
 
     def __init__(self, ranks: Iterable[int]):
         if hasattr(ranks, "Get_group"):
-            raise ValueError("hvdtorch: process sets are lists of ranks; MPI communicators are not supported")
+            raise InvalidArgumentError("hvdtorch: process sets are lists of ranks; MPI communicators are not supported")
         try:
             self.ranks: List[int] = sorted(int(r) for r in ranks)
         except TypeError as e:
-            raise ValueError(f"hvdtorch: a process set is a list of ranks, got {ranks!r}") from e
+            raise InvalidArgumentError(f"hvdtorch: a process set is a list of ranks, got {ranks!r}") from e
         if len(set(self.ranks)) != len(self.ranks):
-            raise ValueError(f"hvdtorch: process set {self.ranks} lists a rank twice")
+            raise InvalidArgumentError(f"hvdtorch: process set {self.ranks} lists a rank twice")
         self.process_set_id: Optional[int] = None
 
     def size(self) -> Optional[int]:
@@ -88,18 +89,22 @@ def set_id(process_set, member: bool = True) -> int:
     if process_set is None or process_set is global_process_set:
         return 0
     if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"hvdtorch: process_set must be a hvdtorch.ProcessSet, got {type(process_set).__name__}")
+        raise InvalidArgumentError(
+            f"hvdtorch: process_set must be a hvdtorch.ProcessSet, got {type(process_set).__name__}"
+        )
     if process_set.process_set_id is None:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"hvdtorch: {process_set} has not been added; use hvdtorch.add_process_set() or "
             "hvdtorch.init(process_sets=[...]) first"
         )
     if _registry.get(process_set.process_set_id) is not process_set:
-        raise ValueError(f"hvdtorch: {process_set} was removed")
+        raise InvalidArgumentError(f"hvdtorch: {process_set} was removed")
     if member and runtime.rank() not in process_set.ranks:
         # Checked here too (the engine checks again) so that a rejected call
         # does not number an unnamed op on this rank only.
-        raise ValueError(f"hvdtorch: rank {runtime.rank()}: {_describe(process_set)} does not include this rank")
+        raise InvalidArgumentError(
+            f"hvdtorch: rank {runtime.rank()}: {_describe(process_set)} does not include this rank"
+        )
     return process_set.process_set_id
 
 
@@ -124,17 +129,19 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
 
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
-        raise ValueError(f"hvdtorch: {ps} has been added already")
+        raise InvalidArgumentError(f"hvdtorch: {ps} has been added already")
     st = runtime.state()
     bad = [r for r in ps.ranks if not 0 <= r < st.size]
     if bad:
-        raise ValueError(f"hvdtorch: process set {ps.ranks}: ranks {bad} are not in [0, {st.size})")
+        raise InvalidArgumentError(f"hvdtorch: process set {ps.ranks}: ranks {bad} are not in [0, {st.size})")
     # Every rank must define the same set: compare over the global set first,
     # so that a disagreement is an error everywhere rather than a hang.
     everyone = allgather_object(ps.ranks, name=runtime.next_name("add_process_set"))
     if any(r != ps.ranks for r in everyone):
         variants = "; ".join(f"rank {k}: {r}" for k, r in enumerate(everyone))
-        raise ValueError(f"hvdtorch: add_process_set was called with different ranks on different ranks ({variants})")
+        raise InvalidArgumentError(
+            f"hvdtorch: add_process_set was called with different ranks on different ranks ({variants})"
+        )
     new_id = st.engine.add_process_set(ps.ranks)
     _reset_names(new_id)
     # No rank may submit to the set before every rank knows it.
@@ -149,7 +156,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     from . import ops
 
     if process_set is global_process_set or process_set.process_set_id == 0:
-        raise ValueError("hvdtorch: the global process set cannot be removed")
+        raise InvalidArgumentError("hvdtorch: the global process set cannot be removed")
     psid = set_id(process_set, member=False)
     ops.barrier()  # every rank is done with the set before anyone drops it
     runtime.state().engine.remove_process_set(psid)

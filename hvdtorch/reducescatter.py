@@ -15,6 +15,7 @@ from typing import List
 
 import torch
 
+from .exceptions import InvalidArgumentError
 from .ops import (
     Average,
     Sum,
@@ -55,7 +56,7 @@ def grouped_reducescatter_async(
 
 def _grad_scale(op, prescale_factor, postscale_factor, process_set) -> float:
     if op not in (Average, Sum):
-        raise ValueError(f"hvdtorch: reducescatter has no gradient for op {op}; use Average or Sum")
+        raise InvalidArgumentError(f"hvdtorch: reducescatter has no gradient for op {op}; use Average or Sum")
     size = (process_set or global_process_set).size()
     return (size if op == Sum else 1) * prescale_factor * postscale_factor
 

@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from . import ops, runtime
+from .exceptions import InvalidArgumentError
 
 
 class SparseHandle:
@@ -59,9 +60,11 @@ def sparse_allreduce_async(
     op = ops.Average if op is None else op
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         got = type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else f"a {tensor.layout} tensor"
-        raise ValueError(f"hvdtorch: rank {runtime.rank()}: sparse_allreduce expects a sparse COO tensor, got {got}")
+        raise InvalidArgumentError(
+            f"hvdtorch: rank {runtime.rank()}: sparse_allreduce expects a sparse COO tensor, got {got}"
+        )
     if op not in (ops.Average, ops.Sum):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"hvdtorch: rank {runtime.rank()}: sparse_allreduce reduces with Average or Sum only (got op {op!r})"
         )
     name = ops._name("sparse_allreduce", name, process_set.process_set_id)
@@ -96,7 +99,7 @@ def as_sparse(grad: Optional[torch.Tensor], like: torch.Tensor, sparse_dim: int)
     if not grad.is_sparse:
         return grad.to_sparse(sparse_dim)
     if grad.sparse_dim() != sparse_dim:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"hvdtorch: rank {runtime.rank()}: a sparse gradient has {grad.sparse_dim()} sparse "
             f"dimensions here and {sparse_dim} on another rank"
         )

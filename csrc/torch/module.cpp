@@ -3,7 +3,8 @@
 // groups to the core's buffers and links, Python ints to core enums -- and
 // calls the core's per-op entry functions (csrc/core/ops), which hold every
 // check and policy. Errors are translated (CollectiveError ->
-// hvdtorch.HvdError, a RuntimeError; InvalidArgument -> ValueError).
+// hvdtorch.HvdError, a RuntimeError; InvalidArgument ->
+// hvdtorch.InvalidArgumentError, both a ValueError and a RuntimeError).
 #include <torch/extension.h>
 
 #include <chrono>
@@ -334,13 +335,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindBuildInfo(m);
   static py::exception<CollectiveError> hvd_error(m, "HvdError", PyExc_RuntimeError);
   setHvdErrorType(hvd_error.ptr());
+  // Both bases: our contract says bad arguments raise ValueError; Horovod
+  // raises its argument errors from the core as RuntimeError, which scripts
+  // written for it catch.
+  static py::exception<InvalidArgument> invalid_argument(
+      m, "InvalidArgumentError", py::make_tuple(py::handle(PyExc_ValueError), py::handle(PyExc_RuntimeError)));
+  setInvalidArgumentType(invalid_argument.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const CollectiveError& e) {
       PyErr_SetString(hvd_error.ptr(), e.what());
     } catch (const InvalidArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      PyErr_SetString(invalid_argument.ptr(), e.what());
     }
   });
 

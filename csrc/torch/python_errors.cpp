@@ -8,9 +8,12 @@ namespace hvdtorch {
 
 namespace {
 PyObject* hvd_error_type = nullptr;
+PyObject* invalid_argument_type = nullptr;
 }  // namespace
 
 void setHvdErrorType(PyObject* type) { hvd_error_type = type; }
+
+void setInvalidArgumentType(PyObject* type) { invalid_argument_type = type; }
 
 void rethrowForAutograd(std::exception_ptr error) {
   try {
@@ -21,7 +24,7 @@ void rethrowForAutograd(std::exception_ptr error) {
     throw pybind11::error_already_set();
   } catch (const InvalidArgument& e) {
     pybind11::gil_scoped_acquire gil;
-    PyErr_SetString(PyExc_ValueError, e.what());
+    PyErr_SetString(invalid_argument_type ? invalid_argument_type : PyExc_ValueError, e.what());
     throw pybind11::error_already_set();
   }
 }

@@ -6,7 +6,8 @@
 // a pending Python exception (pybind11::error_already_set), which it restores
 // as it is. So code called by the autograd engine converts hvdtorch's errors
 // with rethrowForAutograd(): a CollectiveError becomes hvdtorch.HvdError (and
-// so HorovodInternalError), an InvalidArgument becomes ValueError, exactly as
+// so HorovodInternalError), an InvalidArgument becomes
+// hvdtorch.InvalidArgumentError (a ValueError and a RuntimeError), exactly as
 // on the direct path through the pybind module.
 #pragma once
 
@@ -19,6 +20,9 @@ namespace hvdtorch {
 
 // Called once by the module's initialisation with the HvdError type object.
 void setHvdErrorType(PyObject* type);
+
+// Called once by the module's initialisation with the InvalidArgumentError type object.
+void setInvalidArgumentType(PyObject* type);
 
 // Rethrows `error`, converted to a pending Python exception when it is one of
 // hvdtorch's own; other exceptions pass unchanged.

@@ -1,0 +1,25 @@
+"""DistributedOptimizer(op=hvd.Adasum), Horovod's delta optimizer: equal to a
+one-process reference on 1-4 ranks and in a process set, its contract's
+errors, and convergence on a small model."""
+
+import pytest
+
+from tests.harness import run_ranks
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_equals_reference(nranks):
+    run_ranks("tests.workers.adasum_optimizer:check_equivalence", nranks, timeout=180)
+
+
+def test_equals_reference_in_process_set():
+    run_ranks("tests.workers.adasum_optimizer:check_equivalence", 4, args=["0", "2", "3"], timeout=180)
+
+
+def test_contract():
+    run_ranks("tests.workers.adasum_optimizer:check_contract", 2, timeout=120)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_converges(nranks):
+    run_ranks("tests.workers.adasum_optimizer:check_convergence", nranks, timeout=180)
