@@ -56,7 +56,8 @@ from .ops import (
     synchronize,
 )
 from .optimizer import DistributedOptimizer
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .process_set_table import add_process_set, remove_process_set
+from .process_sets import ProcessSet, global_process_set
 from .reducescatter import grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async
 from .runtime import (
     ccl_built,

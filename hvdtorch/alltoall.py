@@ -18,7 +18,7 @@ import torch
 
 from . import runtime
 from .exceptions import InvalidArgumentError
-from .ops import _check_process_set, _contiguous, _engine, _name, _register, synchronize
+from .handles import check_process_set, contiguous, engine, op_name, register, synchronize
 
 
 def _split_list(splits, name: str) -> List[int]:
@@ -41,13 +41,13 @@ def _split_list(splits, name: str) -> List[int]:
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None) -> int:
     """Starts an alltoall; synchronize() returns (output, received_splits)."""
-    psid = _check_process_set(process_set)
-    name = _name("alltoall", name, psid)
+    psid = check_process_set(process_set)
+    name = op_name("alltoall", name, psid)
     split_list = _split_list(splits, name)
-    src = _contiguous(tensor, "alltoall")
+    src = contiguous(tensor, "alltoall")
     received_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
-    h = _engine().alltoall(src, split_list, name, process_set_id=psid)
-    return _register(h, lambda outs: (outs[0], outs[1].to(received_dtype)))
+    h = engine().alltoall(src, split_list, name, process_set_id=psid)
+    return register(h, lambda outs: (outs[0], outs[1].to(received_dtype)))
 
 
 class _AlltoallFn(torch.autograd.Function):
@@ -73,5 +73,5 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     Returns the gathered tensor, or ``(gathered, received_splits)`` when
     ``splits`` is given.
     """
-    psid = _check_process_set(process_set)
-    return _AlltoallFn.apply(tensor, splits, _name("alltoall", name, psid), process_set)
+    psid = check_process_set(process_set)
+    return _AlltoallFn.apply(tensor, splits, op_name("alltoall", name, psid), process_set)

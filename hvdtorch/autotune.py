@@ -324,6 +324,9 @@ def joined() -> None:
         tuner.stop()
 
 
+runtime.on_join(joined)
+
+
 def current() -> Optional[Autotuner]:
     """The tuner of the present init(), if one was attached and still lives."""
     if _current is None or _claimed_by is None or not runtime.is_initialized():

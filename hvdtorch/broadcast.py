@@ -7,6 +7,7 @@ from typing import Any, List
 import torch
 
 from . import ops, runtime
+from .handles import check_process_set, op_name
 
 
 def broadcast_parameters(params, root_rank: int = 0, process_set=None) -> None:
@@ -42,7 +43,7 @@ def _from_bytes(t: torch.Tensor) -> Any:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str = None, process_set=None) -> Any:
     """Returns root_rank's ``obj`` on every rank of the set (pickled with torch.save)."""
-    name = ops._name("broadcast_object", name, ops._check_process_set(process_set))
+    name = op_name("broadcast_object", name, check_process_set(process_set))
     data = _to_bytes(obj) if runtime.rank() == root_rank else torch.empty(0, dtype=torch.uint8)
     size = ops.broadcast(
         torch.tensor([data.numel()], dtype=torch.int64), root_rank, name=f"{name}.size", process_set=process_set
@@ -55,7 +56,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str = None, process_set
 
 def allgather_object(obj: Any, name: str = None, process_set=None) -> List[Any]:
     """Returns the list of every rank's (of the set's) ``obj``, in rank order."""
-    name = ops._name("allgather_object", name, ops._check_process_set(process_set))
+    name = op_name("allgather_object", name, check_process_set(process_set))
     data = _to_bytes(obj)
     sizes = ops.allgather(
         torch.tensor([data.numel()], dtype=torch.int64), name=f"{name}.sizes", process_set=process_set

@@ -21,6 +21,7 @@ import torch
 from . import _C, autotune, ops, runtime
 from .buckets import complete_order, plan_buckets
 from .compression import Compression
+from .handles import check_process_set
 from .step_marks import StepMarks
 
 _instance_ids = itertools.count()
@@ -75,7 +76,7 @@ class DistributedModel(torch.nn.Module):
         st = runtime.state()
         # Gradients are averaged over the process set's ranks (all by default).
         self._process_set = process_set or ops.global_process_set
-        psid = ops._check_process_set(process_set)
+        psid = check_process_set(process_set)
         params = _trainable(module.parameters())
         self._params = params
         self._fusion_bytes = int(fusion_bytes)

@@ -44,6 +44,7 @@ import torch
 
 from . import _C, ops, runtime, sparse
 from .compression import Compression
+from .handles import check_process_set
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:
@@ -231,7 +232,7 @@ class GradientSync:
                 self._fuse,
                 1,
                 self._compression is Compression.fp16,
-                process_set_id=ops._check_process_set(self._process_set),
+                process_set_id=check_process_set(self._process_set),
             )
 
     def _reduce_dense_now(self, indices: Sequence[int]) -> None:

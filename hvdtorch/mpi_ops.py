@@ -34,7 +34,8 @@ from .ops import (  # noqa: F401
     poll,
     synchronize,
 )
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: F401
+from .process_set_table import add_process_set, remove_process_set  # noqa: F401
+from .process_sets import ProcessSet, global_process_set  # noqa: F401
 from .reducescatter import (  # noqa: F401
     grouped_reducescatter,
     grouped_reducescatter_async,

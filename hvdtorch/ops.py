@@ -14,13 +14,15 @@ exceptions.py) before anything is sent.
 """
 
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
 from . import runtime
 from ._C import HvdError  # noqa: F401  (re-exported)
+from .compression import Compression
 from .exceptions import InvalidArgumentError
+from .handles import check_process_set, contiguous, engine, op_name, poll, register, synchronize  # noqa: F401
 from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 
 # Reduce ops, with Horovod's values.
@@ -30,14 +32,6 @@ Adasum = 2
 Min = 3
 Max = 4
 Product = 5
-
-
-# handle -> function turning the engine's outputs into the user's result
-_finishers: Dict[int, Callable[[List[torch.Tensor]], object]] = {}
-
-
-def _engine():
-    return runtime.state().engine
 
 
 def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
@@ -55,32 +49,6 @@ def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
     return op
 
 
-def _check_process_set(process_set) -> int:
-    """The engine id of an op's process_set (InvalidArgumentError for one not added or removed)."""
-    return set_id(process_set)
-
-
-def _name(kind: str, name: Optional[str], psid: int) -> str:
-    """An op's name; unnamed ops are numbered per set, since only members call them."""
-    return name or runtime.next_name(kind if psid == 0 else f"{kind}.set{psid}")
-
-
-def _contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise InvalidArgumentError(f"hvdtorch: {what} expects a torch.Tensor, got {type(t).__name__}")
-    if t.layout != torch.strided:
-        raise InvalidArgumentError(
-            f"hvdtorch: rank {runtime.rank()}: {what}: {t.layout} (sparse) tensors are not "
-            "supported; densify them first (tensor.to_dense())"
-        )
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _register(handle: int, finish: Callable[[List[torch.Tensor]], object]) -> int:
-    _finishers[handle] = finish
-    return handle
-
-
 # ---- allreduce ----------------------------------------------------------------
 
 
@@ -94,7 +62,7 @@ def _allreduce_submit(
     reducer: Optional[str],
     psid: int = 0,
 ) -> int:
-    return _engine().allreduce(
+    return engine().allreduce(
         list(inputs),
         list(outputs),
         name,
@@ -110,27 +78,27 @@ def allreduce_async(
     tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
 ) -> int:
     """Starts an out-of-place all-reduce; synchronize() returns the result."""
-    psid = _check_process_set(process_set)
+    psid = check_process_set(process_set)
     op = _resolve_op(average, op)
-    src = _contiguous(tensor, "allreduce")
+    src = contiguous(tensor, "allreduce")
     out = torch.empty_like(src, memory_format=torch.contiguous_format)
-    name = _name("allreduce", name, psid)
+    name = op_name("allreduce", name, psid)
     h = _allreduce_submit([src], [out], name, op, prescale_factor, postscale_factor, reducer, psid)
-    return _register(h, lambda _outs: out)
+    return register(h, lambda _outs: out)
 
 
 def allreduce_async_(
     tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
 ) -> int:
     """Starts an in-place all-reduce of ``tensor``."""
-    psid = _check_process_set(process_set)
+    psid = check_process_set(process_set)
     op = _resolve_op(average, op)
-    name = _name("allreduce", name, psid)
-    buf = _contiguous(tensor, "allreduce_")
+    name = op_name("allreduce", name, psid)
+    buf = contiguous(tensor, "allreduce_")
     h = _allreduce_submit([buf], [buf], name, op, prescale_factor, postscale_factor, reducer, psid)
     if buf is tensor:
-        return _register(h, lambda _outs: tensor)
-    return _register(h, lambda _outs: tensor.copy_(buf))
+        return register(h, lambda _outs: tensor)
+    return register(h, lambda _outs: tensor.copy_(buf))
 
 
 def allreduce_(
@@ -186,14 +154,12 @@ def allreduce(
     reducer=None,
 ) -> torch.Tensor:
     """All-reduces ``tensor`` across ranks (Average by default); differentiable."""
-    from .compression import Compression
-
-    psid = _check_process_set(process_set)
+    psid = check_process_set(process_set)
     op = _resolve_op(average, op)
     compression = compression or Compression.none
     compressed, cctx = compression.compress(tensor)
     reduced = _AllreduceFn.apply(
-        compressed, _name("allreduce", name, psid), op, prescale_factor, postscale_factor, reducer, process_set
+        compressed, op_name("allreduce", name, psid), op, prescale_factor, postscale_factor, reducer, process_set
     )
     return compression.decompress(reduced, cctx)
 
@@ -202,22 +168,22 @@ def grouped_allreduce_async(
     tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
 ) -> int:
     """All-reduces a list of tensors as one negotiated unit (fused together)."""
-    psid = _check_process_set(process_set)
+    psid = check_process_set(process_set)
     op = _resolve_op(average, op)
-    srcs = [_contiguous(t, "grouped_allreduce") for t in tensors]
+    srcs = [contiguous(t, "grouped_allreduce") for t in tensors]
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in srcs]
-    name = _name("grouped_allreduce", name, psid)
+    name = op_name("grouped_allreduce", name, psid)
     h = _allreduce_submit(srcs, outs, name, op, prescale_factor, postscale_factor, reducer, psid)
-    return _register(h, lambda _outs: outs)
+    return register(h, lambda _outs: outs)
 
 
 def grouped_allreduce_async_(
     tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None, reducer=None
 ) -> int:
-    psid = _check_process_set(process_set)
+    psid = check_process_set(process_set)
     op = _resolve_op(average, op)
-    bufs = [_contiguous(t, "grouped_allreduce_") for t in tensors]
-    name = _name("grouped_allreduce", name, psid)
+    bufs = [contiguous(t, "grouped_allreduce_") for t in tensors]
+    name = op_name("grouped_allreduce", name, psid)
     h = _allreduce_submit(bufs, bufs, name, op, prescale_factor, postscale_factor, reducer, psid)
 
     def finish(_outs):
@@ -226,7 +192,7 @@ def grouped_allreduce_async_(
                 t.copy_(b)
         return list(tensors)
 
-    return _register(h, finish)
+    return register(h, finish)
 
 
 class _GroupedAllreduceFn(torch.autograd.Function):
@@ -277,14 +243,12 @@ def grouped_allreduce(
 ) -> List[torch.Tensor]:
     """All-reduces a list of tensors as one negotiated unit; differentiable (the
     gradients are all-reduced with the same op, scaling and process set)."""
-    from .compression import Compression
-
-    psid = _check_process_set(process_set)
+    psid = check_process_set(process_set)
     op = _resolve_op(average, op)
     compression = compression or Compression.none
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduceFn.apply(
-        _name("grouped_allreduce", name, psid),
+        op_name("grouped_allreduce", name, psid),
         op,
         prescale_factor,
         postscale_factor,
@@ -313,10 +277,10 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 def allgather_async(tensor, name=None, process_set=None) -> int:
     """Concatenates every rank's tensor along dimension 0 (sizes may differ there)."""
-    psid = _check_process_set(process_set)
-    src = _as_rows(_contiguous(tensor, "allgather"))
-    h = _engine().allgather([src], _name("allgather", name, psid), process_set_id=psid)
-    return _register(h, lambda outs: outs[0])
+    psid = check_process_set(process_set)
+    src = _as_rows(contiguous(tensor, "allgather"))
+    h = engine().allgather([src], op_name("allgather", name, psid), process_set_id=psid)
+    return register(h, lambda outs: outs[0])
 
 
 def _rows_of_every_rank(dim0s: Sequence[int], process_set) -> torch.Tensor:
@@ -347,16 +311,16 @@ class _AllgatherFn(torch.autograd.Function):
 
 
 def allgather(tensor, name=None, process_set=None) -> torch.Tensor:
-    psid = _check_process_set(process_set)
-    return _AllgatherFn.apply(tensor, _name("allgather", name, psid), process_set)
+    psid = check_process_set(process_set)
+    return _AllgatherFn.apply(tensor, op_name("allgather", name, psid), process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None) -> int:
     """All-gathers a list of tensors as one negotiated unit; synchronize() returns the list."""
-    psid = _check_process_set(process_set)
-    srcs = [_as_rows(_contiguous(t, "grouped_allgather")) for t in tensors]
-    h = _engine().allgather(srcs, _name("grouped_allgather", name, psid), process_set_id=psid)
-    return _register(h, lambda outs: list(outs))
+    psid = check_process_set(process_set)
+    srcs = [_as_rows(contiguous(t, "grouped_allgather")) for t in tensors]
+    h = engine().allgather(srcs, op_name("grouped_allgather", name, psid), process_set_id=psid)
+    return register(h, lambda outs: list(outs))
 
 
 class _GroupedAllgatherFn(torch.autograd.Function):
@@ -377,8 +341,8 @@ class _GroupedAllgatherFn(torch.autograd.Function):
 
 def grouped_allgather(tensors, name=None, process_set=None) -> List[torch.Tensor]:
     """All-gathers each tensor of a list, negotiated as one unit; differentiable."""
-    psid = _check_process_set(process_set)
-    return list(_GroupedAllgatherFn.apply(_name("grouped_allgather", name, psid), process_set, *tensors))
+    psid = check_process_set(process_set)
+    return list(_GroupedAllgatherFn.apply(op_name("grouped_allgather", name, psid), process_set, *tensors))
 
 
 # ---- broadcast ----------------------------------------------------------------
@@ -386,20 +350,20 @@ def grouped_allgather(tensors, name=None, process_set=None) -> List[torch.Tensor
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None) -> int:
     """Starts a broadcast from ``root_rank`` (a global rank, also in a process set)."""
-    psid = _check_process_set(process_set)
-    src = _contiguous(tensor, "broadcast")
+    psid = check_process_set(process_set)
+    src = contiguous(tensor, "broadcast")
     out = src.clone(memory_format=torch.contiguous_format)
-    h = _engine().broadcast(src, out, root_rank, _name("broadcast", name, psid), process_set_id=psid)
-    return _register(h, lambda _outs: out)
+    h = engine().broadcast(src, out, root_rank, op_name("broadcast", name, psid), process_set_id=psid)
+    return register(h, lambda _outs: out)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> int:
-    psid = _check_process_set(process_set)
-    buf = _contiguous(tensor, "broadcast_")
-    h = _engine().broadcast(buf, buf, root_rank, _name("broadcast", name, psid), process_set_id=psid)
+    psid = check_process_set(process_set)
+    buf = contiguous(tensor, "broadcast_")
+    h = engine().broadcast(buf, buf, root_rank, op_name("broadcast", name, psid), process_set_id=psid)
     if buf is tensor:
-        return _register(h, lambda _outs: tensor)
-    return _register(h, lambda _outs: tensor.copy_(buf))
+        return register(h, lambda _outs: tensor)
+    return register(h, lambda _outs: tensor.copy_(buf))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
@@ -422,8 +386,8 @@ class _BroadcastFn(torch.autograd.Function):
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
-    psid = _check_process_set(process_set)
-    return _BroadcastFn.apply(tensor, root_rank, _name("broadcast", name, psid), process_set)
+    psid = check_process_set(process_set)
+    return _BroadcastFn.apply(tensor, root_rank, op_name("broadcast", name, psid), process_set)
 
 
 # ---- barrier, poll, synchronize --------------------------------------------
@@ -431,9 +395,9 @@ def broadcast(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
 
 def barrier(process_set=None) -> None:
     """Returns once every rank (of the process set) has called barrier()."""
-    psid = _check_process_set(process_set)
-    h = _engine().barrier(_name("barrier", None, psid), process_set_id=psid)
-    _register(h, lambda _outs: None)
+    psid = check_process_set(process_set)
+    h = engine().barrier(op_name("barrier", None, psid), process_set_id=psid)
+    register(h, lambda _outs: None)
     synchronize(h)
 
 
@@ -450,29 +414,8 @@ def join(device: int = -1) -> int:
     op of another process set still needs every member. ``device`` is
     accepted for Horovod's signature; the rank is returned either way."""
     del device
-    h = _engine().join()
-    _register(h, lambda outs: int(outs[0]))
+    h = engine().join()
+    register(h, lambda outs: int(outs[0]))
     last = synchronize(h)
-    runtime.joined()
-    from . import autotune  # here: autotune imports this module
-
-    autotune.joined()
+    runtime.joined()  # runs the join hooks of the modules above (autotune's among them)
     return last
-
-
-def poll(handle: int) -> bool:
-    """True once the op behind ``handle`` has finished (successfully or not)."""
-    if callable(handle):  # a handle made of several ops (sparse_allreduce_async)
-        return handle.poll()
-    return _engine().poll(handle)
-
-
-def synchronize(handle: int):
-    """Waits for the op behind ``handle`` and returns its result (raises its error)."""
-    if callable(handle):
-        return handle()
-    finish = _finishers.pop(handle, None)
-    if finish is None:
-        raise InvalidArgumentError(f"hvdtorch: unknown or already synchronized handle {handle!r}")
-    outs = _engine().wait(handle)
-    return finish(outs)

@@ -13,9 +13,13 @@ set are collectives over every rank: every rank calls them with the same
 ranks in the same order and gets the same id. As in Horovod, ranks given to
 ops of a set (broadcast's ``root_rank``) are global ranks; ``ProcessSet.rank()``
 is a rank's position inside the set (useful to pick its rows of an allgather).
+
+This module is what a set *is* (the class, the global set, the ids the ops
+resolve); adding and removing sets, which run collectives, is
+process_set_table.py, above the ops.
 """
 
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Optional
 
 from . import runtime
 from .exceptions import InvalidArgumentError
@@ -112,71 +116,28 @@ def _describe(ps: ProcessSet) -> str:
     return f"process set {ps.process_set_id} [{', '.join(map(str, ps.ranks))}]"
 
 
-def _reset_names(psid: int) -> None:
+def reset_names(psid: int) -> None:
     """Unnamed ops of a set are numbered per set; a new set under an old id starts again."""
     counters = runtime.state().name_counters
     for key in [k for k in counters if k.endswith(f".set{psid}")]:
         del counters[key]
 
 
-def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:
-    """Adds a set on every rank (a collective: all ranks call it, same ranks, same order).
-
-    Returns the ProcessSet, now with its id. A set defined differently on
-    different ranks raises ValueError on every rank, naming what each rank passed."""
-    from . import ops
-    from .broadcast import allgather_object
-
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.process_set_id is not None:
-        raise InvalidArgumentError(f"hvdtorch: {ps} has been added already")
-    st = runtime.state()
-    bad = [r for r in ps.ranks if not 0 <= r < st.size]
-    if bad:
-        raise InvalidArgumentError(f"hvdtorch: process set {ps.ranks}: ranks {bad} are not in [0, {st.size})")
-    # Every rank must define the same set: compare over the global set first,
-    # so that a disagreement is an error everywhere rather than a hang.
-    everyone = allgather_object(ps.ranks, name=runtime.next_name("add_process_set"))
-    if any(r != ps.ranks for r in everyone):
-        variants = "; ".join(f"rank {k}: {r}" for k, r in enumerate(everyone))
-        raise InvalidArgumentError(
-            f"hvdtorch: add_process_set was called with different ranks on different ranks ({variants})"
-        )
-    new_id = st.engine.add_process_set(ps.ranks)
-    _reset_names(new_id)
-    # No rank may submit to the set before every rank knows it.
-    ops.barrier()
-    ps.process_set_id = new_id
-    _registry[new_id] = ps
-    return ps
+def remember(ps: ProcessSet, psid: int) -> None:
+    """``ps`` was added under ``psid`` (on every rank)."""
+    ps.process_set_id = psid
+    _registry[psid] = ps
 
 
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Removes a set on every rank (a collective). Its ops must have finished."""
-    from . import ops
-
-    if process_set is global_process_set or process_set.process_set_id == 0:
-        raise InvalidArgumentError("hvdtorch: the global process set cannot be removed")
-    psid = set_id(process_set, member=False)
-    ops.barrier()  # every rank is done with the set before anyone drops it
-    runtime.state().engine.remove_process_set(psid)
-    del _registry[psid]
-    _reset_names(psid)
-    process_set.process_set_id = None
-    return True
+def forget(ps: ProcessSet) -> None:
+    """``ps`` was removed; its id may be given to a new set."""
+    del _registry[ps.process_set_id]
+    reset_names(ps.process_set_id)
+    ps.process_set_id = None
 
 
-def _setup(process_sets) -> None:
-    """hvd.init(process_sets=...): add each listed set, in order."""
-    _registry.clear()
-    if process_sets in (None, "dynamic"):
-        return
-    for ps in process_sets:
-        add_process_set(ps)
-
-
-def _forget() -> None:
-    """hvd.shutdown(): sets die with the engine."""
+def forget_all() -> None:
+    """Every set dies with the engine (shutdown, or init afresh)."""
     for ps in _registry.values():
         ps.process_set_id = None
     _registry.clear()

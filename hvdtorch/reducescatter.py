@@ -15,43 +15,36 @@ from typing import List
 
 import torch
 
+from .compression import Compression
 from .exceptions import InvalidArgumentError
-from .ops import (
-    Average,
-    Sum,
-    _check_process_set,
-    _contiguous,
-    _engine,
-    _name,
-    _register,
-    allgather_async,
-    grouped_allgather_async,
-    synchronize,
-)
+from .handles import check_process_set, contiguous, engine, op_name, register, synchronize
+from .ops import Average, Sum, allgather_async, grouped_allgather_async
 from .process_sets import global_process_set
 
 
 def _submit(tensors, name: str, op, prescale_factor, postscale_factor, psid: int) -> int:
-    srcs = [_contiguous(t, "reducescatter") for t in tensors]
-    return _engine().reducescatter(srcs, name, op, float(prescale_factor), float(postscale_factor), process_set_id=psid)
+    srcs = [contiguous(t, "reducescatter") for t in tensors]
+    return engine().reducescatter(srcs, name, op, float(prescale_factor), float(postscale_factor), process_set_id=psid)
 
 
 def reducescatter_async(
     tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0
 ) -> int:
     """Starts a reduce-scatter; synchronize() returns this rank's share."""
-    psid = _check_process_set(process_set)
-    h = _submit([tensor], _name("reducescatter", name, psid), op, prescale_factor, postscale_factor, psid)
-    return _register(h, lambda outs: outs[0])
+    psid = check_process_set(process_set)
+    h = _submit([tensor], op_name("reducescatter", name, psid), op, prescale_factor, postscale_factor, psid)
+    return register(h, lambda outs: outs[0])
 
 
 def grouped_reducescatter_async(
     tensors, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0
 ) -> int:
     """Starts a reduce-scatter of a list as one unit; synchronize() returns the list of shares."""
-    psid = _check_process_set(process_set)
-    h = _submit(list(tensors), _name("grouped_reducescatter", name, psid), op, prescale_factor, postscale_factor, psid)
-    return _register(h, lambda outs: list(outs))
+    psid = check_process_set(process_set)
+    h = _submit(
+        list(tensors), op_name("grouped_reducescatter", name, psid), op, prescale_factor, postscale_factor, psid
+    )
+    return register(h, lambda outs: list(outs))
 
 
 def _grad_scale(op, prescale_factor, postscale_factor, process_set) -> float:
@@ -95,13 +88,11 @@ def reducescatter(
     tensor, name=None, compression=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0
 ) -> torch.Tensor:
     """Reduces ``tensor`` over ranks and returns this rank's rows of the result; differentiable."""
-    from .compression import Compression
-
-    psid = _check_process_set(process_set)
+    psid = check_process_set(process_set)
     compression = compression or Compression.none
     compressed, cctx = compression.compress(tensor)
     out = _ReducescatterFn.apply(
-        compressed, _name("reducescatter", name, psid), op, prescale_factor, postscale_factor, process_set
+        compressed, op_name("reducescatter", name, psid), op, prescale_factor, postscale_factor, process_set
     )
     return compression.decompress(out, cctx)
 
@@ -110,13 +101,11 @@ def grouped_reducescatter(
     tensors, name=None, compression=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0
 ) -> List[torch.Tensor]:
     """reducescatter of each tensor of a list, negotiated as one unit; differentiable."""
-    from .compression import Compression
-
-    psid = _check_process_set(process_set)
+    psid = check_process_set(process_set)
     compression = compression or Compression.none
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedReducescatterFn.apply(
-        _name("grouped_reducescatter", name, psid),
+        op_name("grouped_reducescatter", name, psid),
         op,
         prescale_factor,
         postscale_factor,

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -56,6 +56,31 @@ class _State:
 
 
 _state: Optional[_State] = None
+
+# Hooks of the modules above this one, which runtime never imports (it is the
+# bottom layer): each module registers its hooks when it is imported, and they
+# run in registration order.
+#   init:     after the engine started, with init()'s process_sets argument
+#             (process-set management adds the listed sets)
+#   shutdown: before the engine stops (process sets forget their ids)
+#   join:     after join() returned on this rank (autotune stops tuning)
+_init_hooks: List[Callable[[object], None]] = []
+_shutdown_hooks: List[Callable[[], None]] = []
+_join_hooks: List[Callable[[], None]] = []
+
+
+def on_init(hook: Callable[[object], None]) -> None:
+    _init_hooks.append(hook)
+
+
+def on_shutdown(hook: Callable[[], None]) -> None:
+    _shutdown_hooks.append(hook)
+
+
+def on_join(hook: Callable[[], None]) -> None:
+    _join_hooks.append(hook)
+
+
 # How many times this process has joined a job through env:// (torchrun, or
 # MASTER_ADDR/MASTER_PORT): each init() meets under a key prefix of its own.
 _generation = 0
@@ -200,9 +225,8 @@ def init(comm=None, process_sets=None, **options) -> None:
             options=opts,
         )
     # Outside the lock: adding sets runs collectives, which need the state.
-    from . import process_sets as _process_sets
-
-    _process_sets._setup(process_sets)
+    for hook in _init_hooks:
+        hook(process_sets)
 
 
 def shutdown() -> None:
@@ -212,9 +236,8 @@ def shutdown() -> None:
         st, _state = _state, None
     if st is None:
         return
-    from . import process_sets as _process_sets
-
-    _process_sets._forget()
+    for hook in _shutdown_hooks:
+        hook()
     st.engine.shutdown()
     for group in (st.data_group, st.control_group):
         try:
@@ -265,6 +288,8 @@ def joined() -> None:
     st = _require()
     st.joins += 1
     st.name_counters.clear()
+    for hook in _join_hooks:
+        hook()
 
 
 def rank() -> int:

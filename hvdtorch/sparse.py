@@ -14,6 +14,7 @@ import torch
 
 from . import ops, runtime
 from .exceptions import InvalidArgumentError
+from .handles import check_process_set, op_name
 
 
 class SparseHandle:
@@ -55,7 +56,7 @@ def sparse_allreduce_async(
     tensor: torch.Tensor, name: Optional[str] = None, op: Optional[int] = None, process_set=None
 ) -> SparseHandle:
     """Starts the reduction of a sparse COO tensor (op: Average, the default, or Sum)."""
-    ops._check_process_set(process_set)
+    check_process_set(process_set)
     process_set = process_set or ops.global_process_set
     op = ops.Average if op is None else op
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
@@ -67,7 +68,7 @@ def sparse_allreduce_async(
         raise InvalidArgumentError(
             f"hvdtorch: rank {runtime.rank()}: sparse_allreduce reduces with Average or Sum only (got op {op!r})"
         )
-    name = ops._name("sparse_allreduce", name, process_set.process_set_id)
+    name = op_name("sparse_allreduce", name, process_set.process_set_id)
     local = tensor.coalesce()  # merge duplicates before sending them
     # All-gather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
     indices_handle = ops.allgather_async(

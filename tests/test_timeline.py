@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvdtorch.timeline_summary import load_events, summarize
+from hvdtorch.timeline.summary import load_events, summarize
 from tests.harness import ROOT, run_ranks
 
 

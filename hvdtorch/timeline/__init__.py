@@ -3,7 +3,7 @@ start_timeline / stop_timeline), and summarizing a trace from the command line:
 
     python -m hvdtorch.timeline summarize trace.json [--plot out.png] [--json]
 
-(__main__.py; the summary lives in hvdtorch/timeline_summary.py, the plot in hvdtorch/timeline_plot.py).
+(__main__.py; the summary lives in summary.py, the plot in plot.py).
 
     hvd.start_timeline("/tmp/trace.json")        # rank 0 writes it
     hvd.start_timeline("/tmp/trace-{rank}.json")  # every rank writes its own

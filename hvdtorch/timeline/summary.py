@@ -328,32 +328,3 @@ def to_json(summaries: Sequence[RankSummary]) -> str:
         d.pop("intervals")
         out.append(d)
     return json.dumps(out, indent=1)
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m hvdtorch.timeline", description="Summaries of hvdtorch timelines (HVDTORCH_TIMELINE traces)."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("summarize", help="per-phase and per-step times, slowest ops, overlap with backward")
-    s.add_argument("traces", nargs="+", help="trace file(s); several: one per rank (trace-{rank}.json)")
-    s.add_argument("--plot", metavar="OUT.png", help="also draw a Gantt strip per rank and a stacked bar per phase")
-    s.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    s.add_argument("--top", type=int, default=10, help="how many of the slowest ops to list (default 10)")
-    args = parser.parse_args(argv)
-    for p in args.traces:
-        if not os.path.isfile(p):
-            parser.error(f"no such trace file: {p}")
-    try:
-        summaries = summarize(args.traces, args.top)
-    except ValueError as e:
-        parser.error(str(e))
-    print(to_json(summaries) if args.json else format_summary(summaries))
-    if args.plot:
-        from .timeline_plot import plot
-
-        plot(summaries, args.plot)
-        print(f"plot: {args.plot}")
-    return 0

@@ -11,7 +11,7 @@ the stack taller than the step: the height above the step line is overlap.
 
 from typing import Dict, List, Sequence
 
-from .timeline_summary import COMPUTE_PHASES, WAIT_PHASES, RankSummary, is_comm_busy
+from .summary import COMPUTE_PHASES, WAIT_PHASES, RankSummary, is_comm_busy
 
 STEPS_SHOWN = 3
 
