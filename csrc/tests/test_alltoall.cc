@@ -13,7 +13,7 @@
 #include "common/error.h"
 #include "ranks.h"
 #include "shm_entries.h"
-#include "transport/shm_link.h"
+#include "transport/shm/link.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::runRanks;

@@ -21,7 +21,7 @@
 #include "ranks.h"
 #include "reference.h"
 #include "shm_entries.h"
-#include "transport/registered_memory.h"
+#include "transport/shm/registered_memory.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::reference;

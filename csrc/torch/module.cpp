@@ -25,7 +25,7 @@
 #include "python_errors.h"
 #include "registered_tensor.h"
 #include "torch_tensor.h"
-#include "transport/registered_memory.h"
+#include "transport/shm/registered_memory.h"
 
 namespace py = pybind11;
 using namespace hvdtorch;

@@ -6,9 +6,9 @@
 #include "common/error.h"
 #include "engine/control_frame.h"
 #include "engine/fusion.h"
-#include "transport/shm_link.h"
-#include "transport/shm_segment.h"
-#include "transport/shm_wait.h"
+#include "transport/shm/link.h"
+#include "transport/shm/segment.h"
+#include "transport/shm/wait.h"
 
 namespace hvdtorch {
 
@@ -39,7 +39,7 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
   fusion_threshold_ = config_.fusion_threshold;
   cycle_time_us_ = config_.cycle_time.count();
   // Shared-memory waits may spin a while when every rank of this host has
-  // a core of its own (shm_wait.h says why, and why not otherwise).
+  // a core of its own (transport/shm/wait.h says why, and why not otherwise).
   const unsigned cores = std::thread::hardware_concurrency();
   setShmSpinBudget(cores != 0 && static_cast<unsigned>(topo.local_size) <= cores ? kShmSpinBudget
                                                                                  : std::chrono::microseconds(0));

@@ -13,7 +13,7 @@
 
 #include "engine/entry.h"
 #include "engine/request.h"
-#include "transport/registered_memory.h"
+#include "transport/shm/registered_memory.h"
 
 namespace hvdtorch {
 
