@@ -76,7 +76,7 @@ TEST(alltoall_matches_reference) {
 
 TEST(alltoall_over_shared_memory_larger_than_the_ring) {
   ShmLinkConfig cfg;
-  cfg.prefix = strCat("/hvdtest-", getpid(), "-a2a");
+  cfg.prefix = hvdtorch::test::uniqueShmPrefix("a2a");
   cfg.ring_bytes = 4096;  // every block streams through the ring in pieces
   for (int p : {2, 3, 4}) {
     runRanks(

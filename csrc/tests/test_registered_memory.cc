@@ -31,10 +31,7 @@ using hvdtorch::test::valueOf;
 
 namespace {
 
-std::string uniquePrefix(const char* what) {
-  static int n = 0;
-  return strCat("/hvdtest-", getpid(), "-", what, n++);
-}
+std::string uniquePrefix(const char* what) { return hvdtorch::test::uniqueShmPrefix(what); }
 
 }  // namespace
 

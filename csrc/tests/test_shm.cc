@@ -30,7 +30,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-std::string prefixFor(const std::string& tag) { return strCat("/hvdtest-", getpid(), "-", tag); }
+std::string prefixFor(const std::string& tag) { return hvdtorch::test::testShmPrefix() + tag; }
 
 using hvdtorch::test::shmEntries;
 
