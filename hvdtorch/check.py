@@ -33,9 +33,6 @@ import shutil
 import sys
 from typing import Dict, List
 
-# Reducers that define their own reduce op (a Sum asked of them becomes that op), checked on inputs where
-# that op's result is known.
-OWN_OP_REDUCERS = ("adasum",)
 # Sizes at which the report says which reducer `auto` runs.
 PROBE_BYTES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
 
@@ -222,11 +219,15 @@ def job_probe(reducer_names: List[str], timeout_s: float = 30.0) -> Dict[str, ob
     import torch
 
     import hvdtorch as hvd
+    from hvdtorch import _C
 
+    # Reducers that define their own reduce op (a Sum asked of them becomes that op), checked on inputs
+    # where that op's result is known.
+    own_op_reducers = {row["name"] for row in _C.reducer_registry() if row["own_op"] is not None}
     size = hvd.size()
     results = {}
     for name in reducer_names:
-        if name in OWN_OP_REDUCERS:
+        if name in own_op_reducers:
             # Adasum of equal vectors is that vector, on any number of ranks.
             t, expected = torch.full((1024,), 2.0), 2.0
         else:

@@ -10,9 +10,12 @@
 #include "algorithms/reduce_kernels.h"
 #include "check.h"
 #include "common/error.h"
+#include "dtype_values.h"
 #include "ranks.h"
 
 using namespace hvdtorch;
+using hvdtorch::test::get;
+using hvdtorch::test::put;
 using hvdtorch::test::runRanks;
 
 namespace {
@@ -44,26 +47,6 @@ Vec referenceTree(std::vector<Vec> v) {
 
 // Rank r's input: different directions per rank, some negative components.
 double input(int r, size_t i) { return std::sin(0.7 * r + 0.31 * i + 0.1) * (1 + r % 3) + 0.05 * r; }
-
-void put(DataType t, void* buf, size_t i, double v) {
-  switch (t) {
-    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
-    case DataType::kFloat64: static_cast<double*>(buf)[i] = v; return;
-    case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = floatToBf16(static_cast<float>(v)); return;
-    case DataType::kFloat16: static_cast<uint16_t*>(buf)[i] = floatToHalf(static_cast<float>(v)); return;
-    default: throw InvalidArgument("test: dtype not covered");
-  }
-}
-
-double get(DataType t, const void* buf, size_t i) {
-  switch (t) {
-    case DataType::kFloat32: return static_cast<const float*>(buf)[i];
-    case DataType::kFloat64: return static_cast<const double*>(buf)[i];
-    case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kFloat16: return halfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    default: throw InvalidArgument("test: dtype not covered");
-  }
-}
 
 double tolerance(DataType t) {
   return t == DataType::kFloat64 ? 1e-12 : t == DataType::kFloat32 ? 1e-5 : t == DataType::kFloat16 ? 5e-3 : 3e-2;

@@ -13,7 +13,7 @@
 #include "common/error.h"
 #include "ranks.h"
 #include "shm_entries.h"
-#include "transport/shm_link.h"
+#include "transport/shm/link.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::runRanks;
@@ -76,7 +76,7 @@ TEST(alltoall_matches_reference) {
 
 TEST(alltoall_over_shared_memory_larger_than_the_ring) {
   ShmLinkConfig cfg;
-  cfg.prefix = strCat("/hvdtest-", getpid(), "-a2a");
+  cfg.prefix = hvdtorch::test::uniqueShmPrefix("a2a");
   cfg.ring_bytes = 4096;  // every block streams through the ring in pieces
   for (int p : {2, 3, 4}) {
     runRanks(

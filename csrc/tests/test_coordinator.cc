@@ -9,27 +9,17 @@
 
 #include "check.h"
 #include "engine/coordinator.h"
+#include "requests.h"
 
 using namespace hvdtorch;
+using hvdtorch::test::joinRequest;
 using std::chrono::milliseconds;
 
 namespace {
 
-Request allreduce(const std::string& name, int64_t n = 4) {
-  Request q;
-  q.type = OpType::kAllreduce;
-  q.name = name;
-  q.tensors = {{DataType::kFloat32, {n}}};
-  q.args = ReduceArgs{};
-  return q;
-}
+Request allreduce(const std::string& name, int64_t n = 4) { return hvdtorch::test::allreduceRequest(name, n); }
 
-Request broadcast(const std::string& name, int32_t root) {
-  Request q = allreduce(name);
-  q.type = OpType::kBroadcast;
-  q.args = BroadcastArgs{root};
-  return q;
-}
+Request broadcast(const std::string& name, int32_t root) { return hvdtorch::test::broadcastRequest(name, root); }
 
 // Messages for one cycle of `p` ranks, none with anything to say yet.
 std::vector<RankMessage> quiet(int p) { return std::vector<RankMessage>(p); }
@@ -234,13 +224,6 @@ TEST(allgather_response_carries_every_ranks_first_dimension) {
 // ---- join --------------------------------------------------------------------
 
 namespace {
-
-Request joinRequest() {
-  Request q;
-  q.type = OpType::kJoin;
-  q.name = "hvdtorch.join";
-  return q;
-}
 
 Request withOp(Request q, ReduceOp op) {
   std::get<ReduceArgs>(q.args).op = op;

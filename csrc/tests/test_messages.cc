@@ -10,31 +10,24 @@
 #include "common/error.h"
 #include "engine/coordinator.h"
 #include "engine/request.h"
+#include "requests.h"
 
 using namespace hvdtorch;
 
 namespace {
 
+// Every payload field away from its default, so that the wire must carry it.
 Request request(OpType type, const std::string& name, std::vector<int64_t> shape) {
-  Request q;
-  q.type = type;
-  q.name = name;
-  q.tensors = {{DataType::kFloat32, std::move(shape)}};
-  switch (argsIndexFor(type)) {
-    case 1: {
-      ReduceArgs a;
-      a.op = ReduceOp::kMax;
-      a.prescale = 2.0;
-      a.postscale = 0.25;
-      a.reducer = parseReducer("ring");
-      a.fuse = false;
-      q.args = a;
-      break;
-    }
-    case 2: q.args = BroadcastArgs{1}; break;
-    case 3: q.args = AlltoallArgs{{1, 0, 2}}; break;
-    default: break;
+  Request q = hvdtorch::test::request(type, name, std::move(shape));
+  if (auto* a = std::get_if<ReduceArgs>(&q.args)) {
+    a->op = ReduceOp::kMax;
+    a->prescale = 2.0;
+    a->postscale = 0.25;
+    a->reducer = parseReducer("ring");
+    a->fuse = false;
   }
+  if (auto* b = std::get_if<BroadcastArgs>(&q.args)) b->root = 1;
+  if (auto* t = std::get_if<AlltoallArgs>(&q.args)) t->splits = {1, 0, 2};
   return q;
 }
 
@@ -143,13 +136,13 @@ TEST(malformed_frames_throw_collective_error) {
   trailing.push_back(0);
   CHECK_THROWS(RankMessage::parse(trailing), CollectiveError);
 
-  // The op-type byte of the first request: 6 is past the last op.
+  // The op-type byte of the first request: past the last op of the table.
   ByteWriter w;
   w.put<uint8_t>(0);  // shutdown
   w.putString("");    // failure
   w.putVector(std::vector<uint64_t>{});
-  w.put<uint32_t>(1);  // one request
-  w.put<uint8_t>(6);   // op type
+  w.put<uint32_t>(1);                                      // one request
+  w.put<uint8_t>(static_cast<uint8_t>(opTable().size()));  // op type
   CHECK_THROWS(RankMessage::parse(w.bytes()), CollectiveError);
 
   // A vector claiming 2^32 - 1 elements must not allocate them.
@@ -158,6 +151,29 @@ TEST(malformed_frames_throw_collective_error) {
   big.putString("");
   big.put<uint32_t>(0xffffffffu);
   CHECK_THROWS(RankMessage::parse(big.bytes()), CollectiveError);
+}
+
+// The wire check follows the op table: every row at its enum value, the
+// last op accepted, the first value past the table rejected by name.
+TEST(op_table_is_in_enum_order_and_bounds_the_wire_check) {
+  const auto& table = opTable();
+  for (size_t v = 0; v < table.size(); ++v) CHECK_MSG(static_cast<size_t>(table[v].type) == v, "row %zu", v);
+  CHECK(findOpSpec(static_cast<uint8_t>(table.size())) == nullptr);
+  const OpType last = table.back().type;
+  ByteWriter w;
+  request(last, "last", {1}).write(w);
+  std::vector<char> bytes = w.bytes();
+  ByteReader ok(bytes.data(), bytes.size());
+  CHECK(Request::read(ok).type == last);
+  bytes[0] = static_cast<char>(table.size());
+  ByteReader past(bytes.data(), bytes.size());
+  std::string error;
+  try {
+    Request::read(past);
+  } catch (const CollectiveError& e) {
+    error = e.what();
+  }
+  CHECK_MSG(error.find("op type") != std::string::npos, "got '%s'", error.c_str());
 }
 
 TEST(coordinator_plans_payload_ops) {

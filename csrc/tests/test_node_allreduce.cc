@@ -18,11 +18,14 @@
 #include "algorithms/reduce_kernels.h"
 #include "check.h"
 #include "common/error.h"
+#include "dtype_values.h"
 #include "ranks.h"
 #include "reference.h"
 #include "shm_entries.h"
 
 using namespace hvdtorch;
+using hvdtorch::test::get;
+using hvdtorch::test::put;
 using hvdtorch::test::runRanks;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -30,35 +33,12 @@ using std::chrono::milliseconds;
 namespace {
 
 // Called on the test's main thread only, once per run of ranks.
-std::string uniquePrefix() {
-  static int n = 0;
-  return strCat("/hvdtest-", getpid(), "-node", n++);
-}
+std::string uniquePrefix() { return hvdtorch::test::uniqueShmPrefix("node"); }
 
 using hvdtorch::test::shmEntries;
 
 using hvdtorch::test::reference;
 using hvdtorch::test::valueOf;
-
-void put(DataType t, void* buf, size_t i, double v) {
-  switch (t) {
-    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
-    case DataType::kFloat64: static_cast<double*>(buf)[i] = v; return;
-    case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); return;
-    case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = floatToBf16(static_cast<float>(v)); return;
-    default: throw InvalidArgument("test: dtype not covered");
-  }
-}
-
-double get(DataType t, const void* buf, size_t i) {
-  switch (t) {
-    case DataType::kFloat32: return static_cast<const float*>(buf)[i];
-    case DataType::kFloat64: return static_cast<const double*>(buf)[i];
-    case DataType::kInt32: return static_cast<const int32_t*>(buf)[i];
-    case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    default: throw InvalidArgument("test: dtype not covered");
-  }
-}
 
 // One all-reduce with `reducer`, checked element by element.
 void reduceAndCheck(NodeAllreduce& reducer, Context& ctx, size_t count, DataType dtype, ReduceOp op, const char* what) {
@@ -277,7 +257,7 @@ TEST(node_between_processes_and_killed_peer) {
 }
 
 TEST(nothing_left_in_dev_shm) {
-  const auto left = shmEntries(strCat("/hvdtest-", getpid(), "-"));
+  const auto left = shmEntries(hvdtorch::test::testShmPrefix());
   CHECK_MSG(left.empty(), "%zu entries left, e.g. %s", left.size(), left.empty() ? "" : left[0].c_str());
 }
 

@@ -15,39 +15,21 @@
 #include "algorithms/ring_allreduce.h"
 #include "check.h"
 #include "common/error.h"
+#include "dtype_values.h"
 #include "ranks.h"
 #include "reference.h"
 #include "shm_entries.h"
 
 using namespace hvdtorch;
+using hvdtorch::test::get;
+using hvdtorch::test::put;
 using hvdtorch::test::reference;
 using hvdtorch::test::runRanks;
 using hvdtorch::test::valueOf;
 
 namespace {
 
-std::string uniquePrefix() {
-  static int n = 0;
-  return strCat("/hvdtest-", getpid(), "-rs", n++);
-}
-
-void put(DataType t, void* buf, size_t i, double v) {
-  switch (t) {
-    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
-    case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); return;
-    case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = floatToBf16(static_cast<float>(v)); return;
-    default: throw InvalidArgument("test: dtype not covered");
-  }
-}
-
-double get(DataType t, const void* buf, size_t i) {
-  switch (t) {
-    case DataType::kFloat32: return static_cast<const float*>(buf)[i];
-    case DataType::kInt32: return static_cast<const int32_t*>(buf)[i];
-    case DataType::kBFloat16: return bf16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    default: throw InvalidArgument("test: dtype not covered");
-  }
-}
+std::string uniquePrefix() { return hvdtorch::test::uniqueShmPrefix("rs"); }
 
 // Block sizes per rank worth testing for world size p.
 std::vector<std::vector<size_t>> countPatterns(int p) {
@@ -206,7 +188,7 @@ TEST(reducer_set_picks_a_reduce_scatter) {
 }
 
 TEST(nothing_left_in_dev_shm) {
-  const auto left = hvdtorch::test::shmEntries(strCat("/hvdtest-", getpid(), "-"));
+  const auto left = hvdtorch::test::shmEntries(hvdtorch::test::testShmPrefix());
   CHECK_MSG(left.empty(), "%zu entries left, e.g. %s", left.size(), left.empty() ? "" : left[0].c_str());
 }
 

@@ -21,7 +21,7 @@
 #include "ranks.h"
 #include "reference.h"
 #include "shm_entries.h"
-#include "transport/registered_memory.h"
+#include "transport/shm/registered_memory.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::reference;
@@ -31,10 +31,7 @@ using hvdtorch::test::valueOf;
 
 namespace {
 
-std::string uniquePrefix(const char* what) {
-  static int n = 0;
-  return strCat("/hvdtest-", getpid(), "-", what, n++);
-}
+std::string uniquePrefix(const char* what) { return hvdtorch::test::uniqueShmPrefix(what); }
 
 }  // namespace
 

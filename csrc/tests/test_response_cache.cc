@@ -8,20 +8,13 @@
 #include "check.h"
 #include "cluster.h"
 #include "engine/response_cache.h"
+#include "requests.h"
 
 using namespace hvdtorch;
+using hvdtorch::test::allreduceRequest;
 using hvdtorch::test::Cluster;
 
 namespace {
-
-Request allreduceRequest(const std::string& name, int64_t n = 4) {
-  Request q;
-  q.type = OpType::kAllreduce;
-  q.name = name;
-  q.tensors = {{DataType::kFloat32, {n}}};
-  q.args = ReduceArgs{};
-  return q;
-}
 
 EntryPtr allreduceEntry(const std::string& name, int64_t n, float value) {
   auto e = std::make_shared<Entry>();

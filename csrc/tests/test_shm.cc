@@ -20,8 +20,8 @@
 #include "common/error.h"
 #include "ranks.h"
 #include "shm_entries.h"
-#include "transport/shm_link.h"
-#include "transport/shm_segment.h"
+#include "transport/shm/link.h"
+#include "transport/shm/segment.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::runRanks;
@@ -30,7 +30,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-std::string prefixFor(const std::string& tag) { return strCat("/hvdtest-", getpid(), "-", tag); }
+std::string prefixFor(const std::string& tag) { return hvdtorch::test::testShmPrefix() + tag; }
 
 using hvdtorch::test::shmEntries;
 

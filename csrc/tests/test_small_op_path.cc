@@ -12,7 +12,7 @@
 #include "cluster.h"
 #include "engine/engine.h"
 #include "submit.h"
-#include "transport/shm_wait.h"
+#include "transport/shm/wait.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::Cluster;

@@ -33,8 +33,8 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
   const std::string& asked = opts_.reducer.empty() ? engine_->config().reducer : opts_.reducer;
   const bool cpu = params_.empty() || params_.front().device().is_cpu();
   if (parseReducer(asked) == kAutoReducer && opts_.op != ReduceOp::kAdasum && cpu &&
-      engine_->reducers().available(parseReducer("node")))
-    allreduce_.reducer = "node";
+      engine_->reducers().available(registeredReducer()))
+    allreduce_.reducer = reducerName(registeredReducer());
   allreduce_.fuse = opts_.fuse;
   allreduce_.process_set_id = opts_.process_set_id;
   const auto set = engine_->processSet(opts_.process_set_id);

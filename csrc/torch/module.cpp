@@ -27,7 +27,7 @@
 #include "python_errors.h"
 #include "registered_tensor.h"
 #include "torch_tensor.h"
-#include "transport/registered_memory.h"
+#include "transport/shm/registered_memory.h"
 
 namespace py = pybind11;
 using namespace hvdtorch;
@@ -216,8 +216,6 @@ class PyEngine {
     return d;
   }
 
-  // Negotiation rounds so far (every process set): how many were settled by
-  // the decentralized AND alone, how many went through a coordinator.
   // The phases (op_timing.h) of the last ops waited for, in nanoseconds:
   // {phase: [one value per op, oldest first]}, -1 where not stamped.
   // clear=True forgets them afterwards.
@@ -240,6 +238,8 @@ class PyEngine {
     return d;
   }
 
+  // Negotiation rounds so far (every process set): how many were settled by
+  // the decentralized AND alone, how many went through a coordinator.
   py::dict negotiationStats() const {
     const Engine::NegotiationStats s = engine_->negotiationStats();
     py::dict d;
@@ -416,6 +416,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
       .def("bucket_bytes", &GradientReducer::bucketBytes);
 
+  // The reducer registry (algorithms/reducer_registry.h), row by row: name,
+  // the reduce op it defines itself (None for most), whether `auto` may pick it.
+  m.def("reducer_registry", [] {
+    py::list rows;
+    for (const ReducerEntry& r : reducerRegistry()) {
+      py::dict row;
+      row["name"] = r.name;
+      row["own_op"] = r.own_op ? py::object(py::str(reduceOpName(*r.own_op))) : py::object(py::none());
+      row["automatic"] = r.automatic;
+      rows.append(row);
+    }
+    return rows;
+  });
   m.def("knobs", [] {
     std::vector<std::tuple<std::string, std::string, std::string>> out;
     for (const auto& k : Config::knobs()) out.emplace_back("HVDTORCH_" + k.name, k.default_value, k.help);

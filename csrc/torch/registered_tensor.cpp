@@ -4,7 +4,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "common/error.h"
-#include "transport/registered_memory.h"
+#include "transport/shm/registered_memory.h"
 
 namespace hvdtorch {
 

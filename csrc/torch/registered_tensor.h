@@ -1,4 +1,4 @@
-// Tensors in registered memory (transport/registered_memory.h): the node
+// Tensors in registered memory (transport/shm/registered_memory.h): the node
 // reducer reduces them in place, with no copy through the node arena.
 #pragma once
 

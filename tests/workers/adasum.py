@@ -6,7 +6,7 @@ levels 1, 2, 4, ... with the lower ranks on the left), in float64."""
 import torch
 
 import hvdtorch as hvd
-from tests.workers.alltoall import _expect
+from tests.workers.common import expect as _expect
 
 
 def pair_rule(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

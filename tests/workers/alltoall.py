@@ -9,6 +9,7 @@ import torch
 import hvdtorch as hvd
 from tests.workers import collectives
 from tests.workers.collectives import assert_equal, value
+from tests.workers.common import expect as _expect
 
 # The collectives' dtypes less int16, which these per-op tests leave to
 # tests/workers/collectives.py.
@@ -117,18 +118,6 @@ def gradient(op: str):
     want = torch.cat([torch.full((2, 2), float(d + 1)) for d in range(n)])
     assert torch.equal(x.grad, want), x.grad
     hvd.shutdown()
-
-
-def _expect(exc_type, words, call, r):
-    try:
-        call()
-    except exc_type as e:
-        msg = str(e)
-        for w in words:
-            assert w in msg, f"expected {w!r} in: {msg}"
-        print(f"rank {r} raised {exc_type.__name__}: {msg}", flush=True)
-        return msg
-    raise AssertionError(f"no {exc_type.__name__} for {words}")
 
 
 def errors(op: str):

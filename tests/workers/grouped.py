@@ -5,8 +5,8 @@ and errors."""
 import torch
 
 import hvdtorch as hvd
-from tests.workers.alltoall import _expect
 from tests.workers.collectives import assert_equal, value
+from tests.workers.common import expect as _expect
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int64, torch.uint8, torch.bool]
 

@@ -8,8 +8,9 @@ import time
 import torch
 
 import hvdtorch as hvd
-from tests.workers.alltoall import DTYPES, _expect
+from tests.workers.alltoall import DTYPES
 from tests.workers.collectives import OPS, assert_equal, reference, value
+from tests.workers.common import expect as _expect
 
 
 def share(full: torch.Tensor, r: int, n: int) -> torch.Tensor:

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "algorithms/reduce_kernels.h"
-#include "transport/shm_arena.h"
+#include "transport/shm/arena.h"
 
 namespace hvdtorch {
 

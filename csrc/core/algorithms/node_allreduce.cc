@@ -6,8 +6,8 @@
 #include "algorithms/arena_reduce_scatter.h"
 #include "algorithms/reduce_kernels.h"
 #include "common/error.h"
-#include "transport/registered_memory.h"
-#include "transport/shm_arena.h"
+#include "transport/shm/arena.h"
+#include "transport/shm/registered_memory.h"
 
 namespace hvdtorch {
 

@@ -24,7 +24,7 @@
 // first barrier of chunk k+2, which reuses the set, orders it). The
 // alternation runs across calls for the same reason. Two barriers per chunk.
 //
-// Registered buffers (registered_memory.h): when this rank's data lies in a
+// Registered buffers (transport/shm/registered_memory.h): when this rank's data lies in a
 // registered buffer, step 1 skips the copy-in (the rank publishes where the
 // buffer is in its arena source record; peers reduce from it in place),
 // local rank i reduces slice i straight in that buffer, and step 3 becomes

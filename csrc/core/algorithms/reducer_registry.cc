@@ -55,4 +55,9 @@ const char* reducerName(ReducerId id) {
   return id < table.size() ? table[id].name : "unknown";
 }
 
+ReducerId registeredReducer() {
+  static const ReducerId id = parseReducer("node");
+  return id;
+}
+
 }  // namespace hvdtorch

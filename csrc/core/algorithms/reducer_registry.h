@@ -1,7 +1,9 @@
 // The table of reducers: the one place that names them. Adding a reducer is
 // writing its class (a Reducer, in its own files) and adding one row to the
-// table in reducer_registry.cc; parsing names, the `auto` choice, calibration
-// and the Python introspection all read the table.
+// table in reducer_registry.cc; parsing names, the `auto` choice, calibration,
+// DistributedModel's choice for registered buckets (registeredReducer) and
+// the Python side (_C.reducer_registry(): hvdtorch/check.py, introspection)
+// all read the table.
 #pragma once
 
 #include <memory>
@@ -60,5 +62,8 @@ const std::vector<ReducerEntry>& reducerRegistry();
 ReducerId parseReducer(const std::string& name);
 // "auto" for kAutoReducer.
 const char* reducerName(ReducerId id);
+// The reducer that reduces registered buffers (transport/shm/registered_memory.h)
+// in place, with no copy on the host: the node reducer.
+ReducerId registeredReducer();
 
 }  // namespace hvdtorch

@@ -63,62 +63,79 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
   return os.str();
 }
 
+std::string Coordinator::whileJoinedError(std::vector<Request>& reqs, const std::vector<int>& stand_ins) const {
+  const Request& model = reqs[0];
+  const std::string joined = strCat("ranks ", rankList(stand_ins), " have joined");
+  const WhileJoined rule = opSpec(model.type).while_joined;
+  const bool adds_zeros_wrongly = rule == WhileJoined::kAddsZeros && model.reduce().op != ReduceOp::kSum &&
+                                  model.reduce().op != ReduceOp::kAverage;
+  if (rule == WhileJoined::kRefused || adds_zeros_wrongly)
+    return strCat(model.describe(), (scope_.empty() ? "" : " in " + scope_), ": cannot run while ", joined,
+                  " (while ranks have joined, only ", opsRunningWhileJoined(),
+                  " run; joined ranks take part with zeros)");
+  if (rule == WhileJoined::kReceives &&
+      std::find(stand_ins.begin(), stand_ins.end(), model.broadcast().root) != stand_ins.end())
+    return strCat(model.describe(), ": its root rank ", rankList({model.broadcast().root}),
+                  " has joined and has nothing to send");
+  if (rule == WhileJoined::kAddsNoRows) {
+    for (int r : stand_ins) {
+      for (auto& t : reqs[r].tensors) {
+        if (t.shape.empty()) return strCat(model.describe(), ": cannot gather a scalar while ", joined);
+        t.shape[0] = 0;  // a joined rank contributes no rows
+      }
+    }
+  }
+  return "";
+}
+
+std::string Coordinator::opsRunningWhileJoined() {
+  std::vector<std::string> names;
+  for (const OpSpec& spec : opTable()) {
+    switch (spec.while_joined) {
+      case WhileJoined::kAddsZeros: names.push_back(strCat(spec.name, " with Sum or Average")); break;
+      case WhileJoined::kAddsNoRows:
+      case WhileJoined::kReceives:
+      case WhileJoined::kTakesPart: names.push_back(spec.name); break;
+      case WhileJoined::kRefused:
+      case WhileJoined::kIsJoin: break;
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return out;
+}
+
+std::string Coordinator::argsError(const Request& model) const {
+  const std::string invalid = std::visit([&](const auto& a) { return a.invalidFor(size_); }, model.args);
+  return invalid.empty() ? "" : strCat(opTypeName(model.type), " '", model.name, "': ", invalid);
+}
+
+std::string Coordinator::planInto(const std::vector<Request>& reqs, Response& s) const {
+  std::vector<const Request*> by_rank(size_);
+  for (int r = 0; r < size_; ++r) by_rank[r] = &reqs[r];
+  try {
+    s.plan = makePlan(by_rank);
+  } catch (const InvalidArgument& e) {
+    return strCat(opTypeName(s.type), " '", s.name, "': ", e.what());
+  }
+  return "";
+}
+
 Response Coordinator::makeResponse(std::vector<Request> reqs, const std::vector<int>& stand_ins) const {
   Response s;
   s.type = reqs[0].type;
   s.name = reqs[0].name;
   s.process_set_id = reqs[0].process_set_id;
-  if (s.type == OpType::kJoin) {
+  if (opSpec(s.type).while_joined == WhileJoined::kIsJoin) {
     s.plan = JoinPlan{last_joined_};
     return s;
   }
-  const Request& model = reqs[0];
-  if (!stand_ins.empty()) {
-    // What a rank that adds nothing can take part in.
-    const std::string joined = strCat("ranks ", rankList(stand_ins), " have joined");
-    const bool reduces_with_zeros = s.type != OpType::kAllreduce || model.reduce().op == ReduceOp::kSum ||
-                                    model.reduce().op == ReduceOp::kAverage;
-    if (s.type == OpType::kAlltoall || s.type == OpType::kReducescatter || !reduces_with_zeros) {
-      s.error = strCat(model.describe(), (scope_.empty() ? "" : " in " + scope_), ": cannot run while ", joined,
-                       " (while ranks have joined, only allreduce with Sum or Average, allgather, broadcast and "
-                       "barrier run; joined ranks take part with zeros)");
-      return s;
-    }
-    if (s.type == OpType::kBroadcast &&
-        std::find(stand_ins.begin(), stand_ins.end(), model.broadcast().root) != stand_ins.end()) {
-      s.error = strCat(model.describe(), ": its root rank ", rankList({model.broadcast().root}),
-                       " has joined and has nothing to send");
-      return s;
-    }
-    if (s.type == OpType::kAllgather) {
-      for (int r : stand_ins) {
-        for (auto& t : reqs[r].tensors) {
-          if (t.shape.empty()) {
-            s.error = strCat(model.describe(), ": cannot gather a scalar while ", joined);
-            return s;
-          }
-          t.shape[0] = 0;  // a joined rank contributes no rows
-        }
-      }
-    }
-  }
-  s.error = validate(reqs);
-  if (s.error.empty() && s.type == OpType::kBroadcast) {
-    const int32_t root = reqs[0].broadcast().root;
-    if (root < 0 || root >= size_)
-      s.error = strCat("broadcast '", reqs[0].name, "': root rank ", root, " is not in [0, ", size_, ")");
-  }
+  // Each step runs only if the ones before found nothing wrong.
+  if (!stand_ins.empty()) s.error = whileJoinedError(reqs, stand_ins);
+  if (s.error.empty()) s.error = validate(reqs);
+  if (s.error.empty()) s.error = argsError(reqs[0]);
+  if (s.error.empty()) s.error = planInto(reqs, s);
   if (!s.error.empty()) return s;
-  if (planIndexFor(s.type) != 0) {
-    std::vector<const Request*> by_rank(size_);
-    for (int r = 0; r < size_; ++r) by_rank[r] = &reqs[r];
-    try {
-      s.plan = makePlan(by_rank);
-    } catch (const InvalidArgument& e) {
-      s.error = strCat(opTypeName(s.type), " '", s.name, "': ", e.what());
-      return s;
-    }
-  }
   if (!stand_ins.empty()) {
     s.joined.assign(stand_ins.begin(), stand_ins.end());
     s.stand_in = reqs[stand_ins[0]];
@@ -176,9 +193,7 @@ void Coordinator::ranFromCache(const std::vector<uint32_t>& ids) {
   for (uint32_t id : ids) bits_.erase(id);
 }
 
-ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const ResponseCache& cache,
-                                  Clock::time_point now) {
-  ResponseList out;
+void Coordinator::takeMessages(const std::vector<RankMessage>& msgs, Clock::time_point now, ResponseList& out) {
   for (int r = 0; r < size_; ++r) {
     // A rank stopping on an error wins over one stopping normally: its
     // message is what the other ranks need to see.
@@ -195,15 +210,15 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
         it->second.arrival = next_arrival_++;
       }
       it->second.by_rank[r] = q;
-      if (q.type == OpType::kJoin) {
+      if (opSpec(q.type).while_joined == WhileJoined::kIsJoin) {
         it->second.join = true;
         last_joined_ = r;  // ranks in order within a cycle: the highest of a cycle's joins is last
       }
     }
   }
-  const std::vector<bool> joined = joinedRanks();
+}
 
-  // Which ranks have each cache bit set this cycle.
+Coordinator::BitRanks Coordinator::bitRanks(const std::vector<RankMessage>& msgs, const ResponseCache& cache) const {
   BitRanks bit_ranks;
   for (uint32_t id = 0; id < cache.size(); ++id) {
     std::vector<bool> has(size_, false);
@@ -216,16 +231,17 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
     }
     if (any) bit_ranks.emplace(id, std::move(has));
   }
+  return bit_ranks;
+}
 
-  // Uncached entries, completed by full requests and/or cache bits.
+void Coordinator::readyFromTable(const ResponseCache& cache, BitRanks& bit_ranks, const std::vector<bool>& joined,
+                                 std::vector<Response>& ready, std::optional<Response>& join_done) {
   std::vector<std::pair<uint64_t, std::string>> complete;
   for (auto& [name, pending] : table_) {
     const std::vector<bool> has = submitted(name, pending, cache, bit_ranks, joined);
     if (std::all_of(has.begin(), has.end(), [](bool b) { return b; })) complete.emplace_back(pending.arrival, name);
   }
   std::sort(complete.begin(), complete.end());
-  std::vector<Response> from_table;
-  std::optional<Response> join_done;  // goes last: the ops that joined ranks stood in for run first
   for (const auto& [arrival, name] : complete) {
     Pending& pending = table_[name];
     const int id = cache.idOf(name);
@@ -248,15 +264,15 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
     if (pending.join) {
       join_done = std::move(s);
     } else {
-      from_table.push_back(std::move(s));
+      ready.push_back(std::move(s));
     }
     if (bits != bit_ranks.end()) bit_ranks.erase(bits);  // consumed here
     table_.erase(name);
   }
+}
 
-  // Purely cached ops: ready where every rank has the bit. With ranks
-  // joined, an op the joined ranks did not submit needs a full response
-  // (who stands in, and with what).
+void Coordinator::readyFromBits(const ResponseCache& cache, BitRanks& bit_ranks, const std::vector<bool>& joined,
+                                ResponseList& out) {
   for (auto it = bit_ranks.begin(); it != bit_ranks.end();) {
     std::vector<int> stand_ins;
     bool ready = true;
@@ -275,14 +291,15 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
     if (stand_ins.empty()) {
       out.cached_ready.push_back(it->first);
     } else {
-      from_table.push_back(makeResponse(std::vector<Request>(size_, cache.at(it->first)), stand_ins));
+      out.responses.push_back(makeResponse(std::vector<Request>(size_, cache.at(it->first)), stand_ins));
     }
     bits_.erase(it->first);
     it = bit_ranks.erase(it);
   }
-  out.responses = std::move(from_table);
+}
 
-  // Stall inspection and deadlines for what is still incomplete.
+void Coordinator::checkTableStalls(const ResponseCache& cache, BitRanks& bit_ranks, const std::vector<bool>& joined,
+                                   Clock::time_point now, std::vector<Response>& failed) {
   for (auto it = table_.begin(); it != table_.end();) {
     Pending& pending = it->second;
     if (pending.join) {  // waits, silently, for as long as the others have data
@@ -301,28 +318,44 @@ ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const Re
       }
     }
     auto err = checkStall(what, type, it->first, has, pending.first_seen, pending.warned, now);
-    if (bits != bit_ranks.end()) bit_ranks.erase(bits);
+    if (bits != bit_ranks.end()) bit_ranks.erase(bits);  // timed here, not again as a bare bit
     if (err) {
-      out.responses.push_back(std::move(*err));
+      failed.push_back(std::move(*err));
       it = table_.erase(it);
     } else {
       ++it;
     }
   }
+}
+
+void Coordinator::checkBitStalls(const ResponseCache& cache, const BitRanks& bit_ranks, Clock::time_point now,
+                                 std::vector<Response>& failed) {
   for (auto& [id, has] : bit_ranks) {
     auto [st, inserted] = bits_.try_emplace(id);
     const Request& q = cache.at(id);
     if (inserted || st->second.name != q.name) st->second = BitState{now, false, q.name};
     auto err = checkStall(q.describe(), q.type, q.name, has, st->second.first_seen, st->second.warned, now);
     if (err) {
-      out.responses.push_back(std::move(*err));
+      failed.push_back(std::move(*err));
       bits_.erase(st);
     }
   }
-  if (join_done) out.responses.push_back(std::move(*join_done));
   // Forget bit timers for ops nobody reports any more.
   for (auto it = bits_.begin(); it != bits_.end();) it = bit_ranks.count(it->first) ? std::next(it) : bits_.erase(it);
+}
 
+ResponseList Coordinator::process(const std::vector<RankMessage>& msgs, const ResponseCache& cache,
+                                  Clock::time_point now) {
+  ResponseList out;
+  takeMessages(msgs, now, out);
+  const std::vector<bool> joined = joinedRanks();
+  BitRanks bit_ranks = bitRanks(msgs, cache);
+  std::optional<Response> join_done;  // goes last: the ops that joined ranks stood in for run first
+  readyFromTable(cache, bit_ranks, joined, out.responses, join_done);
+  readyFromBits(cache, bit_ranks, joined, out);
+  checkTableStalls(cache, bit_ranks, joined, now, out.responses);
+  checkBitStalls(cache, bit_ranks, now, out.responses);
+  if (join_done) out.responses.push_back(std::move(*join_done));
   return out;
 }
 

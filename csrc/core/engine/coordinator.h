@@ -1,6 +1,9 @@
-// The coordinator's decision logic (runs on rank 0 only): given every rank's
-// message for one cycle, decide which operations are ready everywhere, in
-// which order, and which are errors. Pure logic with no I/O, so it is unit
+// The coordinator's decision logic: given every rank's message for one
+// cycle, decide which operations are ready everywhere, in which order, and
+// which are errors. Each process set has one, on its rank 0 (global rank 0
+// for the global set); it sees the cycles that go through the star exchange
+// (Engine::starExchange), not those the AND of cache bits settles alone
+// (ranFromCache tells it about those). Pure logic with no I/O, so it is unit
 // tested directly.
 //
 // Rules:
@@ -20,7 +23,8 @@
 //    joined rank adds zeros to all-reduces (Sum and Average only: Average
 //    still divides by every rank, as Horovod does), no rows to allgathers,
 //    and receives broadcasts; reduce-scatter, alltoall, the other reduce ops
-//    and a broadcast from a joined root are errors. The join itself is ready
+//    and a broadcast from a joined root are errors (each op's rule is the
+//    while_joined column of the op table, engine/op_spec.h). The join itself is ready
 //    once every rank has joined, never times out (the others may train for
 //    a long time yet) and tells everyone the rank that joined last.
 #pragma once
@@ -71,16 +75,51 @@ class Coordinator {
   };
 
   using BitRanks = std::map<uint32_t, std::vector<bool>>;
+
+  // The steps of process(), in order:
+  // Records shutdown requests in `out` and every uncached request in table_.
+  void takeMessages(const std::vector<RankMessage>& msgs, Clock::time_point now, ResponseList& out);
+  // Which ranks have each cache bit set this cycle (ids some rank has set).
+  BitRanks bitRanks(const std::vector<RankMessage>& msgs, const ResponseCache& cache) const;
+  // Responses for table_ ops every rank has submitted (in full, by cache bit,
+  // or by having joined), in arrival order; the join's, if ready, apart.
+  // Removes them from table_ and their bits from `bit_ranks`.
+  void readyFromTable(const ResponseCache& cache, BitRanks& bit_ranks, const std::vector<bool>& joined,
+                      std::vector<Response>& ready, std::optional<Response>& join_done);
+  // Ops ready purely from cache bits: cached_ready ids, or a full response
+  // when joined ranks stand in. Removes them from `bit_ranks`.
+  void readyFromBits(const ResponseCache& cache, BitRanks& bit_ranks, const std::vector<bool>& joined,
+                     ResponseList& out);
+  // Stall warnings and timeouts for what is still incomplete: table_ ops
+  // (whose bits are then dropped from `bit_ranks`), then bare bits.
+  void checkTableStalls(const ResponseCache& cache, BitRanks& bit_ranks, const std::vector<bool>& joined,
+                        Clock::time_point now, std::vector<Response>& failed);
+  void checkBitStalls(const ResponseCache& cache, const BitRanks& bit_ranks, Clock::time_point now,
+                      std::vector<Response>& failed);
+
   // "[0, 2]": the given set ranks, printed as global ranks.
   std::string rankList(const std::vector<int>& ranks) const;
   // Per rank: has it submitted `name`, in full or by its cache bit?
   // Joined ranks count as having submitted every op but the join.
   std::vector<bool> submitted(const std::string& name, const Pending& pending, const ResponseCache& cache,
                               const BitRanks& bit_ranks, const std::vector<bool>& joined) const;
-  std::string validate(const std::vector<Request>& reqs) const;
+
+  // makeResponse and its steps, each returning an error ("" when fine):
   // `stand_ins`: the ranks that run this op as joined ranks (their entries
   // in `reqs` are copies of another rank's request).
   Response makeResponse(std::vector<Request> reqs, const std::vector<int>& stand_ins) const;
+  // The op's rule while ranks have joined; gives stand-ins of ops that add
+  // no rows an empty first dimension.
+  std::string whileJoinedError(std::vector<Request>& reqs, const std::vector<int>& stand_ins) const;
+  // "allreduce with Sum or Average, allgather, broadcast and barrier", from the op table.
+  static std::string opsRunningWhileJoined();
+  // Signatures that differ across ranks, every variant with its ranks.
+  std::string validate(const std::vector<Request>& reqs) const;
+  // Args that make no sense in this set (a broadcast root outside it).
+  std::string argsError(const Request& model) const;
+  // The op's plan from every rank's request, into `s`.
+  std::string planInto(const std::vector<Request>& reqs, Response& s) const;
+
   // Per rank: has it a join pending (from table_)?
   std::vector<bool> joinedRanks() const;
   // Checks an incomplete op; returns an error response once it has timed out.

@@ -6,9 +6,9 @@
 #include "common/error.h"
 #include "engine/control_frame.h"
 #include "engine/fusion.h"
-#include "transport/shm_link.h"
-#include "transport/shm_segment.h"
-#include "transport/shm_wait.h"
+#include "transport/shm/link.h"
+#include "transport/shm/segment.h"
+#include "transport/shm/wait.h"
 
 namespace hvdtorch {
 
@@ -22,24 +22,15 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       executor_(data_ctx_, reducers_, timeline_, registered_),
       control_(control_ctx_),
       shm_token_(transports.shm_token) {
-  global_ = std::make_shared<ProcessSet>();
-  global_->id = 0;
-  for (int r = 0; r < topo.size; ++r) global_->ranks.push_back(r);
-  global_->set_rank = topo.rank;
-  global_->control = &control_ctx_;
-  global_->data = &data_ctx_;
-  global_->reducers = &reducers_;
-  global_->executor = &executor_;
-  global_->plane = &control_;
-  global_->cache = std::make_unique<ResponseCache>(config_.cache_capacity);
-  if (topo.rank == 0)
-    global_->coordinator = std::make_unique<Coordinator>(topo.size, config_.stall_warning, config_.timeout,
-                                                         [this](const std::string& m) { warn(m); });
+  std::vector<int> everyone(topo.size);
+  for (int r = 0; r < topo.size; ++r) everyone[r] = r;
+  global_ = newSet(0, std::move(everyone), topo.rank);
+  equipSet(*global_);
   sets_.emplace(0, global_);
   fusion_threshold_ = config_.fusion_threshold;
   cycle_time_us_ = config_.cycle_time.count();
   // Shared-memory waits may spin a while when every rank of this host has
-  // a core of its own (shm_wait.h says why, and why not otherwise).
+  // a core of its own (transport/shm/wait.h says why, and why not otherwise).
   const unsigned cores = std::thread::hardware_concurrency();
   setShmSpinBudget(cores != 0 && static_cast<unsigned>(topo.local_size) <= cores ? kShmSpinBudget
                                                                                  : std::chrono::microseconds(0));
@@ -94,38 +85,53 @@ int32_t Engine::addProcessSet(std::vector<int> ranks) {
     throw InvalidArgument(strCat("rank ", t.rank, ": process set rank ",
                                  ranks.front() < 0 ? ranks.front() : ranks.back(), " is not a rank in [0, ", t.size,
                                  ")"));
-  auto ps = std::make_shared<ProcessSet>();
-  ps->ranks = ranks;
-  const auto me = std::find(ranks.begin(), ranks.end(), t.rank);
-  ps->set_rank = me == ranks.end() ? -1 : static_cast<int>(me - ranks.begin());
   std::lock_guard<std::mutex> lock(sets_mu_);
   for (const auto& [id, other] : sets_)
     if (other->ranks == ranks)
       throw InvalidArgument(strCat("rank ", t.rank, ": ", other->describe(), " already has these ranks"));
   int32_t id = 1;
   while (sets_.count(id)) ++id;
-  ps->id = id;
-  if (ps->member()) {
-    ps->own_control = Context::view(control_ctx_, ranks);
-    ps->own_data = Context::view(data_ctx_, ranks);
-    ps->own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, id, registered_));
-    ps->own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
-    ps->own_executor = std::make_unique<Executor>(*ps->own_data, *ps->own_reducers, timeline_, registered_);
-    ps->own_plane = std::make_unique<ControlPlane>(*ps->own_control);
-    ps->control = ps->own_control.get();
-    ps->data = ps->own_data.get();
-    ps->reducers = ps->own_reducers.get();
-    ps->executor = ps->own_executor.get();
-    ps->plane = ps->own_plane.get();
-    ps->cache = std::make_unique<ResponseCache>(config_.cache_capacity);
-    if (ps->set_rank == 0) {
-      ps->coordinator = std::make_unique<Coordinator>(static_cast<int>(ranks.size()), config_.stall_warning,
-                                                      config_.timeout, [this](const std::string& m) { warn(m); });
-      ps->coordinator->setScope(ranks, ps->describe());
-    }
-  }
+  auto ps = newSet(id, std::move(ranks), t.rank);
+  if (ps->member()) equipSet(*ps);
   sets_.emplace(id, std::move(ps));
   return id;
+}
+
+std::shared_ptr<ProcessSet> Engine::newSet(int32_t id, std::vector<int> ranks, int rank) {
+  auto ps = std::make_shared<ProcessSet>();
+  ps->id = id;
+  ps->ranks = std::move(ranks);
+  const auto me = std::find(ps->ranks.begin(), ps->ranks.end(), rank);
+  ps->set_rank = me == ps->ranks.end() ? -1 : static_cast<int>(me - ps->ranks.begin());
+  return ps;
+}
+
+void Engine::equipSet(ProcessSet& ps) {
+  if (ps.id == 0) {  // the engine's own parts
+    ps.control = &control_ctx_;
+    ps.data = &data_ctx_;
+    ps.reducers = &reducers_;
+    ps.executor = &executor_;
+    ps.plane = &control_;
+  } else {  // views of the engine's contexts, and parts of its own
+    ps.own_control = Context::view(control_ctx_, ps.ranks);
+    ps.own_data = Context::view(data_ctx_, ps.ranks);
+    ps.own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, ps.id, registered_));
+    ps.own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
+    ps.own_executor = std::make_unique<Executor>(*ps.own_data, *ps.own_reducers, timeline_, registered_);
+    ps.own_plane = std::make_unique<ControlPlane>(*ps.own_control);
+    ps.control = ps.own_control.get();
+    ps.data = ps.own_data.get();
+    ps.reducers = ps.own_reducers.get();
+    ps.executor = ps.own_executor.get();
+    ps.plane = ps.own_plane.get();
+  }
+  ps.cache = std::make_unique<ResponseCache>(config_.cache_capacity);
+  if (ps.set_rank == 0) {
+    ps.coordinator = std::make_unique<Coordinator>(static_cast<int>(ps.ranks.size()), config_.stall_warning,
+                                                   config_.timeout, [this](const std::string& m) { warn(m); });
+    if (ps.id != 0) ps.coordinator->setScope(ps.ranks, ps.describe());
+  }
 }
 
 void Engine::removeProcessSet(int32_t id) {
@@ -144,11 +150,8 @@ void Engine::removeProcessSet(int32_t id) {
 std::shared_ptr<const ProcessSet> Engine::processSet(int32_t id) const { return findSet(id); }
 
 std::vector<std::shared_ptr<const ProcessSet>> Engine::processSets() const {
-  std::lock_guard<std::mutex> lock(sets_mu_);
-  std::vector<std::shared_ptr<const ProcessSet>> out;
-  out.reserve(sets_.size());
-  for (const auto& [id, ps] : sets_) out.push_back(ps);
-  return out;
+  const auto sets = setsSnapshot();
+  return {sets.begin(), sets.end()};
 }
 
 std::shared_ptr<ProcessSet> Engine::findSet(int32_t id) const {
@@ -460,7 +463,7 @@ std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list)
     s.type = cached.type;
     s.name = cached.name;
     s.process_set_id = cached.process_set_id;
-    if (planIndexFor(cached.type) != 0) s.plan = makePlan(std::vector<const Request*>(ps.control->size(), &cached));
+    s.plan = makePlan(std::vector<const Request*>(ps.control->size(), &cached));
     ready.push_back({std::move(s), take(cached.name)});
   }
   for (const Response& s : list.responses) {
@@ -482,7 +485,7 @@ EntryPtr Engine::makeStandIn(const Request& req) {
   e->request = req;
   for (const auto& t : req.tensors) {
     e->inputs.push_back(std::make_shared<HostTensor>(t.dtype, t.shape));  // zero-filled
-    if (req.type == OpType::kAllreduce || req.type == OpType::kBroadcast)
+    if (opSpec(req.type).outputs == Outputs::kLikeInputs)
       e->outputs.push_back(std::make_shared<HostTensor>(t.dtype, t.shape));
   }
   e->allocate = [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
@@ -493,12 +496,12 @@ EntryPtr Engine::makeStandIn(const Request& req) {
 
 bool Engine::runsInline(const WorkUnit& unit) {
   if (!unit.error.empty()) return true;  // only fails its ops
-  switch (unit.type) {
-    case OpType::kAllreduce: return unit.bytes <= kInlineUnitBytes;
-    case OpType::kBarrier:
-    case OpType::kJoin: return true;  // no payload
-    default: return false;            // their size is not planned here
+  switch (opSpec(unit.type).inline_run) {
+    case InlineRun::kIfSmall: return unit.bytes <= kInlineUnitBytes;
+    case InlineRun::kAlways: return true;
+    case InlineRun::kNever: break;
   }
+  return false;
 }
 
 void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready) {
@@ -536,32 +539,10 @@ void Engine::queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<Ready
 
 void Engine::runCycle() {
   timeline_.markCycle();
-  const int me = control_ctx_.rank();
   RankMessage msg;
-  std::deque<EntryPtr> fresh;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fresh.swap(incoming_);
-    const auto picked = OpTimes::now();
-    for (auto& e : fresh) e->state->times.picked = picked;
-    msg.shutdown = shutdown_requested_ || !failure_.empty();
-    msg.failure = failure_;
-  }
+  std::deque<EntryPtr> fresh = takeIncoming(msg);
   const auto sets = setsSnapshot();  // ascending ids, the global set first
-  auto find = [&](int32_t id) -> std::shared_ptr<ProcessSet> {
-    for (const auto& ps : sets)
-      if (ps->id == id) return ps;
-    return nullptr;
-  };
-  for (auto& e : fresh) {
-    auto ps = find(e->request.process_set_id);
-    if (!ps) {  // removed between submit and now
-      e->state->fail(strCat("rank ", me, ": ", e->request.describe(), ": process set ", e->request.process_set_id,
-                            " was removed"));
-      continue;
-    }
-    ps->fresh.push_back(std::move(e));
-  }
+  sortIntoSets(std::move(fresh), sets);
   for (const auto& ps : sets)
     if (ps->id != 0 && ps->member() && ps->busy()) msg.busy_sets.push_back(ps->id);
   prepareMessage(*global_, msg);
@@ -569,36 +550,67 @@ void Engine::runCycle() {
   const ResponseList list = negotiate(*global_, msg);
   queueUnits(global_, takeReady(*global_, list));
   others_busy_ = !list.busy_sets.empty();
-
-  if (list.shutdown) {
-    // Name the rank that stopped and, when it stopped on an error, that error:
-    // "shut down" alone would hide the real cause from everyone else.
-    const std::string reason = list.shutdown_reason.empty()
-                                   ? strCat("hvdtorch was shut down (shutdown() called on rank ", list.shutdown_rank,
-                                            ") while this op was pending")
-                                   : (list.shutdown_rank == me ? list.shutdown_reason
-                                                               : strCat("stopped because rank ", list.shutdown_rank,
-                                                                        " failed: ", list.shutdown_reason));
-    auto why = [&](const EntryPtr& e) { return strCat("rank ", me, ": ", e->request.describe(), ": ", reason); };
-    failNegotiating(why);
-    std::deque<EntryPtr> late;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      late.swap(incoming_);
-      pending_names_.clear();
-      stopped_ = true;
-      if (!list.shutdown_reason.empty() && failure_.empty()) failure_ = strCat("rank ", me, ": ", reason);
-    }
-    for (auto& e : late) e->state->fail(why(e));
-    return;  // every rank stops here, before any set's exchange
-  }
+  if (list.shutdown) return stopOnShutdown(list);  // every rank stops here, before any set's exchange
   // Every rank got the same list: the members of each busy set meet in its
   // exchange, in id order. A set unknown here is not this rank's (a member
   // always has it: sets are added collectively before first use).
   for (int32_t id : list.busy_sets) {
-    auto ps = find(id);
+    auto ps = findIn(sets, id);
     if (ps && ps->member()) runSetCycle(ps);
   }
+}
+
+std::deque<EntryPtr> Engine::takeIncoming(RankMessage& msg) {
+  std::deque<EntryPtr> fresh;
+  std::lock_guard<std::mutex> lock(mu_);
+  fresh.swap(incoming_);
+  const auto picked = OpTimes::now();
+  for (auto& e : fresh) e->state->times.picked = picked;
+  msg.shutdown = shutdown_requested_ || !failure_.empty();
+  msg.failure = failure_;
+  return fresh;
+}
+
+std::shared_ptr<ProcessSet> Engine::findIn(const std::vector<std::shared_ptr<ProcessSet>>& sets, int32_t id) {
+  for (const auto& ps : sets)
+    if (ps->id == id) return ps;
+  return nullptr;
+}
+
+void Engine::sortIntoSets(std::deque<EntryPtr> fresh, const std::vector<std::shared_ptr<ProcessSet>>& sets) {
+  const int me = control_ctx_.rank();
+  for (auto& e : fresh) {
+    auto ps = findIn(sets, e->request.process_set_id);
+    if (!ps) {  // removed between submit and now
+      e->state->fail(strCat("rank ", me, ": ", e->request.describe(), ": process set ", e->request.process_set_id,
+                            " was removed"));
+      continue;
+    }
+    ps->fresh.push_back(std::move(e));
+  }
+}
+
+void Engine::stopOnShutdown(const ResponseList& list) {
+  const int me = control_ctx_.rank();
+  // Name the rank that stopped and, when it stopped on an error, that error:
+  // "shut down" alone would hide the real cause from everyone else.
+  const std::string reason = list.shutdown_reason.empty()
+                                 ? strCat("hvdtorch was shut down (shutdown() called on rank ", list.shutdown_rank,
+                                          ") while this op was pending")
+                                 : (list.shutdown_rank == me ? list.shutdown_reason
+                                                             : strCat("stopped because rank ", list.shutdown_rank,
+                                                                      " failed: ", list.shutdown_reason));
+  auto why = [&](const EntryPtr& e) { return strCat("rank ", me, ": ", e->request.describe(), ": ", reason); };
+  failNegotiating(why);
+  std::deque<EntryPtr> late;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    late.swap(incoming_);
+    pending_names_.clear();
+    stopped_ = true;
+    if (!list.shutdown_reason.empty() && failure_.empty()) failure_ = strCat("rank ", me, ": ", reason);
+  }
+  for (auto& e : late) e->state->fail(why(e));
 }
 
 void Engine::runSetCycle(const std::shared_ptr<ProcessSet>& ps) {

@@ -153,6 +153,14 @@ class Engine {
   void executorLoop();
   // One cycle: the global set's exchange, then every busy set's, in id order.
   void runCycle();
+  // runCycle's steps: takes the submitted entries (and whether this rank
+  // stops) into msg; hands each entry to its set (failing those whose set
+  // was removed); on a shutdown in the list, fails everything pending with
+  // the cause and stops the control loop.
+  std::deque<EntryPtr> takeIncoming(RankMessage& msg);
+  void sortIntoSets(std::deque<EntryPtr> fresh, const std::vector<std::shared_ptr<ProcessSet>>& sets);
+  void stopOnShutdown(const ResponseList& list);
+  static std::shared_ptr<ProcessSet> findIn(const std::vector<std::shared_ptr<ProcessSet>>& sets, int32_t id);
   void runSetCycle(const std::shared_ptr<ProcessSet>& ps);
   // Moves the set's fresh entries to pending and fills msg's cache bits and
   // uncached requests.
@@ -180,7 +188,15 @@ class Engine {
   void onNegotiationFailure(const std::string& why);
   // Fails every op the control thread holds, in every set.
   void failNegotiating(const std::function<std::string(const EntryPtr&)>& why);
-  std::vector<std::shared_ptr<ProcessSet>> setsSnapshot() const;
+  std::vector<std::shared_ptr<ProcessSet>> setsSnapshot() const;  // ascending ids
+  // A set of `ranks` (ascending) as seen by global rank `rank`, and the one
+  // builder of a member's resources: the global set (id 0) gets the
+  // engine's own contexts, reducers and executor, another set views of the
+  // contexts and its own reducers (the job's calibration), executor and
+  // control plane; every set its response cache, and its coordinator on its
+  // first rank.
+  static std::shared_ptr<ProcessSet> newSet(int32_t id, std::vector<int> ranks, int rank);
+  void equipSet(ProcessSet& ps);
   std::shared_ptr<ProcessSet> findSet(int32_t id) const;
   void failEverything(const std::string& why);
   void warn(const std::string& msg);

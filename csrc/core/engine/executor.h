@@ -1,5 +1,9 @@
 // Runs work units, in the order the controller planned them (the same on
 // every rank), on the data-plane context. Completes or fails each entry.
+//
+// What a unit does is its op's: run() calls the execute function of the op's
+// row (engine/op_spec.h; each op's in ops/<op>.cc), which uses the context,
+// reducers, fusion buffer and timeline marks below.
 #pragma once
 
 #include "algorithms/reducer_set.h"
@@ -23,19 +27,11 @@ class Executor {
   // only fail its entries.
   void run(WorkUnit& unit);
 
- private:
-  void allreduce(WorkUnit& unit);
-  void allgather(WorkUnit& unit);
-  void broadcast(WorkUnit& unit);
-  void barrier(WorkUnit& unit);
-  void join(WorkUnit& unit);
-  void alltoall(WorkUnit& unit);
-  void reducescatter(WorkUnit& unit);
-  // Reduce-scatters tensors [first, last) of `e` (one dtype) into `outputs`
-  // as one collective: the tensors are packed block-major in the fusion
-  // buffer, block r holding rank r's rows of each.
-  void reducescatterRun(Entry& e, const ReducescatterPlan& plan, size_t first, size_t last,
-                        const std::vector<TensorPtr>& outputs);
+  // ---- for the ops' execute functions (on the executor's thread only) ----
+  Context& ctx() { return ctx_; }
+  ReducerSet& reducers() { return reducers_; }
+  FusionBuffer& fusion() { return fusion_; }
+  // Completes the piece's entry when it was the entry's last piece.
   static void finishPiece(const WorkUnit::Piece& piece);
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);
@@ -43,10 +39,14 @@ class Executor {
   // Marks `phase` begun (or ended) for every op of the unit.
   void mark(const WorkUnit& unit, const std::string& phase, bool begin);
 
+ private:
   Context& ctx_;
   ReducerSet& reducers_;
   Timeline& timeline_;
   FusionBuffer fusion_;
 };
+
+// Elements of one row (everything but dimension 0) of `shape`.
+size_t rowElems(const std::vector<int64_t>& shape);
 
 }  // namespace hvdtorch

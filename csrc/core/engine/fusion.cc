@@ -26,7 +26,7 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
   size_t open = kNone;
   for (ReadyOp& op : ready) {
     if (!op.entry) continue;  // an error for an op this rank never submitted
-    if (!op.response.error.empty() || op.response.type != OpType::kAllreduce) {
+    if (!op.response.error.empty() || !opSpec(op.response.type).fuses) {
       WorkUnit u;
       u.type = op.response.type;
       u.error = op.response.error;
@@ -47,7 +47,7 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
       }
       if (!fits) {
         units.emplace_back();
-        units.back().type = OpType::kAllreduce;
+        units.back().type = op.response.type;
         open = units.size() - 1;
       }
       units[open].pieces.push_back({op.entry, t});

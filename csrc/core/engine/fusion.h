@@ -1,8 +1,9 @@
 // Fusion planning: turns one cycle's ready responses into work units. Runs on
 // every rank over the same response list, so every rank forms the same units.
 //
-// Consecutive all-reduce tensors with the same dtype, reduce op, scale
-// factors and reducer are packed into one unit while the unit stays within
+// Consecutive tensors of ops that fuse (their op table row says so: the
+// all-reduce, whose ReduceArgs this compares) with the same dtype, reduce op,
+// scale factors and reducer are packed into one unit while the unit stays within
 // the fusion threshold (a tensor larger than the threshold runs alone). Each
 // unit then costs one collective instead of one per tensor.
 #pragma once
@@ -13,7 +14,7 @@
 
 #include "engine/entry.h"
 #include "engine/request.h"
-#include "transport/registered_memory.h"
+#include "transport/shm/registered_memory.h"
 
 namespace hvdtorch {
 

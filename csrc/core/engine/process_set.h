@@ -4,10 +4,11 @@
 // global rank ranks[i], on the same links), and its own reducers. The global
 // set (id 0, every rank) is one of them and uses the engine's own contexts.
 //
-// How sets run (Engine::controlLoop): every cycle starts with the global
-// set's exchange, in which each rank also reports the sets it has work in;
-// the coordinator returns their union, and then every member of each busy
-// set runs that set's exchange, in id order. All ranks therefore agree on
+// How sets run (Engine::runCycle): every cycle starts with the global set's
+// exchange, in which each rank also reports the sets it has work in (as idle
+// bits in the AND of a cached cycle, or in its message to the coordinator),
+// so that every rank learns their union; then every member of each busy set
+// runs that set's exchange, in id order. All ranks therefore agree on
 // which exchanges happen in which order, and the units they produce reach
 // the one executor thread of every rank in one global order: a unit runs
 // once every member reached it, so sets that share ranks (and links) never

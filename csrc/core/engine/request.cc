@@ -1,53 +1,15 @@
 #include "engine/request.h"
 
 #include <algorithm>
-#include <numeric>
 #include <sstream>
-
-#include "algorithms/reducer_registry.h"
+#include <type_traits>
 
 namespace hvdtorch {
-
-const char* opTypeName(OpType t) {
-  switch (t) {
-    case OpType::kAllreduce: return "allreduce";
-    case OpType::kAllgather: return "allgather";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kBarrier: return "barrier";
-    case OpType::kAlltoall: return "alltoall";
-    case OpType::kReducescatter: return "reducescatter";
-    case OpType::kJoin: return "join";
-  }
-  return "unknown";
-}
 
 int64_t TensorSpec::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
-}
-
-size_t argsIndexFor(OpType t) {
-  switch (t) {
-    case OpType::kAllreduce:
-    case OpType::kReducescatter: return 1;  // ReduceArgs
-    case OpType::kBroadcast: return 2;      // BroadcastArgs
-    case OpType::kAlltoall: return 3;       // AlltoallArgs
-    case OpType::kAllgather:
-    case OpType::kBarrier:
-    case OpType::kJoin: break;
-  }
-  return 0;
-}
-
-size_t planIndexFor(OpType t) {
-  switch (t) {
-    case OpType::kAllgather: return 1;      // AllgatherPlan
-    case OpType::kAlltoall: return 2;       // AlltoallPlan
-    case OpType::kReducescatter: return 3;  // ReducescatterPlan
-    case OpType::kJoin: return 4;           // JoinPlan
-    default: return 0;
-  }
 }
 
 namespace {
@@ -60,18 +22,13 @@ std::string shapeStr(const std::vector<int64_t>& shape) {
   return os.str();
 }
 
-// An enum stored as one byte, checked against its number of values.
-template <typename E>
-E getEnum(ByteReader& r, unsigned count, const char* what) {
+// The op a control message names, checked against the op table.
+const OpSpec& getOpSpec(ByteReader& r) {
   const auto v = r.get<uint8_t>();
-  if (v >= count) throw CollectiveError(strCat("corrupt control message (", what, " ", unsigned(v), ")"));
-  return static_cast<E>(v);
+  const OpSpec* spec = findOpSpec(v);
+  if (!spec) throw CollectiveError(strCat("corrupt control message (op type ", unsigned(v), ")"));
+  return *spec;
 }
-
-OpType getOpType(ByteReader& r) { return getEnum<OpType>(r, static_cast<unsigned>(OpType::kJoin) + 1, "op type"); }
-
-// Allgather and alltoall let the first dimension differ across ranks.
-bool firstDimMayDiffer(OpType t) { return t == OpType::kAllgather || t == OpType::kAlltoall; }
 
 }  // namespace
 
@@ -84,27 +41,15 @@ void Request::write(ByteWriter& w) const {
     w.put(t.dtype);
     w.putVector(t.shape);
   }
-  if (args.index() != argsIndexFor(type))
+  if (args.index() != opSpec(type).args)
     throw InvalidArgument(strCat(opTypeName(type), " '", name, "': request carries the wrong payload"));
-  switch (argsIndexFor(type)) {
-    case 1: {
-      const ReduceArgs& a = reduce();
-      w.put(a.op);
-      w.put(a.prescale);
-      w.put(a.postscale);
-      w.put(a.reducer);
-      w.put<uint8_t>(a.fuse);
-      break;
-    }
-    case 2: w.put(broadcast().root); break;
-    case 3: w.putVector(alltoall().splits); break;
-    default: break;
-  }
+  std::visit([&](const auto& a) { a.write(w); }, args);
 }
 
 Request Request::read(ByteReader& r) {
   Request q;
-  q.type = getOpType(r);
+  const OpSpec& spec = getOpSpec(r);
+  q.type = spec.type;
   q.name = r.getString();
   q.process_set_id = r.get<int32_t>();
   const uint32_t n = r.get<uint32_t>();
@@ -114,23 +59,7 @@ Request Request::read(ByteReader& r) {
     t.shape = r.getVector<int64_t>();
     q.tensors.push_back(std::move(t));
   }
-  switch (argsIndexFor(q.type)) {
-    case 1: {
-      ReduceArgs a;
-      a.op = getEnum<ReduceOp>(r, static_cast<unsigned>(ReduceOp::kProduct) + 1, "reduce op");
-      a.prescale = r.get<double>();
-      a.postscale = r.get<double>();
-      a.reducer = r.get<ReducerId>();
-      if (a.reducer != kAutoReducer && a.reducer >= reducerRegistry().size())
-        throw CollectiveError(strCat("corrupt control message (reducer ", int(a.reducer), ")"));
-      a.fuse = r.get<uint8_t>() != 0;
-      q.args = a;
-      break;
-    }
-    case 2: q.args = BroadcastArgs{r.get<int32_t>()}; break;
-    case 3: q.args = AlltoallArgs{r.getVector<int64_t>()}; break;
-    default: break;
-  }
+  q.args = readAlternative<OpArgs>(spec.args, r);
   return q;
 }
 
@@ -144,7 +73,7 @@ std::string Request::signatureMismatch(const Request& a, const Request& b) {
     const auto& y = b.tensors[i];
     const std::string which = a.tensors.size() > 1 ? strCat(" (tensor ", i, " of the group)") : "";
     if (x.dtype != y.dtype) return strCat("dtype ", dtypeName(x.dtype), " vs ", dtypeName(y.dtype), which);
-    if (firstDimMayDiffer(a.type)) {
+    if (opSpec(a.type).first_dim_free) {
       if (x.shape.empty() || y.shape.empty() || x.shape.size() != y.shape.size() ||
           !std::equal(x.shape.begin() + 1, x.shape.end(), y.shape.begin() + 1))
         return strCat("shape ", shapeStr(x.shape), " vs ", shapeStr(y.shape), " (", opTypeName(a.type),
@@ -153,73 +82,30 @@ std::string Request::signatureMismatch(const Request& a, const Request& b) {
       return strCat("shape ", shapeStr(x.shape), " vs ", shapeStr(y.shape), which);
     }
   }
-  if (a.type == OpType::kAllreduce || a.type == OpType::kReducescatter) {
-    const ReduceArgs& x = a.reduce();
-    const ReduceArgs& y = b.reduce();
-    if (x.op != y.op) return strCat("reduce op ", reduceOpName(x.op), " vs ", reduceOpName(y.op));
-    if (x.prescale != y.prescale || x.postscale != y.postscale)
-      return strCat("scale factors (prescale ", x.prescale, ", postscale ", x.postscale, ") vs (prescale ", y.prescale,
-                    ", postscale ", y.postscale, ")");
-    if (x.reducer != y.reducer) return strCat("reducer ", reducerName(x.reducer), " vs ", reducerName(y.reducer));
-    if (x.fuse != y.fuse) return strCat("fusion ", x.fuse ? "on" : "off", " vs ", y.fuse ? "on" : "off");
-  }
-  if (a.type == OpType::kBroadcast && a.broadcast().root != b.broadcast().root)
-    return strCat("root rank ", a.broadcast().root, " vs ", b.broadcast().root);
-  return "";
+  // Same type, so the same payload type (write() and read() see to that).
+  return std::visit(
+      [&](const auto& x) {
+        using Args = std::decay_t<decltype(x)>;
+        return x.mismatch(std::get<Args>(b.args));
+      },
+      a.args);
 }
 
 std::string Request::describe() const {
   std::ostringstream os;
   os << opTypeName(type) << " '" << name << "'";
-  if (type == OpType::kBarrier || type == OpType::kJoin) return os.str();
+  if (tensors.empty()) return os.str();  // barrier, join
   os << " (";
   for (size_t i = 0; i < tensors.size(); ++i)
     os << (i ? "; " : "") << dtypeName(tensors[i].dtype) << " " << shapeStr(tensors[i].shape);
-  if (type == OpType::kAllreduce || type == OpType::kReducescatter) os << ", " << reduceOpName(reduce().op);
-  if (type == OpType::kBroadcast) os << ", root " << broadcast().root;
-  if (type == OpType::kAlltoall) os << ", splits " << shapeStr(alltoall().splits);
+  std::visit([&](const auto& a) { a.describe(os); }, args);
   os << ")";
   return os.str();
 }
 
-int64_t reducescatterRows(int64_t dim0, int size, int rank) { return dim0 / size + (rank < dim0 % size ? 1 : 0); }
-
 OpPlan makePlan(const std::vector<const Request*>& by_rank) {
-  const int p = static_cast<int>(by_rank.size());
-  const Request& first = *by_rank[0];
-  switch (first.type) {
-    case OpType::kAllgather: {
-      AllgatherPlan plan;
-      for (int r = 0; r < p; ++r)
-        for (const auto& t : by_rank[r]->tensors) plan.first_dims.push_back(t.shape.empty() ? 1 : t.shape[0]);
-      return plan;
-    }
-    case OpType::kAlltoall: {
-      AlltoallPlan plan;
-      for (int r = 0; r < p; ++r) {
-        const std::vector<int64_t>& splits = by_rank[r]->alltoall().splits;
-        const auto& shape = by_rank[r]->tensors.at(0).shape;
-        const int64_t dim0 = shape.empty() ? 0 : shape[0];
-        const bool fits = static_cast<int>(splits.size()) == p &&
-                          std::all_of(splits.begin(), splits.end(), [](int64_t s) { return s >= 0; }) &&
-                          std::accumulate(splits.begin(), splits.end(), int64_t(0)) == dim0;
-        if (!fits)
-          throw InvalidArgument(strCat("rank ", r, " submitted splits ", shapeStr(splits),
-                                       " that do not divide its first dimension ", dim0, " among ", p, " ranks"));
-        plan.splits.insert(plan.splits.end(), splits.begin(), splits.end());
-      }
-      return plan;
-    }
-    case OpType::kReducescatter: {
-      ReducescatterPlan plan;
-      for (const auto& t : first.tensors) {
-        if (t.shape.empty()) throw InvalidArgument("reducescatter needs tensors with at least one dimension");
-        for (int r = 0; r < p; ++r) plan.rows.push_back(reducescatterRows(t.shape[0], p, r));
-      }
-      return plan;
-    }
-    default: return std::monostate{};
-  }
+  const OpSpec& spec = opSpec(by_rank.at(0)->type);
+  return spec.make_plan ? spec.make_plan(by_rank) : OpPlan{};
 }
 
 void Response::write(ByteWriter& w) const {
@@ -228,16 +114,10 @@ void Response::write(ByteWriter& w) const {
   w.put(process_set_id);
   w.putString(error);
   // Error responses carry no plan.
-  const size_t index = error.empty() ? planIndexFor(type) : 0;
+  const size_t index = error.empty() ? opSpec(type).plan : planIndex<NoPlan>();
   if (plan.index() != index)
     throw InvalidArgument(strCat(opTypeName(type), " '", name, "': response carries the wrong plan"));
-  switch (index) {
-    case 1: w.putVector(std::get<AllgatherPlan>(plan).first_dims); break;
-    case 2: w.putVector(std::get<AlltoallPlan>(plan).splits); break;
-    case 3: w.putVector(std::get<ReducescatterPlan>(plan).rows); break;
-    case 4: w.put(std::get<JoinPlan>(plan).last_rank); break;
-    default: break;
-  }
+  std::visit([&](const auto& p) { p.write(w); }, plan);
   w.putVector(joined);
   w.put<uint8_t>(stand_in.has_value());
   if (stand_in) stand_in->write(w);
@@ -245,17 +125,12 @@ void Response::write(ByteWriter& w) const {
 
 Response Response::read(ByteReader& r) {
   Response s;
-  s.type = getOpType(r);
+  const OpSpec& spec = getOpSpec(r);
+  s.type = spec.type;
   s.name = r.getString();
   s.process_set_id = r.get<int32_t>();
   s.error = r.getString();
-  switch (s.error.empty() ? planIndexFor(s.type) : 0) {
-    case 1: s.plan = AllgatherPlan{r.getVector<int64_t>()}; break;
-    case 2: s.plan = AlltoallPlan{r.getVector<int64_t>()}; break;
-    case 3: s.plan = ReducescatterPlan{r.getVector<int64_t>()}; break;
-    case 4: s.plan = JoinPlan{r.get<int32_t>()}; break;
-    default: break;
-  }
+  s.plan = readAlternative<OpPlan>(s.error.empty() ? spec.plan : planIndex<NoPlan>(), r);
   s.joined = r.getVector<int32_t>();
   if (r.get<uint8_t>() != 0) {
     s.stand_in = Request::read(r);

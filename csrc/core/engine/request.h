@@ -1,12 +1,16 @@
 // Requests (what one rank asks the engine to do) and responses (what every
-// rank is told to do, identically, by the coordinator).
+// rank is told to do, identically on every rank). A response comes either
+// from the coordinator (Coordinator::process, for ops negotiated in full) or,
+// for an op every rank has in its response cache, is rebuilt by each rank
+// from the cached request once the AND of the ranks' cache bits says it is
+// ready (Engine::takeReady).
 //
-// Each carries a per-op payload instead of loose fields: a request's OpArgs
+// Each carries a typed payload (engine/op_payloads.h): a request's OpArgs
 // (the reduce op and scales of all-reduce and reduce-scatter, a broadcast's
 // root, an alltoall's splits) and a response's OpPlan (what negotiation
 // learned from every rank: allgather first dimensions, every rank's alltoall
 // splits, the reduce-scatter split). The alternative held always matches the
-// op type (argsFor/planFor below say which).
+// op type: its row of the op table (engine/op_spec.h) says which.
 //
 // A request's *signature* is everything that must agree across ranks for the
 // operation to be well-defined: op type, process set, dtypes, shapes (for
@@ -23,19 +27,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
-#include "algorithms/reducer.h"
 #include "common/dtype.h"
+#include "engine/op_payloads.h"
+#include "engine/op_spec.h"
 #include "engine/wire.h"
 
 namespace hvdtorch {
-
-// kJoin: a rank out of data (hvd.join()); see Coordinator for what the others'
-// ops do while it waits.
-enum class OpType : uint8_t { kAllreduce = 0, kAllgather, kBroadcast, kBarrier, kAlltoall, kReducescatter, kJoin };
-const char* opTypeName(OpType t);
 
 struct TensorSpec {
   DataType dtype = DataType::kFloat32;
@@ -43,65 +42,12 @@ struct TensorSpec {
   int64_t numel() const;
 };
 
-// ---- request payloads ----------------------------------------------------
-
-// All-reduce and reduce-scatter. Average reaches the executor as such: it
-// runs a Sum and divides by the number of ranks on the way out (exactly for
-// integers), then applies the postscale. No reducer ever sees Average.
-struct ReduceArgs {
-  ReduceOp op = ReduceOp::kSum;
-  double prescale = 1.0;
-  double postscale = 1.0;
-  ReducerId reducer = kAutoReducer;  // all-reduce only
-  // All-reduce only. False: never pack this op with others in a fusion
-  // buffer (the "no fusion" configurations of DistributedModel). Part of the
-  // signature, so every rank plans the same units.
-  bool fuse = true;
-};
-
-struct BroadcastArgs {
-  int32_t root = 0;
-};
-
-// Rows of dimension 0 this rank sends to each rank, in rank order.
-struct AlltoallArgs {
-  std::vector<int64_t> splits;
-};
-
-// monostate: allgather, barrier and join, which need nothing beyond the tensors.
-using OpArgs = std::variant<std::monostate, ReduceArgs, BroadcastArgs, AlltoallArgs>;
-
-// ---- response payloads ---------------------------------------------------
-
-// First dimension of every tensor on every rank: first_dims[rank * tensors + t].
-struct AllgatherPlan {
-  std::vector<int64_t> first_dims;
-};
-
-// Every rank's splits: splits[src * size + dst] rows go from src to dst.
-struct AlltoallPlan {
-  std::vector<int64_t> splits;
-};
-
-// Rows of dimension 0 each rank keeps: rows[t * size + rank]. The first
-// dim0 % size ranks get one row more than the others.
-struct ReducescatterPlan {
-  std::vector<int64_t> rows;
-};
-
-// The rank (of the set) whose join() arrived last; what join() returns.
-struct JoinPlan {
-  int32_t last_rank = -1;
-};
-
-using OpPlan = std::variant<std::monostate, AllgatherPlan, AlltoallPlan, ReducescatterPlan, JoinPlan>;
-
 // ---- messages --------------------------------------------------------------
 
 struct Request {
   OpType type = OpType::kAllreduce;
   std::string name;
-  int32_t process_set_id = 0;       // 0: every rank (the only set so far)
+  int32_t process_set_id = 0;       // 0: the global set (every rank); others: Engine::addProcessSet
   std::vector<TensorSpec> tensors;  // more than one for grouped ops
   OpArgs args;
 
@@ -118,18 +64,12 @@ struct Request {
   std::string describe() const;  // "allreduce 'grad.w' (float32 [4, 5], Sum)"
 };
 
-// The OpArgs / OpPlan alternative each op type carries.
-size_t argsIndexFor(OpType t);
-size_t planIndexFor(OpType t);
-
 // What negotiation tells every rank about an op every rank submitted with
-// matching signatures (by_rank[r]: rank r's request). Throws InvalidArgument
-// when the requests cannot run (alltoall splits that do not fit), which the
-// coordinator turns into an error response.
+// matching signatures (by_rank[r]: rank r's request): its row's make_plan,
+// NoPlan for ops without one. Throws InvalidArgument when the requests cannot
+// run (alltoall splits that do not fit), which the coordinator turns into an
+// error response.
 OpPlan makePlan(const std::vector<const Request*>& by_rank);
-
-// Rows of dimension 0 rank `rank` of `size` keeps in a reduce-scatter.
-int64_t reducescatterRows(int64_t dim0, int size, int rank);
 
 struct Response {
   OpType type = OpType::kAllreduce;

@@ -28,12 +28,9 @@ class ResponseCache {
   explicit ResponseCache(size_t capacity) : capacity_(capacity) {}
 
   // Ops whose plan follows from the signature alone (every rank's request
-  // is the cached one). Allgather and alltoall plans depend on per-rank
-  // sizes, so they are negotiated in full every time.
-  static bool cacheable(const Request& req) {
-    return req.type == OpType::kAllreduce || req.type == OpType::kBroadcast || req.type == OpType::kBarrier ||
-           req.type == OpType::kReducescatter;
-  }
+  // is the cached one): their op table row says so. Allgather and alltoall
+  // plans depend on per-rank sizes, so they are negotiated in full every time.
+  static bool cacheable(const Request& req) { return opSpec(req.type).cacheable; }
   // Id of a cached request with this name and an identical signature, or -1.
   int lookup(const Request& req) const;
   // Id cached under `name` (whatever its signature), or -1.

@@ -79,4 +79,12 @@ class ByteReader {
   const char* end_;
 };
 
+// An enum stored as one byte, checked against its number of values.
+template <typename E>
+E getEnum(ByteReader& r, unsigned count, const char* what) {
+  const auto v = r.get<uint8_t>();
+  if (v >= count) throw CollectiveError(strCat("corrupt control message (", what, " ", unsigned(v), ")"));
+  return static_cast<E>(v);
+}
+
 }  // namespace hvdtorch

@@ -18,4 +18,9 @@ struct AllgatherOptions {
 
 int64_t allgather(Engine& engine, AllgatherOptions opts);
 
+// Its row's make_plan (engine/op_spec.h).
+OpPlan planAllgather(const std::vector<const Request*>& by_rank);
+// Its row's execute (engine/op_spec.h).
+void executeAllgather(Executor& ex, WorkUnit& unit);
+
 }  // namespace hvdtorch::ops

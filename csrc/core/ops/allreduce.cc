@@ -1,5 +1,6 @@
 #include "ops/allreduce.h"
 
+#include "algorithms/reduce_kernels.h"
 #include "algorithms/reducer_registry.h"
 #include "common/error.h"
 #include "ops/op_common.h"
@@ -52,6 +53,61 @@ int64_t allreduce(Engine& engine, AllreduceOptions opts) {
   e->inputs = std::move(opts.inputs);
   e->outputs = std::move(opts.outputs);
   return engine.submit(std::move(e));
+}
+
+void executeAllreduce(Executor& ex, WorkUnit& unit) {
+  const Request& req = unit.pieces.front().entry->request;
+  const ReduceArgs& args = req.reduce();
+  const DataType dtype = req.tensors[unit.pieces.front().tensor].dtype;
+  size_t count = 0;
+  for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
+  const ReduceOp op = Executor::reducedOp(args.op);
+  const int64_t divisor = ex.averageDivisor(args.op);
+  Reducer& reducer = ex.reducers().pick(args.reducer, ex.ctx(), count * dtypeSize(dtype), dtype, op);
+
+  const std::string collective = strCat("ALLREDUCE:", reducer.name());
+  if (unit.pieces.size() == 1) {
+    // One tensor: reduce straight in the output, no fusion-buffer copies.
+    const auto& p = unit.pieces.front();
+    TensorBuffer& in = *p.entry->inputs[p.tensor];
+    TensorBuffer& out = *p.entry->outputs[p.tensor];
+    copyScaled(out.data(), in.data(), count, dtype, args.prescale);
+    ex.mark(unit, collective, true);
+    p.entry->state->times.reduce_begun = OpTimes::now();
+    if (ex.ctx().size() > 1)
+      ex.reducers().allreduce(ex.ctx(), reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
+    p.entry->state->times.reduce_ended = OpTimes::now();
+    ex.mark(unit, collective, false);
+    copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
+    Executor::finishPiece(p);
+    return;
+  }
+
+  const size_t esize = dtypeSize(dtype);
+  char* fused = static_cast<char*>(ex.fusion().reserve(count * esize));
+  size_t off = 0;
+  ex.mark(unit, "MEMCPY_IN_FUSION", true);
+  for (const auto& p : unit.pieces) {
+    TensorBuffer& in = *p.entry->inputs[p.tensor];
+    const size_t n = static_cast<size_t>(in.numel());
+    copyScaled(fused + off * esize, in.data(), n, dtype, args.prescale);
+    off += n;
+  }
+  ex.mark(unit, "MEMCPY_IN_FUSION", false);
+  ex.mark(unit, collective, true);
+  if (ex.ctx().size() > 1)
+    ex.reducers().allreduce(ex.ctx(), reducer, fused, count, dtype, op);  // timed into `auto`'s model
+  ex.mark(unit, collective, false);
+  ex.mark(unit, "MEMCPY_OUT_FUSION", true);
+  off = 0;
+  for (const auto& p : unit.pieces) {
+    TensorBuffer& out = *p.entry->outputs[p.tensor];
+    const size_t n = static_cast<size_t>(out.numel());
+    copyAveraged(out.data(), fused + off * esize, n, dtype, divisor, args.postscale);
+    off += n;
+  }
+  ex.mark(unit, "MEMCPY_OUT_FUSION", false);
+  for (const auto& p : unit.pieces) Executor::finishPiece(p);
 }
 
 }  // namespace hvdtorch::ops

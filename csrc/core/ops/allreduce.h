@@ -34,4 +34,7 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts);
 // throws), builds the request and submits it; returns the handle.
 int64_t allreduce(Engine& engine, AllreduceOptions opts);
 
+// Its row's execute (engine/op_spec.h).
+void executeAllreduce(Executor& ex, WorkUnit& unit);
+
 }  // namespace hvdtorch::ops

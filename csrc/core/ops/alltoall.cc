@@ -1,7 +1,9 @@
 #include "ops/alltoall.h"
 
+#include <algorithm>
 #include <numeric>
 
+#include "algorithms/alltoall.h"
 #include "common/error.h"
 #include "ops/op_common.h"
 
@@ -50,6 +52,55 @@ int64_t alltoall(Engine& engine, AlltoallOptions opts) {
   e->inputs = {std::move(opts.input)};
   e->allocate = std::move(opts.allocate);
   return engine.submit(std::move(e));
+}
+
+OpPlan planAlltoall(const std::vector<const Request*>& by_rank) {
+  const int p = static_cast<int>(by_rank.size());
+  AlltoallPlan plan;
+  for (int r = 0; r < p; ++r) {
+    const std::vector<int64_t>& splits = by_rank[r]->alltoall().splits;
+    const auto& shape = by_rank[r]->tensors.at(0).shape;
+    const int64_t dim0 = shape.empty() ? 0 : shape[0];
+    const bool fits = static_cast<int>(splits.size()) == p &&
+                      std::all_of(splits.begin(), splits.end(), [](int64_t s) { return s >= 0; }) &&
+                      std::accumulate(splits.begin(), splits.end(), int64_t(0)) == dim0;
+    if (!fits)
+      throw InvalidArgument(strCat("rank ", r, " submitted splits ", listStr(splits),
+                                   " that do not divide its first dimension ", dim0, " among ", p, " ranks"));
+    plan.splits.insert(plan.splits.end(), splits.begin(), splits.end());
+  }
+  return plan;
+}
+
+void executeAlltoall(Executor& ex, WorkUnit& unit) {
+  Entry& e = *unit.pieces.front().entry;
+  const AlltoallPlan& plan = std::get<AlltoallPlan>(unit.plan);
+  TensorBuffer& in = *e.inputs[0];
+  std::vector<int64_t> shape = in.shape();
+  const size_t row_bytes = rowElems(shape) * dtypeSize(in.dtype());
+  const int p = ex.ctx().size();
+  const int me = ex.ctx().rank();
+  hvdtorch::AlltoallOptions opts;
+  opts.input = in.data();
+  opts.send_bytes.resize(p);
+  opts.recv_bytes.resize(p);
+  TensorPtr received = e.allocate(DataType::kInt64, {p});
+  auto* received_rows = static_cast<int64_t*>(received->data());
+  int64_t total_rows = 0;
+  for (int r = 0; r < p; ++r) {
+    opts.send_bytes[r] = static_cast<size_t>(plan.splits[me * p + r]) * row_bytes;
+    received_rows[r] = plan.splits[r * p + me];
+    opts.recv_bytes[r] = static_cast<size_t>(received_rows[r]) * row_bytes;
+    total_rows += received_rows[r];
+  }
+  shape[0] = total_rows;
+  TensorPtr out = e.allocate(in.dtype(), shape);
+  opts.output = out->data();
+  ex.mark(unit, "ALLTOALL", true);
+  hvdtorch::alltoall(ex.ctx(), opts);
+  ex.mark(unit, "ALLTOALL", false);
+  e.outputs = {out, received};
+  e.state->complete(e.outputs);
 }
 
 }  // namespace hvdtorch::ops

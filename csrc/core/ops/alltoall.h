@@ -25,4 +25,9 @@ struct AlltoallOptions {
 
 int64_t alltoall(Engine& engine, AlltoallOptions opts);
 
+// Its row's make_plan (engine/op_spec.h).
+OpPlan planAlltoall(const std::vector<const Request*>& by_rank);
+// Its row's execute (engine/op_spec.h).
+void executeAlltoall(Executor& ex, WorkUnit& unit);
+
 }  // namespace hvdtorch::ops

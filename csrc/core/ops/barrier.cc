@@ -13,4 +13,16 @@ int64_t barrier(Engine& engine, BarrierOptions opts) {
   return engine.submit(std::move(e));
 }
 
+void executeBarrier(Executor& ex, WorkUnit& unit) {
+  if (ex.ctx().native() != nullptr) {
+    ex.ctx().native()->barrier();
+  } else {
+    int32_t token = 0;
+    ex.reducers()
+        .resolve(kAutoReducer, ex.ctx(), sizeof token, DataType::kInt32, ReduceOp::kSum)
+        .allreduce(ex.ctx(), &token, 1, DataType::kInt32, ReduceOp::kSum);
+  }
+  unit.pieces.front().entry->state->complete();
+}
+
 }  // namespace hvdtorch::ops

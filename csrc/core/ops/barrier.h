@@ -14,4 +14,7 @@ struct BarrierOptions {
 
 int64_t barrier(Engine& engine, BarrierOptions opts);
 
+// Its row's execute (engine/op_spec.h).
+void executeBarrier(Executor& ex, WorkUnit& unit);
+
 }  // namespace hvdtorch::ops

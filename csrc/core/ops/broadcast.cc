@@ -1,7 +1,9 @@
 #include "ops/broadcast.h"
 
 #include <algorithm>
+#include <cstring>
 
+#include "algorithms/ring_allgather.h"
 #include "common/error.h"
 #include "ops/op_common.h"
 
@@ -32,6 +34,22 @@ int64_t broadcast(Engine& engine, BroadcastOptions opts) {
   e->inputs = {std::move(opts.input)};
   e->outputs = {std::move(opts.output)};
   return engine.submit(std::move(e));
+}
+
+void executeBroadcast(Executor& ex, WorkUnit& unit) {
+  Entry& e = *unit.pieces.front().entry;
+  const int root = e.request.broadcast().root;
+  TensorBuffer& in = *e.inputs[0];
+  TensorBuffer& out = *e.outputs[0];
+  if (ex.ctx().rank() == root && in.data() != out.data()) std::memcpy(out.data(), in.data(), in.bytes());
+  ex.mark(unit, "BROADCAST", true);
+  if (ex.ctx().native() != nullptr) {
+    ex.ctx().native()->broadcast(out.data(), out.bytes(), root);
+  } else {
+    chainBroadcast(ex.ctx(), out.data(), out.bytes(), root);
+  }
+  ex.mark(unit, "BROADCAST", false);
+  e.state->complete(e.outputs);
 }
 
 }  // namespace hvdtorch::ops

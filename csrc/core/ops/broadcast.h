@@ -17,4 +17,7 @@ struct BroadcastOptions {
 
 int64_t broadcast(Engine& engine, BroadcastOptions opts);
 
+// Its row's execute (engine/op_spec.h).
+void executeBroadcast(Executor& ex, WorkUnit& unit);
+
 }  // namespace hvdtorch::ops

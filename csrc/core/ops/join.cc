@@ -15,4 +15,12 @@ int64_t join(Engine& engine, JoinOptions opts) {
   return engine.submit(std::move(e));
 }
 
+void executeJoin(Executor& ex, WorkUnit& unit) {
+  // Nothing moves: negotiation already made every rank wait for the last one.
+  Entry& e = *unit.pieces.front().entry;
+  TensorPtr out = e.allocate(DataType::kInt32, {});
+  *static_cast<int32_t*>(out->data()) = std::get<JoinPlan>(unit.plan).last_rank;
+  e.state->complete({out});
+}
+
 }  // namespace hvdtorch::ops

@@ -19,4 +19,7 @@ struct JoinOptions {
 
 int64_t join(Engine& engine, JoinOptions opts);
 
+// Its row's execute (engine/op_spec.h).
+void executeJoin(Executor& ex, WorkUnit& unit);
+
 }  // namespace hvdtorch::ops

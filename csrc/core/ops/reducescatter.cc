@@ -1,5 +1,8 @@
 #include "ops/reducescatter.h"
 
+#include <algorithm>
+
+#include "algorithms/reduce_kernels.h"
 #include "common/error.h"
 #include "ops/op_common.h"
 
@@ -27,6 +30,92 @@ int64_t reducescatter(Engine& engine, ReducescatterOptions opts) {
   e->inputs = std::move(opts.inputs);
   e->allocate = std::move(opts.allocate);
   return engine.submit(std::move(e));
+}
+
+int64_t reducescatterRows(int64_t dim0, int size, int rank) { return dim0 / size + (rank < dim0 % size ? 1 : 0); }
+
+OpPlan planReducescatter(const std::vector<const Request*>& by_rank) {
+  const int p = static_cast<int>(by_rank.size());
+  const Request& first = *by_rank[0];
+  ReducescatterPlan plan;
+  for (const auto& t : first.tensors) {
+    if (t.shape.empty()) throw InvalidArgument("reducescatter needs tensors with at least one dimension");
+    for (int r = 0; r < p; ++r) plan.rows.push_back(reducescatterRows(t.shape[0], p, r));
+  }
+  return plan;
+}
+
+namespace {
+
+// Reduce-scatters tensors [first, last) of `e` (one dtype) into `outputs`
+// as one collective: the tensors are packed block-major in the fusion
+// buffer, block r holding rank r's rows of each.
+void reducescatterRun(Executor& ex, Entry& e, const ReducescatterPlan& plan, size_t first, size_t last,
+                      const std::vector<TensorPtr>& outputs) {
+  const ReduceArgs& args = e.request.reduce();
+  const DataType dtype = e.inputs[first]->dtype();
+  const size_t esize = dtypeSize(dtype);
+  const int p = ex.ctx().size();
+  const int me = ex.ctx().rank();
+  std::vector<size_t> row(last), counts(p, 0);
+  for (size_t t = first; t < last; ++t) {
+    row[t] = rowElems(e.inputs[t]->shape());
+    for (int r = 0; r < p; ++r) counts[r] += static_cast<size_t>(plan.rows[t * p + r]) * row[t];
+  }
+  const std::vector<size_t> block_at = blockOffsets(counts);
+  char* buf = static_cast<char*>(ex.fusion().reserve(std::max<size_t>(1, (block_at[p - 1] + counts[p - 1]) * esize)));
+
+  // Pack, prescaled: block r = rank r's rows of tensor first, then of
+  // first + 1, ...
+  for (int r = 0; r < p; ++r) {
+    size_t at = block_at[r];
+    for (size_t t = first; t < last; ++t) {
+      size_t row_at = 0;  // first row of rank r in tensor t
+      for (int q = 0; q < r; ++q) row_at += static_cast<size_t>(plan.rows[t * p + q]);
+      const size_t n = static_cast<size_t>(plan.rows[t * p + r]) * row[t];
+      copyScaled(buf + at * esize, static_cast<const char*>(e.inputs[t]->data()) + row_at * row[t] * esize, n, dtype,
+                 args.prescale);
+      at += n;
+    }
+  }
+  const ReduceOp op = Executor::reducedOp(args.op);
+  if (p > 1) {
+    Reducer& reducer = ex.reducers().reduceScatterer(ex.ctx(), (block_at[p - 1] + counts[p - 1]) * esize, dtype, op);
+    reducer.reduceScatter(ex.ctx(), buf, counts, dtype, op);
+  }
+  // Unpack my block: averaged if so asked, postscaled.
+  size_t at = block_at[me];
+  for (size_t t = first; t < last; ++t) {
+    const size_t n = static_cast<size_t>(plan.rows[t * p + me]) * row[t];
+    copyAveraged(outputs[t]->data(), buf + at * esize, n, dtype, ex.averageDivisor(args.op), args.postscale);
+    at += n;
+  }
+}
+
+}  // namespace
+
+void executeReducescatter(Executor& ex, WorkUnit& unit) {
+  Entry& e = *unit.pieces.front().entry;
+  const ReducescatterPlan& plan = std::get<ReducescatterPlan>(unit.plan);
+  const int p = ex.ctx().size();
+  const size_t n = e.inputs.size();
+  std::vector<TensorPtr> outs;
+  for (size_t t = 0; t < n; ++t) {
+    std::vector<int64_t> shape = e.inputs[t]->shape();
+    shape[0] = plan.rows[t * p + ex.ctx().rank()];
+    outs.push_back(e.allocate(e.inputs[t]->dtype(), shape));
+  }
+  ex.mark(unit, "REDUCESCATTER", true);
+  // Consecutive tensors of one dtype run as one collective.
+  for (size_t first = 0; first < n;) {
+    size_t last = first + 1;
+    while (last < n && e.inputs[last]->dtype() == e.inputs[first]->dtype()) ++last;
+    reducescatterRun(ex, e, plan, first, last, outs);
+    first = last;
+  }
+  ex.mark(unit, "REDUCESCATTER", false);
+  e.outputs = std::move(outs);
+  e.state->complete(e.outputs);
 }
 
 }  // namespace hvdtorch::ops

@@ -24,4 +24,12 @@ struct ReducescatterOptions {
 
 int64_t reducescatter(Engine& engine, ReducescatterOptions opts);
 
+// Rows of dimension 0 rank `rank` of `size` keeps.
+int64_t reducescatterRows(int64_t dim0, int size, int rank);
+
+// Its row's make_plan (engine/op_spec.h).
+OpPlan planReducescatter(const std::vector<const Request*>& by_rank);
+// Its row's execute (engine/op_spec.h).
+void executeReducescatter(Executor& ex, WorkUnit& unit);
+
 }  // namespace hvdtorch::ops

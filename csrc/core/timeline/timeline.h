@@ -3,7 +3,8 @@
 //   NEGOTIATE          submitted, waiting for every rank to submit it
 //   QUEUE              agreed on, waiting for the executor
 //   MEMCPY_IN_FUSION   copied (and prescaled) into the fusion buffer
-//   ALLREDUCE:<algo>   the collective itself (ALLGATHER, BROADCAST, BARRIER)
+//   ALLREDUCE:<algo>   the collective itself (ALLGATHER, BROADCAST, ALLTOALL,
+//                      REDUCESCATTER; a barrier or join records none)
 //   MEMCPY_OUT_FUSION  copied (and postscaled) out of the fusion buffer
 // With mark_cycles, every negotiation cycle of the control thread is an
 // instant event CYCLE_START in a trace process of its own.

@@ -1,10 +1,10 @@
-#include "transport/shm_arena.h"
+#include "transport/shm/arena.h"
 
 #include <atomic>
 #include <type_traits>
 
 #include "common/error.h"
-#include "transport/shm_wait.h"
+#include "transport/shm/wait.h"
 
 namespace hvdtorch {
 

@@ -1,4 +1,4 @@
-#include "transport/shm_segment.h"
+#include "transport/shm/segment.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "transport/shm_process.h"
+#include "transport/shm/process.h"
 
 namespace hvdtorch {
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "common/deadline.h"
-#include "transport/shm_segment.h"
+#include "transport/shm/segment.h"
 
 namespace hvdtorch {
 

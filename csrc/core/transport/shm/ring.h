@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <string>
 
-#include "transport/shm_tsan.h"
-#include "transport/shm_wait.h"
+#include "transport/shm/tsan.h"
+#include "transport/shm/wait.h"
 
 namespace hvdtorch {
 

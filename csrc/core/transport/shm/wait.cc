@@ -1,4 +1,4 @@
-#include "transport/shm_wait.h"
+#include "transport/shm/wait.h"
 
 #include <climits>
 #include <thread>

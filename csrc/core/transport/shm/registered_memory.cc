@@ -1,4 +1,4 @@
-#include "transport/registered_memory.h"
+#include "transport/shm/registered_memory.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "transport/shm_link.h"
+#include "transport/shm/link.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "transport/shm_ring.h"
-#include "transport/shm_segment.h"
-#include "transport/shm_wait.h"
+#include "transport/shm/ring.h"
+#include "transport/shm/segment.h"
+#include "transport/shm/wait.h"
 
 namespace hvdtorch {
 

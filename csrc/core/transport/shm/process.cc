@@ -1,4 +1,4 @@
-#include "transport/shm_process.h"
+#include "transport/shm/process.h"
 
 #include <unistd.h>
 

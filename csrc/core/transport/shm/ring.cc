@@ -1,4 +1,4 @@
-#include "transport/shm_ring.h"
+#include "transport/shm/ring.h"
 
 #include <algorithm>
 #include <cstddef>

@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "common/deadline.h"
-#include "transport/registered_memory.h"
-#include "transport/shm_segment.h"
+#include "transport/shm/registered_memory.h"
+#include "transport/shm/segment.h"
 
 namespace hvdtorch {
 

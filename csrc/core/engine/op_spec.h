@@ -1,0 +1,107 @@
+// The table of ops: one row per collective says everything the engine needs
+// to know about it, so that the engine's code (wire format, signatures,
+// coordinator, cache, fusion, inline runs, joined ranks, executor) reads the
+// row instead of switching on the op. The rows are in ops/op_table.cc; each
+// op's entry function, planning and execution live in its own
+// ops/<op>.{h,cc}.
+//
+// Adding a collective: its OpType value below, its files ops/<op>.{h,cc}
+// (options and entry function; plan and execute functions when it has
+// them), one row in ops/op_table.cc, and -- when it carries data no other op
+// does -- its payload type in engine/op_payloads.h. The wire check (which op
+// values a control message may carry) follows from the table.
+//
+// Contract: opTable() lists every OpType exactly once, in enum order, so
+// that opTable()[v].type == v (checked by test_ops). A device (CPU, CUDA)
+// would enter the signature through TensorSpec and the execution through a
+// per-device execute function of the row; nothing here assumes host memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/op_payloads.h"
+
+namespace hvdtorch {
+
+// kJoin: a rank out of data (hvd.join()); see Coordinator for what the others'
+// ops do while it waits.
+enum class OpType : uint8_t { kAllreduce = 0, kAllgather, kBroadcast, kBarrier, kAlltoall, kReducescatter, kJoin };
+
+// When a ready unit may run on the control thread instead of the executor
+// (Engine::queueUnits): saves a thread hand-off for work smaller than it.
+enum class InlineRun : uint8_t {
+  kNever,    // its size is not planned when it is queued
+  kAlways,   // no payload
+  kIfSmall,  // up to Engine's kInlineUnitBytes
+};
+
+// What an op does while some ranks of its set have joined (hvd.join()). A
+// joined rank runs a stand-in request on zeros and drops its outputs.
+enum class WhileJoined : uint8_t {
+  kRefused,     // an error: the op cannot run without every rank's data
+  kAddsZeros,   // joined ranks add zeros: fine for Sum and Average only
+  kAddsNoRows,  // joined ranks contribute no rows (needs a first dimension)
+  kReceives,    // joined ranks receive; a joined root is an error
+  kTakesPart,   // no data; joined ranks simply take part
+  kIsJoin,      // the join itself: ready once every rank has joined
+};
+
+// Where an op's outputs come from.
+enum class Outputs : uint8_t {
+  kNone,        // nothing (barrier)
+  kLikeInputs,  // given by the caller, shaped as the inputs (may alias them)
+  kAllocated,   // made through the entry's allocator once the plan fixes their shape
+};
+
+struct Request;
+struct WorkUnit;
+class Executor;
+
+// Every rank's request (by_rank[r], signatures already agreeing) -> the plan.
+// Throws InvalidArgument when the requests cannot run (alltoall splits that
+// do not fit), which the coordinator turns into an error response.
+using MakePlan = OpPlan (*)(const std::vector<const Request*>& by_rank);
+// Runs one negotiated unit of this op on the executor's context; completes
+// or fails its entries. Transport errors propagate (Executor::run).
+using Execute = void (*)(Executor& executor, WorkUnit& unit);
+
+struct OpSpec {
+  OpType type;
+  const char* name;     // "allreduce": errors, describe(), timeline
+  size_t args;          // index of its payload in OpArgs
+  size_t plan;          // index of its plan in OpPlan
+  bool first_dim_free;  // ranks may differ in dimension 0 (the rest must agree)
+  // Its plan follows from the signature alone, so after the first time it
+  // runs from the response cache (one bit per rank instead of the request).
+  bool cacheable;
+  // Consecutive ops of this type may share one unit, one piece per tensor
+  // (engine/fusion.h; the op carries ReduceArgs).
+  bool fuses;
+  InlineRun inline_run;
+  WhileJoined while_joined;
+  Outputs outputs;
+  MakePlan make_plan;  // null: the plan is NoPlan (or, for join, the coordinator's)
+  Execute execute;
+};
+
+// Row helpers: the index of a payload type in its variant.
+template <typename Args>
+constexpr size_t argsIndex() {
+  return AlternativeIndex<Args, OpArgs>::value;
+}
+template <typename Plan>
+constexpr size_t planIndex() {
+  return AlternativeIndex<Plan, OpPlan>::value;
+}
+
+// Every op, in OpType order (ops/op_table.cc).
+const std::vector<OpSpec>& opTable();
+const OpSpec& opSpec(OpType type);
+// The row of the op a control message names by `value`; null when no op has
+// that value (a corrupt message).
+const OpSpec* findOpSpec(uint8_t value);
+const char* opTypeName(OpType type);
+
+}  // namespace hvdtorch
