@@ -34,7 +34,8 @@ def _colors(phases: Sequence[str]) -> Dict[str, str]:
         "ALLREDUCE:native": "#b07aa1",
         "ALLGATHER": "#8172b3",
         "BROADCAST": "#da8bc3",
-        "BARRIER": "#ccb974",
+        "ALLTOALL": "#ccb974",
+        "REDUCESCATTER": "#8da0cb",
     }
     spare = ["#64b5cd", "#6d904f", "#fc4f30", "#17becf", "#bcbd22"]
     out, unknown = {}, 0

@@ -26,7 +26,7 @@ const char* dtypeName(DataType t);
 bool isFloating(DataType t);
 
 // Reduction operators with Horovod's names. Average is a Sum divided by the
-// number of ranks on the way out (engine/executor.cc); it never reaches a
+// number of ranks on the way out (ops/allreduce.cc); it never reaches a
 // reduce kernel. Adasum is not element-wise: only the adasum reducer
 // (algorithms/adasum_allreduce.h) serves it.
 enum class ReduceOp : uint8_t {

@@ -10,7 +10,7 @@
 // never overwrites bytes still being read. Each counter has one writer and
 // sits on its own cache line. Under ThreadSanitizer, each publish and
 // consume is also annotated (ShmSync), so that TSan sees these orderings
-// when both ends are mappings in one process (see shm_tsan.h).
+// when both ends are mappings in one process (see tsan.h).
 #pragma once
 
 #include <atomic>
@@ -71,7 +71,7 @@ class ShmRing {
   char* buf_ = nullptr;
   size_t cap_ = 0;
   size_t piece_ = 0;
-  // The counters as ThreadSanitizer sees them across mappings (shm_tsan.h);
+  // The counters as ThreadSanitizer sees them across mappings (tsan.h);
   // no storage and no code in other builds.
 #if HVDTORCH_TSAN
   ShmSync head_sync_;
