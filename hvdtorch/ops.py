@@ -198,35 +198,20 @@ def grouped_allreduce_async_(
 class _GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, reducer, process_set, *tensors):
-        ctx.op, ctx.prescale, ctx.postscale, ctx.reducer = op, prescale_factor, postscale_factor, reducer
-        ctx.process_set = process_set
-        return tuple(
-            synchronize(
-                grouped_allreduce_async(
-                    list(tensors),
-                    name=name,
-                    op=op,
-                    prescale_factor=prescale_factor,
-                    postscale_factor=postscale_factor,
-                    process_set=process_set,
-                    reducer=reducer,
-                )
-            )
+        # Everything but the name: the backward runs the same grouped all-reduce.
+        ctx.group_args = dict(
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
+            reducer=reducer,
         )
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), name=name, **ctx.group_args)))
 
     @staticmethod
     def backward(ctx, *grads):
         # As for one tensor: the same grouped all-reduce of the gradients.
-        reduced = synchronize(
-            grouped_allreduce_async(
-                list(grads),
-                op=ctx.op,
-                prescale_factor=ctx.prescale,
-                postscale_factor=ctx.postscale,
-                process_set=ctx.process_set,
-                reducer=ctx.reducer,
-            )
-        )
+        reduced = synchronize(grouped_allreduce_async(list(grads), **ctx.group_args))
         return (None, None, None, None, None, None, *reduced)
 
 
