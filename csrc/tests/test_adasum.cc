@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "algorithms/adasum_allreduce.h"
-#include "algorithms/reduce_kernels.h"
 #include "check.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 #include "ranks.h"
 
 using namespace hvdtorch;

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "algorithms/node_allreduce.h"
-#include "algorithms/reduce_kernels.h"
 #include "check.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 #include "ranks.h"
 #include "reference.h"
 #include "shm_entries.h"

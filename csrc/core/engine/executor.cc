@@ -3,9 +3,9 @@
 #include <cstring>
 
 #include "algorithms/alltoall.h"
-#include "algorithms/reduce_kernels.h"
 #include "algorithms/ring_allgather.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 
 namespace hvdtorch {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/reduce_kernels.h"
 #include "check.h"
 #include "device/cpu_device.h"
 #include "device/cuda_device.h"
+#include "device/reduce_kernels.h"
 
 using namespace hvdtorch;
 
