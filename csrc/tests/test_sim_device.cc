@@ -208,9 +208,11 @@ TEST(sim_missing_wait_is_caught) {
 }
 
 // Two processes: the parent exports a buffer and an interprocess event and
-// records the event after filling the buffer on a delayed stream; the child
-// opens both, waits on the event, checks the data, adds to it and records
-// the event itself; the parent waits on that record and sees the sum.
+// records the event after writing the buffer in six operations on a stream
+// with long delays (up to 20 ms each); the child opens both, waits on the
+// event, checks the data, adds to it in six slow operations and records the
+// event itself; the parent waits on that record and sees the sum. Without
+// the waits, each side would read well before the other's writes ran.
 TEST(sim_interprocess_memory_and_events) {
   const size_t n = 1 << 14;
   int p2c[2], c2p[2];
@@ -225,7 +227,9 @@ TEST(sim_interprocess_memory_and_events) {
     if (!readAll(p2c[0], &mh, sizeof(mh), 30) || !readAll(p2c[0], &eh, sizeof(eh), 30)) _exit(2);
     int rc = 0;
     try {
-      auto d = makeSimDevice(options(7, true));
+      SimOptions o = options(7, true);
+      o.max_delay_us = 20000;
+      auto d = makeSimDevice(o);
       auto* x = static_cast<int32_t*>(d->openMemory(mh));
       auto ready = d->openEvent(eh);
       auto s = d->newStream();
@@ -234,11 +238,11 @@ TEST(sim_interprocess_memory_and_events) {
       d->copyToHost(out.data(), x, n * 4, s.get());
       finish(*d, s.get());
       for (size_t i = 0; i < n; ++i)
-        if (out[i] != int32_t(i)) rc = 3;
-      std::vector<int32_t> hundreds(n, 100);
+        if (out[i] != int32_t(i) + 5) rc = 3;
+      std::vector<int32_t> twenties(n, 20);
       void* y = d->allocate(n * 4);
-      d->copyFromHost(y, hundreds.data(), n * 4, s.get());
-      d->reduceInto(x, y, n, DataType::kInt32, ReduceOp::kSum, s.get());
+      d->copyFromHost(y, twenties.data(), n * 4, s.get());
+      for (int k = 0; k < 5; ++k) d->reduceInto(x, y, n, DataType::kInt32, ReduceOp::kSum, s.get());
       d->record(*ready, s.get());
       const char go = 'r';
       if (!writeAll(c2p[1], &go, 1)) rc = 4;
@@ -254,14 +258,20 @@ TEST(sim_interprocess_memory_and_events) {
   close(p2c[0]);
   close(c2p[1]);
   {
-    auto d = makeSimDevice(options(8, true));
+    SimOptions o = options(8, true);
+    o.max_delay_us = 20000;
+    auto d = makeSimDevice(o);
     auto* x = static_cast<int32_t*>(d->allocate(n * 4));
+    auto* ones = static_cast<int32_t*>(d->allocate(n * 4));
     auto ready = d->newEvent(true);
     auto s = d->newStream();
     std::vector<int32_t> iota(n);
     for (size_t i = 0; i < n; ++i) iota[i] = int32_t(i);
     d->fill(x, n * 4, 0xff, s.get());
     d->copyFromHost(x, iota.data(), n * 4, s.get());
+    const std::vector<int32_t> host_ones(n, 1);
+    d->copyFromHost(ones, host_ones.data(), n * 4, s.get());
+    for (int k = 0; k < 5; ++k) d->reduceInto(x, ones, n, DataType::kInt32, ReduceOp::kSum, s.get());
     d->record(*ready, s.get());
     CHECK_THROWS(d->openMemory(d->exportMemory(x)), InvalidArgument);  // a process cannot open its own handle
     const IpcMemoryHandle mh = d->exportMemory(x);
@@ -274,12 +284,13 @@ TEST(sim_interprocess_memory_and_events) {
     d->copyToHost(out.data(), x, n * 4, nullptr);
     finish(*d, nullptr);
     bool sums = true;
-    for (size_t i = 0; i < n; ++i) sums = sums && out[i] == int32_t(i) + 100;
+    for (size_t i = 0; i < n; ++i) sums = sums && out[i] == int32_t(i) + 105;
     CHECK_MSG(sums, "the parent did not see the child's sum: out[1] = %d", out[1]);
     const int status = reap(child, 60);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d (3: wrong data, 5: an exception)",
               status);
     d->release(x);
+    d->release(ones);
   }
   close(p2c[1]);
   close(c2p[0]);
