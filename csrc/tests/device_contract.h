@@ -34,7 +34,9 @@ inline const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,    Dat
                                      DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32,
                                      DataType::kFloat64, DataType::kBool};
 
-// Values that keep every op finite and exercise signs, ties and rounding.
+// Values that keep every op finite and exercise signs, ties and rounding;
+// the product of two stays in range for every signed type (no overflow,
+// which UBSan rejects).
 inline std::vector<char> randomBytes(DataType dt, size_t n, unsigned seed) {
   std::mt19937 g(seed);
   std::uniform_int_distribution<int> small(-3, 3);
@@ -48,8 +50,10 @@ inline std::vector<char> randomBytes(DataType dt, size_t n, unsigned seed) {
       case DataType::kBool: reinterpret_cast<uint8_t*>(v.data())[i] = uint8_t(x > 0); break;
       case DataType::kInt8: reinterpret_cast<int8_t*>(v.data())[i] = int8_t(x); break;
       case DataType::kInt16: reinterpret_cast<int16_t*>(v.data())[i] = int16_t(x * 100); break;
-      case DataType::kInt32: reinterpret_cast<int32_t*>(v.data())[i] = x * 100000 + int(i); break;
-      case DataType::kInt64: reinterpret_cast<int64_t*>(v.data())[i] = (int64_t(x) << 40) + int64_t(i); break;
+      case DataType::kInt32: reinterpret_cast<int32_t*>(v.data())[i] = x * 1000 + int(i % 1000); break;
+      case DataType::kInt64:
+        reinterpret_cast<int64_t*>(v.data())[i] = int64_t(x) * (int64_t(1) << 24) + int64_t(i);
+        break;
       case DataType::kFloat32: reinterpret_cast<float*>(v.data())[i] = f; break;
       case DataType::kFloat64: reinterpret_cast<double*>(v.data())[i] = double(f) * 1.0000001; break;
       case DataType::kFloat16: reinterpret_cast<uint16_t*>(v.data())[i] = floatToHalf(f); break;

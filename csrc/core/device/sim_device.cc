@@ -305,7 +305,7 @@ class SimDevice : public Device {
     // Queued work first (it may touch the memory), then the threads, then the memory.
     drainAll();
     engine_->shutdown();
-    for (auto& [base, a] : allocs_) unmap(base, a);
+    for (auto& entry : allocs_) unmap(entry.second);
   }
 
   DeviceId id() const override { return DeviceId{DeviceKind::kSim, opt_.index}; }
@@ -327,7 +327,7 @@ class SimDevice : public Device {
       if (!name.empty()) shm_unlink(name.c_str());
       throw CollectiveError(strCat(where(), "allocate(", bytes, "): ftruncate: ", std::strerror(err)));
     }
-    Allocation a{bytes, mapped, nullptr, name, false};
+    Allocation a{bytes, mapped, nullptr, nullptr, name, false};
     void* base = mapTwice(fd, a, "allocate");
     std::lock_guard<std::mutex> lk(mu_);
     allocs_.emplace(reinterpret_cast<uintptr_t>(base), a);
@@ -339,7 +339,7 @@ class SimDevice : public Device {
     Allocation a = take(p, false, "release");
     // Like cudaFree: nothing queued may still use it.
     drainAll();
-    unmap(reinterpret_cast<uintptr_t>(p), a);
+    unmap(a);
   }
 
   void copy(void* dst, const void* src, size_t bytes, Stream* s) override {
@@ -464,7 +464,7 @@ class SimDevice : public Device {
       close(fd);
       throw CollectiveError(strCat(where(), "openMemory(", w.name, "): the segment is smaller than the handle says"));
     }
-    Allocation a{w.size, w.size, nullptr, std::string(), true};
+    Allocation a{w.size, w.size, nullptr, nullptr, std::string(), true};
     void* base = mapTwice(fd, a, "openMemory");
     std::lock_guard<std::mutex> lk(mu_);
     allocs_.emplace(reinterpret_cast<uintptr_t>(base), a);
@@ -474,7 +474,7 @@ class SimDevice : public Device {
   void closeMemory(void* p) override {
     Allocation a = take(p, true, "closeMemory");
     drainAll();
-    unmap(reinterpret_cast<uintptr_t>(p), a);
+    unmap(a);
   }
 
   IpcEventHandle exportEvent(Event& e) override {
@@ -505,6 +505,7 @@ class SimDevice : public Device {
   struct Allocation {
     size_t size;           // what was asked for (bounds checks)
     size_t mapped;         // page-rounded length of both mappings
+    char* dev;             // the PROT_NONE mapping: the device pointer
     char* rw;              // the mapping the stream threads use
     std::string shm_name;  // a segment this process created (unlinked on release)
     bool opened;           // from openMemory: closeMemory, never release
@@ -523,11 +524,12 @@ class SimDevice : public Device {
       throw CollectiveError(strCat(where(), what, ": mmap: ", std::strerror(err)));
     }
     a.rw = static_cast<char*>(rw);
+    a.dev = static_cast<char*>(dev);
     return dev;
   }
 
-  static void unmap(uintptr_t base, const Allocation& a) {
-    munmap(reinterpret_cast<void*>(base), a.mapped);
+  static void unmap(const Allocation& a) {
+    munmap(a.dev, a.mapped);
     munmap(a.rw, a.mapped);
     if (!a.shm_name.empty()) shm_unlink(a.shm_name.c_str());
   }
