@@ -6,9 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "algorithms/reduce_kernels.h"
 #include "common/dtype.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 
 namespace hvdtorch::test {
 

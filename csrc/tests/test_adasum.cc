@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "algorithms/adasum_allreduce.h"
-#include "algorithms/reduce_kernels.h"
 #include "check.h"
 #include "common/error.h"
 #include "dtype_values.h"

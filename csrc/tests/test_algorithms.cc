@@ -4,11 +4,11 @@
 #include <vector>
 
 #include "algorithms/central_allreduce.h"
-#include "algorithms/reduce_kernels.h"
 #include "algorithms/ring_allgather.h"
 #include "algorithms/ring_allreduce.h"
 #include "check.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 #include "ranks.h"
 #include "reference.h"
 

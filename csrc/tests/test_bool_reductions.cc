@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "algorithms/reduce_kernels.h"
 #include "check.h"
+#include "device/reduce_kernels.h"
 
 using namespace hvdtorch;
 

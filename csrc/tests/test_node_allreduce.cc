@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "algorithms/node_allreduce.h"
-#include "algorithms/reduce_kernels.h"
 #include "check.h"
 #include "common/error.h"
 #include "dtype_values.h"

@@ -3,9 +3,9 @@
 #include <limits>
 #include <vector>
 
-#include "algorithms/reduce_kernels.h"
 #include "check.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 
 using namespace hvdtorch;
 

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "algorithms/node_allreduce.h"
-#include "algorithms/reduce_kernels.h"
 #include "algorithms/reducer_set.h"
 #include "algorithms/ring_allreduce.h"
 #include "check.h"

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "algorithms/reduce_kernels.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 
 namespace hvdtorch {
 

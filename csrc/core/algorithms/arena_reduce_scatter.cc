@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "algorithms/reduce_kernels.h"
+#include "device/reduce_kernels.h"
 #include "transport/shm/arena.h"
 
 namespace hvdtorch {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "algorithms/reduce_kernels.h"
+#include "device/reduce_kernels.h"
 
 namespace hvdtorch {
 

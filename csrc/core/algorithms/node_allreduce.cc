@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "algorithms/arena_reduce_scatter.h"
-#include "algorithms/reduce_kernels.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 #include "transport/shm/arena.h"
 #include "transport/shm/registered_memory.h"
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <deque>
 
-#include "algorithms/reduce_kernels.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 
 namespace hvdtorch {
 

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <new>
 
-#include "algorithms/reduce_kernels.h"
+#include "device/reduce_kernels.h"
 
 namespace hvdtorch {
 

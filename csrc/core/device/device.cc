@@ -1,9 +1,30 @@
 #include "device/device.h"
 
+#include "common/error.h"
+
 namespace hvdtorch {
 
 std::string DeviceId::str() const {
-  return kind == DeviceKind::kCpu ? std::string("cpu") : "cuda:" + std::to_string(index);
+  switch (kind) {
+    case DeviceKind::kCpu: return "cpu";
+    case DeviceKind::kCuda: return "cuda:" + std::to_string(index);
+    case DeviceKind::kSim: return "sim:" + std::to_string(index);
+  }
+  return "device?";
+}
+
+namespace {
+[[noreturn]] void notSupported(const Device& d, const char* what) {
+  throw CollectiveError(strCat(d.id().str(), ": ", what, " is not supported on this device"));
+}
+}  // namespace
+
+IpcMemoryHandle Device::exportMemory(void*) { notSupported(*this, "exportMemory (interprocess memory)"); }
+void* Device::openMemory(const IpcMemoryHandle&) { notSupported(*this, "openMemory (interprocess memory)"); }
+void Device::closeMemory(void*) { notSupported(*this, "closeMemory (interprocess memory)"); }
+IpcEventHandle Device::exportEvent(Event&) { notSupported(*this, "exportEvent (interprocess events)"); }
+std::unique_ptr<Event> Device::openEvent(const IpcEventHandle&) {
+  notSupported(*this, "openEvent (interprocess events)");
 }
 
 }  // namespace hvdtorch

@@ -2,9 +2,11 @@
 // on memory there without the host ever touching it: copies, the element-wise
 // reduce and scale kernels, fill, and ordering through streams and events.
 // Core stays torch-free and CUDA-free: this header names no CUDA type. The
-// CPU implementation (cpu_device.h) runs today's kernels; the CUDA one
-// (cuda_device.h, built from .cu files by nvcc) runs the same arithmetic on
-// the GPU.
+// CPU implementation (cpu_device.h) runs the kernels of reduce_kernels.h; the
+// CUDA one (cuda_device.h, built from .cu files by nvcc) runs the same
+// arithmetic on the GPU; the simulated one (sim_device.h) runs the CPU
+// kernels on memory the host cannot read, on stream threads, so that tests
+// without a GPU catch host dereferences and missing waits.
 //
 // Contract (every implementation keeps it):
 //  * Pointers passed to an operation are memory of this device, except the
@@ -23,6 +25,13 @@
 //    Min/Product AND; integer Average divides exactly, truncating toward
 //    zero, before the factor. Results are bit-identical across devices for
 //    the integer types and for one reduction of two float buffers.
+//  * Invalid arguments (an op that is not element-wise, scaling a bool
+//    tensor, a divisor <= 0) throw InvalidArgument from the call itself,
+//    before anything is enqueued.
+//  * Events: a wait binds to the most recent record at the time of the wait
+//    call (a later record of the same event does not move it); an event
+//    never recorded is complete. A stream destroyed with work pending still
+//    runs that work.
 //  * Failures throw CollectiveError naming the device and the operation.
 #pragma once
 
@@ -35,14 +44,14 @@
 
 namespace hvdtorch {
 
-enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1 };
+enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1, kSim = 2 };
 
 struct DeviceId {
   DeviceKind kind = DeviceKind::kCpu;
-  int index = -1;  // the CUDA ordinal; -1 for the CPU
+  int index = -1;  // the CUDA ordinal, the simulated device's number; -1 for the CPU
   bool operator==(const DeviceId& o) const { return kind == o.kind && index == o.index; }
   bool operator!=(const DeviceId& o) const { return !(*this == o); }
-  std::string str() const;  // "cpu", "cuda:1"
+  std::string str() const;  // "cpu", "cuda:1", "sim:0"
 };
 
 // Opaque handles; each implementation defines what is inside.
@@ -53,6 +62,16 @@ class Stream {
 class Event {
  public:
   virtual ~Event() = default;
+};
+
+// Names a device allocation or an interprocess event for another process on
+// the same host (CUDA IPC's 64-byte handles, and the same size here): plain
+// bytes, to be sent over a pipe, a socket or shared memory as they are.
+struct IpcMemoryHandle {
+  char bytes[64] = {};
+};
+struct IpcEventHandle {
+  char bytes[64] = {};
 };
 
 class Device {
@@ -91,6 +110,24 @@ class Device {
   virtual void wait(Stream* stream, Event& event) = 0;
   virtual bool query(Event& event) = 0;        // completed?
   virtual void synchronize(Event& event) = 0;  // blocks the host until completed
+
+  // ---- interprocess sharing (optional; the default throws "not supported") --
+  // Contract, CUDA IPC's:
+  //  * exportMemory takes the base of an allocate() allocation (a handle names
+  //    a whole allocation) and returns a handle for another process.
+  //  * openMemory, in another process (never the exporter: a process cannot
+  //    open its own handle), maps it and returns a device pointer to the same
+  //    memory; closeMemory unmaps it. The exporter keeps the allocation alive
+  //    until every peer closed it; peers never release() it.
+  //  * exportEvent takes an event made with newEvent(true); openEvent gives
+  //    the peer an Event it can wait on (and record) like a local one. Reads
+  //    of shared memory after a wait on the peer's event see everything the
+  //    peer's stream did before the record.
+  virtual IpcMemoryHandle exportMemory(void* base);
+  virtual void* openMemory(const IpcMemoryHandle& handle);
+  virtual void closeMemory(void* opened);
+  virtual IpcEventHandle exportEvent(Event& event);
+  virtual std::unique_ptr<Event> openEvent(const IpcEventHandle& handle);
 };
 
 // The host: shared, stateless, always available.

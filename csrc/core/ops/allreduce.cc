@@ -1,8 +1,8 @@
 #include "ops/allreduce.h"
 
-#include "algorithms/reduce_kernels.h"
 #include "algorithms/reducer_registry.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 #include "ops/op_common.h"
 
 namespace hvdtorch::ops {

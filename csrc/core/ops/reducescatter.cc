@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "algorithms/reduce_kernels.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 #include "ops/op_common.h"
 
 namespace hvdtorch::ops {

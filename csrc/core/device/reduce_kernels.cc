@@ -1,4 +1,4 @@
-#include "algorithms/reduce_kernels.h"
+#include "device/reduce_kernels.h"
 
 #include <algorithm>
 #include <cmath>

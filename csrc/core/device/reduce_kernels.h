@@ -1,4 +1,6 @@
-// Element-wise kernels used by every reducer.
+// The element-wise kernels of the CPU device (copy, scale, reduce-into,
+// average), which every host-memory reducer also calls directly, and the
+// reference arithmetic every other Device reproduces.
 //
 // float16/bfloat16 are widened to float for each operation and rounded back
 // once, so a reduction over p ranks loses no more precision than p-1 additions

@@ -1,0 +1,63 @@
+// A simulated GPU, for testing device code paths on machines without one.
+//
+// What it simulates, and how:
+//  * Device memory the host cannot read. Every allocation is backed by a file
+//    (memfd, or a named POSIX shared-memory segment in interprocess mode)
+//    mapped twice: PROT_NONE at the address handed out as the device
+//    pointer, and read-write at a private address that only the device's
+//    stream threads use (translating a device pointer by its offset in the
+//    allocation). A host dereference of a device pointer dies with SIGSEGV.
+//  * Asynchronous streams. Each stream is a thread running its queue in
+//    order, sleeping a seeded random time before each operation, so work on
+//    different streams interleaves differently from run to run and a missing
+//    wait shows up as stale data (and, under TSan, as a data race: the only
+//    happens-before edges between streams are the ones waits create).
+//  * CUDA's event rules: a wait binds to the most recent record at the time
+//    of the wait call; an event never recorded is complete; query() and
+//    synchronize() look at the most recent record.
+//  * wrapStream(native): `native` is a Stream* this device made (its
+//    "native handle"), or nullptr for the device's engine stream.
+//  * The arithmetic of reduce_kernels.h (the same functions, run on the
+//    read-write mapping), so results are bit-identical to the CPU device's.
+//  * Interprocess mode (SimOptions::interprocess): allocations live in named
+//    shared memory and events made with newEvent(true) are generation
+//    counters in shared memory, so exportMemory/openMemory and
+//    exportEvent/openEvent work across processes as CUDA IPC does.
+//
+// The seed is SimOptions::seed, or HVDTORCH_SIM_SEED from the environment
+// (SimOptions::fromEnv); it is printed nowhere, so tests that want a failure
+// to reproduce print the seed they used.
+//
+// Destruction waits for every stream's queued work, joins the threads,
+// unmaps every mapping and unlinks every segment this device created.
+// Allocations must be released, and opened memory closed, by then only if
+// the caller wants to reuse them: the destructor frees what is left.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "device/device.h"
+
+namespace hvdtorch {
+
+struct SimOptions {
+  int index = 0;           // DeviceId index: "sim:<index>"
+  uint64_t seed = 1;       // seeds every stream's delays
+  int max_delay_us = 200;  // each operation waits uniformly in [0, max_delay_us]
+  bool interprocess = false;
+
+  // Defaults overridden by HVDTORCH_SIM_SEED, HVDTORCH_SIM_MAX_DELAY_US and
+  // HVDTORCH_SIM_INTERPROCESS (0/1); a malformed value throws InvalidArgument
+  // naming the variable.
+  static SimOptions fromEnv();
+};
+
+std::unique_ptr<Device> makeSimDevice(const SimOptions& options = SimOptions());
+
+// The prefix of every shared-memory name a simulated device in this process
+// creates ("/hvdtorch-sim-<pid>-"), for tests that check nothing is left.
+std::string simShmPrefix();
+
+}  // namespace hvdtorch
