@@ -203,6 +203,8 @@ def init(comm=None, process_sets=None, **options) -> None:
         index: Dict[str, int] = {}
         host_of_rank = [index.setdefault(h, len(index)) for h, _ in gathered]
         shm_token = f"{os.getuid()}-{gathered[0][1]}"
+        # What SIGKILLed jobs left in /dev/shm (their own exit handlers never ran).
+        _C.remove_dead_shm_segments()
 
         engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token)
         topo = engine.topology()

@@ -224,3 +224,31 @@ def test_sampler_resumes_with_the_tail_of_each_shard_and_reshards_the_rest():
     assert sorted(sum(three, [])) == sorted(set(range(24)) - done)
     # Another epoch is another permutation.
     assert _shards({"epoch": 3, "processed_indices": []}, 2) != full
+
+
+def _dealt(n, world, processed=()):
+    out = []
+    for rank in range(world):
+        s = ElasticSampler(_Data(n), shuffle=False)
+        s.reset = _dealer(s, world, rank)
+        s.load_state_dict({"epoch": 0, "processed_indices": sorted(processed)})
+        out.append(list(s))
+    return out
+
+
+def test_sampler_deals_every_sample_when_the_ranks_do_not_divide_it():
+    # 10 samples on 3 ranks: 4 each, the last step padded with the first samples.
+    shards = _dealt(10, 3)
+    assert [len(s) for s in shards] == [4, 4, 4]
+    assert shards == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
+    # After 5 processed samples, 5 remain on 3 ranks: 2 each, none lost.
+    rest = _dealt(10, 3, processed=[0, 1, 2, 3, 4])
+    assert [len(s) for s in rest] == [2, 2, 2]
+    assert set(sum(rest, [])) == {5, 6, 7, 8, 9}
+    # 7 samples on 4 ranks, and one sample on 2 ranks.
+    assert set(sum(_dealt(7, 4), [])) == set(range(7)) and {len(s) for s in _dealt(7, 4)} == {2}
+    assert _dealt(1, 2) == [[0], [0]]
+
+
+def test_torch_state_restores_from_memory_and_from_disk(tmp_path):
+    run_ranks("tests.workers.elastic:check_restore", 2, args=[str(tmp_path / "commits")], timeout=90)

@@ -13,7 +13,17 @@ def test_sparse_allreduce_equals_dense_reference(nranks):
 
 @pytest.mark.parametrize(
     "nranks,mode",
-    [(1, "gather"), (2, "gather"), (3, "gather"), (4, "gather"), (2, "dense"), (3, "dense"), (3, "gather2")],
+    [
+        (1, "gather"),
+        (2, "gather"),
+        (3, "gather"),
+        (4, "gather"),
+        (2, "dense"),
+        (3, "dense"),
+        (3, "gather2"),
+        (2, "absent0"),
+        (3, "absent0"),
+    ],
 )
 def test_sparse_embedding_training_equals_single_process(nranks, mode):
     run_ranks("tests.workers.sparse:check_embedding_training", nranks, args=[mode], timeout=120)
@@ -31,5 +41,6 @@ def test_distributed_model_rejects_sparse_embeddings_clearly():
     run_ranks("tests.workers.sparse:check_distributed_model_rejects_sparse_embeddings", 2, timeout=60)
 
 
-def test_sparse_reductions_and_optimizer_over_a_process_set():
-    run_ranks("tests.workers.sparse:check_process_set", 3, timeout=120)
+@pytest.mark.parametrize("mode", ["gather", "absent0"])
+def test_sparse_reductions_and_optimizer_over_a_process_set(mode):
+    run_ranks("tests.workers.sparse:check_process_set", 3, args=[mode], timeout=120)

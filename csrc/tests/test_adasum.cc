@@ -102,6 +102,38 @@ TEST(adasum_of_orthogonal_vectors_is_their_sum_and_of_equal_ones_their_mean) {
   }
 }
 
+TEST(adasum_with_an_all_zero_vector_on_one_rank_is_finite_and_matches_reference) {
+  // A rank whose gradient is all zero (a frozen or unused part of a model)
+  // contributes nothing: its pair rule must not divide by its zero norm.
+  for (int p : {2, 3, 4}) {
+    for (int zero_rank = 0; zero_rank < p; ++zero_rank) {
+      const size_t count = 5;
+      std::vector<Vec> inputs(p, Vec(count));
+      for (int r = 0; r < p; ++r)
+        for (size_t i = 0; i < count; ++i) inputs[r][i] = r == zero_rank ? 0.0 : input(r, i);
+      const Vec want = referenceTree(inputs);
+      std::vector<Vec> got(p);
+      runRanks(p, [&](Context& ctx) {
+        AdasumAllreduce adasum;
+        Vec v = inputs[ctx.rank()];
+        adasum.allreduce(ctx, v.data(), v.size(), DataType::kFloat64, ReduceOp::kAdasum);
+        got[ctx.rank()] = v;
+      });
+      for (int r = 0; r < p; ++r)
+        for (size_t i = 0; i < count; ++i)
+          CHECK_MSG(std::isfinite(got[r][i]) && std::fabs(got[r][i] - want[i]) <= 1e-12 * (1 + std::fabs(want[i])),
+                    "p=%d zero on rank %d: rank %d element %zu is %g, want %g", p, zero_rank, r, i, got[r][i], want[i]);
+    }
+    // Every rank all zero: the result is zero, not NaN.
+    runRanks(p, [](Context& ctx) {
+      AdasumAllreduce adasum;
+      Vec v(3, 0.0);
+      adasum.allreduce(ctx, v.data(), v.size(), DataType::kFloat64, ReduceOp::kAdasum);
+      CHECK(v == Vec(3, 0.0));
+    });
+  }
+}
+
 TEST(adasum_serves_only_adasum_on_floating_types) {
   runRanks(2, [](Context& ctx) {
     AdasumAllreduce adasum;

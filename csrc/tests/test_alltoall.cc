@@ -51,11 +51,14 @@ void exchangeAndCheck(Context& ctx, const Matrix& sizes, const char* what) {
 
 Matrix uniform(int p, size_t n) { return Matrix(p, std::vector<size_t>(p, n)); }
 
-// Different for every pair, zero on some pairs, and rank 1 sends nothing at all.
+// Different for every pair, zero on some pairs, rank 1 sends nothing at all,
+// and every other rank keeps a non-empty block of its own (the diagonal is
+// (10 s + 1) % 5 = 1 block of 13 bytes): a rank's copy to itself is checked
+// at an offset that differs between its input and its output.
 Matrix uneven(int p) {
   Matrix m(p, std::vector<size_t>(p));
   for (int s = 0; s < p; ++s)
-    for (int d = 0; d < p; ++d) m[s][d] = (s == 1) ? 0 : static_cast<size_t>((s * 7 + d * 3) % 5) * 13;
+    for (int d = 0; d < p; ++d) m[s][d] = (s == 1) ? 0 : static_cast<size_t>((s * 7 + d * 3 + 1) % 5) * 13;
   return m;
 }
 

@@ -4,12 +4,14 @@
 // matters, fork()ed children. Every name carries this process's pid, and the
 // last test checks that nothing is left in /dev/shm.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -185,6 +187,57 @@ TEST(segment_left_by_dead_creator_is_removed) {
     CHECK(fresh.peer(0) == ShmSegment::Peer::kAlive);
   }
   CHECK(!exists(stale_create));
+}
+
+// A creator that never destroys its segment (memory still held when the
+// program ends) removes the name when it exits or is terminated by SIGTERM;
+// what a SIGKILLed creator leaves is removed by removeDeadJobSegments(),
+// which leaves a live creator's segment alone.
+TEST(segment_names_of_an_exiting_terminated_or_killed_creator_are_removed) {
+  const std::string exiting = prefixFor("seg-exit");
+  const std::string terminated = prefixFor("seg-term");
+  const std::string killed = strCat("/hvdtorch-test", getpid(), "-seg-kill");
+  const std::string live = strCat("/hvdtorch-test", getpid(), "-seg-live");
+  auto leakInChild = [](const std::string& name, int signal_self) {
+    int ready[2];
+    CHECK(pipe(ready) == 0);
+    const pid_t child = fork();
+    if (child == 0) {
+      new ShmSegment(ShmSegment::create(name, 64, 2, 0));  // never destroyed
+      const char c = 1;
+      (void)!write(ready[1], &c, 1);
+      if (signal_self == 0) std::exit(0);  // runs the exit handlers, not the destructors
+      if (signal_self == SIGKILL) raise(SIGKILL);
+      pause();  // until the parent's SIGTERM
+      _exit(3);
+    }
+    char c = 0;
+    CHECK(read(ready[0], &c, 1) == 1);
+    close(ready[0]);
+    close(ready[1]);
+    return child;
+  };
+  int status = 0;
+  waitpid(leakInChild(exiting, 0), &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(!exists(exiting));
+
+  const pid_t term = leakInChild(terminated, SIGTERM);
+  CHECK(exists(terminated));
+  kill(term, SIGTERM);
+  waitpid(term, &status, 0);
+  CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "status %d: SIGTERM must still terminate", status);
+  CHECK(!exists(terminated));
+
+  ShmSegment alive = ShmSegment::create(live, 64, 2, 0);
+  waitpid(leakInChild(killed, SIGKILL), &status, 0);
+  CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  CHECK(exists(killed));  // nothing ran in the killed process
+  CHECK(ShmSegment::removeDeadJobSegments() >= 1);
+  CHECK(!exists(killed));
+  CHECK(exists(live));  // its creator is alive
+  // Whatever a failed check above left (the children never destroy their segments).
+  for (const std::string& name : {exiting, terminated, killed}) shm_unlink(name.c_str());
 }
 
 // ---- ShmLink ------------------------------------------------------------------

@@ -28,6 +28,7 @@
 #include "registered_tensor.h"
 #include "torch_tensor.h"
 #include "transport/shm/registered_memory.h"
+#include "transport/shm/segment.h"
 
 namespace py = pybind11;
 using namespace hvdtorch;
@@ -450,6 +451,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["autotune_rounds"] = c.autotune_rounds;
     return d;
   });
+  // Removes what killed jobs left in /dev/shm (segments of hvdtorch jobs whose creator is dead); init() calls it.
+  m.def("remove_dead_shm_segments", [] { return ShmSegment::removeDeadJobSegments(); });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so
   // that a trace shows how communication overlaps compute). No-ops while no timeline is written.
   m.def("timeline_enabled", [](PyEngine& e) { return e.engine()->timeline().enabled(); });

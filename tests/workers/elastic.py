@@ -74,3 +74,48 @@ def resume_and_commit(commit_dir: str):
     assert not leftovers, f"temporary files left: {leftovers}"
     print("RESUMED-OK", flush=True)
     hvd.shutdown()
+
+
+def _values(state):
+    params = [p.detach().clone() for p in state.model.parameters()]
+    momenta = [state.optimizer.state[p]["momentum_buffer"].clone() for p in state.model.parameters()]
+    return params, momenta
+
+
+def _same(got, want, what):
+    for a, b in zip(got[0] + got[1], want[0] + want[1]):
+        assert torch.equal(a, b), f"rank {hvd.rank()}: {what}: {a.tolist()} != {b.tolist()}"
+
+
+def _train_step(state):
+    state.optimizer.zero_grad()
+    state.model(torch.ones(2, 4)).pow(2).sum().backward()
+    state.optimizer.step()
+
+
+def check_restore(commit_dir: str):
+    """A commit kept in memory is a copy: training on after it and restore()
+    bring back the committed parameters, momentum and extras; a fresh state
+    loads the same commit from disk."""
+    hvd.init()
+    state = _state(commit_dir)
+    _train_step(state)  # momentum buffers exist from here on
+    state.epoch = 4
+    state.commit()
+    committed = _values(state)
+    for _ in range(2):
+        _train_step(state)
+    state.epoch = 5
+    changed = _values(state)
+    assert not torch.equal(changed[0][0], committed[0][0]), "training did not change the weights"
+    state.restore()
+    _same(_values(state), committed, "after restore() from memory")
+    assert state.epoch == 4, state.epoch
+    # The same commit from disk, into a state built afresh.
+    fresh = _state(commit_dir)
+    _train_step(fresh)
+    assert fresh.load_last_commit(), "no commit found on disk"
+    _same(_values(fresh), committed, "after load_last_commit() from disk")
+    assert fresh.epoch == 4 and fresh.commit_count == 1, (fresh.epoch, fresh.commit_count)
+    hvd.barrier()
+    hvd.shutdown()

@@ -140,6 +140,15 @@ def check_validation_metrics_reduced():
     # trainer.validate on its own (no fitting: the model is not wrapped) reduces the same way
     out = trainer.validate(model, torch.utils.data.DataLoader(val, batch_size=5), verbose=False)
     assert abs(out[0]["val_loss"] - whole) < 1e-5
+    # The strategy's own reduce (default "mean", integers averaged in float) and all_gather (one row per rank).
+    r, n = hvd.rank(), hvd.size()
+    strategy = trainer.strategy
+    mean = sum(range(n)) / n
+    assert strategy.reduce(torch.tensor(float(r))).item() == mean
+    assert strategy.reduce(torch.tensor(r)).item() == mean
+    assert strategy.reduce(torch.tensor(float(r)), reduce_op="sum").item() == sum(range(n))
+    gathered = strategy.all_gather(torch.full((2,), float(r)))
+    assert torch.equal(gathered, torch.arange(n, dtype=torch.float32)[:, None].expand(n, 2)), gathered
 
 
 def check_checkpoint_resume(directory):

@@ -82,24 +82,29 @@ def tokens_and_labels(step, n):
     return torch.randint(0, VOCAB, (PER_RANK * n, 5), generator=g), torch.randint(0, 2, (PER_RANK * n,), generator=g)
 
 
-def skips_embedding(step, rank, n):
-    # In step 1 the last rank does not touch the embedding: its gradient there is absent.
-    return n > 1 and step == 1 and rank == n - 1
+# The step in which the last rank does not touch the embedding (its gradient
+# there is absent); "absent0" makes it the first step, where the ranks agree
+# on which gradients are sparse.
+SKIP_STEP = {"absent0": 0}
 
 
-def shard_loss(model, step, rank, n):
+def skips_embedding(step, rank, n, mode=""):
+    return n > 1 and step == SKIP_STEP.get(mode, 1) and rank == n - 1
+
+
+def shard_loss(model, step, rank, n, mode=""):
     x, y = tokens_and_labels(step, n)
     mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
-    return F.cross_entropy(model(x[mine], use_embedding=not skips_embedding(step, rank, n)), y[mine])
+    return F.cross_entropy(model(x[mine], use_embedding=not skips_embedding(step, rank, n, mode)), y[mine])
 
 
-def train_reference(model, n, passes_per_step=1):
+def train_reference(model, n, passes_per_step=1, mode=""):
     """The global loss is the mean of the ranks' losses, computed here in one process."""
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(STEPS):
         opt.zero_grad()
         for p in range(passes_per_step):
-            (sum(shard_loss(model, step * passes_per_step + p, k, n) for k in range(n)) / n).backward()
+            (sum(shard_loss(model, step * passes_per_step + p, k, n, mode) for k in range(n)) / n).backward()
         opt.step()
     return model
 
@@ -119,7 +124,8 @@ def count_sparse_gathers():
 
 
 def check_embedding_training(mode):
-    """mode: 'gather' (sparse_as_dense=False) or 'dense' (sparse_as_dense=True); 'gather2': two passes per step."""
+    """mode: 'gather' (sparse_as_dense=False) or 'dense' (sparse_as_dense=True); 'gather2': two passes
+    per step; 'absent0': gather, with the embedding's gradient absent on the last rank in the first step."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     passes = 2 if mode == "gather2" else 1
@@ -127,7 +133,7 @@ def check_embedding_training(mode):
     base = EmbeddingNet()
     reference = EmbeddingNet()
     reference.load_state_dict(base.state_dict())
-    train_reference(reference, n, passes)
+    train_reference(reference, n, passes, mode)
     model = EmbeddingNet()
     model.load_state_dict(base.state_dict())
     gathers = count_sparse_gathers()
@@ -140,7 +146,7 @@ def check_embedding_training(mode):
     for step in range(STEPS):
         opt.zero_grad()
         for p in range(passes):
-            shard_loss(model, step * passes + p, r, n).backward()
+            shard_loss(model, step * passes + p, r, n, mode).backward()
         opt.synchronize()
         if n > 1:
             assert model.emb.weight.grad.is_sparse, f"{mode}: the embedding's gradient is not sparse after synchronize"
@@ -218,9 +224,11 @@ def check_distributed_model_rejects_sparse_embeddings():
     hvd.shutdown()
 
 
-def check_process_set():
+def check_process_set(mode="gather"):
     """Sparse reductions and DistributedOptimizer over the even ranks; the odd
-    rank's optimizer is the plain one (as in Horovod)."""
+    rank's optimizer is the plain one (as in Horovod). mode: as for
+    check_embedding_training ("absent0": the last rank, a member, has no
+    embedding gradient in the first step)."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     even = hvd.add_process_set([k for k in range(n) if k % 2 == 0])
@@ -242,10 +250,10 @@ def check_process_set():
     group = members if r in members else [r]  # whose shards the reference averages
     for step in range(STEPS):
         opt.zero_grad()
-        shard_loss(model, step, r, n).backward()
+        shard_loss(model, step, r, n, mode).backward()
         opt.step()
         ref_opt.zero_grad()
-        (sum(shard_loss(reference, step, k, n) for k in group) / len(group)).backward()
+        (sum(shard_loss(reference, step, k, n, mode) for k in group) / len(group)).backward()
         ref_opt.step()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=1e-5, msg=lambda m: f"rank {r}: {name}: {m}")

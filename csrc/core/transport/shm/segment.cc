@@ -2,13 +2,17 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -41,6 +45,83 @@ size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 std::string errnoText(int err) { return std::strerror(err); }
 
+constexpr char kJobPrefix[] = "/hvdtorch-";  // makeShmPrefix's names
+
+// The pid namespace of this process (0 if unknown): pids recorded in a
+// segment only mean something to processes of the same namespace.
+uint64_t pidNamespace() {
+  static const uint64_t ns = [] {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : uint64_t(0);
+  }();
+  return ns;
+}
+
+// The names this process created and may still have to unlink, in a fixed
+// table that a signal handler can walk without locks or allocation. A
+// record holds the creator's pid (0: free, -1: being written), so a forked
+// child never removes its parent's names.
+constexpr int kNameRecords = 1024;
+constexpr size_t kPathBytes = 8 + 256 + 1;  // "/dev/shm" + a name of at most 255 characters
+struct NameRecord {
+  std::atomic<int32_t> owner;
+  char path[kPathBytes];
+};
+NameRecord g_names[kNameRecords];  // static storage: zero-filled, never destroyed
+
+// Async-signal-safe: getpid, atomics, unlink.
+void unlinkRecordedNames() {
+  const int32_t me = static_cast<int32_t>(getpid());
+  for (NameRecord& r : g_names)
+    if (r.owner.load(std::memory_order_acquire) == me) ::unlink(r.path);
+}
+
+void unlinkOnTerminate(int sig) {
+  unlinkRecordedNames();
+  raise(sig);  // the disposition is the default again (SA_RESETHAND): terminates once this returns
+}
+
+void cleanUpAtExit() {
+  unlinkRecordedNames();
+  ShmSegment::removeDeadJobSegments();
+}
+
+void installExitCleanup() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::atexit(cleanUpAtExit);
+    // Only where SIGTERM would terminate anyway: a handler the program set
+    // itself decides what SIGTERM means, and is left alone.
+    struct sigaction old;
+    if (sigaction(SIGTERM, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return;
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = unlinkOnTerminate;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGTERM, &sa, nullptr);
+  });
+}
+
+// Records `name` as this process's to unlink; -1 when the table is full
+// (the name then relies on the other rules alone).
+int recordName(const std::string& name) {
+  installExitCleanup();
+  for (int i = 0; i < kNameRecords; ++i) {
+    int32_t expected = 0;
+    if (g_names[i].owner.compare_exchange_strong(expected, -1, std::memory_order_acq_rel)) {
+      std::snprintf(g_names[i].path, kPathBytes, "/dev/shm%s", name.c_str());
+      g_names[i].owner.store(static_cast<int32_t>(getpid()), std::memory_order_release);
+      return i;
+    }
+  }
+  return -1;
+}
+
+void forgetName(int record) {
+  if (record >= 0) g_names[record].owner.store(0, std::memory_order_release);
+}
+
 }  // namespace
 
 // Lives at offset 0 of every segment; all-zero until the creator publishes
@@ -54,6 +135,7 @@ struct ShmSegment::Header {
   uint32_t parties;
   std::atomic<uint32_t> attached;  // parties registered so far, creator included
   std::atomic<uint32_t> unlinked;  // 1 once the name has been removed
+  uint64_t pid_ns;                 // the creator's pid namespace (0: unknown)
 };
 
 // One per party, after the header. `state` publishes the other fields.
@@ -80,6 +162,8 @@ std::string makeShmPrefix(const std::string& job_token) {
   }
   return "/hvdtorch-" + clean;
 }
+
+int ShmSegment::removeDeadJobSegments() { return removeStale(kJobPrefix); }
 
 int ShmSegment::removeStale(const std::string& prefix) {
   std::vector<std::string> names;
@@ -129,7 +213,10 @@ bool ShmSegment::removeIfStale(const std::string& name, std::string* why_not) {
   probe.base_ = p;
   probe.total_bytes_ = kPage;
   bool stale = false;
-  if (probe.header()->magic.load(std::memory_order_acquire) == kMagic) {
+  const Header* h = probe.header();
+  if (h->magic.load(std::memory_order_acquire) == kMagic && h->pid_ns != 0 && h->pid_ns != pidNamespace()) {
+    *why_not = "its creator is in another pid namespace (a container sharing /dev/shm?)";
+  } else if (h->magic.load(std::memory_order_acquire) == kMagic) {
     ProcessId creator;
     creator.pid = probe.slot(0)->pid;
     creator.start_time = probe.slot(0)->start_time;
@@ -155,7 +242,10 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes, int parties
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0) break;
+    if (fd >= 0) {
+      seg.record_ = recordName(name);
+      break;
+    }
     const int err = errno;
     std::string why_not;
     if (err != EEXIST || attempt > 0 || !removeIfStale(name, &why_not)) {
@@ -194,6 +284,7 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes, int parties
   h->user_offset = user_offset;
   h->user_bytes = bytes;
   h->parties = static_cast<uint32_t>(parties);
+  h->pid_ns = pidNamespace();
   PartySlot* me = seg.slot(0);
   const ProcessId id = ProcessId::self();
   me->rank = self_rank;
@@ -333,10 +424,14 @@ void ShmSegment::detach() {
 void ShmSegment::unlink() {
   if (!base_) return;
   if (header()->unlinked.exchange(1, std::memory_order_acq_rel) == 0) shm_unlink(name_.c_str());
+  forgetName(std::exchange(record_, -1));
 }
 
 void ShmSegment::release() {
-  if (!base_) return;
+  if (!base_) {
+    forgetName(std::exchange(record_, -1));  // a create() that failed has unlinked the name itself
+    return;
+  }
   detach();
   // A party leaving before everyone attached takes the name with it: the
   // segment can no longer serve its purpose, and nobody may be left to
@@ -362,6 +457,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     party_ = other.party_;
     parties_ = other.parties_;
     detached_ = other.detached_;
+    record_ = std::exchange(other.record_, -1);
   }
   return *this;
 }

@@ -13,10 +13,20 @@
 //    once. From then on nothing is left in /dev/shm whatever happens: the
 //    kernel frees the memory when the last mapping goes, kill -9 included.
 //  * Until then, any party that goes away (destructor) unlinks the name
-//    itself, so a peer that never arrived leaves nothing behind either. The
-//    only leak left is a creator killed before every party attached with no
-//    party ever coming; the next create() of that name removes it once it
-//    sees that its creator is dead.
+//    itself, so a peer that never arrived leaves nothing behind either.
+//  * A process that exits or is terminated while it still owns names it
+//    created (a segment object it never destroyed: memory held at exit, an
+//    exception, SIGTERM from a launcher) removes them on the way out: every
+//    name a process creates is recorded until it is unlinked, and exit()
+//    (an atexit handler) and a SIGTERM whose disposition was the default
+//    (a handler installed at the first create(), which then re-raises the
+//    signal) unlink what is recorded. Only the creating process does this,
+//    never a child it forked.
+//  * What SIGKILL leaves (a creator killed before every party attached) is
+//    removed by removeDeadJobSegments(): segments whose creator is dead,
+//    created in this pid namespace. hvdtorch.init() calls it on every rank
+//    (the next job on the host cleans up), and so does the exit handler
+//    (surviving peers clean up); the next create() of the same name does too.
 //
 // The user region is zero-filled and page-aligned. The structures callers
 // place there are designed so that all-zero bytes is their initial state:
@@ -89,6 +99,10 @@ class ShmSegment {
   // has died (what a killed creator leaves when not every party attached).
   // Returns how many it removed.
   static int removeStale(const std::string& prefix);
+  // removeStale() over the segments of every hvdtorch job ("/hvdtorch-"
+  // names, makeShmPrefix). Segments made in another pid namespace (a
+  // container sharing /dev/shm) are left alone: their creators cannot be seen.
+  static int removeDeadJobSegments();
 
   // Checks that `name` is a valid shm_open name: one leading '/', no other
   // '/', at most 255 characters. Throws InvalidArgument otherwise.
@@ -111,6 +125,7 @@ class ShmSegment {
   int party_ = -1;
   int parties_ = 0;
   bool detached_ = false;
+  int record_ = -1;  // this process's record of the name while it is ours to unlink
 };
 
 }  // namespace hvdtorch

@@ -1,0 +1,31 @@
+"""Compression.fp16: compresses floating point only; integers and float16 pass
+through untouched, in the compressor itself and in reductions of 2 and 3
+ranks (on the job and inside a process set)."""
+
+import pytest
+import torch
+
+import hvdtorch as hvd
+from tests.harness import run_ranks
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8, torch.bool, torch.float16])
+def test_fp16_leaves_integers_bool_and_float16_alone(dtype):
+    t = torch.ones(3, dtype=dtype)
+    out, ctx = hvd.Compression.fp16.compress(t)
+    assert out is t and ctx is None
+    assert hvd.Compression.fp16.decompress(out, ctx) is t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fp16_compresses_floating_point_and_restores_the_dtype(dtype):
+    t = torch.tensor([1.0, -0.5, 3.0], dtype=dtype)
+    out, ctx = hvd.Compression.fp16.compress(t)
+    assert out.dtype == torch.float16 and ctx == dtype
+    back = hvd.Compression.fp16.decompress(out, ctx)
+    assert back.dtype == dtype and torch.equal(back, t)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_fp16_compressed_reductions_against_reference(nranks):
+    run_ranks("tests.workers.compression:check_fp16_compression", nranks, timeout=90)
