@@ -1,6 +1,6 @@
 """Elastic training: survives a lost worker or host by resuming from the last commit.
 
-    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1   # see docs/guide.md (Elastic training): a fresh rendezvous store per restart
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1   # docs/guide.md, Elastic training: a new rendezvous store per restart
     torchrun --nproc_per_node=2 --max-restarts=3 examples/elastic_train.py --commit-dir /tmp/elastic-demo
     # in another shell, kill -9 one of the workers (python ... elastic_train.py): the agent
     # restarts both, and training goes on from the last commit

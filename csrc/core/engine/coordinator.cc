@@ -250,9 +250,9 @@ void Coordinator::readyFromTable(const ResponseCache& cache, BitRanks& bit_ranks
     std::vector<int> stand_ins;
     const Request* model = nullptr;
     for (int r = 0; r < size_; ++r) {
-      if (pending.by_rank[r]) {
-        reqs[r] = *pending.by_rank[r];
-        if (!model) model = &*pending.by_rank[r];
+      if (const auto& req = pending.by_rank[r]) {
+        reqs[r] = *req;
+        if (!model) model = &*req;
       } else if (bits != bit_ranks.end() && bits->second[r]) {
         reqs[r] = cache.at(id);
       } else {
@@ -312,9 +312,9 @@ void Coordinator::checkTableStalls(const ResponseCache& cache, BitRanks& bit_ran
     OpType type = OpType::kAllreduce;
     std::string what;
     for (int r = 0; r < size_; ++r) {
-      if (pending.by_rank[r]) {
-        type = pending.by_rank[r]->type;
-        if (what.empty()) what = pending.by_rank[r]->describe();
+      if (const auto& req = pending.by_rank[r]) {
+        type = req->type;
+        if (what.empty()) what = req->describe();
       }
     }
     auto err = checkStall(what, type, it->first, has, pending.first_seen, pending.warned, now);
