@@ -16,9 +16,10 @@ Across hosts they need MASTER_ADDR and MASTER_PORT (a TCPStore on rank 0).
 """
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 
 @dataclass
@@ -107,6 +108,45 @@ def detect(env: Mapping[str, str] = os.environ) -> LaunchInfo:
 def file_store_path(info: LaunchInfo) -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in info.job_key)
     return os.path.join(tempfile.gettempdir(), f"hvdtorch-{safe}.store")
+
+
+# file_store_path() of an MPI job: the last field of its key is the ranks' parent (the launcher's) pid.
+_MPI_STORE_FILE = re.compile(r"^hvdtorch-(?:ompi|pmi)-.*-(\d+)\.store$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_file_stores(directory: Optional[str] = None) -> List[str]:
+    """Removes the FileStore files of MPI jobs whose launcher has exited; returns their paths.
+
+    Rank 0 removes its job's file at shutdown(). A job whose ranks were
+    killed (SIGKILL, or the launcher's SIGTERM after a rank failed) leaves it
+    behind; every init() on the host calls this, so the next job removes it.
+    The file of a job whose launcher still runs is never touched."""
+    directory = directory or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        match = _MPI_STORE_FILE.match(name)
+        if match and not _alive(int(match.group(1))):
+            path = os.path.join(directory, name)
+            try:
+                os.remove(path)
+                removed.append(path)
+            except OSError:  # removed by another rank meanwhile, or not ours to remove
+                pass
+    return removed
 
 
 def hostname(env: Mapping[str, str] = os.environ) -> str:

@@ -203,8 +203,10 @@ def init(comm=None, process_sets=None, **options) -> None:
         index: Dict[str, int] = {}
         host_of_rank = [index.setdefault(h, len(index)) for h, _ in gathered]
         shm_token = f"{os.getuid()}-{gathered[0][1]}"
-        # What SIGKILLed jobs left in /dev/shm (their own exit handlers never ran).
+        # What killed jobs left behind (their own exit handlers never ran): shared-memory
+        # segments whose creator is dead, FileStore files whose launcher has exited.
         _C.remove_dead_shm_segments()
+        launch.remove_stale_file_stores()
 
         engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token)
         topo = engine.topology()

@@ -117,6 +117,7 @@ def test_torchrun_runs_the_checked_example():
 
 
 def test_mpirun_runs_the_checked_example_without_extra_environment():
+    before = {f for f in os.listdir("/tmp") if f.startswith("hvdtorch-ompi")}
     out = subprocess.run(
         ["mpirun", "--oversubscribe", "-np", "3", sys.executable, "examples/collectives.py"],
         cwd=ROOT,
@@ -127,7 +128,7 @@ def test_mpirun_runs_the_checked_example_without_extra_environment():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 ranks, launcher openmpi" in out.stdout and "all results correct" in out.stdout
-    leftovers = [f for f in os.listdir("/tmp") if f.startswith("hvdtorch-ompi")]
+    leftovers = [f for f in os.listdir("/tmp") if f.startswith("hvdtorch-ompi") and f not in before]
     assert not leftovers, f"rendezvous files left behind: {leftovers}"
 
 
@@ -151,3 +152,22 @@ def test_timeline_is_a_chrome_trace_with_every_phase(tmp_path):
             b = sum(1 for e in events if e.get("pid") == pid and e["name"] == n and e["ph"] == "B")
             e_ = sum(1 for e in events if e.get("pid") == pid and e["name"] == n and e["ph"] == "E")
             assert b == e_, (pid, n, b, e_)
+
+
+def test_file_stores_of_exited_launchers_are_removed(tmp_path):
+    from hvdtorch import launch
+
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, live_pid = int(exited.stdout), os.getpid()
+    names = {
+        "dead": f"hvdtorch-ompi-1234-{dead_pid}.store",
+        "dead_mpich": f"hvdtorch-pmi-kvs_5-{dead_pid}.store",
+        "live": f"hvdtorch-ompi-1234-{live_pid}.store",
+        "torchrun": f"hvdtorch-torchrun-none-127.0.0.1-{dead_pid}.store",  # not a FileStore of an MPI job
+        "other": f"unrelated-{dead_pid}.store",
+    }
+    for name in names.values():
+        (tmp_path / name).write_text("")
+    removed = launch.remove_stale_file_stores(str(tmp_path))
+    assert sorted(os.path.basename(p) for p in removed) == sorted([names["dead"], names["dead_mpich"]])
+    assert sorted(os.listdir(tmp_path)) == sorted([names["live"], names["torchrun"], names["other"]])

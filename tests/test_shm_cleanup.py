@@ -5,13 +5,17 @@ looks only at its own job's names (the job prints its shared-memory token),
 so jobs running beside it do not matter.
 
 What SIGKILL leaves (the killed rank's own names) is removed by the next job
-on the host, which the SIGKILL tests run: a plain single-process init()."""
+on the host, which the SIGKILL tests run: a plain single-process init(). So is
+the FileStore file of an MPI job whose ranks were killed before rank 0's
+shutdown() could remove it: after the next job no such file of a launcher that
+has exited is left in the temp directory."""
 
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -78,6 +82,19 @@ def _next_job():
     assert code == 0, out
 
 
+def _stores_of_exited_launchers():
+    """FileStore files (hvdtorch/launch.py file_store_path) of MPI jobs whose launcher is gone."""
+    stale = []
+    for name in os.listdir(tempfile.gettempdir()):
+        match = re.match(r"^hvdtorch-(?:ompi|pmi)-.*-(\d+)\.store$", name)
+        if match:
+            try:
+                os.kill(int(match.group(1)), 0)
+            except ProcessLookupError:
+                stale.append(name)
+    return stale
+
+
 LAUNCHERS = ["torchrun", "mpirun"]
 
 
@@ -86,6 +103,8 @@ def test_rank_raising_before_its_first_step_leaves_nothing(launcher):
     token, out = _failed_job(launcher, "raise_before_step")
     assert "user code failed before the first step" in out, out[-6000:]
     assert _entries(token) == [], out[-6000:]
+    _next_job()
+    assert _stores_of_exited_launchers() == []
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -93,6 +112,8 @@ def test_rank_terminated_inside_init_leaves_nothing(launcher):
     token, out = _failed_job(launcher, "terminated_in_init")
     assert "rank 0: init returned" not in out, out[-6000:]
     assert _entries(token) == [], out[-6000:]
+    _next_job()
+    assert _stores_of_exited_launchers() == []
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -101,6 +122,7 @@ def test_rank_killed_inside_init_leaves_nothing_after_the_next_job(launcher):
     assert "rank 0: init returned" not in out, out[-6000:]
     _next_job()
     assert _entries(token) == [], out[-6000:]
+    assert _stores_of_exited_launchers() == []
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -109,3 +131,4 @@ def test_rank_killed_mid_step_leaves_nothing_after_the_next_job(launcher):
     assert out.count("init returned") == 2, out[-6000:]
     _next_job()
     assert _entries(token) == [], out[-6000:]
+    assert _stores_of_exited_launchers() == []
