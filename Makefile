@@ -71,7 +71,7 @@ test-cpp: build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300
 
 test-py: build $(VENV)/.ray
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS) tests
 
 # Ray for tests/test_ray.py (about 500 MB). If it cannot be installed here,
 # say so: the test then skips, naming the reason.
