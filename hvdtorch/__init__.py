@@ -88,13 +88,17 @@ from .timeline import start_timeline, stop_timeline
 __version__ = "0.1.0"
 
 
-# Knobs read in Python rather than by the engine (whose knobs _C.knobs() lists).
+# Knobs outside the engine's Config (whose knobs _C.knobs() lists): read in Python, or by the
+# simulated device of the C++ tests (csrc/core/device/sim_device.h, SimOptions::fromEnv).
 _PYTHON_KNOBS = [
     (
         "HVDTORCH_ELASTIC_DIR",
         "",
         "where hvd.elastic states commit (TorchState(commit_dir=...) overrides); empty: commits in memory only",
     ),
+    ("HVDTORCH_SIM_SEED", "1", "simulated device (tests): seed of its streams' random delays"),
+    ("HVDTORCH_SIM_MAX_DELAY_US", "200", "simulated device (tests): longest random delay of one operation, in us"),
+    ("HVDTORCH_SIM_INTERPROCESS", "0", "simulated device (tests): 1 keeps its memory and events in shared memory"),
 ]
 
 
