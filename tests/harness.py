@@ -138,3 +138,26 @@ def run_ranks(
             f"{target} failed on ranks {[r.rank for r in results if r.returncode != 0]}\n" + _format(results)
         )
     return results
+
+
+def elastic_worker_pid(marker: str, rank: int, restart: int = 0) -> Optional[int]:
+    """Pid of a worker of a torchrun job, found by ``marker`` in its command line,
+    with RANK=rank and TORCHELASTIC_RESTART_COUNT=restart (the agent itself, run as
+    ``torchrun`` or ``python -m torch.distributed.run``, never matches); None if none."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if (
+            marker.encode() in cmdline
+            and b"torchrun" not in cmdline
+            and b"torch.distributed.run" not in cmdline
+            and env.get(b"RANK") == str(rank).encode()
+            and env.get(b"TORCHELASTIC_RESTART_COUNT") == str(restart).encode()
+        ):
+            return int(pid)
+    return None

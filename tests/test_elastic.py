@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hvdtorch.elastic.sampler import ElasticSampler
-from tests.harness import ROOT, free_port, run_ranks
+from tests.harness import ROOT, elastic_worker_pid, free_port, run_ranks
 from tests.netns import clean_env
 
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -69,29 +69,6 @@ def _wait(proc, log, timeout):
     return log.read_text()
 
 
-def _worker(marker: str, rank: int, restart: int = 0):
-    """Pid of the worker whose command line contains `marker`, with RANK=rank
-    and TORCHELASTIC_RESTART_COUNT=restart."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if (
-            marker.encode() in cmdline
-            and b"torchrun" not in cmdline
-            and env.get(b"RANK") == str(rank).encode()
-            and env.get(b"TORCHELASTIC_RESTART_COUNT") == str(restart).encode()
-        ):
-            return int(pid)
-    return None
-
-
 def _params(path):
     return torch.load(path, weights_only=True)
 
@@ -111,7 +88,7 @@ def test_worker_killed_mid_training_resumes_to_the_same_parameters(tmp_path):
         while "step 8 " not in log.read_text():
             assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-6000:]
             time.sleep(0.05)
-        pid = _worker(str(tmp_path / "killed-commits"), rank=1)
+        pid = elastic_worker_pid(str(tmp_path / "killed-commits"), rank=1)
         assert pid, "worker of rank 1 not found"
         os.kill(pid, signal.SIGKILL)
         text = _wait(job, log, 300)

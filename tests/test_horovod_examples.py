@@ -19,7 +19,7 @@ tv = pytest.importorskip("torchvision", reason="needs torchvision (runs in make 
 
 import torch  # noqa: E402
 
-from tests.harness import ROOT, free_port  # noqa: E402
+from tests.harness import ROOT, elastic_worker_pid, free_port  # noqa: E402
 
 EXAMPLES = os.path.join(ROOT, "examples", "horovod")
 DEADLINE = 420  # seconds per job; every job is killed whole past it
@@ -138,26 +138,6 @@ def test_mnist(tmp_path):
     assert _accuracy(text) > 80.0, text[-4000:]
 
 
-def _worker_pid(marker, rank):
-    """Pid of the first-round worker whose command line holds ``marker``, with RANK=rank."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if (
-            marker.encode() in cmdline
-            and b"torch.distributed.run" not in cmdline
-            and env.get(b"RANK") == str(rank).encode()
-            and env.get(b"TORCHELASTIC_RESTART_COUNT") == b"0"
-        ):
-            return int(pid)
-    return None
-
-
 def test_mnist_elastic_survives_a_killed_worker(tmp_path):
     data = tmp_path / "elastic-data"
     _write_mnist(data, train=1024, test=256)
@@ -171,7 +151,7 @@ def test_mnist_elastic_survives_a_killed_worker(tmp_path):
         while "Train Epoch: 1 [128/" not in log.read_text():  # batch 8 of epoch 1
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-6000:]
             time.sleep(0.05)
-        pid = _worker_pid(str(data), rank=1)
+        pid = elastic_worker_pid(str(data), rank=1)
         assert pid, "the worker of rank 1 was not found"
         os.kill(pid, signal.SIGKILL)
         text = _wait(proc, log)
