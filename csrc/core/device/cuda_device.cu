@@ -337,6 +337,16 @@ class CudaDevice : public Device {
   void synchronize(Event& e) override {
     check(cudaEventSynchronize(static_cast<CudaEvent&>(e).event), ordinal_, "cudaEventSynchronize");
   }
+  // Portable: the pinning holds for every device's copies, since one staging
+  // buffer may serve tensors of several GPUs of this process.
+  void registerHost(void* host, size_t bytes) override {
+    if (host == nullptr || bytes == 0) return;
+    check(cudaHostRegister(host, bytes, cudaHostRegisterPortable), ordinal_, "cudaHostRegister");
+  }
+  void unregisterHost(void* host) override {
+    if (host == nullptr) return;
+    check(cudaHostUnregister(host), ordinal_, "cudaHostUnregister");
+  }
 
  private:
   cudaStream_t native(Stream* s) const { return s ? static_cast<CudaStream*>(s)->stream : engine_stream_; }

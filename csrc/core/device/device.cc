@@ -4,6 +4,15 @@
 
 namespace hvdtorch {
 
+const char* deviceKindName(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu: return "cpu";
+    case DeviceKind::kCuda: return "cuda";
+    case DeviceKind::kSim: return "sim";
+  }
+  return "device?";
+}
+
 std::string DeviceId::str() const {
   switch (kind) {
     case DeviceKind::kCpu: return "cpu";
@@ -18,6 +27,9 @@ namespace {
   throw CollectiveError(strCat(d.id().str(), ": ", what, " is not supported on this device"));
 }
 }  // namespace
+
+void Device::registerHost(void*, size_t) {}
+void Device::unregisterHost(void*) {}
 
 IpcMemoryHandle Device::exportMemory(void*) { notSupported(*this, "exportMemory (interprocess memory)"); }
 void* Device::openMemory(const IpcMemoryHandle&) { notSupported(*this, "openMemory (interprocess memory)"); }

@@ -45,6 +45,8 @@
 namespace hvdtorch {
 
 enum class DeviceKind : uint8_t { kCpu = 0, kCuda = 1, kSim = 2 };
+constexpr unsigned kDeviceKinds = 3;
+const char* deviceKindName(DeviceKind kind);  // "cpu", "cuda", "sim"
 
 struct DeviceId {
   DeviceKind kind = DeviceKind::kCpu;
@@ -110,6 +112,14 @@ class Device {
   virtual void wait(Stream* stream, Event& event) = 0;
   virtual bool query(Event& event) = 0;        // completed?
   virtual void synchronize(Event& event) = 0;  // blocks the host until completed
+
+  // Pins host memory for asynchronous copies (cudaHostRegister): the
+  // staging buffers the engine copies device data through are registered
+  // once, when made, and unregistered before they are freed. A no-op where
+  // host memory needs no pinning (the CPU); copies from memory that is not
+  // registered still work, synchronously on a GPU.
+  virtual void registerHost(void* host, size_t bytes);
+  virtual void unregisterHost(void* host);
 
   // ---- interprocess sharing (optional; the default throws "not supported") --
   // Contract, CUDA IPC's:

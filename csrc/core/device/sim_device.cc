@@ -352,12 +352,14 @@ class SimDevice : public Device {
   void copyToHost(void* host_dst, const void* src, size_t bytes, Stream* s) override {
     if (bytes == 0) return;
     checkHost(host_dst, bytes, "copyToHost", "host_dst");
+    countIfUnpinned(host_dst, bytes, s);
     const char* x = shadow(src, bytes, "copyToHost", "src");
     enqueue(s, "copyToHost", [host_dst, x, bytes] { std::memcpy(host_dst, x, bytes); });
   }
   void copyFromHost(void* dst, const void* host_src, size_t bytes, Stream* s) override {
     if (bytes == 0) return;
     checkHost(host_src, bytes, "copyFromHost", "host_src");
+    countIfUnpinned(host_src, bytes, s);
     char* d = shadow(dst, bytes, "copyFromHost", "dst");
     enqueue(s, "copyFromHost", [d, host_src, bytes] { std::memcpy(d, host_src, bytes); });
   }
@@ -501,6 +503,22 @@ class SimDevice : public Device {
     return std::make_unique<SharedEvent>(std::move(m));
   }
 
+  void registerHost(void* host, size_t bytes) override {
+    if (host == nullptr || bytes == 0) return;
+    checkHost(host, bytes, "registerHost", "host");
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!pinned_.emplace(reinterpret_cast<uintptr_t>(host), bytes).second)
+      throw InvalidArgument(strCat(where(), "registerHost: ", host, " is already registered"));
+  }
+  void unregisterHost(void* host) override {
+    if (host == nullptr) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (pinned_.erase(reinterpret_cast<uintptr_t>(host)) == 0)
+      throw InvalidArgument(strCat(where(), "unregisterHost: ", host, " was never registered"));
+  }
+
+  uint64_t unpinnedEngineCopies() const { return unpinned_engine_copies_.load(); }
+
  private:
   struct Allocation {
     size_t size;           // what was asked for (bounds checks)
@@ -571,6 +589,21 @@ class SimDevice : public Device {
       throw InvalidArgument(strCat(where(), op, ": ", arg, " = ", p, " is device memory, not host memory"));
   }
 
+  // Copies on the engine stream (s == nullptr) from or to host memory that
+  // was not registered: on a GPU each would be a synchronous copy, so the
+  // engine's staging must never make one (tests read the count).
+  void countIfUnpinned(const void* host, size_t bytes, Stream* s) {
+    if (s != nullptr) return;
+    const auto addr = reinterpret_cast<uintptr_t>(host);
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pinned_.upper_bound(addr);
+    if (it != pinned_.begin()) {
+      --it;
+      if (addr - it->first <= it->second && bytes <= it->second - (addr - it->first)) return;
+    }
+    ++unpinned_engine_copies_;
+  }
+
   std::shared_ptr<Worker> worker(Stream* s) {
     if (s == nullptr) return engine_;
     auto* sim = dynamic_cast<SimStream*>(s);
@@ -616,6 +649,8 @@ class SimDevice : public Device {
   std::shared_ptr<Worker> engine_;
   std::mutex mu_;  // allocs_, workers_, streams_made_
   std::map<uintptr_t, Allocation> allocs_;
+  std::map<uintptr_t, size_t> pinned_;  // registerHost: base -> bytes
+  std::atomic<uint64_t> unpinned_engine_copies_{0};
   std::vector<std::weak_ptr<Worker>> workers_;
   uint64_t streams_made_ = 0;
   std::mutex error_mu_;
@@ -630,6 +665,12 @@ SimOptions SimOptions::fromEnv() {
   o.max_delay_us = static_cast<int>(envInt("HVDTORCH_SIM_MAX_DELAY_US", o.max_delay_us, 0, 1000000));
   o.interprocess = envInt("HVDTORCH_SIM_INTERPROCESS", o.interprocess ? 1 : 0, 0, 1) != 0;
   return o;
+}
+
+uint64_t simUnpinnedEngineCopies(Device& device) {
+  auto* sim = dynamic_cast<SimDevice*>(&device);
+  if (sim == nullptr) throw InvalidArgument(strCat(device.id().str(), " is not a simulated device"));
+  return sim->unpinnedEngineCopies();
 }
 
 std::unique_ptr<Device> makeSimDevice(const SimOptions& options) { return std::make_unique<SimDevice>(options); }

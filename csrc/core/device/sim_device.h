@@ -19,6 +19,10 @@
 //    "native handle"), or nullptr for the device's engine stream.
 //  * The arithmetic of reduce_kernels.h (the same functions, run on the
 //    read-write mapping), so results are bit-identical to the CPU device's.
+//  * Pinned host memory: registerHost/unregisterHost keep a table, and
+//    copies on the engine stream through host memory not in it are counted
+//    (simUnpinnedEngineCopies), standing for the synchronous copies a GPU
+//    would make from pageable memory.
 //  * Interprocess mode (SimOptions::interprocess): allocations live in named
 //    shared memory and events made with newEvent(true) are generation
 //    counters in shared memory, so exportMemory/openMemory and
@@ -55,6 +59,11 @@ struct SimOptions {
 };
 
 std::unique_ptr<Device> makeSimDevice(const SimOptions& options = SimOptions());
+
+// Copies this simulated device ran on its engine stream from or to host
+// memory not registered with registerHost (see countIfUnpinned). Throws
+// InvalidArgument for a device that is not simulated.
+uint64_t simUnpinnedEngineCopies(Device& device);
 
 // The prefix of every shared-memory name a simulated device in this process
 // creates ("/hvdtorch-sim-<pid>-"), for tests that check nothing is left.

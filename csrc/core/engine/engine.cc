@@ -4,7 +4,9 @@
 #include <cstdio>
 
 #include "common/error.h"
+#include "device/devices.h"
 #include "engine/control_frame.h"
+#include "engine/device_tensor.h"
 #include "engine/fusion.h"
 #include "transport/shm/link.h"
 #include "transport/shm/segment.h"
@@ -181,6 +183,7 @@ int64_t Engine::submit(EntryPtr entry) {
                                  "': ", ps->describe(), " does not include this rank"));
   std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.empty()) throw CollectiveError(strCat(req.describe(), ": ", failure_));
+  if (!entry->inputs.empty()) device_index_[entry->inputs.front()->device().kind] = entry->inputs.front()->device().index;
   if (shutdown_requested_ || stopped_)
     throw CollectiveError(strCat("rank ", topo().rank, ": hvdtorch has been shut down; call hvdtorch.init() again"));
   std::string key = strCat(req.process_set_id, ":", req.name);
@@ -478,19 +481,36 @@ std::vector<ReadyOp> Engine::takeReady(ProcessSet& ps, const ResponseList& list)
 }
 
 EntryPtr Engine::makeStandIn(const Request& req) {
-  // Zeros in, outputs dropped. Host memory: a joined rank has no tensors of
-  // its own to model the buffers on, and the executor's collectives take
-  // host pointers on every rank alike.
+  // Zeros in, outputs dropped, on a device of the kind the peers' tensors
+  // are on, so the op runs through the same staging (and, for device-native
+  // reducers, the same device calls) as theirs. Host memory where this
+  // process cannot make such a device: the host reducers run on it alike.
+  Device* dev = nullptr;
+  const DeviceKind kind = req.tensors.empty() ? DeviceKind::kCpu : req.tensors.front().device;
+  if (kind != DeviceKind::kCpu) {
+    int index = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = device_index_.find(kind);
+      if (it != device_index_.end()) index = it->second;
+    }
+    try {
+      dev = &deviceFor(DeviceId{kind, index});
+    } catch (const std::exception&) {
+      dev = nullptr;
+    }
+  }
+  auto zeros = [dev](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+    if (dev) return std::make_shared<DeviceTensor>(*dev, dtype, shape);
+    return std::make_shared<HostTensor>(dtype, shape);  // zero-filled
+  };
   auto e = std::make_shared<Entry>();
   e->request = req;
   for (const auto& t : req.tensors) {
-    e->inputs.push_back(std::make_shared<HostTensor>(t.dtype, t.shape));  // zero-filled
-    if (opSpec(req.type).outputs == Outputs::kLikeInputs)
-      e->outputs.push_back(std::make_shared<HostTensor>(t.dtype, t.shape));
+    e->inputs.push_back(zeros(t.dtype, t.shape));
+    if (opSpec(req.type).outputs == Outputs::kLikeInputs) e->outputs.push_back(zeros(t.dtype, t.shape));
   }
-  e->allocate = [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
-    return std::make_shared<HostTensor>(dtype, shape);
-  };
+  e->allocate = zeros;
   return e;
 }
 

@@ -181,8 +181,10 @@ class Engine {
   // Plans the units and hands them to the executor, running small ones
   // on this (the control) thread when the executor is idle.
   void queueUnits(const std::shared_ptr<ProcessSet>& ps, std::vector<ReadyOp> ready);
-  // What a joined rank runs for an op it never submitted (Response::stand_in).
-  static EntryPtr makeStandIn(const Request& req);
+  // What a joined rank runs for an op it never submitted (Response::stand_in):
+  // zeros on a device of the peers' kind (the one of that kind this rank
+  // last submitted from; index 0 if none), outputs dropped.
+  EntryPtr makeStandIn(const Request& req);
   // The control thread's exchange failed (`why`): fail everything, send
   // the other ranks this rank's last word.
   void onNegotiationFailure(const std::string& why);
@@ -221,6 +223,7 @@ class Engine {
   std::string shm_token_;
 
   std::mutex mu_;
+  std::map<DeviceKind, int> device_index_;  // under mu_: per kind, the device of this rank's last op of it
   std::condition_variable incoming_cv_;
   std::deque<EntryPtr> incoming_;
   // "<set id>:<name>" of every op submitted here and not finished (released

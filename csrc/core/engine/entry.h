@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/host_staging.h"
 #include "engine/op_state.h"
 #include "engine/request.h"
 #include "engine/tensor.h"
@@ -22,6 +23,9 @@ struct Entry {
   OutputAllocator allocate;
   std::shared_ptr<OpState> state = std::make_shared<OpState>();
   std::atomic<int> pieces_left{0};  // fused pieces still to run (allreduce)
+  // Set while the executor runs the op on host copies of its device buffers
+  // (Staging::kByExecutor); Executor::complete() copies the outputs back.
+  std::unique_ptr<StagedEntry> staged;
 };
 
 using EntryPtr = std::shared_ptr<Entry>;

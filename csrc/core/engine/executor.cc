@@ -34,11 +34,31 @@ void Executor::run(WorkUnit& unit) {
     for (auto& p : unit.pieces) p.entry->state->fail(unit.error);
     return;
   }
-  opSpec(unit.type).execute(*this, unit);
+  const OpSpec& spec = opSpec(unit.type);
+  // Released whatever happens: the next unit starts from an empty pool.
+  struct ResetPool {
+    StagingPool& pool;
+    ~ResetPool() { pool.reset(); }
+  } reset{staging_};
+  if (spec.staging == Staging::kByExecutor) {
+    Entry& e = *unit.pieces.front().entry;  // these ops never fuse: one entry per unit
+    const bool on_device = (!e.inputs.empty() && e.inputs.front()->device().kind != DeviceKind::kCpu) ||
+                           (!e.outputs.empty() && e.outputs.front()->device().kind != DeviceKind::kCpu);
+    if (on_device) e.staged = StagedEntry::stageIn(e, staging_);
+  }
+  spec.execute(*this, unit);
 }
 
 void Executor::finishPiece(const WorkUnit::Piece& piece) {
-  if (--piece.entry->pieces_left == 0) piece.entry->state->complete(piece.entry->outputs);
+  if (--piece.entry->pieces_left == 0) complete(*piece.entry);
+}
+
+void Executor::complete(Entry& entry) {
+  if (entry.staged) {
+    entry.staged->stageOut(entry);
+    entry.staged.reset();
+  }
+  entry.state->complete(entry.outputs);
 }
 
 }  // namespace hvdtorch

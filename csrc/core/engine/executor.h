@@ -4,11 +4,18 @@
 // What a unit does is its op's: run() calls the execute function of the op's
 // row (engine/op_spec.h; each op's in ops/<op>.cc), which uses the context,
 // reducers, fusion buffer and timeline marks below.
+//
+// Device tensors: for a row with Staging::kByExecutor, run() swaps a device
+// entry's buffers for pinned host copies before execute (host_staging.h),
+// and complete() copies the outputs back before the op completes, so an
+// op's execute function only ever sees host memory. The all-reduce
+// (kByOp) stages its pieces through the fusion buffer itself.
 #pragma once
 
 #include "algorithms/reducer_set.h"
 #include "engine/entry.h"
 #include "engine/fusion.h"
+#include "engine/host_staging.h"
 #include "timeline/timeline.h"
 #include "transport/context.h"
 
@@ -32,7 +39,14 @@ class Executor {
   ReducerSet& reducers() { return reducers_; }
   FusionBuffer& fusion() { return fusion_; }
   // Completes the piece's entry when it was the entry's last piece.
-  static void finishPiece(const WorkUnit::Piece& piece);
+  void finishPiece(const WorkUnit::Piece& piece);
+  // Completes the entry with its outputs (copied back to the device first
+  // when the executor staged it). Every execute function finishes its
+  // entries through this or finishPiece.
+  void complete(Entry& entry);
+  // Pinned host memory for this unit (valid until run() returns).
+  StagingPool& staging() { return staging_; }
+
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);
   int64_t averageDivisor(ReduceOp op) const;
@@ -44,6 +58,7 @@ class Executor {
   ReducerSet& reducers_;
   Timeline& timeline_;
   FusionBuffer fusion_;
+  StagingPool staging_;
 };
 
 // Elements of one row (everything but dimension 0) of `shape`.

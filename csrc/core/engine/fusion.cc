@@ -12,7 +12,8 @@ namespace {
 bool fusable(const Request& a, size_t ta, const Request& b, size_t tb) {
   const ReduceArgs& x = a.reduce();
   const ReduceArgs& y = b.reduce();
-  return x.fuse && y.fuse && a.tensors[ta].dtype == b.tensors[tb].dtype && x.op == y.op && x.prescale == y.prescale &&
+  return x.fuse && y.fuse && a.tensors[ta].dtype == b.tensors[tb].dtype &&
+         a.tensors[ta].device == b.tensors[tb].device && x.op == y.op && x.prescale == y.prescale &&
          x.postscale == y.postscale && x.reducer == y.reducer;
 }
 
@@ -57,9 +58,10 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
   return units;
 }
 
-void* FusionBuffer::reserve(size_t bytes) {
+void* FusionBuffer::reserve(size_t bytes, Device* pin_for) {
   if (bytes > capacity_) {
     const size_t cap = std::max(bytes, capacity_ * 2);
+    pinning_.unpinAll();
     storage_.reset();  // the old buffer goes before the new one is made
     capacity_ = 0;
     if (registered_) {
@@ -76,6 +78,7 @@ void* FusionBuffer::reserve(size_t bytes) {
     }
     capacity_ = cap;
   }
+  if (pin_for != nullptr) pinning_.pin(storage_.get(), capacity_, *pin_for);
   return storage_.get();
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/entry.h"
+#include "engine/host_staging.h"
 #include "engine/request.h"
 #include "transport/shm/registered_memory.h"
 
@@ -28,17 +29,21 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
 
 // A persistent buffer reused by every fused unit ("register once"): it only
 // grows, and is 64-byte aligned so kernels vectorise. With registered memory
-// it lives there, so the node reducer reduces fused units in place.
+// it lives there, so the node reducer reduces fused units in place. Device
+// tensors are staged through it: reserve(bytes, &device) also pins it for
+// that device's kind, once per allocation (unpinned before it is freed).
 class FusionBuffer {
  public:
   explicit FusionBuffer(std::shared_ptr<RegisteredMemory> registered = nullptr) : registered_(std::move(registered)) {}
-  void* reserve(size_t bytes);
+  ~FusionBuffer() { pinning_.unpinAll(); }  // before storage_ goes
+  void* reserve(size_t bytes, Device* pin_for = nullptr);
   size_t capacity() const { return capacity_; }
 
  private:
   std::shared_ptr<RegisteredMemory> registered_;
   std::shared_ptr<void> storage_;
   size_t capacity_ = 0;
+  HostPinning pinning_;
 };
 
 }  // namespace hvdtorch

@@ -12,9 +12,9 @@
 // values a control message may carry) follows from the table.
 //
 // Contract: opTable() lists every OpType exactly once, in enum order, so
-// that opTable()[v].type == v (checked by test_ops). A device (CPU, CUDA)
-// would enter the signature through TensorSpec and the execution through a
-// per-device execute function of the row; nothing here assumes host memory.
+// that opTable()[v].type == v (checked by test_ops). A tensor's device kind
+// is part of the signature (TensorSpec); how device memory is staged for the
+// reducers is the row's `staging`.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +55,13 @@ enum class Outputs : uint8_t {
   kAllocated,   // made through the entry's allocator once the plan fixes their shape
 };
 
+// How an op's device tensors (CUDA, simulated) reach the reducers, which
+// work on host memory (engine/host_staging.h).
+enum class Staging : uint8_t {
+  kByExecutor,  // the executor swaps the entry's buffers for pinned host copies around execute
+  kByOp,        // execute stages them itself (the all-reduce packs them straight into the fusion buffer)
+};
+
 struct Request;
 struct WorkUnit;
 class Executor;
@@ -82,6 +89,7 @@ struct OpSpec {
   InlineRun inline_run;
   WhileJoined while_joined;
   Outputs outputs;
+  Staging staging;
   MakePlan make_plan;  // null: the plan is NoPlan (or, for join, the coordinator's)
   Execute execute;
 };

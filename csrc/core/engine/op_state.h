@@ -48,6 +48,13 @@ class OpState {
   // Hand-off timestamps (op_timing.h says who writes which, and when).
   OpTimes times;
 
+  // For ops on a device: the device, and an event recorded on its engine
+  // stream after the op's last write to its outputs. The framework makes
+  // its own stream wait on it before using the outputs. Written before
+  // complete(); read once done() is true.
+  DeviceId device;
+  std::shared_ptr<Event> completion;
+
  private:
   void finish(std::vector<TensorPtr> outputs, const std::string& error) {
     {

@@ -39,6 +39,7 @@ void Request::write(ByteWriter& w) const {
   w.put<uint32_t>(static_cast<uint32_t>(tensors.size()));
   for (const auto& t : tensors) {
     w.put(t.dtype);
+    w.put(t.device);
     w.putVector(t.shape);
   }
   if (args.index() != opSpec(type).args)
@@ -56,6 +57,7 @@ Request Request::read(ByteReader& r) {
   for (uint32_t i = 0; i < n; ++i) {
     TensorSpec t;
     t.dtype = getEnum<DataType>(r, static_cast<unsigned>(DataType::kBool) + 1, "dtype");
+    t.device = getEnum<DeviceKind>(r, kDeviceKinds, "device kind");
     t.shape = r.getVector<int64_t>();
     q.tensors.push_back(std::move(t));
   }
@@ -73,6 +75,8 @@ std::string Request::signatureMismatch(const Request& a, const Request& b) {
     const auto& y = b.tensors[i];
     const std::string which = a.tensors.size() > 1 ? strCat(" (tensor ", i, " of the group)") : "";
     if (x.dtype != y.dtype) return strCat("dtype ", dtypeName(x.dtype), " vs ", dtypeName(y.dtype), which);
+    if (x.device != y.device)
+      return strCat("device ", deviceKindName(x.device), " vs ", deviceKindName(y.device), which);
     if (opSpec(a.type).first_dim_free) {
       if (x.shape.empty() || y.shape.empty() || x.shape.size() != y.shape.size() ||
           !std::equal(x.shape.begin() + 1, x.shape.end(), y.shape.begin() + 1))
@@ -96,8 +100,10 @@ std::string Request::describe() const {
   os << opTypeName(type) << " '" << name << "'";
   if (tensors.empty()) return os.str();  // barrier, join
   os << " (";
-  for (size_t i = 0; i < tensors.size(); ++i)
+  for (size_t i = 0; i < tensors.size(); ++i) {
     os << (i ? "; " : "") << dtypeName(tensors[i].dtype) << " " << shapeStr(tensors[i].shape);
+    if (tensors[i].device != DeviceKind::kCpu) os << " on " << deviceKindName(tensors[i].device);
+  }
   std::visit([&](const auto& a) { a.describe(os); }, args);
   os << ")";
   return os.str();

@@ -13,7 +13,8 @@
 // op type: its row of the op table (engine/op_spec.h) says which.
 //
 // A request's *signature* is everything that must agree across ranks for the
-// operation to be well-defined: op type, process set, dtypes, shapes (for
+// operation to be well-defined: op type, process set, dtypes, device kinds,
+// shapes (for
 // allgather and alltoall, all but the first dimension), and the args that
 // are not per-rank (reduce op, scale factors, reducer, root; alltoall splits
 // are per-rank). The coordinator compares signatures and turns any
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "device/device.h"
 #include "engine/op_payloads.h"
 #include "engine/op_spec.h"
 #include "engine/wire.h"
@@ -39,6 +41,9 @@ namespace hvdtorch {
 struct TensorSpec {
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;
+  // The kind only: ranks may hold their tensors on different GPUs (each its
+  // own), but not some on a GPU and others on the host.
+  DeviceKind device = DeviceKind::kCpu;
   int64_t numel() const;
 };
 

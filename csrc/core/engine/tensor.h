@@ -1,8 +1,15 @@
-// How the engine sees a framework tensor: a contiguous buffer with a dtype
-// and shape, kept alive by whoever implements it (csrc/torch wraps
+// How the engine sees a framework tensor: a contiguous buffer with a dtype,
+// shape and device, kept alive by whoever implements it (csrc/torch wraps
 // at::Tensor). The engine never allocates framework memory itself; when an
 // output's size is known only after negotiation (allgather, alltoall,
 // reducescatter), it asks the entry's allocator.
+//
+// Device contract: data() is memory of device() (devices.h gives the Device
+// for it); the host reads it only when device() is the CPU. When ready() is
+// set, the framework recorded it on the stream that wrote the tensor (its
+// current stream at submit): the engine's stream waits on it before reading
+// or writing the buffer, so the host never blocks at submit. One event may
+// serve every tensor of an op.
 #pragma once
 
 #include <cstdint>
@@ -11,12 +18,15 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "device/device.h"
 
 namespace hvdtorch {
 
 class TensorBuffer {
  public:
   virtual ~TensorBuffer() = default;
+  virtual DeviceId device() const { return DeviceId{}; }
+  virtual std::shared_ptr<Event> ready() const { return nullptr; }
   virtual void* data() = 0;
   virtual DataType dtype() const = 0;
   virtual std::vector<int64_t> shape() const = 0;

@@ -11,6 +11,7 @@ int64_t allgather(Engine& engine, AllgatherOptions opts) {
   checkProcessSet(where, opts.process_set_id);
   if (opts.inputs.empty()) throw InvalidArgument(strCat(where.str(), ": needs at least one tensor"));
   if (!opts.allocate) throw InvalidArgument(strCat(where.str(), ": needs an output allocator"));
+  checkOneDevice(where, opts.inputs);
   auto e = std::make_shared<Entry>();
   Request& q = e->request;
   q.type = OpType::kAllgather;
@@ -57,7 +58,7 @@ void executeAllgather(Executor& ex, WorkUnit& unit) {
   }
   ex.mark(unit, "ALLGATHER", false);
   e.outputs = std::move(outs);
-  e.state->complete(e.outputs);
+  ex.complete(e);
 }
 
 }  // namespace hvdtorch::ops

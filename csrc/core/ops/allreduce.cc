@@ -1,7 +1,12 @@
 #include "ops/allreduce.h"
 
+#include <algorithm>
+#include <map>
+
 #include "algorithms/reducer_registry.h"
 #include "common/error.h"
+#include "device/devices.h"
+#include "engine/host_staging.h"
 #include "device/reduce_kernels.h"
 #include "ops/op_common.h"
 
@@ -36,6 +41,7 @@ int64_t allreduce(Engine& engine, AllreduceOptions opts) {
   checkProcessSet(where, opts.process_set_id);
   if (opts.inputs.empty() || opts.inputs.size() != opts.outputs.size())
     throw InvalidArgument(strCat(where.str(), ": needs as many outputs as inputs, and at least one"));
+  checkOneDevice(where, opts.inputs, opts.outputs);
   auto e = std::make_shared<Entry>();
   Request& q = e->request;
   q.type = OpType::kAllreduce;
@@ -55,10 +61,35 @@ int64_t allreduce(Engine& engine, AllreduceOptions opts) {
   return engine.submit(std::move(e));
 }
 
+namespace {
+
+// Device pieces go through the fusion buffer, pinned, even alone: the
+// copies from the device land in the memory the reducers (and, with the node
+// reducer, the peers) read. Prescale and postscale then run on the host, in
+// one pass each over the fused data.
+struct DeviceStaging {
+  std::vector<Device*> devices;  // each device the unit's pieces are on, once
+
+  Device& use(DeviceId id) {
+    Device& d = deviceFor(id);
+    if (std::find(devices.begin(), devices.end(), &d) == devices.end()) devices.push_back(&d);
+    return d;
+  }
+  std::map<Device*, std::shared_ptr<Event>> drain() {
+    std::map<Device*, std::shared_ptr<Event>> done;
+    for (Device* d : devices) done[d] = drainEngineStream(*d);
+    return done;
+  }
+};
+
+}  // namespace
+
 void executeAllreduce(Executor& ex, WorkUnit& unit) {
   const Request& req = unit.pieces.front().entry->request;
   const ReduceArgs& args = req.reduce();
-  const DataType dtype = req.tensors[unit.pieces.front().tensor].dtype;
+  const TensorSpec& spec = req.tensors[unit.pieces.front().tensor];
+  const DataType dtype = spec.dtype;
+  const bool on_device = spec.device != DeviceKind::kCpu;  // the same for every piece (fusion.h)
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   const ReduceOp op = Executor::reducedOp(args.op);
@@ -66,8 +97,8 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   Reducer& reducer = ex.reducers().pick(args.reducer, ex.ctx(), count * dtypeSize(dtype), dtype, op);
 
   const std::string collective = strCat("ALLREDUCE:", reducer.name());
-  if (unit.pieces.size() == 1) {
-    // One tensor: reduce straight in the output, no fusion-buffer copies.
+  if (unit.pieces.size() == 1 && !on_device) {
+    // One host tensor: reduce straight in the output, no fusion-buffer copies.
     const auto& p = unit.pieces.front();
     TensorBuffer& in = *p.entry->inputs[p.tensor];
     TensorBuffer& out = *p.entry->outputs[p.tensor];
@@ -79,19 +110,32 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     p.entry->state->times.reduce_ended = OpTimes::now();
     ex.mark(unit, collective, false);
     copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
-    Executor::finishPiece(p);
+    ex.finishPiece(p);
     return;
   }
 
   const size_t esize = dtypeSize(dtype);
-  char* fused = static_cast<char*>(ex.fusion().reserve(count * esize));
+  DeviceStaging staging;
+  Device* pin_for = on_device ? &staging.use(unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device())
+                              : nullptr;
+  char* fused = static_cast<char*>(ex.fusion().reserve(count * esize, pin_for));
   size_t off = 0;
   ex.mark(unit, "MEMCPY_IN_FUSION", true);
   for (const auto& p : unit.pieces) {
     TensorBuffer& in = *p.entry->inputs[p.tensor];
     const size_t n = static_cast<size_t>(in.numel());
-    copyScaled(fused + off * esize, in.data(), n, dtype, args.prescale);
+    if (on_device) {
+      Device& d = staging.use(in.device());
+      waitReady(d, {p.entry->inputs[p.tensor], p.entry->outputs[p.tensor]});
+      d.copyToHost(fused + off * esize, in.data(), n * esize, nullptr);
+    } else {
+      copyScaled(fused + off * esize, in.data(), n, dtype, args.prescale);
+    }
     off += n;
+  }
+  if (on_device) {
+    staging.drain();
+    copyScaled(fused, fused, count, dtype, args.prescale);
   }
   ex.mark(unit, "MEMCPY_IN_FUSION", false);
   ex.mark(unit, collective, true);
@@ -99,15 +143,29 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     ex.reducers().allreduce(ex.ctx(), reducer, fused, count, dtype, op);  // timed into `auto`'s model
   ex.mark(unit, collective, false);
   ex.mark(unit, "MEMCPY_OUT_FUSION", true);
+  if (on_device) copyAveraged(fused, fused, count, dtype, divisor, args.postscale);
   off = 0;
   for (const auto& p : unit.pieces) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     const size_t n = static_cast<size_t>(out.numel());
-    copyAveraged(out.data(), fused + off * esize, n, dtype, divisor, args.postscale);
+    if (on_device) {
+      deviceFor(out.device()).copyFromHost(out.data(), fused + off * esize, n * esize, nullptr);
+    } else {
+      copyAveraged(out.data(), fused + off * esize, n, dtype, divisor, args.postscale);
+    }
     off += n;
   }
+  if (on_device) {
+    // The fusion buffer is reused by the next unit: the copies must be done.
+    const auto done = staging.drain();
+    for (const auto& p : unit.pieces) {
+      Device& d = deviceFor(p.entry->outputs[p.tensor]->device());
+      p.entry->state->device = d.id();
+      p.entry->state->completion = done.at(&d);
+    }
+  }
   ex.mark(unit, "MEMCPY_OUT_FUSION", false);
-  for (const auto& p : unit.pieces) Executor::finishPiece(p);
+  for (const auto& p : unit.pieces) ex.finishPiece(p);
 }
 
 }  // namespace hvdtorch::ops

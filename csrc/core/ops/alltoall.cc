@@ -42,6 +42,7 @@ int64_t alltoall(Engine& engine, AlltoallOptions opts) {
   if (sum != dim0)
     throw InvalidArgument(
         strCat(where.str(), ": splits ", listStr(opts.splits), " sum to ", sum, ", not to the first dimension ", dim0));
+  checkOneDevice(where, {opts.input});
   auto e = std::make_shared<Entry>();
   Request& q = e->request;
   q.type = OpType::kAlltoall;
@@ -100,7 +101,7 @@ void executeAlltoall(Executor& ex, WorkUnit& unit) {
   hvdtorch::alltoall(ex.ctx(), opts);
   ex.mark(unit, "ALLTOALL", false);
   e.outputs = {out, received};
-  e.state->complete(e.outputs);
+  ex.complete(e);
 }
 
 }  // namespace hvdtorch::ops

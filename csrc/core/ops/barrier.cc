@@ -22,7 +22,7 @@ void executeBarrier(Executor& ex, WorkUnit& unit) {
         .resolve(kAutoReducer, ex.ctx(), sizeof token, DataType::kInt32, ReduceOp::kSum)
         .allreduce(ex.ctx(), &token, 1, DataType::kInt32, ReduceOp::kSum);
   }
-  unit.pieces.front().entry->state->complete();
+  ex.complete(*unit.pieces.front().entry);
 }
 
 }  // namespace hvdtorch::ops

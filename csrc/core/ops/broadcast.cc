@@ -24,6 +24,7 @@ int64_t broadcast(Engine& engine, BroadcastOptions opts) {
   const int32_t set_root = static_cast<int32_t>(at - ps->ranks.begin());
   if (opts.input->numel() != opts.output->numel() || opts.input->dtype() != opts.output->dtype())
     throw InvalidArgument(strCat(where.str(), ": output does not match the input"));
+  checkOneDevice(where, {opts.input}, {opts.output});
   auto e = std::make_shared<Entry>();
   Request& q = e->request;
   q.type = OpType::kBroadcast;
@@ -49,7 +50,7 @@ void executeBroadcast(Executor& ex, WorkUnit& unit) {
     chainBroadcast(ex.ctx(), out.data(), out.bytes(), root);
   }
   ex.mark(unit, "BROADCAST", false);
-  e.state->complete(e.outputs);
+  ex.complete(e);
 }
 
 }  // namespace hvdtorch::ops

@@ -20,7 +20,8 @@ void executeJoin(Executor& ex, WorkUnit& unit) {
   Entry& e = *unit.pieces.front().entry;
   TensorPtr out = e.allocate(DataType::kInt32, {});
   *static_cast<int32_t*>(out->data()) = std::get<JoinPlan>(unit.plan).last_rank;
-  e.state->complete({out});
+  e.outputs = {std::move(out)};
+  ex.complete(e);
 }
 
 }  // namespace hvdtorch::ops

@@ -1,6 +1,7 @@
 #include "ops/op_common.h"
 
 #include "common/error.h"
+#include "device/devices.h"
 
 namespace hvdtorch::ops {
 
@@ -23,7 +24,29 @@ std::shared_ptr<const ProcessSet> checkProcessSet(const OpWhere& where, int32_t 
   return ps;
 }
 
-TensorSpec specOf(const TensorBuffer& t) { return TensorSpec{t.dtype(), t.shape()}; }
+TensorSpec specOf(const TensorBuffer& t) { return TensorSpec{t.dtype(), t.shape(), t.device().kind}; }
+
+DeviceId checkOneDevice(const OpWhere& where, const std::vector<TensorPtr>& inputs,
+                        const std::vector<TensorPtr>& outputs) {
+  const TensorPtr* first = !inputs.empty() ? &inputs.front() : (!outputs.empty() ? &outputs.front() : nullptr);
+  if (first == nullptr) return DeviceId{};
+  const DeviceId dev = (*first)->device();
+  auto check = [&](const std::vector<TensorPtr>& ts, const char* what) {
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ts[i]->device() != dev)
+        throw InvalidArgument(strCat(where.str(), ": ", what, " ", i, " is on ", ts[i]->device().str(),
+                                     ", but the op's first tensor is on ", dev.str(),
+                                     "; every tensor of one op must be on one device"));
+  };
+  check(inputs, "input");
+  check(outputs, "output");
+  try {
+    deviceFor(dev);  // the build may lack the device, or CUDA may have no such ordinal
+  } catch (const std::exception& e) {
+    throw InvalidArgument(strCat(where.str(), ": ", e.what()));
+  }
+  return dev;
+}
 
 ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double postscale,
                       const std::vector<TensorPtr>& tensors) {

@@ -32,6 +32,12 @@ std::shared_ptr<const ProcessSet> checkProcessSet(const OpWhere& where, int32_t 
 
 TensorSpec specOf(const TensorBuffer& t);
 
+// The one device every tensor of an op is on (the CPU for an op without
+// tensors). InvalidArgument naming the op, the tensor and both devices when
+// they differ, or when this process cannot use that device.
+DeviceId checkOneDevice(const OpWhere& where, const std::vector<TensorPtr>& inputs,
+                        const std::vector<TensorPtr>& outputs = {});
+
 // The ReduceArgs of a reducing op over `tensors` (see above); the reducer
 // and fusion fields are left at their defaults.
 ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double postscale,

@@ -13,6 +13,7 @@ int64_t reducescatter(Engine& engine, ReducescatterOptions opts) {
   checkProcessSet(where, opts.process_set_id);
   if (opts.inputs.empty()) throw InvalidArgument(strCat(where.str(), ": needs at least one tensor"));
   if (!opts.allocate) throw InvalidArgument(strCat(where.str(), ": needs an output allocator"));
+  checkOneDevice(where, opts.inputs);
   auto e = std::make_shared<Entry>();
   Request& q = e->request;
   q.type = OpType::kReducescatter;
@@ -115,7 +116,7 @@ void executeReducescatter(Executor& ex, WorkUnit& unit) {
   }
   ex.mark(unit, "REDUCESCATTER", false);
   e.outputs = std::move(outs);
-  e.state->complete(e.outputs);
+  ex.complete(e);
 }
 
 }  // namespace hvdtorch::ops
