@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
+#include "tensor_binding.h"
 #include "torch_tensor.h"
 
 namespace hvdtorch {
@@ -204,7 +205,10 @@ void GradientReducer::launch(size_t index) {
   b.launched = true;
   ops::AllreduceOptions o = allreduce_;
   o.name = strCat(opts_.name, ".g", generation_, ".b", index);
-  auto buf = std::make_shared<TorchTensor>(b.flat, toDataType(b.flat.scalar_type(), o.name));
+  // Bound on this thread: in a gradient hook, the current stream is the one
+  // backward wrote the gradients on, which the op's ready event follows.
+  OpBinding binding(strCat("rank ", engine_->topo().rank, ": allreduce '", o.name, "'"));
+  TensorPtr buf = binding.bind(b.flat);
   o.inputs = {buf};
   o.outputs = {std::move(buf)};
   const int64_t handle = ops::allreduce(*engine_, std::move(o));
@@ -238,6 +242,7 @@ void GradientReducer::waitAll() {
     while (!b.state->waitFor(std::chrono::milliseconds(1000))) {
     }
     if (!b.state->error().empty() && error.empty()) error = b.state->error();
+    if (b.state->error().empty()) collectOutputs(*b.state);  // orders this thread's stream after the op
     if (!b.views && b.state->error().empty()) {
       // Wire dtype: convert the reduced values back into each .grad.
       for (size_t s = 0; s < b.params.size(); ++s) {

@@ -14,6 +14,8 @@
 #include "c10d_link.h"
 #include "common/error.h"
 #include "config/config.h"
+#include "device/devices.h"
+#include "device/sim_device.h"
 #include "engine/engine.h"
 #include "grad_reducer.h"
 #include "ops/allgather.h"
@@ -26,6 +28,7 @@
 #include "ops/reducescatter.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
+#include "tensor_binding.h"
 #include "torch_tensor.h"
 #include "transport/shm/registered_memory.h"
 #include "transport/shm/segment.h"
@@ -35,31 +38,9 @@ using namespace hvdtorch;
 
 namespace {
 
-// at::Tensor -> the core's buffer. Refuses what the core cannot take, naming
-// the rank, op and tensor; everything else about the op is checked in core.
-TensorPtr wrap(const at::Tensor& t, const char* op, const std::string& name, int rank) {
-  const std::string w = strCat("rank ", rank, ": ", op, " '", name, "'");
-  if (t.is_sparse()) throw InvalidArgument(strCat(w, ": sparse tensors are not supported; densify them first"));
-  if (!t.device().is_cpu())
-    throw InvalidArgument(
-        strCat(w, ": tensor is on ", t.device().str(), ", but this hvdtorch build serves CPU tensors only"));
-  if (!t.is_contiguous()) throw InvalidArgument(strCat(w, ": tensor must be contiguous"));
-  return std::make_shared<TorchTensor>(t, toDataType(t.scalar_type(), w));
-}
-
-std::vector<TensorPtr> wrapAll(const std::vector<at::Tensor>& ts, const char* op, const std::string& name, int rank) {
-  std::vector<TensorPtr> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(wrap(t, op, name, rank));
-  return out;
-}
-
-// Outputs the engine makes once their shape is negotiated, on the inputs' device.
-OutputAllocator allocatorLike(const at::Tensor& t) {
-  const at::TensorOptions opts = t.options();
-  return [opts](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
-    return std::make_shared<TorchTensor>(at::empty(shape, opts.dtype(toScalarType(dtype))), dtype);
-  };
+// The prefix of an op's errors: "rank 2: allreduce 'grad.w'".
+std::string opWhere(int rank, const char* op, const std::string& name) {
+  return strCat("rank ", rank, ": ", op, " '", name, "'");
 }
 
 class PyEngine {
@@ -82,8 +63,9 @@ class PyEngine {
     const auto bound = OpTimes::now();
     ops::AllreduceOptions o;
     o.process_set_id = process_set_id;
-    o.inputs = wrapAll(inputs, "allreduce", name, rank());
-    o.outputs = wrapAll(outputs, "allreduce", name, rank());
+    OpBinding b(opWhere(rank(), "allreduce", name));
+    o.inputs = b.bindAll(inputs);
+    o.outputs = b.bindAll(outputs);
     o.op = ops::toReduceOp(op);
     o.prescale = prescale;
     o.postscale = postscale;
@@ -97,8 +79,9 @@ class PyEngine {
   int64_t allgather(const std::vector<at::Tensor>& inputs, const std::string& name, int32_t process_set_id) {
     ops::AllgatherOptions o;
     o.process_set_id = process_set_id;
-    o.inputs = wrapAll(inputs, "allgather", name, rank());
-    if (!inputs.empty()) o.allocate = allocatorLike(inputs[0]);
+    OpBinding b(opWhere(rank(), "allgather", name));
+    o.inputs = b.bindAll(inputs);
+    if (!inputs.empty()) o.allocate = b.allocatorLike(inputs[0]);
     o.name = name;
     return ops::allgather(*engine_, std::move(o));
   }
@@ -107,8 +90,9 @@ class PyEngine {
                     int32_t process_set_id) {
     ops::BroadcastOptions o;
     o.process_set_id = process_set_id;
-    o.input = wrap(input, "broadcast", name, rank());
-    o.output = wrap(output, "broadcast", name, rank());
+    OpBinding b(opWhere(rank(), "broadcast", name));
+    o.input = b.bind(input);
+    o.output = b.bind(output);
     o.root = root;
     o.name = name;
     return ops::broadcast(*engine_, std::move(o));
@@ -118,9 +102,10 @@ class PyEngine {
                    int32_t process_set_id) {
     ops::AlltoallOptions o;
     o.process_set_id = process_set_id;
-    o.input = wrap(input, "alltoall", name, rank());
+    OpBinding b(opWhere(rank(), "alltoall", name));
+    o.input = b.bind(input);
     o.splits = splits;
-    o.allocate = allocatorLike(input);
+    o.allocate = b.allocatorLike(input);
     o.name = name;
     return ops::alltoall(*engine_, std::move(o));
   }
@@ -129,8 +114,9 @@ class PyEngine {
                         double postscale, int32_t process_set_id) {
     ops::ReducescatterOptions o;
     o.process_set_id = process_set_id;
-    o.inputs = wrapAll(inputs, "reducescatter", name, rank());
-    if (!inputs.empty()) o.allocate = allocatorLike(inputs[0]);
+    OpBinding b(opWhere(rank(), "reducescatter", name));
+    o.inputs = b.bindAll(inputs);
+    if (!inputs.empty()) o.allocate = b.allocatorLike(inputs[0]);
     o.op = ops::toReduceOp(op);
     o.prescale = prescale;
     o.postscale = postscale;
@@ -146,7 +132,10 @@ class PyEngine {
 
   int64_t join() {
     ops::JoinOptions o;
-    o.allocate = allocatorLike(at::empty({}, at::TensorOptions().dtype(at::kInt)));
+    // The last rank to join, as a CPU int32 scalar (never a device buffer).
+    o.allocate = [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+      return std::make_shared<TorchTensor>(at::empty(shape, at::TensorOptions().dtype(toScalarType(dtype))), dtype);
+    };
     return ops::join(*engine_, std::move(o));
   }
 
@@ -178,9 +167,7 @@ class PyEngine {
     st->times.woken = OpTimes::now();
     engine_->release(handle);
     if (!st->error().empty()) throw CollectiveError(st->error());
-    std::vector<at::Tensor> out;
-    for (const auto& t : st->outputs()) out.push_back(static_cast<TorchTensor&>(*t).tensor());
-    return out;
+    return collectOutputs(*st);
   }
 
   void startTimeline(const std::string& path, bool mark_cycles) {
@@ -325,7 +312,7 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
   o.fuse = fuse;
   o.backward_passes_per_step = backward_passes_per_step;
   if (fp16_wire) o.wire_dtype = at::kHalf;
-  for (const auto& p : params) wrap(p, "DistributedModel", name, engine.engine()->topo().rank);
+  for (const auto& p : params) OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedModel", name));
   return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), o);
 }
 
@@ -334,6 +321,7 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "hvdtorch C++ core (engine, reducers, transports)";
   bindBuildInfo(m);
+  installDeviceMakers();
   static py::exception<CollectiveError> hvd_error(m, "HvdError", PyExc_RuntimeError);
   setHvdErrorType(hvd_error.ptr());
   // Both bases: our contract says bad arguments raise ValueError; Horovod
@@ -451,6 +439,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["autotune_rounds"] = c.autotune_rounds;
     return d;
   });
+  // HVDTORCH_SIM_DEVICE=1 (tensor_binding.h): CPU tensors reach the engine as simulated-device memory. The count
+  // is of copies the engine made on sim:0's engine stream through host memory it had not registered (none should).
+  m.def("sim_device_mode", &simDeviceMode);
+  m.def("sim_unpinned_engine_copies",
+        [] { return simUnpinnedEngineCopies(deviceFor(DeviceId{DeviceKind::kSim, 0})); });
   // Removes what killed jobs left in /dev/shm (segments of hvdtorch jobs whose creator is dead); init() calls it.
   m.def("remove_dead_shm_segments", [] { return ShmSegment::removeDeadJobSegments(); });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

@@ -13,10 +13,14 @@ DataType toDataType(at::ScalarType t, const std::string& where);
 at::ScalarType toScalarType(DataType t);
 
 // Keeps the tensor alive for as long as the engine holds the buffer. The
-// tensor must be contiguous (the Python layer makes sure of it).
+// tensor must be contiguous (the Python layer makes sure of it); `device`
+// and `ready` as tensor_binding.h makes them.
 class TorchTensor : public TensorBuffer {
  public:
-  TorchTensor(at::Tensor t, DataType dtype) : tensor_(std::move(t)), dtype_(dtype) {}
+  TorchTensor(at::Tensor t, DataType dtype, DeviceId device = {}, std::shared_ptr<Event> ready = nullptr)
+      : tensor_(std::move(t)), dtype_(dtype), device_(device), ready_(std::move(ready)) {}
+  DeviceId device() const override { return device_; }
+  std::shared_ptr<Event> ready() const override { return ready_; }
   void* data() override { return tensor_.data_ptr(); }
   DataType dtype() const override { return dtype_; }
   std::vector<int64_t> shape() const override { return tensor_.sizes().vec(); }
@@ -26,6 +30,8 @@ class TorchTensor : public TensorBuffer {
  private:
   at::Tensor tensor_;
   DataType dtype_;
+  DeviceId device_;
+  std::shared_ptr<Event> ready_;
 };
 
 }  // namespace hvdtorch

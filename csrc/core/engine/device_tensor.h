@@ -15,7 +15,8 @@ namespace hvdtorch {
 
 class DeviceTensor : public TensorBuffer {
  public:
-  DeviceTensor(Device& device, DataType dtype, std::vector<int64_t> shape);
+  // `zeroed` false: the caller writes every byte itself (on its own stream).
+  DeviceTensor(Device& device, DataType dtype, std::vector<int64_t> shape, bool zeroed = true);
   ~DeviceTensor() override;
   DeviceTensor(const DeviceTensor&) = delete;
   DeviceTensor& operator=(const DeviceTensor&) = delete;

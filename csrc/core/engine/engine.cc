@@ -183,7 +183,8 @@ int64_t Engine::submit(EntryPtr entry) {
                                  "': ", ps->describe(), " does not include this rank"));
   std::unique_lock<std::mutex> lock(mu_);
   if (!failure_.empty()) throw CollectiveError(strCat(req.describe(), ": ", failure_));
-  if (!entry->inputs.empty()) device_index_[entry->inputs.front()->device().kind] = entry->inputs.front()->device().index;
+  if (!entry->inputs.empty())
+    device_index_[entry->inputs.front()->device().kind] = entry->inputs.front()->device().index;
   if (shutdown_requested_ || stopped_)
     throw CollectiveError(strCat("rank ", topo().rank, ": hvdtorch has been shut down; call hvdtorch.init() again"));
   std::string key = strCat(req.process_set_id, ":", req.name);

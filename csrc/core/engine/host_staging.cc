@@ -155,7 +155,8 @@ void StagedEntry::stageOut(Entry& e) {
   for (const auto& host : e.outputs) {
     auto it = std::find_if(outputs_.begin(), outputs_.end(), [&](const auto& p) { return p.first == host.get(); });
     if (it == outputs_.end())
-      throw CollectiveError(strCat(e.request.describe(), ": an output of the op was not staged for ", device_.id().str()));
+      throw CollectiveError(
+          strCat(e.request.describe(), ": an output of the op was not staged for ", device_.id().str()));
     TensorBuffer& dst = *it->second;
     device_.copyFromHost(dst.data(), host->data(), dst.bytes(), nullptr);
     device_outputs.push_back(it->second);

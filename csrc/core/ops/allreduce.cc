@@ -6,8 +6,8 @@
 #include "algorithms/reducer_registry.h"
 #include "common/error.h"
 #include "device/devices.h"
-#include "engine/host_staging.h"
 #include "device/reduce_kernels.h"
+#include "engine/host_staging.h"
 #include "ops/op_common.h"
 
 namespace hvdtorch::ops {

@@ -1,0 +1,57 @@
+// Tensors on a simulated device as a framework hands them to the engine:
+// written from host values on the caller's own stream, with a ready event
+// recorded there (the engine's stream must wait on it), and read back on
+// that stream after waiting on the op's completion event. A missing wait on
+// either side shows as stale values: the device's streams run with random
+// delays (sim_device.h).
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "device/devices.h"
+#include "engine/device_tensor.h"
+#include "engine/op_state.h"
+
+namespace hvdtorch::test {
+
+class CallerTensor : public DeviceTensor {
+ public:
+  CallerTensor(Device& dev, DataType dtype, std::vector<int64_t> shape)
+      : DeviceTensor(dev, dtype, std::move(shape), false) {}
+  std::shared_ptr<Event> ready() const override { return ready_; }
+  std::shared_ptr<Event> ready_;
+  std::vector<char> host;  // the values being uploaded; kept until the copy ran
+};
+
+// One rank's side of the framework: its device and its "current stream".
+struct Caller {
+  explicit Caller(DeviceId id) : dev(deviceFor(id)), stream(dev.newStream()) {}
+
+  // A device tensor holding `host` (raw bytes of dtype), ready on the caller's stream.
+  std::shared_ptr<CallerTensor> upload(DataType dtype, std::vector<int64_t> shape, std::vector<char> host) {
+    auto t = std::make_shared<CallerTensor>(dev, dtype, std::move(shape));
+    t->host = std::move(host);
+    dev.copyFromHost(t->data(), t->host.data(), t->bytes(), stream.get());
+    t->ready_ = dev.newEvent();
+    dev.record(*t->ready_, stream.get());
+    return t;
+  }
+
+  // The bytes of `t` once the op of `state` completed, read on the caller's stream.
+  std::vector<char> download(const OpState& state, TensorBuffer& t) {
+    if (state.completion) dev.wait(stream.get(), *state.completion);
+    std::vector<char> out(t.bytes());
+    dev.copyToHost(out.data(), t.data(), t.bytes(), stream.get());
+    auto done = dev.newEvent();
+    dev.record(*done, stream.get());
+    dev.synchronize(*done);
+    return out;
+  }
+
+  Device& dev;
+  std::unique_ptr<Stream> stream;
+};
+
+}  // namespace hvdtorch::test

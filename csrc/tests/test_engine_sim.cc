@@ -1,0 +1,359 @@
+// Every op, reducer and dtype through the engine on simulated-device
+// tensors (sim_tensors.h): the executor's staging (host_staging.h) and the
+// all-reduce's staging through the fusion buffer, with the ready and
+// completion events a framework relies on. Ranks are in-process engines
+// (cluster.h), each with its own simulated device, as each GPU process has
+// its own GPU. Values are small integers, exact in every dtype, and expected
+// results are written out.
+#include <cmath>
+#include <string>
+
+#include "algorithms/reducer_registry.h"
+#include "check.h"
+#include "cluster.h"
+#include "common/error.h"
+#include "device/sim_device.h"
+#include "dtype_values.h"
+#include "ops/allgather.h"
+#include "ops/allreduce.h"
+#include "ops/alltoall.h"
+#include "ops/broadcast.h"
+#include "ops/join.h"
+#include "ops/reducescatter.h"
+#include "sim_tensors.h"
+#include "submit.h"
+
+using namespace hvdtorch;
+using hvdtorch::test::Caller;
+using hvdtorch::test::Cluster;
+
+namespace {
+
+const std::vector<DataType> kDtypes = {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kBFloat16,
+                                       DataType::kFloat16};
+
+DeviceId simOf(int rank) { return DeviceId{DeviceKind::kSim, rank}; }
+
+size_t numelOf(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// Host bytes of `shape` with element i = f(i).
+template <typename F>
+std::vector<char> hostValues(DataType dtype, const std::vector<int64_t>& shape, F f) {
+  const size_t n = numelOf(shape);
+  std::vector<char> bytes(n * dtypeSize(dtype));
+  for (size_t i = 0; i < n; ++i) test::put(dtype, bytes.data(), i, f(i));
+  return bytes;
+}
+
+double valueAt(DataType dtype, const std::vector<char>& bytes, size_t i) { return test::get(dtype, bytes.data(), i); }
+
+std::string waitFor(Engine& eng, int64_t h) {
+  auto st = eng.state(h);
+  if (!st->waitFor(std::chrono::milliseconds(20000))) return "did not finish";
+  return st->error();
+}
+
+OutputAllocator allocatorOn(Device& dev) {
+  return [&dev](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+    return std::make_shared<DeviceTensor>(dev, dtype, shape);
+  };
+}
+
+// Rank r's element i: (r + 1) + i % 7.
+double input(int r, size_t i) { return (r + 1) + static_cast<double>(i % 7); }
+
+}  // namespace
+
+TEST(allreduce_every_reducer_dtype_and_op_on_sim_tensors) {
+  const int p = 3;
+  Cluster c(p);
+  int ran = 0;
+  for (const ReducerEntry& info : reducerRegistry()) {
+    const std::string reducer = info.name;
+    for (DataType dtype : kDtypes) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+        if (info.own_op) continue;  // adasum: its own test below
+        std::vector<std::string> errors(p);
+        std::vector<int> unavailable(p, 0);
+        c.onEveryRank([&](int r, Engine& eng) {
+          Caller caller(simOf(r));
+          const std::vector<int64_t> shape{5, 3};
+          auto t = caller.upload(dtype, shape, hostValues(dtype, shape, [&](size_t i) { return input(r, i); }));
+          ops::AllreduceOptions o;
+          o.name = strCat("ar.", reducer, ".", dtypeName(dtype), ".", static_cast<int>(op));
+          o.inputs = {t};
+          o.outputs = {t};
+          o.op = op;
+          o.reducer = reducer;
+          int64_t h;
+          try {
+            h = ops::allreduce(eng, std::move(o));
+          } catch (const InvalidArgument&) {
+            unavailable[r] = 1;  // this reducer does not serve this dtype/op here (all ranks alike)
+            return;
+          }
+          errors[r] = waitFor(eng, h);
+          if (!errors[r].empty()) return;
+          const auto got = caller.download(*eng.state(h), *t);
+          for (size_t i = 0; i < numelOf(shape); ++i) {
+            const double k = static_cast<double>(i % 7);
+            const double want = op == ReduceOp::kSum ? 6 + 3 * k : op == ReduceOp::kAverage ? 2 + k : 3 + k;
+            if (valueAt(dtype, got, i) != want) {
+              errors[r] =
+                  strCat(reducer, " ", dtypeName(dtype), " element ", i, ": ", valueAt(dtype, got, i), ", want ", want);
+              break;
+            }
+          }
+          eng.release(h);
+        });
+        for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+        CHECK(unavailable[0] == unavailable[1] && unavailable[1] == unavailable[2]);
+        if (!unavailable[0]) ++ran;
+      }
+    }
+  }
+  // ring and central serve every dtype and op here.
+  CHECK_MSG(ran >= 2 * 5 * 3, "only %d reducer/dtype/op combinations ran", ran);
+}
+
+TEST(grouped_allreduce_fuses_sim_tensors_with_scales) {
+  // Tensor k, element i on rank r: (r + 1) * (k + 1) + i. Prescale 2,
+  // Average over 3 ranks, postscale 5: 20 (k + 1) + 10 i.
+  const int p = 3;
+  Cluster c(p);
+  std::vector<std::string> errors(p);
+  c.onEveryRank([&](int r, Engine& eng) {
+    Caller caller(simOf(r));
+    ops::AllreduceOptions o;
+    o.name = "group";
+    o.op = ReduceOp::kAverage;
+    o.prescale = 2.0;
+    o.postscale = 5.0;
+    const std::vector<int64_t> sizes{3, 5, 2, 7};
+    for (size_t k = 0; k < sizes.size(); ++k)
+      o.inputs.push_back(
+          caller.upload(DataType::kFloat32, {sizes[k]}, hostValues(DataType::kFloat32, {sizes[k]}, [&](size_t i) {
+                          return (r + 1) * (static_cast<double>(k) + 1) + static_cast<double>(i);
+                        })));
+    o.outputs = o.inputs;
+    const std::vector<TensorPtr> outs = o.outputs;
+    const int64_t h = ops::allreduce(eng, std::move(o));
+    errors[r] = waitFor(eng, h);
+    if (!errors[r].empty()) return;
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const auto got = caller.download(*eng.state(h), *outs[k]);
+      for (int64_t i = 0; i < sizes[k]; ++i) {
+        const double want = 20.0 * (static_cast<double>(k) + 1) + 10.0 * static_cast<double>(i);
+        if (std::fabs(valueAt(DataType::kFloat32, got, i) - want) > 1e-4 * want)
+          errors[r] = strCat("tensor ", k, " [", i, "]: ", valueAt(DataType::kFloat32, got, i), ", want ", want);
+      }
+    }
+  });
+  for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+}
+
+TEST(adasum_on_sim_tensors) {
+  // Every rank holds the same vector v: Adasum of equal vectors is v.
+  const int p = 2;
+  Cluster c(p);
+  std::vector<std::string> errors(p);
+  c.onEveryRank([&](int r, Engine& eng) {
+    Caller caller(simOf(r));
+    auto t =
+        caller.upload(DataType::kFloat32, {6}, hostValues(DataType::kFloat32, {6}, [](size_t i) { return i + 1.0; }));
+    ops::AllreduceOptions o;
+    o.name = "adasum";
+    o.inputs = {t};
+    o.outputs = {t};
+    o.op = ReduceOp::kAdasum;
+    const int64_t h = ops::allreduce(eng, std::move(o));
+    errors[r] = waitFor(eng, h);
+    if (!errors[r].empty()) return;
+    const auto got = caller.download(*eng.state(h), *t);
+    for (size_t i = 0; i < 6; ++i)
+      if (std::fabs(valueAt(DataType::kFloat32, got, i) - (i + 1.0)) > 1e-5)
+        errors[r] = strCat("element ", i, ": ", valueAt(DataType::kFloat32, got, i));
+  });
+  for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+}
+
+TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
+  const int p = 3;
+  Cluster c(p);
+  for (DataType dtype : kDtypes) {
+    std::vector<std::string> errors(p);
+    c.onEveryRank([&](int r, Engine& eng) {
+      Caller caller(simOf(r));
+      auto fail = [&](const std::string& what) {
+        if (errors[r].empty()) errors[r] = strCat(dtypeName(dtype), ": ", what);
+      };
+      // allgather: rank s gives s + 1 rows [s, 10 + s].
+      {
+        auto in = caller.upload(dtype, {r + 1, 2},
+                                hostValues(dtype, {r + 1, 2}, [&](size_t i) { return i % 2 ? 10 + r : r; }));
+        ops::AllgatherOptions o;
+        o.name = "gather";
+        o.inputs = {in};
+        o.allocate = allocatorOn(caller.dev);
+        const int64_t h = ops::allgather(eng, std::move(o));
+        const std::string err = waitFor(eng, h);
+        if (!err.empty()) return fail(err);
+        auto out = eng.state(h)->outputs().at(0);
+        const auto got = caller.download(*eng.state(h), *out);
+        if (out->shape() != std::vector<int64_t>{6, 2}) fail("allgather shape");
+        size_t row = 0;
+        for (int s = 0; s < p; ++s)
+          for (int k = 0; k <= s; ++k, ++row)
+            if (valueAt(dtype, got, 2 * row) != s || valueAt(dtype, got, 2 * row + 1) != 10 + s)
+              fail(strCat("allgather row ", row));
+        eng.release(h);
+      }
+      // broadcast from rank 1, out of place.
+      {
+        auto in = caller.upload(dtype, {4}, hostValues(dtype, {4}, [&](size_t i) { return 3 * r + i; }));
+        auto out = std::make_shared<DeviceTensor>(caller.dev, dtype, std::vector<int64_t>{4});
+        ops::BroadcastOptions o;
+        o.name = "bcast";
+        o.input = in;
+        o.output = out;
+        o.root = 1;
+        const int64_t h = ops::broadcast(eng, std::move(o));
+        const std::string err = waitFor(eng, h);
+        if (!err.empty()) return fail(err);
+        const auto got = caller.download(*eng.state(h), *out);
+        for (size_t i = 0; i < 4; ++i)
+          if (valueAt(dtype, got, i) != 3 + i) fail(strCat("broadcast [", i, "]"));
+        eng.release(h);
+      }
+      // alltoall: row j of rank r holds 10 r + j; rank r receives 10 s + r from each s.
+      {
+        auto in = caller.upload(dtype, {p, 2}, hostValues(dtype, {p, 2}, [&](size_t i) { return 10 * r + i / 2; }));
+        ops::AlltoallOptions o;
+        o.name = "a2a";
+        o.input = in;
+        o.allocate = allocatorOn(caller.dev);
+        const int64_t h = ops::alltoall(eng, std::move(o));
+        const std::string err = waitFor(eng, h);
+        if (!err.empty()) return fail(err);
+        const auto got = caller.download(*eng.state(h), *eng.state(h)->outputs().at(0));
+        for (int s = 0; s < p; ++s)
+          if (valueAt(dtype, got, 2 * s) != 10 * s + r || valueAt(dtype, got, 2 * s + 1) != 10 * s + r)
+            fail(strCat("alltoall from rank ", s));
+        eng.release(h);
+      }
+      // reducescatter, Sum: 5 rows of (r + 1) (row + 1); rank r keeps its share, 6 (row + 1).
+      {
+        auto in =
+            caller.upload(dtype, {5, 2}, hostValues(dtype, {5, 2}, [&](size_t i) { return (r + 1) * (i / 2 + 1.0); }));
+        ops::ReducescatterOptions o;
+        o.name = "rs";
+        o.inputs = {in};
+        o.op = ReduceOp::kSum;
+        o.allocate = allocatorOn(caller.dev);
+        const int64_t h = ops::reducescatter(eng, std::move(o));
+        const std::string err = waitFor(eng, h);
+        if (!err.empty()) return fail(err);
+        auto out = eng.state(h)->outputs().at(0);
+        const auto got = caller.download(*eng.state(h), *out);
+        int64_t first = 0;
+        for (int s = 0; s < r; ++s) first += ops::reducescatterRows(5, p, s);
+        const int64_t rows = ops::reducescatterRows(5, p, r);
+        if (out->shape() != std::vector<int64_t>{rows, 2}) fail("reducescatter shape");
+        for (int64_t k = 0; k < rows; ++k)
+          if (valueAt(dtype, got, 2 * k) != 6.0 * (first + k + 1)) fail(strCat("reducescatter row ", first + k));
+        eng.release(h);
+      }
+    });
+    for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  }
+}
+
+TEST(host_and_device_tensors_of_one_op_across_ranks_is_an_error_naming_both) {
+  const int p = 2;
+  Cluster c(p);
+  std::vector<std::string> errors(p);
+  c.onEveryRank([&](int r, Engine& eng) {
+    TensorPtr t;
+    if (r == 0) {
+      Caller caller(simOf(r));
+      t = caller.upload(DataType::kFloat32, {4}, hostValues(DataType::kFloat32, {4}, [](size_t) { return 1.0; }));
+    } else {
+      t = std::make_shared<HostTensor>(DataType::kFloat32, std::vector<int64_t>{4});
+    }
+    errors[r] = test::finish(eng, test::sumOf(eng, "mixed", t));
+  });
+  for (int r = 0; r < p; ++r) {
+    CHECK_MSG(errors[r].find("device sim vs cpu") != std::string::npos ||
+                  errors[r].find("device cpu vs sim") != std::string::npos,
+              "rank %d: %s", r, errors[r].c_str());
+  }
+}
+
+TEST(tensors_of_one_op_on_two_devices_are_refused_locally) {
+  Cluster c(1);
+  Caller a(simOf(0)), b(simOf(1));
+  auto x = a.upload(DataType::kFloat32, {2}, hostValues(DataType::kFloat32, {2}, [](size_t) { return 1.0; }));
+  auto y = b.upload(DataType::kFloat32, {2}, hostValues(DataType::kFloat32, {2}, [](size_t) { return 1.0; }));
+  ops::AllreduceOptions o;
+  o.name = "two.devices";
+  o.inputs = {x};
+  o.outputs = {y};
+  std::string what;
+  try {
+    ops::allreduce(*c.engines[0], std::move(o));
+  } catch (const InvalidArgument& e) {
+    what = e.what();
+  }
+  CHECK_MSG(what.find("output 0 is on sim:1") != std::string::npos && what.find("sim:0") != std::string::npos &&
+                what.find("'two.devices'") != std::string::npos,
+            "%s", what.c_str());
+}
+
+TEST(a_joined_rank_stands_in_for_sim_tensors) {
+  // Rank 1 joins; rank 0's Sum all-reduce and allgather run with its
+  // stand-in (zeros, no rows), made on a simulated device like rank 0's.
+  const int p = 2;
+  Cluster c(p);
+  std::vector<std::string> errors(p);
+  c.onEveryRank([&](int r, Engine& eng) {
+    Caller caller(simOf(r));
+    if (r == 1) {
+      ops::JoinOptions o;
+      o.allocate = [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+        return std::make_shared<HostTensor>(dtype, shape);
+      };
+      errors[r] = waitFor(eng, ops::join(eng, std::move(o)));
+      return;
+    }
+    auto t =
+        caller.upload(DataType::kFloat32, {3}, hostValues(DataType::kFloat32, {3}, [](size_t i) { return i + 1.0; }));
+    const int64_t sum = test::sumOf(eng, "alone", t);
+    const std::shared_ptr<OpState> summed = eng.state(sum);
+    errors[r] = test::finish(eng, sum);
+    if (!errors[r].empty()) return;
+    ops::JoinOptions o;
+    o.allocate = [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+      return std::make_shared<HostTensor>(dtype, shape);
+    };
+    const int64_t h = ops::join(eng, std::move(o));
+    errors[r] = waitFor(eng, h);
+    const auto got = caller.download(*summed, *t);
+    for (size_t i = 0; i < 3; ++i)
+      if (valueAt(DataType::kFloat32, got, i) != i + 1.0) errors[r] = strCat("element ", i);
+  });
+  for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+}
+
+TEST(staging_copies_only_through_pinned_host_memory) {
+  // Everything above ran in this process: every copy the engine made on a
+  // simulated device's engine stream went through registered memory.
+  for (int r = 0; r < 3; ++r)
+    CHECK_MSG(simUnpinnedEngineCopies(deviceFor(simOf(r))) == 0, "sim:%d: %llu unpinned copies", r,
+              static_cast<unsigned long long>(simUnpinnedEngineCopies(deviceFor(simOf(r)))));
+}
+
+HVD_TEST_MAIN()

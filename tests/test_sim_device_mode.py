@@ -1,0 +1,37 @@
+"""The multi-process tests of the collectives, every reducer, the ops with
+allocated outputs, join, sparse gradients, SyncBatchNorm and
+DistributedModel training, with every tensor on the simulated device
+(HVDTORCH_SIM_DEVICE=1): each op goes through the engine's device paths
+(ready and completion events, staging through pinned memory) with the device
+streams' random delays, and must give the CPU results exactly."""
+
+import pytest
+
+from tests.harness import run_ranks
+
+SIM = {"HVDTORCH_SIM_DEVICE": "1"}
+
+CASES = [
+    # (worker check, its args, ranks, emulated hosts, extra environment)
+    ("tests.workers.collectives:check_all", [], 2, None, {}),
+    ("tests.workers.collectives:check_reducers", [], 3, None, {"HVDTORCH_SHM": "1"}),
+    ("tests.workers.reducers:every_reducer", ["aab"], 3, list("aab"), {}),
+    ("tests.workers.alltoall:values", ["alltoall"], 3, None, {}),
+    ("tests.workers.reducescatter:values", ["reducescatter"], 3, None, {}),
+    ("tests.workers.join:check_collectives_with_joined_ranks", [], 3, None, {}),
+    ("tests.workers.sparse:check_sparse_allreduce", [], 2, None, {}),
+    ("tests.workers.sync_batch_norm:check_training_with_optimizer", [], 2, None, {}),
+    ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {}),
+]
+
+
+@pytest.mark.parametrize("target,args,nranks,hosts,env", CASES, ids=[c[0].split(":")[1] for c in CASES])
+def test_through_the_simulated_device(target, args, nranks, hosts, env):
+    run_ranks(
+        "tests.workers.sim_device:through_device",
+        nranks,
+        hosts=hosts,
+        args=[target, *args],
+        timeout=240,
+        env={**SIM, **env},
+    )
