@@ -7,6 +7,7 @@
 # make soak     20,000 DistributedModel steps and 1,000 init()/shutdown() cycles, nothing may grow
 # make bench-training  hvdtorch vs Horovod 0.28.1, DDP and solo, training img/s under mpirun and torchrun (not part of make test)
 # make test-cuda-build  the CUDA build against torch 2.14.1 in .venv-cuda (no GPU needed), then its checks and tests
+# make gpu-check OUT=<dir>  on a GPU machine: build, device/engine suites on cuda:0, GPU tests, GPU benchmarks
 
 # make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
 # make format apply clang-format (csrc) and ruff's import sorting and formatter
@@ -34,7 +35,7 @@ LINT_BUILD_DIR := build/lint
 CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
-.PHONY: cuda-build test-cuda-build
+.PHONY: cuda-build test-cuda-build gpu-check
 .PHONY: all build test test-cpp test-py test-fuzz-wire demo bench-training mutants sanitize fuzz soak scale test-asan test-tsan clean system-deps lint \
         format docs lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
@@ -115,6 +116,14 @@ test-cuda-build: cuda-build
 	  | tar -x -C $(CUDA_STAGE)
 	cd $(CUDA_STAGE) && $(CURDIR)/$(CUDA_PY) -m hvdtorch.check
 	cd $(CUDA_STAGE) && $(CURDIR)/$(CUDA_PY) -m pytest -q $(PYTEST_ARGS) $(CUDA_TESTS)
+
+# ---- the GPU machine ------------------------------------------------------------
+# On a machine with a GPU (its plain python3 holding a CUDA torch): build, the
+# device and engine suites on cuda:0, the GPU tests, the GPU benchmarks; logs,
+# CSV and plots under OUT. tools/gpu_check.py says what runs.
+gpu-check:
+	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=<dir>"; exit 2; }
+	python3 tools/gpu_check.py --out $(OUT)
 
 # ---- sanitizers and fuzzing (clang 19, with the system packages) ---------------
 SAN_CMAKE = cmake -S . -G Ninja -DCMAKE_CXX_COMPILER=$(CLANGXX) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVDTORCH_CUDA=OFF

@@ -1,12 +1,12 @@
 """Bucket layouts: which parameters' gradients travel together.
 
-Buckets hold one dtype, are filled in the order gradients are expected to
+Buckets hold one device and one dtype, are filled in the order gradients are expected to
 become ready (reverse registration order at first, the observed order after
 one iteration), and close when the next gradient would overflow the cap. The
 first bucket gets a smaller cap so communication starts early in backward.
 """
 
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 import torch
 
@@ -18,8 +18,9 @@ def plan_buckets(
 
     fusion_bytes == 0 puts every parameter in its own bucket."""
     layout: List[List[int]] = []
-    open_bucket: Dict[torch.dtype, int] = {}  # dtype -> index in layout
-    open_bytes: Dict[torch.dtype, int] = {}
+    Key = Tuple[torch.device, torch.dtype]
+    open_bucket: Dict[Key, int] = {}  # (device, dtype) -> index in layout
+    open_bytes: Dict[Key, int] = {}
     for i in order:
         p = params[i]
         nbytes = p.numel() * p.element_size()
@@ -27,13 +28,14 @@ def plan_buckets(
             layout.append([i])
             continue
         cap = first_bucket_bytes if len(layout) <= 1 and first_bucket_bytes > 0 else fusion_bytes
-        b = open_bucket.get(p.dtype)
-        if b is None or (open_bytes[p.dtype] + nbytes > cap and layout[b]):
+        key = (p.device, p.dtype)
+        b = open_bucket.get(key)
+        if b is None or (open_bytes[key] + nbytes > cap and layout[b]):
             layout.append([])
-            b = open_bucket[p.dtype] = len(layout) - 1
-            open_bytes[p.dtype] = 0
+            b = open_bucket[key] = len(layout) - 1
+            open_bytes[key] = 0
         layout[b].append(i)
-        open_bytes[p.dtype] += nbytes
+        open_bytes[key] += nbytes
     return layout
 
 

@@ -37,6 +37,21 @@ def _trainable(module_or_params):
     return out
 
 
+def _check_devices(module: torch.nn.Module) -> None:
+    """Parameters on a device this build cannot serve are refused by name.
+    (Parameters on several devices are fine: buckets hold one device each.)"""
+    for name, p in module.named_parameters():
+        if p.device.type == "cuda" and not runtime.cuda_built():
+            raise ValueError(
+                f"hvdtorch: DistributedModel: parameter '{name}' is on {p.device}, but this hvdtorch build has no "
+                "CUDA support; `python -m hvdtorch.check` says why"
+            )
+        if p.device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                f"hvdtorch: DistributedModel: parameter '{name}' is on {p.device}; hvdtorch serves CPU and CUDA tensors"
+            )
+
+
 class DistributedModel(torch.nn.Module):
     def __init__(
         self,
@@ -72,6 +87,7 @@ class DistributedModel(torch.nn.Module):
                 "(sparse=True); use sparse=False there, or hvd.DistributedOptimizer, which "
                 "all-gathers sparse gradients"
             )
+        _check_devices(module)
         self.module = module
         st = runtime.state()
         # Gradients are averaged over the process set's ranks (all by default).

@@ -365,9 +365,9 @@ def _build_info() -> Dict[str, object]:
 
 def cuda_built() -> bool:
     """True when this build compiled and linked the core's CUDA device: torch is
-    a CUDA build and nvcc was found when hvdtorch was built. The collectives do
-    not take CUDA tensors yet (one is refused with an error naming it);
-    ``python -m hvdtorch.check`` says what the build holds and what it serves."""
+    a CUDA build and nvcc was found when hvdtorch was built. Then the
+    collectives take CUDA tensors (without it, one is refused with an error
+    naming it); ``python -m hvdtorch.check`` says what the build holds."""
     return bool(_build_info()["cuda_device"])
 
 

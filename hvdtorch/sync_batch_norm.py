@@ -48,8 +48,9 @@ class _SyncBatchNormFn(torch.autograd.Function):
             local_mean = xa.mean(reduce_dims)
             local_m2 = (xa - _per_channel(local_mean, x.dim())).square().sum(reduce_dims)
         else:
-            local_mean = local_m2 = torch.zeros(channels, dtype=xa.dtype)
-        row = torch.cat([torch.tensor([float(count)], dtype=torch.float64), local_mean.double(), local_m2.double()])
+            local_mean = local_m2 = torch.zeros(channels, dtype=xa.dtype, device=x.device)
+        count_col = torch.tensor([float(count)], dtype=torch.float64, device=x.device)
+        row = torch.cat([count_col, local_mean.double(), local_m2.double()])
         rows = ops.synchronize(
             ops.allgather_async(row.unsqueeze(0), name="sync_batch_norm.stats", process_set=process_set)
         )

@@ -1,11 +1,16 @@
-// Every op, reducer and dtype through the engine on simulated-device
-// tensors (sim_tensors.h): the executor's staging (host_staging.h) and the
+// Every op, reducer and dtype through the engine on device tensors
+// (sim_tensors.h): the executor's staging (host_staging.h) and the
 // all-reduce's staging through the fusion buffer, with the ready and
 // completion events a framework relies on. Ranks are in-process engines
-// (cluster.h), each with its own simulated device, as each GPU process has
-// its own GPU. Values are small integers, exact in every dtype, and expected
-// results are written out.
+// (cluster.h). Built twice: test_engine_sim gives each rank its own
+// simulated device, as each GPU process has its own GPU; test_engine_cuda
+// (HVDTORCH_TEST_ON_CUDA, built with the CUDA device, run by make gpu-check)
+// puts every rank on cuda:0 and exits 77 (skipped) where no GPU is visible.
+// Values are small integers, exact in every dtype, and expected results are
+// written out.
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "algorithms/reducer_registry.h"
@@ -13,6 +18,9 @@
 #include "cluster.h"
 #include "common/error.h"
 #include "device/sim_device.h"
+#ifdef HVDTORCH_TEST_ON_CUDA
+#include "device/cuda_device.h"
+#endif
 #include "dtype_values.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
@@ -33,6 +41,22 @@ const std::vector<DataType> kDtypes = {DataType::kFloat32, DataType::kFloat64, D
                                        DataType::kFloat16};
 
 DeviceId simOf(int rank) { return DeviceId{DeviceKind::kSim, rank}; }
+
+#ifdef HVDTORCH_TEST_ON_CUDA
+const bool kCudaReady = [] {
+  std::string why;
+  if (cudaDeviceCount(&why) == 0) {
+    std::printf("no GPU: %s; skipped\n", why.c_str());
+    std::exit(77);
+  }
+  setDeviceMaker(DeviceKind::kCuda, [](int index) { return makeCudaDevice(index); });
+  return true;
+}();
+// The device rank `rank`'s tensors are on (several ranks share the one GPU).
+DeviceId deviceOf(int /*rank*/) { return DeviceId{DeviceKind::kCuda, 0}; }
+#else
+DeviceId deviceOf(int rank) { return simOf(rank); }
+#endif
 
 size_t numelOf(const std::vector<int64_t>& shape) {
   size_t n = 1;
@@ -80,7 +104,7 @@ TEST(allreduce_every_reducer_dtype_and_op_on_sim_tensors) {
         std::vector<std::string> errors(p);
         std::vector<int> unavailable(p, 0);
         c.onEveryRank([&](int r, Engine& eng) {
-          Caller caller(simOf(r));
+          Caller caller(deviceOf(r));
           const std::vector<int64_t> shape{5, 3};
           auto t = caller.upload(dtype, shape, hostValues(dtype, shape, [&](size_t i) { return input(r, i); }));
           ops::AllreduceOptions o;
@@ -127,7 +151,7 @@ TEST(grouped_allreduce_fuses_sim_tensors_with_scales) {
   Cluster c(p);
   std::vector<std::string> errors(p);
   c.onEveryRank([&](int r, Engine& eng) {
-    Caller caller(simOf(r));
+    Caller caller(deviceOf(r));
     ops::AllreduceOptions o;
     o.name = "group";
     o.op = ReduceOp::kAverage;
@@ -162,7 +186,7 @@ TEST(adasum_on_sim_tensors) {
   Cluster c(p);
   std::vector<std::string> errors(p);
   c.onEveryRank([&](int r, Engine& eng) {
-    Caller caller(simOf(r));
+    Caller caller(deviceOf(r));
     auto t =
         caller.upload(DataType::kFloat32, {6}, hostValues(DataType::kFloat32, {6}, [](size_t i) { return i + 1.0; }));
     ops::AllreduceOptions o;
@@ -187,7 +211,7 @@ TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
   for (DataType dtype : kDtypes) {
     std::vector<std::string> errors(p);
     c.onEveryRank([&](int r, Engine& eng) {
-      Caller caller(simOf(r));
+      Caller caller(deviceOf(r));
       auto fail = [&](const std::string& what) {
         if (errors[r].empty()) errors[r] = strCat(dtypeName(dtype), ": ", what);
       };
@@ -279,7 +303,7 @@ TEST(host_and_device_tensors_of_one_op_across_ranks_is_an_error_naming_both) {
   c.onEveryRank([&](int r, Engine& eng) {
     TensorPtr t;
     if (r == 0) {
-      Caller caller(simOf(r));
+      Caller caller(deviceOf(r));
       t = caller.upload(DataType::kFloat32, {4}, hostValues(DataType::kFloat32, {4}, [](size_t) { return 1.0; }));
     } else {
       t = std::make_shared<HostTensor>(DataType::kFloat32, std::vector<int64_t>{4});
@@ -287,8 +311,9 @@ TEST(host_and_device_tensors_of_one_op_across_ranks_is_an_error_naming_both) {
     errors[r] = test::finish(eng, test::sumOf(eng, "mixed", t));
   });
   for (int r = 0; r < p; ++r) {
-    CHECK_MSG(errors[r].find("device sim vs cpu") != std::string::npos ||
-                  errors[r].find("device cpu vs sim") != std::string::npos,
+    const std::string kind = deviceKindName(deviceOf(0).kind);
+    CHECK_MSG(errors[r].find("device " + kind + " vs cpu") != std::string::npos ||
+                  errors[r].find("device cpu vs " + kind) != std::string::npos,
               "rank %d: %s", r, errors[r].c_str());
   }
 }
@@ -320,7 +345,7 @@ TEST(a_joined_rank_stands_in_for_sim_tensors) {
   Cluster c(p);
   std::vector<std::string> errors(p);
   c.onEveryRank([&](int r, Engine& eng) {
-    Caller caller(simOf(r));
+    Caller caller(deviceOf(r));
     if (r == 1) {
       ops::JoinOptions o;
       o.allocate = [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
@@ -350,7 +375,9 @@ TEST(a_joined_rank_stands_in_for_sim_tensors) {
 
 TEST(staging_copies_only_through_pinned_host_memory) {
   // Everything above ran in this process: every copy the engine made on a
-  // simulated device's engine stream went through registered memory.
+  // simulated device's engine stream went through registered memory. (On
+  // CUDA an unpinned copy is merely synchronous: nothing to count.)
+  if (deviceOf(0).kind != DeviceKind::kSim) return;
   for (int r = 0; r < 3; ++r)
     CHECK_MSG(simUnpinnedEngineCopies(deviceFor(simOf(r))) == 0, "sim:%d: %llu unpinned copies", r,
               static_cast<unsigned long long>(simUnpinnedEngineCopies(deviceFor(simOf(r)))));

@@ -94,6 +94,10 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
       if (idx < 0 || idx >= static_cast<int64_t>(params_.size()) || seen[idx])
         throw InvalidArgument(strCat(opts_.name, ": bad bucket layout (parameter ", idx, ")"));
       if (params_[idx].scalar_type() != dtype) throw InvalidArgument(strCat(opts_.name, ": a bucket mixes dtypes"));
+      if (params_[idx].device() != params_[members[0]].device())
+        throw InvalidArgument(strCat(opts_.name, ": parameter ", idx, " is on ", params_[idx].device().str(),
+                                     ", parameter ", members[0], " of the same bucket on ",
+                                     params_[members[0]].device().str(), "; a bucket holds one device"));
       seen[idx] = true;
       bucket_of[idx] = next.size();
       slot_of[idx] = b.params.size();

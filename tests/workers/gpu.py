@@ -1,0 +1,143 @@
+"""Rank-side checks on CUDA tensors; every rank uses cuda:0 (the test machine
+has one GPU, which the ranks share; the engine stages through pinned host
+memory, so no NCCL is involved).
+
+Inputs are written on a side stream behind a long kernel and submitted from
+that stream: the engine must wait on the ready event it records there, or it
+reads the old values. Results are read on the default stream after
+synchronize(), which must order that stream after the op.
+"""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+import hvdtorch as hvd
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+SLEEP_CYCLES = 20_000_000  # ~10 ms on an H100: longer than the engine's whole negotiation cycle
+
+
+def value(rank: int, shape, dtype, case: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * case + rank)
+    return torch.randint(-2, 3, shape, generator=g).to(dtype)  # small integers: exact sums in every dtype
+
+
+def written_late(cpu_values: torch.Tensor, side: torch.cuda.Stream) -> torch.Tensor:
+    """A CUDA tensor holding zeros now and `cpu_values` once `side` has run a long kernel."""
+    src = cpu_values.to("cuda:0")
+    out = torch.zeros_like(src)
+    torch.cuda.synchronize()  # both exist before the side stream uses them
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        out.copy_(src)  # device to device: enqueued, the host does not wait
+    src.record_stream(side)
+    return out
+
+
+def check_collectives(reducers: str = "auto,ring,central"):
+    hvd.init()
+    torch.cuda.set_device(0)
+    r, n = hvd.rank(), hvd.size()
+    side = torch.cuda.Stream()
+    case = 0
+    for reducer in reducers.split(","):
+        for dtype in DTYPES:
+            for op, name in [(hvd.Sum, "Sum"), (hvd.Max, "Max")] + (
+                [(hvd.Average, "Average")] if dtype.is_floating_point else []
+            ):
+                case += 1
+                shape = (5, 7)
+                x = written_late(value(r, shape, dtype, case), side)
+                with torch.cuda.stream(side):
+                    h = hvd.allreduce_async(x, op=op, name=f"ar.{case}", reducer=reducer)
+                got = hvd.synchronize(h)
+                assert got.is_cuda and got.device.index == 0
+                inputs = torch.stack([value(k, shape, dtype, case).double() for k in range(n)])
+                want = {"Sum": inputs.sum(0), "Max": inputs.max(0).values, "Average": inputs.mean(0)}[name]
+                torch.testing.assert_close(got.cpu().double(), want, msg=f"allreduce {name} {dtype} reducer={reducer}")
+    # Grouped (fused) with scales.
+    xs = [written_late(value(r, (k + 2,), torch.float32, 100 + k), side) for k in range(4)]
+    with torch.cuda.stream(side):
+        hs = hvd.grouped_allreduce_async(xs, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5, name="group")
+    outs = hvd.synchronize(hs)
+    for k, out in enumerate(outs):
+        want = torch.stack([value(q, (k + 2,), torch.float32, 100 + k) for q in range(n)]).mean(0)
+        torch.testing.assert_close(out.cpu(), want, msg=f"grouped tensor {k}")
+    # Allgather with uneven first dimensions, broadcast, alltoall, reducescatter.
+    for dtype in DTYPES:
+        case += 1
+        x = written_late(value(r, (r + 1, 3), dtype, case), side)
+        with torch.cuda.stream(side):
+            h = hvd.allgather_async(x, name=f"ag.{case}")
+        got = hvd.synchronize(h)
+        want = torch.cat([value(q, (q + 1, 3), dtype, case) for q in range(n)])
+        assert got.is_cuda and torch.equal(got.cpu(), want), f"allgather {dtype}"
+        x = written_late(value(r, (6,), dtype, case), side)
+        with torch.cuda.stream(side):
+            h = hvd.broadcast_async(x, root_rank=n - 1, name=f"bc.{case}")
+        assert torch.equal(hvd.synchronize(h).cpu(), value(n - 1, (6,), dtype, case)), f"broadcast {dtype}"
+        x = written_late(value(r, (2 * n, 2), dtype, case), side)
+        with torch.cuda.stream(side):
+            got = hvd.alltoall(x, name=f"a2a.{case}")
+        want = torch.cat([value(q, (2 * n, 2), dtype, case)[2 * r : 2 * r + 2] for q in range(n)])
+        assert got.is_cuda and torch.equal(got.cpu(), want), f"alltoall {dtype}"
+        x = written_late(value(r, (2 * n + 1, 2), dtype, case), side)
+        with torch.cuda.stream(side):
+            got = hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{case}")
+        full = torch.stack([value(q, (2 * n + 1, 2), dtype, case).double() for q in range(n)]).sum(0)
+        rows = [(2 * n + 1) // n + (1 if q < (2 * n + 1) % n else 0) for q in range(n)]
+        start = sum(rows[:r])
+        assert got.is_cuda and torch.equal(got.cpu().double(), full[start : start + rows[r]]), f"reducescatter {dtype}"
+    # A host tensor on one rank and a device tensor on another: an error on every rank naming both.
+    t = torch.ones(3, device="cuda:0") if r == 0 else torch.ones(3)
+    try:
+        hvd.allreduce(t, name="mixed")
+        raise AssertionError("a CPU/CUDA mismatch across ranks was not refused")
+    except hvd.HvdError as e:
+        assert "device cuda vs cpu" in str(e) or "device cpu vs cuda" in str(e), str(e)
+    hvd.shutdown()
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def check_distributed_model(steps: str = "4"):
+    """DistributedModel on cuda:0 equals one process on the whole global batch."""
+    hvd.init()
+    torch.cuda.set_device(0)
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    base = Net().cuda()
+    ref = copy.deepcopy(base)
+    model = hvd.DistributedModel(copy.deepcopy(base))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    per = 4
+    for step in range(int(steps)):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(per * n, 3, 8, 8, generator=g).cuda()
+        y = torch.randint(0, 10, (per * n,), generator=g).cuda()
+        opt.zero_grad()
+        F.cross_entropy(model(x[r * per : (r + 1) * per]), y[r * per : (r + 1) * per]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        # The global-batch loss as the mean of the shards' means: the same
+        # gradient as the average of the ranks' gradients (BatchNorm
+        # normalises per shard, as the ranks do).
+        losses = [F.cross_entropy(ref(x[k * per : (k + 1) * per]), y[k * per : (k + 1) * per]) for k in range(n)]
+        (sum(losses) / n).backward()
+        ref_opt.step()
+    for (name, a), b in zip(model.module.named_parameters(), ref.parameters()):
+        assert a.is_cuda
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"parameter {name}")
+    hvd.shutdown()
