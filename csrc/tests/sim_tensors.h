@@ -20,7 +20,12 @@ class CallerTensor : public DeviceTensor {
  public:
   CallerTensor(Device& dev, DataType dtype, std::vector<int64_t> shape)
       : DeviceTensor(dev, dtype, std::move(shape), false) {}
+  // The upload reads `host`: it must have run before `host` goes.
+  ~CallerTensor() override {
+    if (ready_) device_of_.synchronize(*ready_);
+  }
   std::shared_ptr<Event> ready() const override { return ready_; }
+  Device& device_of_ = deviceFor(device());
   std::shared_ptr<Event> ready_;
   std::vector<char> host;  // the values being uploaded; kept until the copy ran
 };
