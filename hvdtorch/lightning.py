@@ -25,7 +25,9 @@ What it does:
 * reduces logged metrics (``self.log(..., sync_dist=True)``), ``all_gather``,
   ``broadcast`` and ``barrier`` with hvdtorch collectives.
 
-Tensors are CPU tensors in this release (the device of every process is the CPU).
+The strategy runs each process on the CPU: GPU training through Lightning is not
+wired yet (the collectives take CUDA tensors; the strategy does not place the
+model on a GPU).
 Needs the optional dependency ``lightning`` (``pip install hvdtorch[lightning]``).
 """
 
