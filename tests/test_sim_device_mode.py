@@ -35,3 +35,27 @@ def test_through_the_simulated_device(target, args, nranks, hosts, env):
         timeout=240,
         env={**SIM, **env},
     )
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_the_device_ring(nranks):
+    # Small slots: many segments per chunk, each slot reused many times.
+    env = {
+        **SIM,
+        "HVDTORCH_SIM_INTERPROCESS": "1",
+        "HVDTORCH_RING_SEGMENT_BYTES": "256",
+        "HVDTORCH_SIM_MAX_DELAY_US": "400",
+    }
+    run_ranks("tests.workers.sim_device:device_ring", nranks, timeout=240, env=env)
+
+
+def test_every_reducer_with_interprocess_devices():
+    # check_reducers runs every reducer per call: `ring` on the device ring, the others staged.
+    env = {**SIM, "HVDTORCH_SIM_INTERPROCESS": "1", "HVDTORCH_SHM": "1"}
+    run_ranks(
+        "tests.workers.sim_device:through_device",
+        3,
+        args=["tests.workers.collectives:check_reducers"],
+        timeout=240,
+        env=env,
+    )

@@ -7,7 +7,10 @@
 // (HVDTORCH_TEST_ON_CUDA, built with the CUDA device, run by make gpu-check)
 // puts every rank on cuda:0 and exits 77 (skipped) where no GPU is visible.
 // Values are small integers, exact in every dtype, and expected results are
-// written out.
+// written out. The device ring is not here: it maps peers' memory, which a
+// process cannot do for its own (CUDA IPC's rule, which the simulated device
+// keeps); tests/test_sim_device_mode.py runs it with one process per rank.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <map>
 
+#include "algorithms/device_ring.h"
 #include "build_info.h"
 #include "c10d_link.h"
 #include "common/error.h"
@@ -442,8 +443,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // HVDTORCH_SIM_DEVICE=1 (tensor_binding.h): CPU tensors reach the engine as simulated-device memory. The count
   // is of copies the engine made on sim:0's engine stream through host memory it had not registered (none should).
   m.def("sim_device_mode", &simDeviceMode);
-  m.def("sim_unpinned_engine_copies",
-        [] { return simUnpinnedEngineCopies(deviceFor(DeviceId{DeviceKind::kSim, 0})); });
+  m.def("sim_unpinned_engine_copies", [] { return simUnpinnedEngineCopies(deviceFor(DeviceId{DeviceKind::kSim, 0})); });
+  // All-reduces this process ran on the device ring (algorithms/device_ring.h), for tests.
+  m.def("device_ring_runs", &DeviceRing::runs);
   // Removes what killed jobs left in /dev/shm (segments of hvdtorch jobs whose creator is dead); init() calls it.
   m.def("remove_dead_shm_segments", [] { return ShmSegment::removeDeadJobSegments(); });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

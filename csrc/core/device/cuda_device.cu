@@ -1,12 +1,13 @@
 // Device on a CUDA GPU: the reduce/scale kernels of reduce_kernels.h written
 // for the GPU (float16/bfloat16 widened to float and rounded once, integer
 // Average by exact division), 16-byte vector loads where both buffers are
-// aligned, streams and (optionally interprocess) events.
+// aligned, streams, events, and CUDA IPC for memory and events.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "common/error.h"
@@ -231,6 +232,7 @@ class CudaDevice : public Device {
   }
   ~CudaDevice() override { cudaStreamDestroy(engine_stream_); }
 
+  bool interprocess() const override { return true; }  // CUDA IPC
   DeviceId id() const override { return DeviceId{DeviceKind::kCuda, ordinal_}; }
 
   void* allocate(size_t bytes) override {
@@ -337,6 +339,46 @@ class CudaDevice : public Device {
   void synchronize(Event& e) override {
     check(cudaEventSynchronize(static_cast<CudaEvent&>(e).event), ordinal_, "cudaEventSynchronize");
   }
+  // CUDA IPC. The handles are CUDA's own 64-byte structs, copied as bytes.
+  IpcMemoryHandle exportMemory(void* base) override {
+    DeviceGuard g(ordinal_);
+    cudaIpcMemHandle_t h;
+    check(cudaIpcGetMemHandle(&h, base), ordinal_, "cudaIpcGetMemHandle");
+    IpcMemoryHandle out;
+    static_assert(sizeof(h) <= sizeof(out.bytes), "CUDA IPC handle larger than IpcMemoryHandle");
+    std::memcpy(out.bytes, &h, sizeof(h));
+    return out;
+  }
+  void* openMemory(const IpcMemoryHandle& handle) override {
+    DeviceGuard g(ordinal_);
+    cudaIpcMemHandle_t h;
+    std::memcpy(&h, handle.bytes, sizeof(h));
+    void* p = nullptr;
+    check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), ordinal_, "cudaIpcOpenMemHandle");
+    return p;
+  }
+  void closeMemory(void* opened) override {
+    DeviceGuard g(ordinal_);
+    check(cudaIpcCloseMemHandle(opened), ordinal_, "cudaIpcCloseMemHandle");
+  }
+  IpcEventHandle exportEvent(Event& event) override {
+    DeviceGuard g(ordinal_);
+    cudaIpcEventHandle_t h;
+    check(cudaIpcGetEventHandle(&h, static_cast<CudaEvent&>(event).event), ordinal_, "cudaIpcGetEventHandle");
+    IpcEventHandle out;
+    static_assert(sizeof(h) <= sizeof(out.bytes), "CUDA IPC event handle larger than IpcEventHandle");
+    std::memcpy(out.bytes, &h, sizeof(h));
+    return out;
+  }
+  std::unique_ptr<Event> openEvent(const IpcEventHandle& handle) override {
+    DeviceGuard g(ordinal_);
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.bytes, sizeof(h));
+    cudaEvent_t e = nullptr;
+    check(cudaIpcOpenEventHandle(&e, h), ordinal_, "cudaIpcOpenEventHandle");
+    return std::make_unique<CudaEvent>(e);
+  }
+
   // Portable: the pinning holds for every device's copies, since one staging
   // buffer may serve tensors of several GPUs of this process.
   void registerHost(void* host, size_t bytes) override {

@@ -122,6 +122,9 @@ class Device {
   virtual void unregisterHost(void* host);
 
   // ---- interprocess sharing (optional; the default throws "not supported") --
+  // Whether the calls below work on this device (a property of the device
+  // and its options, the same on every rank with the same configuration).
+  virtual bool interprocess() const { return false; }
   // Contract, CUDA IPC's:
   //  * exportMemory takes the base of an allocate() allocation (a handle names
   //    a whole allocation) and returns a handle for another process.

@@ -308,6 +308,7 @@ class SimDevice : public Device {
     for (auto& entry : allocs_) unmap(entry.second);
   }
 
+  bool interprocess() const override { return opt_.interprocess; }
   DeviceId id() const override { return DeviceId{DeviceKind::kSim, opt_.index}; }
 
   void* allocate(size_t bytes) override {

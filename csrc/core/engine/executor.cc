@@ -28,7 +28,49 @@ void Executor::mark(const WorkUnit& unit, const std::string& phase, bool begin) 
   }
 }
 
+Executor::~Executor() {
+  for (auto& f : in_flight_) {
+    try {
+      f.device->synchronize(*f.done);
+    } catch (const std::exception&) {
+      // The device failed; the buffers go anyway.
+    }
+  }
+  in_flight_.clear();
+  device_rings_.clear();
+  for (auto& [device, buffer] : device_fusion_) device->release(buffer.data);
+}
+
+void Executor::releaseFinished() {
+  while (!in_flight_.empty() && in_flight_.front().device->query(*in_flight_.front().done)) in_flight_.pop_front();
+}
+
+void Executor::holdUntil(Device& device, std::shared_ptr<Event> done, EntryPtr entry) {
+  in_flight_.push_back({&device, std::move(done), std::move(entry)});
+}
+
+DeviceRing* Executor::deviceRing(Device& device) {
+  auto it = device_rings_.find(&device);
+  if (it == device_rings_.end()) {
+    std::unique_ptr<DeviceRing> ring;
+    if (DeviceRing::applicable(ctx_, device)) ring = std::make_unique<DeviceRing>(ctx_, device, ring_segment_bytes_);
+    it = device_rings_.emplace(&device, std::move(ring)).first;
+  }
+  return it->second.get();
+}
+
+void* Executor::deviceFusion(Device& device, size_t bytes) {
+  DeviceBuffer& b = device_fusion_[&device];
+  if (bytes > b.bytes) {
+    device.release(b.data);  // ordered after the work enqueued on it (cudaFree, the simulated release)
+    b.bytes = std::max(bytes, b.bytes * 2);
+    b.data = device.allocate(b.bytes);
+  }
+  return b.data;
+}
+
 void Executor::run(WorkUnit& unit) {
+  releaseFinished();
   mark(unit, "QUEUE", false);
   if (!unit.error.empty()) {
     for (auto& p : unit.pieces) p.entry->state->fail(unit.error);

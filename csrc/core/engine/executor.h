@@ -12,6 +12,11 @@
 // (kByOp) stages its pieces through the fusion buffer itself.
 #pragma once
 
+#include <deque>
+#include <map>
+#include <memory>
+
+#include "algorithms/device_ring.h"
 #include "algorithms/reducer_set.h"
 #include "engine/entry.h"
 #include "engine/fusion.h"
@@ -24,10 +29,19 @@ namespace hvdtorch {
 class Executor {
  public:
   // `registered` (may be null): where the fusion buffer lives, so the node
-  // reducer reduces fused units in place.
+  // reducer reduces fused units in place. `ring_segment_bytes`: the device
+  // ring's slot size (HVDTORCH_RING_SEGMENT_BYTES, as the host ring's segments).
   Executor(Context& ctx, ReducerSet& reducers, Timeline& timeline,
-           std::shared_ptr<RegisteredMemory> registered = nullptr)
-      : ctx_(ctx), reducers_(reducers), timeline_(timeline), fusion_(std::move(registered)) {}
+           std::shared_ptr<RegisteredMemory> registered = nullptr, size_t ring_segment_bytes = 1 << 20)
+      : ctx_(ctx),
+        reducers_(reducers),
+        timeline_(timeline),
+        fusion_(std::move(registered)),
+        ring_segment_bytes_(ring_segment_bytes) {}
+  // Waits for device work still in flight, then frees the device buffers.
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   // Runs one unit. Errors from the transport propagate (the engine then fails
   // everything: ranks may have diverged); errors carried by the unit itself
@@ -47,6 +61,19 @@ class Executor {
   // Pinned host memory for this unit (valid until run() returns).
   StagingPool& staging() { return staging_; }
 
+  // ---- device-native paths (ops/allreduce.cc) ----
+  // The device ring (algorithms/device_ring.h) over this executor's context
+  // on `device`, made on first use (a collective: every rank makes it in
+  // the same unit); null where it does not apply.
+  DeviceRing* deviceRing(Device& device);
+  // Engine-owned device memory for fused units on `device` (grows).
+  void* deviceFusion(Device& device, size_t bytes);
+  // Keeps `entry` (and the tensors it holds) alive until `done`, recorded on
+  // the device's engine stream after the last use of its buffers, completed:
+  // device work may outlive the op's completion, the caller's stream waiting
+  // on `done` instead of the host.
+  void holdUntil(Device& device, std::shared_ptr<Event> done, EntryPtr entry);
+
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);
   int64_t averageDivisor(ReduceOp op) const;
@@ -59,6 +86,20 @@ class Executor {
   Timeline& timeline_;
   FusionBuffer fusion_;
   StagingPool staging_;
+  size_t ring_segment_bytes_;
+  struct DeviceBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  std::map<Device*, DeviceBuffer> device_fusion_;
+  std::map<Device*, std::unique_ptr<DeviceRing>> device_rings_;  // null: does not apply
+  struct InFlight {
+    Device* device;
+    std::shared_ptr<Event> done;
+    EntryPtr entry;
+  };
+  std::deque<InFlight> in_flight_;
+  void releaseFinished();
 };
 
 // Elements of one row (everything but dimension 0) of `shape`.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "algorithms/device_ring.h"
 #include "algorithms/reducer_registry.h"
 #include "common/error.h"
 #include "device/devices.h"
@@ -82,6 +83,63 @@ struct DeviceStaging {
   }
 };
 
+// The device ring: every piece on one device, the ring asked for by name
+// (`auto` stays on the host reducers until it is calibrated per device kind),
+// and the ring applicable to this context and device (device_ring.h). All of
+// it agreed across ranks except the device index, which is this rank's own.
+Device* deviceRingDevice(Executor& ex, const WorkUnit& unit, ReducerId asked) {
+  static const ReducerId ring = parseReducer("ring");
+  if (asked != ring) return nullptr;
+  const DeviceId id = unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device();
+  for (const auto& p : unit.pieces)
+    if (p.entry->inputs[p.tensor]->device() != id)
+      throw CollectiveError(strCat(p.entry->request.describe(), ": tensors fused into one ring all-reduce are on ",
+                                   id.str(), " and ", p.entry->inputs[p.tensor]->device().str(),
+                                   "; the device ring needs one device per process"));
+  Device& d = deviceFor(id);
+  return ex.deviceRing(d) ? &d : nullptr;
+}
+
+// Device memory only: pack (prescaled) into the engine's device fusion buffer
+// (a lone tensor is reduced in its output), ring, unpack (averaged,
+// postscaled), all on the engine stream; the op completes without the host
+// waiting for the device, the caller's stream waiting on `done` instead.
+void allreduceOnDeviceRing(Executor& ex, WorkUnit& unit, Device& d, DataType dtype, size_t count) {
+  const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
+  const size_t esize = dtypeSize(dtype);
+  const bool alone = unit.pieces.size() == 1;
+  char* fused = alone ? static_cast<char*>(unit.pieces.front().entry->outputs[unit.pieces.front().tensor]->data())
+                      : static_cast<char*>(ex.deviceFusion(d, count * esize));
+  size_t off = 0;
+  ex.mark(unit, "MEMCPY_IN_FUSION", true);
+  for (const auto& p : unit.pieces) {
+    TensorBuffer& in = *p.entry->inputs[p.tensor];
+    waitReady(d, {p.entry->inputs[p.tensor], p.entry->outputs[p.tensor]});
+    d.copyScaled(fused + off * esize, in.data(), static_cast<size_t>(in.numel()), dtype, args.prescale, nullptr);
+    off += static_cast<size_t>(in.numel());
+  }
+  ex.mark(unit, "MEMCPY_IN_FUSION", false);
+  ex.mark(unit, "ALLREDUCE:ring(device)", true);
+  ex.deviceRing(d)->allreduce(fused, count, dtype, Executor::reducedOp(args.op));
+  ex.mark(unit, "ALLREDUCE:ring(device)", false);
+  const int64_t divisor = ex.averageDivisor(args.op);
+  off = 0;
+  for (const auto& p : unit.pieces) {
+    TensorBuffer& out = *p.entry->outputs[p.tensor];
+    d.copyAveraged(out.data(), fused + off * esize, static_cast<size_t>(out.numel()), dtype, divisor, args.postscale,
+                   nullptr);
+    off += static_cast<size_t>(out.numel());
+  }
+  std::shared_ptr<Event> done = d.newEvent();
+  d.record(*done, nullptr);
+  for (const auto& p : unit.pieces) {
+    p.entry->state->device = d.id();
+    p.entry->state->completion = done;
+    ex.holdUntil(d, done, p.entry);
+  }
+  for (const auto& p : unit.pieces) ex.finishPiece(p);
+}
+
 }  // namespace
 
 void executeAllreduce(Executor& ex, WorkUnit& unit) {
@@ -92,6 +150,9 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   const bool on_device = spec.device != DeviceKind::kCpu;  // the same for every piece (fusion.h)
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
+  if (on_device && ex.ctx().size() > 1) {
+    if (Device* d = deviceRingDevice(ex, unit, args.reducer)) return allreduceOnDeviceRing(ex, unit, *d, dtype, count);
+  }
   const ReduceOp op = Executor::reducedOp(args.op);
   const int64_t divisor = ex.averageDivisor(args.op);
   Reducer& reducer = ex.reducers().pick(args.reducer, ex.ctx(), count * dtypeSize(dtype), dtype, op);

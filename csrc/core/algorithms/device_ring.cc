@@ -1,0 +1,203 @@
+#include "algorithms/device_ring.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "common/error.h"
+
+namespace hvdtorch {
+
+namespace {
+
+std::atomic<uint64_t> g_runs{0};
+
+// What each rank offers its neighbours at setup.
+struct Offer {
+  IpcMemoryHandle inbox;
+  IpcEventHandle ready[2];
+  IpcEventHandle consumed[2];
+};
+
+// The 8-byte messages: kind in the top bit, the segment's sequence number below.
+constexpr uint64_t kConsumed = uint64_t{1} << 63;
+
+// Element ranges of the p ring chunks (the first count % p get one more).
+size_t chunkBegin(size_t count, int p, int i) {
+  const size_t base = count / p, extra = count % p;
+  return static_cast<size_t>(i) * base + std::min<size_t>(static_cast<size_t>(i), extra);
+}
+
+}  // namespace
+
+uint64_t DeviceRing::runs() { return g_runs.load(); }
+
+bool DeviceRing::applicable(const Context& ctx, const Device& device) {
+  if (ctx.size() < 2 || !device.interprocess()) return false;
+  for (int r = 0; r < ctx.size(); ++r)
+    if (!ctx.topo().sameHost(r)) return false;
+  return true;
+}
+
+DeviceRing::DeviceRing(Context& ctx, Device& device, size_t slot_bytes)
+    : ctx_(ctx), dev_(device), slot_bytes_(slot_bytes) {
+  const int p = ctx_.size(), me = ctx_.rank();
+  next_ = (me + 1) % p;
+  prev_ = (me + p - 1) % p;
+  inbox_ = dev_.allocate(2 * slot_bytes_);
+  Offer mine;
+  mine.inbox = dev_.exportMemory(inbox_);
+  for (int k = 0; k < 2; ++k) {
+    ready_[k] = dev_.newEvent(true);
+    consumed_[k] = dev_.newEvent(true);
+    mine.ready[k] = dev_.exportEvent(*ready_[k]);
+    mine.consumed[k] = dev_.exportEvent(*consumed_[k]);
+  }
+  // Both neighbours (one peer when p == 2) get the same offer; each keeps
+  // what it needs: prev my inbox and consumed events, next my ready events.
+  Offer from_prev, from_next;
+  const Deadline deadline = ctx_.deadline();
+  auto r1 = ctx_.link(prev_).irecv(&from_prev, sizeof(Offer));
+  auto r2 = ctx_.link(next_).irecv(&from_next, sizeof(Offer));
+  auto s1 = ctx_.link(next_).isend(&mine, sizeof(Offer));
+  auto s2 = ctx_.link(prev_).isend(&mine, sizeof(Offer));
+  r1->wait(deadline);
+  r2->wait(deadline);
+  s1->wait(deadline);
+  s2->wait(deadline);
+  next_inbox_ = dev_.openMemory(from_next.inbox);
+  for (int k = 0; k < 2; ++k) {
+    prev_ready_[k] = dev_.openEvent(from_prev.ready[k]);
+    next_consumed_[k] = dev_.openEvent(from_next.consumed[k]);
+  }
+}
+
+DeviceRing::~DeviceRing() {
+  // Nothing of ours may still be reading or writing; peers unmap theirs.
+  try {
+    auto done = dev_.newEvent();
+    dev_.record(*done, nullptr);
+    dev_.synchronize(*done);
+    if (next_inbox_) dev_.closeMemory(next_inbox_);
+  } catch (const std::exception&) {
+    // Shutting down after a failure: the device may be gone already.
+  }
+  dev_.release(inbox_);
+}
+
+void DeviceRing::send(const char* src, size_t bytes) {
+  const uint64_t q = sent_++;
+  const int k = static_cast<int>(q % 2);
+  if (q >= 2) {
+    // Slot k is free once next's kernel read segment q-2 out of it.
+    while (acked_ < q - 1) {
+      uint64_t word = 0;
+      ctx_.link(next_).recv(&word, sizeof(word), ctx_.deadline());
+      if (word == (kConsumed | acked_)) {
+        ++acked_;
+      } else if (!(word & kConsumed) && next_ == prev_) {
+        // p == 2: the peer's data message came first; account for it.
+        pending_data_.push_back(word);
+      } else {
+        throw CollectiveError(strCat("device ring: rank ", ctx_.rank(), " expected 'consumed ", acked_, "' from rank ",
+                                     next_, ", got message ", word));
+      }
+    }
+    dev_.wait(nullptr, *next_consumed_[k]);
+  }
+  dev_.copy(static_cast<char*>(next_inbox_) + k * slot_bytes_, src, bytes, nullptr);
+  dev_.record(*ready_[k], nullptr);
+  out_words_.push_back(q);
+  out_requests_.push_back(ctx_.link(next_).isend(&out_words_.back(), sizeof(uint64_t)));
+}
+
+void DeviceRing::receive(char* dst, size_t bytes, DataType dtype, bool reduce, ReduceOp op) {
+  const uint64_t q = received_++;
+  const int k = static_cast<int>(q % 2);
+  uint64_t word = 0;
+  if (!pending_data_.empty()) {
+    word = pending_data_.front();
+    pending_data_.pop_front();
+  } else {
+    while (true) {
+      ctx_.link(prev_).recv(&word, sizeof(word), ctx_.deadline());
+      if (!(word & kConsumed) || next_ != prev_) break;
+      if (word != (kConsumed | acked_))
+        throw CollectiveError(strCat("device ring: rank ", ctx_.rank(), " got 'consumed' message ", word,
+                                     " out of order from rank ", next_));
+      ++acked_;  // p == 2: the peer's consumed message came first
+    }
+  }
+  if (word != q)
+    throw CollectiveError(strCat("device ring: rank ", ctx_.rank(), " expected segment ", q, " from rank ", prev_,
+                                 ", got message ", word));
+  dev_.wait(nullptr, *prev_ready_[k]);
+  const char* slot = static_cast<const char*>(inbox_) + k * slot_bytes_;
+  if (reduce) {
+    dev_.reduceInto(dst, slot, bytes / dtypeSize(dtype), dtype, op, nullptr);
+  } else {
+    dev_.copy(dst, slot, bytes, nullptr);
+  }
+  dev_.record(*consumed_[k], nullptr);
+  out_words_.push_back(kConsumed | q);
+  out_requests_.push_back(ctx_.link(prev_).isend(&out_words_.back(), sizeof(uint64_t)));
+}
+
+void DeviceRing::drain() {
+  // Every "consumed" message next still owes us, so the links are clean.
+  while (acked_ < sent_) {
+    uint64_t word = 0;
+    ctx_.link(next_).recv(&word, sizeof(word), ctx_.deadline());
+    if (word != (kConsumed | acked_))
+      throw CollectiveError(strCat("device ring: rank ", ctx_.rank(), " expected 'consumed ", acked_, "' from rank ",
+                                   next_, ", got message ", word));
+    ++acked_;
+  }
+  // The next allreduce writes these slots again: after next's last reads.
+  for (int k = 0; k < 2 && k < static_cast<int>(sent_); ++k) dev_.wait(nullptr, *next_consumed_[k]);
+  for (auto& r : out_requests_) r->wait(ctx_.deadline());
+}
+
+void DeviceRing::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  const int p = ctx_.size(), me = ctx_.rank();
+  if (p == 1 || count == 0) return;
+  ++g_runs;
+  sent_ = received_ = acked_ = 0;
+  pending_data_.clear();
+  out_words_.clear();
+  out_requests_.clear();
+  const size_t esize = dtypeSize(dtype);
+  const size_t seg_elems = std::max<size_t>(1, slot_bytes_ / esize);
+  char* base = static_cast<char*>(data);
+  auto chunk = [&](int i, size_t& begin, size_t& n) {
+    const int c = ((i % p) + p) % p;
+    begin = chunkBegin(count, p, c);
+    n = chunkBegin(count, p, c + 1) - begin;
+  };
+  // Reduce-scatter (reduce = true) then all-gather, p-1 steps each.
+  for (int phase = 0; phase < 2; ++phase) {
+    for (int s = 0; s < p - 1; ++s) {
+      size_t sb, sn, rb, rn;
+      if (phase == 0) {
+        chunk(me - s, sb, sn);
+        chunk(me - s - 1, rb, rn);
+      } else {
+        chunk(me + 1 - s, sb, sn);
+        chunk(me - s, rb, rn);
+      }
+      const size_t ns = (sn + seg_elems - 1) / seg_elems, nr = (rn + seg_elems - 1) / seg_elems;
+      for (size_t j = 0; j < std::max(ns, nr); ++j) {
+        if (j < ns) {
+          const size_t off = sb + j * seg_elems, n = std::min(seg_elems, sb + sn - off);
+          send(base + off * esize, n * esize);
+        }
+        if (j < nr) {
+          const size_t off = rb + j * seg_elems, n = std::min(seg_elems, rb + rn - off);
+          receive(base + off * esize, n * esize, dtype, phase == 0, op);
+        }
+      }
+    }
+  }
+  drain();
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,81 @@
+// The 1-step ring all-reduce on device memory (the `ring` reducer for device
+// tensors): a reduce-scatter then an all-gather, p-1 steps each, as
+// ring_allreduce.h, but every transfer is a device-to-device copy into the
+// next rank's inbox, mapped through interprocess memory (CUDA IPC; the
+// simulated device's interprocess mode in CI), and every reduction a device
+// kernel, all on the engine stream. The host only orders: it never touches
+// the data and never waits for the device.
+//
+// Links: each rank owns an inbox of two slots (device memory) and, per slot,
+// an interprocess "data ready" event (recorded by the previous rank after it
+// wrote the slot) and a "consumed" event (recorded by this rank after its
+// kernel read the slot). A segment's hand-over:
+//   sender:   [slot free: "consumed q-2" message received, its event waited]
+//             copy into next's inbox slot q%2; record ready[q%2]; send "data q"
+//   receiver: recv "data q"; wait ready[q%2] (prev's); reduce or copy out of
+//             the slot; record consumed[q%2]; send "consumed q"
+// Every wait on a peer's event is issued after the message that says it was
+// recorded, so it binds to that record (a CUDA wait binds to the most recent
+// record) and never to an older or absent one. The messages travel on the
+// host links of the data context (shared memory on a host), 8 bytes each,
+// and every one is received before allreduce() returns, so the links are
+// left clean for the next algorithm.
+//
+// Applies when every rank of the context is on this host and the device
+// supports interprocess memory (both the same on every rank: topology and
+// device kind are agreed). Construction is collective (handles are
+// exchanged with both neighbours).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "common/dtype.h"
+#include "device/device.h"
+#include "transport/context.h"
+
+namespace hvdtorch {
+
+class DeviceRing {
+ public:
+  static bool applicable(const Context& ctx, const Device& device);
+
+  DeviceRing(Context& ctx, Device& device, size_t slot_bytes = 4 << 20);
+  ~DeviceRing();
+  DeviceRing(const DeviceRing&) = delete;
+  DeviceRing& operator=(const DeviceRing&) = delete;
+
+  // In place on `data` (`count` elements of device memory of the device),
+  // enqueued on its engine stream; Sum, Min, Max or Product.
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op);
+
+  // All-reduces run on device rings in this process (tests, diagnostics).
+  static uint64_t runs();
+
+ private:
+  void send(const char* src, size_t bytes);
+  void receive(char* dst, size_t bytes, DataType dtype, bool reduce, ReduceOp op);
+  void drain();
+
+  Context& ctx_;
+  Device& dev_;
+  size_t slot_bytes_;
+  int next_ = 0, prev_ = 0;
+  void* inbox_ = nullptr;                                    // mine: two slots, written by prev
+  void* next_inbox_ = nullptr;                               // next's, opened here
+  std::unique_ptr<Event> ready_[2], consumed_[2];            // mine (interprocess)
+  std::unique_ptr<Event> prev_ready_[2], next_consumed_[2];  // the neighbours', opened
+  uint64_t sent_ = 0, received_ = 0;  // segments sent to next / received from prev this allreduce
+  uint64_t acked_ = 0;                // "consumed" messages received from next this allreduce
+  // p == 2 (next is prev, one link): data messages read while looking for a
+  // "consumed" one, in order.
+  std::deque<uint64_t> pending_data_;
+  // Messages this allreduce sent, kept (with their requests) until delivered.
+  std::deque<uint64_t> out_words_;
+  std::vector<std::unique_ptr<LinkRequest>> out_requests_;
+};
+
+}  // namespace hvdtorch
