@@ -25,7 +25,8 @@ const std::vector<Config::Knob>& Config::knobs() {
        "default all-reduce algorithm: auto, ring, node, central, native, adasum (adasum makes every Average/Sum "
        "all-reduce Adasum)"},
       {"SHM", "1", "use shared memory between ranks on the same host; 0 forces the c10d link"},
-      {"RING_SEGMENT_BYTES", "1048576", "bytes per pipelined segment of the ring"},
+      {"RING_SEGMENT_BYTES", "1048576",
+       "bytes per pipelined segment of the ring (on device tensors: the device ring's slot size)"},
       {"RING_WINDOW", "4", "ring segments in flight at once"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
       {"TIMELINE", "",
