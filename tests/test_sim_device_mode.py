@@ -22,10 +22,16 @@ CASES = [
     ("tests.workers.sparse:check_sparse_allreduce", [], 2, None, {}),
     ("tests.workers.sync_batch_norm:check_training_with_optimizer", [], 2, None, {}),
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {}),
+    # Interprocess devices: `auto` and `ring` all-reduces take the device ring.
+    ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {"HVDTORCH_SIM_INTERPROCESS": "1"}),
 ]
 
 
-@pytest.mark.parametrize("target,args,nranks,hosts,env", CASES, ids=[c[0].split(":")[1] for c in CASES])
+def _id(case):
+    return case[0].split(":")[1] + ("-interprocess" if case[4].get("HVDTORCH_SIM_INTERPROCESS") else "")
+
+
+@pytest.mark.parametrize("target,args,nranks,hosts,env", CASES, ids=[_id(c) for c in CASES])
 def test_through_the_simulated_device(target, args, nranks, hosts, env):
     run_ranks(
         "tests.workers.sim_device:through_device",

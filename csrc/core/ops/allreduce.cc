@@ -83,13 +83,14 @@ struct DeviceStaging {
   }
 };
 
-// The device ring: every piece on one device, the ring asked for by name
-// (`auto` stays on the host reducers until it is calibrated per device kind),
-// and the ring applicable to this context and device (device_ring.h). All of
-// it agreed across ranks except the device index, which is this rank's own.
+// The device ring: every piece on one device, `ring` or `auto` asked for, and
+// the ring applicable to this context and device (device_ring.h). All of it
+// agreed across ranks except the device index, which is this rank's own.
+// `auto` takes it wherever it applies: on one host it moves each byte once
+// device to device, where staging moves it to the host and back as well.
 Device* deviceRingDevice(Executor& ex, const WorkUnit& unit, ReducerId asked) {
   static const ReducerId ring = parseReducer("ring");
-  if (asked != ring) return nullptr;
+  if (asked != ring && asked != kAutoReducer) return nullptr;
   const DeviceId id = unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device();
   for (const auto& p : unit.pieces)
     if (p.entry->inputs[p.tensor]->device() != id)
