@@ -119,7 +119,8 @@ def cuda_lines(build_info: Dict[str, object], b: Dict[str, object]) -> List[str]
         why = f": {build_info['cuda_devices_why_none']}" if not visible else ""
         cuda = (
             f"built (device code for sm_{build_info['cuda_architectures']}, nvcc {build_info['cuda_compiler']}); "
-            f"{visible} GPUs visible to the CUDA runtime{why}; CUDA tensors are staged through pinned host memory"
+            f"{visible} GPUs visible to the CUDA runtime{why}; CUDA tensors: the device ring on one host, "
+            "staged through pinned host memory otherwise"
         )
     elif build_info.get("torch_cuda"):
         cuda = "not built: torch is a CUDA build, but no CUDA compiler (nvcc) was found when hvdtorch was built"

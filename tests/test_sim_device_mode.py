@@ -1,5 +1,5 @@
 """The multi-process tests of the collectives, every reducer, the ops with
-allocated outputs, join, sparse gradients, SyncBatchNorm and
+allocated outputs, join, sparse gradients, SyncBatchNorm, process sets and
 DistributedModel training, with every tensor on the simulated device
 (HVDTORCH_SIM_DEVICE=1): each op goes through the engine's device paths
 (ready and completion events, staging through pinned memory) with the device
@@ -21,6 +21,7 @@ CASES = [
     ("tests.workers.join:check_collectives_with_joined_ranks", [], 3, None, {}),
     ("tests.workers.sparse:check_sparse_allreduce", [], 2, None, {}),
     ("tests.workers.sync_batch_norm:check_training_with_optimizer", [], 2, None, {}),
+    ("tests.workers.process_sets:check_process_sets", [], 4, None, {}),
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {}),
     # Interprocess devices: `auto` and `ring` all-reduces take the device ring.
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {"HVDTORCH_SIM_INTERPROCESS": "1"}),
