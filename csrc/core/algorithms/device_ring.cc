@@ -1,6 +1,7 @@
 #include "algorithms/device_ring.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 
 #include "common/error.h"
@@ -78,8 +79,10 @@ DeviceRing::~DeviceRing() {
     dev_.record(*done, nullptr);
     dev_.synchronize(*done);
     if (next_inbox_) dev_.closeMemory(next_inbox_);
-  } catch (const std::exception&) {
-    // Shutting down after a failure: the device may be gone already.
+  } catch (const std::exception& e) {
+    // Shutting down after a failure: the device may be gone already. Say so and go on freeing.
+    std::fprintf(stderr, "hvdtorch: rank %d: device ring teardown on %s: %s\n", ctx_.rank(), dev_.id().str().c_str(),
+                 e.what());
   }
   dev_.release(inbox_);
 }

@@ -1,5 +1,7 @@
 #include "engine/executor.h"
 
+#include <cstdio>
+
 namespace hvdtorch {
 
 size_t rowElems(const std::vector<int64_t>& shape) {
@@ -32,8 +34,10 @@ Executor::~Executor() {
   for (auto& f : in_flight_) {
     try {
       f.device->synchronize(*f.done);
-    } catch (const std::exception&) {
-      // The device failed; the buffers go anyway.
+    } catch (const std::exception& e) {
+      // The device failed; say so, and free the buffers anyway.
+      std::fprintf(stderr, "hvdtorch: waiting for device work at shutdown on %s: %s\n", f.device->id().str().c_str(),
+                   e.what());
     }
   }
   in_flight_.clear();
