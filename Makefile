@@ -101,7 +101,7 @@ CUDA_STAGE := build/cuda-stage
 CUDA_TESTS ?= tests/test_build.py tests/test_check.py tests/test_workloads.py tests/test_horovod_examples.py \
               tests/test_collectives.py tests/test_reducers.py \
               tests/test_training.py::test_distributed_model_equals_single_process \
-              tests/test_device_errors.py "tests/test_sim_device_mode.py::test_through_the_simulated_device[check_all]"
+              tests/test_device_errors.py "tests/test_sim_device_mode.py::test_through_the_simulated_device[collectives.check_all]"
 
 $(CUDA_VENV)/.deps: requirements-cuda.txt $(VENV)/.system-deps
 	@test -x $(CUDA_PY) || python3 -m venv $(CUDA_VENV)

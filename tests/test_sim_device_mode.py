@@ -22,6 +22,9 @@ CASES = [
     ("tests.workers.sparse:check_sparse_allreduce", [], 2, None, {}),
     ("tests.workers.sync_batch_norm:check_training_with_optimizer", [], 2, None, {}),
     ("tests.workers.process_sets:check_process_sets", [], 4, None, {}),
+    # The GPU tests' own checks, on CPU tensors (they run on CUDA tensors in make gpu-check).
+    ("tests.workers.gpu:check_collectives", ["cpu"], 2, None, {}),
+    ("tests.workers.gpu:check_distributed_model", ["cpu"], 2, None, {}),
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {}),
     # Interprocess devices: `auto` and `ring` all-reduces take the device ring.
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {"HVDTORCH_SIM_INTERPROCESS": "1"}),
@@ -29,7 +32,9 @@ CASES = [
 
 
 def _id(case):
-    return case[0].split(":")[1] + ("-interprocess" if case[4].get("HVDTORCH_SIM_INTERPROCESS") else "")
+    module, function = case[0].split(":")
+    interprocess = "-interprocess" if case[4].get("HVDTORCH_SIM_INTERPROCESS") else ""
+    return f"{module.rsplit('.', 1)[1]}.{function}{interprocess}"
 
 
 @pytest.mark.parametrize("target,args,nranks,hosts,env", CASES, ids=[_id(c) for c in CASES])

@@ -1,13 +1,17 @@
 """Rank-side checks on CUDA tensors; every rank uses cuda:0 (the test machine
-has one GPU, which the ranks share; the engine stages through pinned host
-memory, so no NCCL is involved).
+has one GPU, which the ranks share; no NCCL is involved).
 
 Inputs are written on a side stream behind a long kernel and submitted from
 that stream: the engine must wait on the ready event it records there, or it
 reads the old values. Results are read on the default stream after
 synchronize(), which must order that stream after the op.
+
+With device "cpu" the same checks run on CPU tensors (no streams), which is
+how CI checks the checks themselves (tests/test_sim_device_mode.py, through
+the simulated device).
 """
 
+import contextlib
 import copy
 
 import torch
@@ -24,23 +28,33 @@ def value(rank: int, shape, dtype, case: int) -> torch.Tensor:
     return torch.randint(-2, 3, shape, generator=g).to(dtype)  # small integers: exact sums in every dtype
 
 
-def written_late(cpu_values: torch.Tensor, side: torch.cuda.Stream) -> torch.Tensor:
-    """A CUDA tensor holding zeros now and `cpu_values` once `side` has run a long kernel."""
+def on_stream(side):
+    return torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+
+
+def written_late(cpu_values: torch.Tensor, side) -> torch.Tensor:
+    """A CUDA tensor holding zeros now and `cpu_values` once `side` has run a long kernel
+    (on the CPU, without a side stream: the values themselves)."""
+    if side is None:
+        return cpu_values.clone()
     src = cpu_values.to("cuda:0")
     out = torch.zeros_like(src)
     torch.cuda.synchronize()  # both exist before the side stream uses them
-    with torch.cuda.stream(side):
+    with on_stream(side):
         torch.cuda._sleep(SLEEP_CYCLES)
         out.copy_(src)  # device to device: enqueued, the host does not wait
     src.record_stream(side)
     return out
 
 
-def check_collectives(reducers: str = "auto,ring,central"):
+def check_collectives(device: str = "cuda", reducers: str = "auto,ring,central"):
     hvd.init()
-    torch.cuda.set_device(0)
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(0)
     r, n = hvd.rank(), hvd.size()
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream() if cuda else None
+    kind = "cuda" if cuda else "cpu"
     case = 0
     for reducer in reducers.split(","):
         for dtype in DTYPES:
@@ -50,16 +64,16 @@ def check_collectives(reducers: str = "auto,ring,central"):
                 case += 1
                 shape = (5, 7)
                 x = written_late(value(r, shape, dtype, case), side)
-                with torch.cuda.stream(side):
+                with on_stream(side):
                     h = hvd.allreduce_async(x, op=op, name=f"ar.{case}", reducer=reducer)
                 got = hvd.synchronize(h)
-                assert got.is_cuda and got.device.index == 0
+                assert got.device.type == kind
                 inputs = torch.stack([value(k, shape, dtype, case).double() for k in range(n)])
                 want = {"Sum": inputs.sum(0), "Max": inputs.max(0).values, "Average": inputs.mean(0)}[name]
                 torch.testing.assert_close(got.cpu().double(), want, msg=f"allreduce {name} {dtype} reducer={reducer}")
     # Grouped (fused) with scales.
     xs = [written_late(value(r, (k + 2,), torch.float32, 100 + k), side) for k in range(4)]
-    with torch.cuda.stream(side):
+    with on_stream(side):
         hs = hvd.grouped_allreduce_async(xs, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5, name="group")
     outs = hvd.synchronize(hs)
     for k, out in enumerate(outs):
@@ -69,34 +83,37 @@ def check_collectives(reducers: str = "auto,ring,central"):
     for dtype in DTYPES:
         case += 1
         x = written_late(value(r, (r + 1, 3), dtype, case), side)
-        with torch.cuda.stream(side):
+        with on_stream(side):
             h = hvd.allgather_async(x, name=f"ag.{case}")
         got = hvd.synchronize(h)
         want = torch.cat([value(q, (q + 1, 3), dtype, case) for q in range(n)])
-        assert got.is_cuda and torch.equal(got.cpu(), want), f"allgather {dtype}"
+        assert got.device.type == kind and torch.equal(got.cpu(), want), f"allgather {dtype}"
         x = written_late(value(r, (6,), dtype, case), side)
-        with torch.cuda.stream(side):
+        with on_stream(side):
             h = hvd.broadcast_async(x, root_rank=n - 1, name=f"bc.{case}")
         assert torch.equal(hvd.synchronize(h).cpu(), value(n - 1, (6,), dtype, case)), f"broadcast {dtype}"
         x = written_late(value(r, (2 * n, 2), dtype, case), side)
-        with torch.cuda.stream(side):
+        with on_stream(side):
             got = hvd.alltoall(x, name=f"a2a.{case}")
         want = torch.cat([value(q, (2 * n, 2), dtype, case)[2 * r : 2 * r + 2] for q in range(n)])
-        assert got.is_cuda and torch.equal(got.cpu(), want), f"alltoall {dtype}"
+        assert got.device.type == kind and torch.equal(got.cpu(), want), f"alltoall {dtype}"
         x = written_late(value(r, (2 * n + 1, 2), dtype, case), side)
-        with torch.cuda.stream(side):
+        with on_stream(side):
             got = hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{case}")
         full = torch.stack([value(q, (2 * n + 1, 2), dtype, case).double() for q in range(n)]).sum(0)
         rows = [(2 * n + 1) // n + (1 if q < (2 * n + 1) % n else 0) for q in range(n)]
         start = sum(rows[:r])
-        assert got.is_cuda and torch.equal(got.cpu().double(), full[start : start + rows[r]]), f"reducescatter {dtype}"
-    # A host tensor on one rank and a device tensor on another: an error on every rank naming both.
-    t = torch.ones(3, device="cuda:0") if r == 0 else torch.ones(3)
-    try:
-        hvd.allreduce(t, name="mixed")
-        raise AssertionError("a CPU/CUDA mismatch across ranks was not refused")
-    except hvd.HvdError as e:
-        assert "device cuda vs cpu" in str(e) or "device cpu vs cuda" in str(e), str(e)
+        assert got.device.type == kind and torch.equal(got.cpu().double(), full[start : start + rows[r]]), (
+            f"reducescatter {dtype}"
+        )
+    if cuda and n > 1:
+        # A host tensor on one rank and a device tensor on another: an error on every rank naming both.
+        t = torch.ones(3, device="cuda:0") if r == 0 else torch.ones(3)
+        try:
+            hvd.allreduce(t, name="mixed")
+            raise AssertionError("a CPU/CUDA mismatch across ranks was not refused")
+        except hvd.HvdError as e:
+            assert "device cuda vs cpu" in str(e) or "device cpu vs cuda" in str(e), str(e)
     hvd.shutdown()
 
 
@@ -111,13 +128,15 @@ class Net(torch.nn.Module):
         return self.fc(F.relu(self.bn(self.conv(x))).flatten(1))
 
 
-def check_distributed_model(steps: str = "4"):
+def check_distributed_model(device: str = "cuda", steps: str = "4"):
     """DistributedModel on cuda:0 equals one process on the whole global batch."""
     hvd.init()
-    torch.cuda.set_device(0)
+    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+    if device == "cuda":
+        torch.cuda.set_device(0)
     r, n = hvd.rank(), hvd.size()
     torch.manual_seed(0)
-    base = Net().cuda()
+    base = Net().to(dev)
     ref = copy.deepcopy(base)
     model = hvd.DistributedModel(copy.deepcopy(base))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -125,8 +144,8 @@ def check_distributed_model(steps: str = "4"):
     per = 4
     for step in range(int(steps)):
         g = torch.Generator().manual_seed(step)
-        x = torch.randn(per * n, 3, 8, 8, generator=g).cuda()
-        y = torch.randint(0, 10, (per * n,), generator=g).cuda()
+        x = torch.randn(per * n, 3, 8, 8, generator=g).to(dev)
+        y = torch.randint(0, 10, (per * n,), generator=g).to(dev)
         opt.zero_grad()
         F.cross_entropy(model(x[r * per : (r + 1) * per]), y[r * per : (r + 1) * per]).backward()
         opt.step()
@@ -138,6 +157,6 @@ def check_distributed_model(steps: str = "4"):
         (sum(losses) / n).backward()
         ref_opt.step()
     for (name, a), b in zip(model.module.named_parameters(), ref.parameters()):
-        assert a.is_cuda
+        assert a.device == dev
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"parameter {name}")
     hvd.shutdown()
