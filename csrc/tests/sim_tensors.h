@@ -34,10 +34,18 @@ class CallerTensor : public DeviceTensor {
 struct Caller {
   explicit Caller(DeviceId id) : dev(deviceFor(id)), stream(dev.newStream()) {}
 
-  // A device tensor holding `host` (raw bytes of dtype), ready on the caller's stream.
-  std::shared_ptr<CallerTensor> upload(DataType dtype, std::vector<int64_t> shape, std::vector<char> host) {
+  // A device tensor holding `host` (raw bytes of dtype), ready on the caller's
+  // stream. `late`: the caller's stream first runs long work (fills of a
+  // scratch buffer, tens of milliseconds), so the values land well after the
+  // op is submitted and negotiated: only a wait on the ready event sees them.
+  std::shared_ptr<CallerTensor> upload(DataType dtype, std::vector<int64_t> shape, std::vector<char> host,
+                                       bool late = false) {
     auto t = std::make_shared<CallerTensor>(dev, dtype, std::move(shape));
     t->host = std::move(host);
+    if (late) {
+      if (!scratch) scratch = std::make_shared<DeviceTensor>(dev, DataType::kUInt8, std::vector<int64_t>{kScratch});
+      for (int i = 0; i < 8; ++i) dev.fill(scratch->data(), kScratch, static_cast<uint8_t>(i), stream.get());
+    }
     dev.copyFromHost(t->data(), t->host.data(), t->bytes(), stream.get());
     t->ready_ = dev.newEvent();
     dev.record(*t->ready_, stream.get());
@@ -55,8 +63,10 @@ struct Caller {
     return out;
   }
 
+  static constexpr int64_t kScratch = 16 << 20;
   Device& dev;
   std::unique_ptr<Stream> stream;
+  std::shared_ptr<DeviceTensor> scratch;
 };
 
 }  // namespace hvdtorch::test

@@ -209,6 +209,7 @@ TEST(adasum_on_sim_tensors) {
 }
 
 TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
+  // Inputs uploaded late (sim_tensors.h): the executor's staging must wait on their ready events.
   const int p = 3;
   Cluster c(p);
   for (DataType dtype : kDtypes) {
@@ -221,7 +222,7 @@ TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
       // allgather: rank s gives s + 1 rows [s, 10 + s].
       {
         auto in = caller.upload(dtype, {r + 1, 2},
-                                hostValues(dtype, {r + 1, 2}, [&](size_t i) { return i % 2 ? 10 + r : r; }));
+                                hostValues(dtype, {r + 1, 2}, [&](size_t i) { return i % 2 ? 10 + r : r; }), true);
         ops::AllgatherOptions o;
         o.name = "gather";
         o.inputs = {in};
@@ -241,7 +242,7 @@ TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
       }
       // broadcast from rank 1, out of place.
       {
-        auto in = caller.upload(dtype, {4}, hostValues(dtype, {4}, [&](size_t i) { return 3 * r + i; }));
+        auto in = caller.upload(dtype, {4}, hostValues(dtype, {4}, [&](size_t i) { return 3 * r + i; }), true);
         auto out = std::make_shared<DeviceTensor>(caller.dev, dtype, std::vector<int64_t>{4});
         ops::BroadcastOptions o;
         o.name = "bcast";
@@ -258,7 +259,8 @@ TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
       }
       // alltoall: row j of rank r holds 10 r + j; rank r receives 10 s + r from each s.
       {
-        auto in = caller.upload(dtype, {p, 2}, hostValues(dtype, {p, 2}, [&](size_t i) { return 10 * r + i / 2; }));
+        auto in =
+            caller.upload(dtype, {p, 2}, hostValues(dtype, {p, 2}, [&](size_t i) { return 10 * r + i / 2; }), true);
         ops::AlltoallOptions o;
         o.name = "a2a";
         o.input = in;
@@ -274,8 +276,8 @@ TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
       }
       // reducescatter, Sum: 5 rows of (r + 1) (row + 1); rank r keeps its share, 6 (row + 1).
       {
-        auto in =
-            caller.upload(dtype, {5, 2}, hostValues(dtype, {5, 2}, [&](size_t i) { return (r + 1) * (i / 2 + 1.0); }));
+        auto in = caller.upload(dtype, {5, 2},
+                                hostValues(dtype, {5, 2}, [&](size_t i) { return (r + 1) * (i / 2 + 1.0); }), true);
         ops::ReducescatterOptions o;
         o.name = "rs";
         o.inputs = {in};
