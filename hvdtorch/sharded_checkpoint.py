@@ -22,8 +22,8 @@ from typing import Dict, List, Optional
 import torch
 
 from . import ops
-from .broadcast import allgather_object
 from .alltoall import alltoall_async
+from .broadcast import allgather_object
 from .shard_layout import Bucket, signature
 from .shard_state import full_of_bucket, is_elementwise_flat, merge_shards, shard_of_full
 

@@ -118,18 +118,18 @@ class BucketGradients:
             )
 
     def _begin_pass(self) -> None:
-        self._in_pass = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
-        if self._local:
-            self._reducing = False
-            return
         k = self._passes_per_step
-        if self._passes >= k:
+        if not self._local and self._passes >= k:
             raise AssertionError(
                 f"hvdtorch: rank {runtime.rank()}: backward pass {self._passes + 1} since the last step(), but "
                 f"backward_passes_per_step={k}: call optimizer.step() (or synchronize()) after every {k} "
                 f"backward pass{'es' if k > 1 else ''}, or accumulate inside optimizer.no_sync()"
             )
+        self._in_pass = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
+        if self._local:
+            self._reducing = False
+            return
         self._passes += 1
         self._reducing = self._passes == k
         if self._reducing:
