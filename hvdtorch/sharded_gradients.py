@@ -20,9 +20,12 @@ buckets of the shard layout):
     waiting for what backward launched, earlier (fewer passes, or none) by
     reducing what .grad holds now, zeros included. That is how a rank with
     no batch left takes part in a step.
-  * Reduce-scatter frees each parameter's .grad as soon as its bucket is
-    flattened (the memory ZeRO-2 saves: only the shard's average is kept);
-    all-reduce makes each .grad a view of the reduced flat bucket.
+  * Each bucket has a persistent flat buffer that is reduced: a .grad is
+    copied into it, unless it already is a view of its slot (the optimizer's
+    zero_grad() makes it one: view_gradients), so that backward accumulates
+    into the bucket in place. Reduce-scatter then drops each parameter's
+    .grad (only the shard's average comes back); all-reduce makes each .grad
+    a view of the reduced flat bucket.
   * Compression.fp16 flattens floating-point buckets into float16 (the wire
     dtype) and converts the result back to the parameters' dtype.
   * Sparse gradients are refused (ValueError naming the parameter): a flat
@@ -93,6 +96,8 @@ class BucketGradients:
         self._local = False  # inside no_sync()
         self._waiting: List[int] = []  # parameters not ready yet, per bucket
         self._started: List[Optional[tuple]] = [None] * len(self._buckets)
+        # Per bucket, allocated once: what is reduced (in the wire dtype), in place for all-reduce.
+        self._flats: List[Optional[torch.Tensor]] = [None] * len(self._buckets)
         me = weakref.ref(self)
         indices = sorted(self._bucket_of)
         with torch.enable_grad():
@@ -155,22 +160,40 @@ class BucketGradients:
     # ---- launching and waiting ------------------------------------------------
 
     def _flatten(self, j: int) -> torch.Tensor:
+        """Bucket j's gradients in its persistent flat buffer (a .grad that is
+        already a view of its slot is there: nothing to copy)."""
         b = self._buckets[j]
-        first = self._params[b.params[0]]
-        wire = b.dtype
-        if self._compression is Compression.fp16 and b.dtype.is_floating_point:
-            wire = torch.float16
-        flat = torch.empty(b.numel, dtype=wire, device=first.device)
+        flat = self._flats[j]
+        if flat is None:
+            wire = b.dtype
+            if self._compression is Compression.fp16 and b.dtype.is_floating_point:
+                wire = torch.float16
+            flat = self._flats[j] = torch.zeros(b.numel, dtype=wire, device=self._params[b.params[0]].device)
         for i, offset in zip(b.params, b.offsets):
             p = self._params[i]
             piece = flat[offset : offset + p.numel()]
-            if p.grad is None:
+            g = p.grad
+            if g is None:
                 piece.zero_()
-            else:
-                piece.copy_(p.grad.reshape(-1))
+            elif not (g.dtype == piece.dtype and g.data_ptr() == piece.data_ptr() and g.is_contiguous()):
+                piece.copy_(g.reshape(-1))
             if self._scatter:
                 p.grad = None  # its average comes back as part of this rank's shard only
         return flat
+
+    def view_gradients(self) -> None:
+        """Zeroes the buckets and makes every .grad a view of its slot, so that
+        the next backward accumulates in place (no allocation, no copy into the
+        bucket). Only between steps; a bucket whose dtype differs from its
+        parameters' (fp16 compression) is left alone."""
+        for j, b in enumerate(self._buckets):
+            flat = self._flats[j]
+            if flat is None or flat.dtype != b.dtype or self._started[j] is not None:
+                continue
+            flat.zero_()
+            for i, offset, shape in zip(b.params, b.offsets, b.shapes):
+                p = self._params[i]
+                p.grad = flat[offset : offset + p.numel()].view(shape)
 
     def _launch(self, j: int) -> None:
         flat = self._flatten(j)

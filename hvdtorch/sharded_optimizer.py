@@ -279,8 +279,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     "every rank must step: a rank out of data calls optimizer.step() without a backward pass "
                     "(it contributes zero gradients, as a joined rank would) until every rank is out"
                 )
-            with torch.no_grad():
-                self._flats[j].copy_(gathered)
+            # The gathered bucket becomes the parameters' storage (no copy back).
+            b = self._buckets[j]
+            for i, offset, shape in zip(b.params, b.offsets, b.shapes):
+                p = self._all_params[i]
+                p.data = gathered[offset : offset + p.numel()].view(shape)
+            start, end = b.shard_range(self._rank, self._size)
+            self._shards[j].data = gathered[start:end]
+            self._flats[j] = gathered
 
     def wait_parameters(self) -> None:
         """Returns once every parameter holds the value of the last step()."""
@@ -410,6 +416,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             else:
                 p.grad.detach_()
                 p.grad.zero_()
+        if self._grads is not None:
+            self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
 
     # ---- sizes -----------------------------------------------------------------
 

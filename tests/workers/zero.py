@@ -318,6 +318,16 @@ def save_checkpoints(folder):
     if r == 0:
         torch.save(full, os.path.join(folder, "full.pt"))
         torch.save(net.state_dict(), os.path.join(folder, "model.pt"))
+    # broadcast_optimizer_state: the hyper-parameters of the root, the state unchanged.
+    before = opt.consolidate_state_dict(to=None)
+    opt.param_groups[0]["lr"] = 0.5 if r == n - 1 else 0.25
+    hvd.broadcast_optimizer_state(opt, root_rank=n - 1)
+    assert opt.param_groups[0]["lr"] == 0.5 and opt.optim.param_groups[0]["lr"] == 0.5, opt.param_groups[0]["lr"]
+    after = opt.consolidate_state_dict(to=None)
+    before["param_groups"][0]["lr"] = 0.5
+    assert_state_close(after, before, "broadcast_optimizer_state", 0.0)
+    for g, lr in zip(opt.param_groups, (0.01, 0.005)):
+        g["lr"] = lr
     # TorchState: commit (to disk: every host's writer gets the whole state),
     # train on, restore to the commit (each rank its own shard).
     state = hvd.elastic.TorchState(net, opt, commit_dir=os.path.join(folder, "elastic"), step=2)
