@@ -142,9 +142,11 @@ def check_training(configs="all"):
     base = Net()
     for kind, shard, path in cases:
         what = f"{kind} shard={shard} {path} path, {n} ranks"
+        in_place = os.environ.get("HVDTORCH_SHM", "1") != "0" and n > 1
         ref, ref_opt = train_reference(base, kind, n)
         model, net, opt = sharded(kind, base, shard, path)
         assert isinstance(opt, hvd.ShardedOptimizer) and isinstance(opt, torch.optim.Optimizer)
+        assert opt._gather_in_place == in_place, f"{what}: gathered in place: {opt._gather_in_place}"
         for s in range(STEPS):
             opt.zero_grad()
             local_loss(model, s, r, n).backward()
@@ -457,6 +459,18 @@ def check_errors():
         else:
             local_loss(net2, 0, r, n).backward()
             expect(hvd.HvdError, ["join"], opt2.step, r)
+            hvd.join()
+        # shard=1: the gradients' all-reduce takes the joined rank's zeros; the
+        # parameters' gather must not (its range would become zeros).
+        net3 = Net()
+        opt3 = hvd.DistributedOptimizer(
+            torch.optim.SGD(net3.parameters(), lr=0.1), named_parameters=net3.named_parameters(), shard=1
+        )
+        if r == 0:
+            hvd.join()
+        else:
+            local_loss(net3, 0, r, n).backward()
+            expect(hvd.HvdError, ["did not hear from all", "join"], opt3.step, r)
             hvd.join()
     hvd.shutdown()
 
