@@ -168,7 +168,14 @@ class BucketGradients:
             wire = b.dtype
             if self._compression is Compression.fp16 and b.dtype.is_floating_point:
                 wire = torch.float16
-            flat = self._flats[j] = torch.zeros(b.numel, dtype=wire, device=self._params[b.params[0]].device)
+            device = self._params[b.params[0]].device
+            if not self._scatter and device.type == "cpu" and self._size > 1:
+                # An all-reduced bucket in registered memory takes the engine's zero-copy path, as
+                # DistributedModel's buckets do (a reduce-scatter gains nothing from it).
+                flat = runtime.state().engine.registered_zeros(b.numel, wire)
+            else:
+                flat = torch.zeros(b.numel, dtype=wire, device=device)
+            self._flats[j] = flat
         for i, offset in zip(b.params, b.offsets):
             p = self._params[i]
             piece = flat[offset : offset + p.numel()]
