@@ -81,6 +81,7 @@ from .runtime import (
     shutdown,
     size,
 )
+from .sharded_optimizer import ShardedOptimizer
 from .sparse import sparse_allreduce_async
 from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline

@@ -74,7 +74,14 @@ def broadcast_optimizer_state(
 ) -> None:
     """Makes every rank's (of the set's) optimizer state and hyper-parameters root_rank's.
 
-    ``model`` is accepted for Horovod compatibility and not needed."""
+    ``model`` is accepted for Horovod compatibility and not needed. A sharded
+    optimizer (shard=1/2) holds a shard of the state on each rank; it does
+    this itself (gathers the state to root_rank, broadcasts, each rank takes
+    its shard)."""
+    sharded = getattr(optimizer, "_hvd_broadcast_state", None)
+    if sharded is not None:
+        sharded(root_rank)
+        return
     state = broadcast_object(
         optimizer.state_dict(), root_rank, name="broadcast_optimizer_state", process_set=process_set
     )

@@ -14,6 +14,7 @@ The configurations of the ablation study map to arguments:
 
 import contextlib
 import itertools
+import weakref
 from typing import Optional
 
 import torch
@@ -25,6 +26,15 @@ from .handles import check_process_set
 from .step_marks import StepMarks
 
 _instance_ids = itertools.count()
+
+# id(parameter) -> the live DistributedModel that reduces its gradient, so
+# that a sharded optimizer over those parameters finds the model (owner_of).
+_models_by_param = weakref.WeakValueDictionary()
+
+
+def owner_of(param: torch.Tensor) -> Optional["DistributedModel"]:
+    """The DistributedModel whose hooks reduce ``param``'s gradient, if any."""
+    return _models_by_param.get(id(param))
 
 
 def _trainable(module_or_params):
@@ -95,6 +105,20 @@ class DistributedModel(torch.nn.Module):
         psid = check_process_set(process_set)
         params = _trainable(module.parameters())
         self._params = params
+        for p in params:
+            _models_by_param[id(p)] = self
+        # What a sharded optimizer that takes over the gradients reduces them with (hand_gradients_to).
+        self.gradient_options = dict(
+            op=op,
+            prescale=1.0 / float(gradient_predivide_factor),
+            postscale=float(gradient_predivide_factor),
+            compression=compression,
+            backward_passes_per_step=int(backward_passes_per_step),
+            process_set=self._process_set,
+            fusion_bytes=int(fusion_bytes),
+            first_bucket_bytes=int(first_bucket_bytes),
+        )
+        self._gradient_owner = None
         self._fusion_bytes = int(fusion_bytes)
         self._first_bucket_bytes = int(first_bucket_bytes)
         # The order buckets are filled in: reverse registration order until
@@ -143,6 +167,18 @@ class DistributedModel(torch.nn.Module):
                 self._autotune.step_boundary()
         return self._marks.forward(lambda: self.module(*args, **kwargs))
 
+    def hand_gradients_to(self, owner) -> None:
+        """From now on ``owner`` (a sharded optimizer with reduce-scatter)
+        reduces this model's gradients: the C++ reducer is released (its
+        hooks removed, its last pass waited for), and sync_gradients(),
+        no_sync() and bucket_bytes() are the owner's. For good."""
+        if self._reducer is not None:
+            self._reducer.finalize()
+        self._reducer = None  # the destructor removes the hooks
+        self._gradient_owner = owner
+        self._rebuild_pending = False
+        self._autotune = None
+
     def _maybe_rebuild(self):
         order = self._reducer.ready_order()
         if not order:
@@ -182,11 +218,18 @@ class DistributedModel(torch.nn.Module):
     def sync_gradients(self) -> None:
         """Blocks until every gradient of the last backward pass is averaged
         (needed with sync="explicit"; harmless otherwise)."""
+        if self._gradient_owner is not None:
+            self._gradient_owner.synchronize()
+            return
         self._reducer.finalize()
 
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate gradients locally, without communication."""
+        if self._gradient_owner is not None:
+            with self._gradient_owner.no_sync():
+                yield
+            return
         self._reducer.set_sync_enabled(False)
         try:
             yield
@@ -194,6 +237,8 @@ class DistributedModel(torch.nn.Module):
             self._reducer.set_sync_enabled(True)
 
     def bucket_bytes(self):
+        if self._gradient_owner is not None:
+            return self._gradient_owner.bucket_bytes()
         return list(self._reducer.bucket_bytes())
 
     # The wrapper is transparent: keys, attributes and modes are the module's.

@@ -24,6 +24,7 @@ from .compression import Compression
 from .gradient_sync import GradientSync
 from .parameter_names import names_by_id
 from .process_sets import set_id
+from .sharded_optimizer import ShardedOptimizer
 
 _instance_ids = itertools.count()
 
@@ -199,6 +200,8 @@ def DistributedOptimizer(
     process_set=None,
     fusion_bytes=25 << 20,
     reducer=None,
+    shard=0,
+    model=None,
 ):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
@@ -209,8 +212,40 @@ def DistributedOptimizer(
     averaged over its ranks; on ranks outside it this is the plain optimizer.
     op=hvd.Adasum: Horovod's delta optimizer (adasum_optimizer.py): each
     rank steps locally and the change is combined with Adasum; groups,
-    sparse_as_dense, fusion_bytes and reducer do not apply to it."""
+    sparse_as_dense, fusion_bytes and reducer do not apply to it.
+    shard=1 or 2: ZeRO stage 1 (optimizer state sharded) or 2 (gradients
+    too): a ShardedOptimizer (sharded_optimizer.py); model= names the module
+    whose forward then waits for the all-gathered parameters (found by
+    itself on a DistributedModel's parameters)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
+    if shard:
+        unsupported = [
+            n
+            for n, given in (
+                ("groups", groups is not None or num_groups),
+                ("sparse_as_dense", sparse_as_dense),
+                ("reducer", reducer),
+                ("op=hvd.Adasum", op == ops.Adasum),
+            )
+            if given
+        ]
+        if unsupported:
+            raise ValueError(f"hvdtorch: shard={shard} does not combine with {', '.join(unsupported)}")
+        ps = process_set or ops.global_process_set
+        if not ps.included():
+            return optimizer  # as Horovod: outside the set, the plain optimizer
+        return ShardedOptimizer(
+            optimizer,
+            named_parameters,
+            shard=shard,
+            compression=compression,
+            backward_passes_per_step=backward_passes_per_step,
+            op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
+            process_set=process_set,
+            fusion_bytes=fusion_bytes,
+            model=model,
+        )
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
     if num_groups != 0:

@@ -26,6 +26,7 @@ import os
 from typing import Callable, Dict, List, Optional
 
 from .. import broadcast, ops, runtime
+from ..sharded_optimizer import ShardedOptimizer
 from . import persist
 from .sampler import ElasticSampler
 
@@ -55,8 +56,11 @@ class State:
         self.save()
         self._commits += 1
         self._committed_size = runtime.size()
+        if self._commit_dir:
+            self._gather_for_disk()
         if self._commit_dir and runtime.local_rank() == 0:
             persist.write_atomically(self.commit_path, self._snapshot())
+        self._full_optimizer = None
         if runtime.size() > 1:
             ops.barrier()
         self.check_host_updates()
@@ -86,6 +90,9 @@ class State:
 
     def _gather(self) -> None:
         """Collective step of commit() before saving (samplers' processed indices)."""
+
+    def _gather_for_disk(self) -> None:
+        """Collective step of commit() before writing (what only the writers need)."""
 
     def _saved(self) -> Dict:
         raise NotImplementedError
@@ -153,7 +160,13 @@ class ObjectState(State):
 
 class TorchState(ObjectState):
     """A model, an optimizer and extras; ElasticSampler extras are kept in step
-    across ranks (their processed indices are the union over ranks)."""
+    across ranks (their processed indices are the union over ranks).
+
+    A sharded optimizer (hvd.DistributedOptimizer(shard=1|2)) keeps its shard
+    in memory on each rank (restore() is local), writes the whole state,
+    gathered to every host's writer, in a commit on disk, and sync() hands
+    every rank its shard of the job's state (of the commit rank 0 loaded, if
+    it loaded one)."""
 
     def __init__(self, model=None, optimizer=None, commit_dir: Optional[str] = None, **kwargs):
         self.model = model
@@ -165,6 +178,9 @@ class TorchState(ObjectState):
         self._saved_model = None
         self._saved_optimizer = None
         self._saved_samplers = {}
+        self._sharded = isinstance(optimizer, ShardedOptimizer)
+        self._full_optimizer = None  # sharded: the whole state, on the writers of a commit
+        self._optimizer_from_disk = False  # sharded: _saved_optimizer is a whole state read from disk
         self.save()
 
     def save(self) -> None:
@@ -190,10 +206,31 @@ class TorchState(ObjectState):
                 every = broadcast.allgather_object(s.processed_indices, name=f"elastic.sampler.{k}.processed")
                 s.processed_indices = set().union(*every)
 
+    def _gather_for_disk(self) -> None:
+        if self._sharded:
+            local_ranks = broadcast.allgather_object(runtime.local_rank(), name="elastic.state.local_ranks")
+            writers = [r for r, local in enumerate(local_ranks) if local == 0]
+            self._full_optimizer = self.optimizer.consolidate_state_dict(to=writers)
+
+    def _sync_sharded_optimizer(self) -> None:
+        """Every rank takes its shard of rank 0's commit read from disk, or else of the job's state."""
+        from_disk = broadcast.broadcast_object(self._optimizer_from_disk, 0, name="elastic.state.from_disk")
+        if from_disk:
+            mine = self._saved_optimizer if runtime.rank() == 0 else None
+            full = broadcast.broadcast_object(mine, 0, name="elastic.state.optimizer")
+        else:
+            full = broadcast.broadcast_object(
+                self.optimizer.consolidate_state_dict(to=0), 0, name="elastic.state.optimizer"
+            )
+        self.optimizer.load_state_dict(full)
+        self._optimizer_from_disk = False
+
     def sync(self) -> None:
         if self.model is not None:
             broadcast.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self.optimizer is not None:
+        if self.optimizer is not None and self._sharded:
+            self._sync_sharded_optimizer()
+        elif self.optimizer is not None:
             broadcast.broadcast_optimizer_state(self.optimizer, root_rank=0)
         self._gather()
         for k, s in self._samplers.items():
@@ -202,7 +239,8 @@ class TorchState(ObjectState):
 
     def _saved(self) -> Dict:
         out = super()._saved()
-        out.update(model=self._saved_model, optimizer=self._saved_optimizer, samplers=self._saved_samplers)
+        optimizer = self._full_optimizer if self._sharded else self._saved_optimizer
+        out.update(model=self._saved_model, optimizer=optimizer, samplers=self._saved_samplers)
         return out
 
     def _load_saved(self, saved: Dict) -> None:
@@ -210,3 +248,4 @@ class TorchState(ObjectState):
         self._saved_model = saved["model"]
         self._saved_optimizer = saved["optimizer"]
         self._saved_samplers = saved["samplers"]
+        self._optimizer_from_disk = self._sharded

@@ -1,0 +1,522 @@
+"""ShardedOptimizer: ZeRO stages 1 and 2 (Rajbhandari et al., SC'20) on
+hvdtorch's engine. Each rank keeps optimizer state for its shard of the
+parameters only, steps that shard, and all-gathers the updated parameters.
+
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters()),
+                                   named_parameters=model.named_parameters(), shard=2)
+    loss.backward()   # buckets are reduce-scattered while backward runs
+    opt.step()        # this rank's shard steps; parameters are all-gathered
+
+How:
+  * The trainable parameters are laid out in flat buckets (shard_layout.py);
+    every parameter becomes a view of its bucket, and rank r's shard of a
+    bucket is one contiguous range of it. The wrapped optimizer is rebuilt
+    (same class, same hyper-parameters, group by group) over the shards:
+    one flat tensor per bucket, so its state exists for the shard only.
+  * Gradients (sharded_gradients.py): shard=2 reduce-scatters each bucket
+    while backward runs, so each rank receives its shard's average only and
+    .grad is freed; shard=1 all-reduces each bucket (every rank holds the
+    whole average in .grad, as unsharded training) and the step takes the
+    shard's part. On a DistributedModel's parameters, shard=1 leaves the
+    reduction to the model's own C++ all-reduce; shard=2 takes it over.
+  * step() then steps the shards and starts one all-gather per bucket into
+    the flat buckets, the bucket forward needs first first. Without a
+    module to hook, step() waits for them. With one (model=, or the
+    DistributedModel), step() returns at once and each submodule's forward
+    waits for the buckets of its own parameters; state_dict() and
+    load_state_dict() of the module, the next step() and wait_parameters()
+    wait for every bucket. A parameter read outside its own module's
+    forward before then may be stale: call wait_parameters() first.
+  * The wrapper is a torch Optimizer: param_groups are the caller's groups
+    (model parameters and hyper-parameters; learning-rate schedulers work
+    on them), copied into the inner groups at every step.
+  * Only optimizers whose update is element-wise can step a flat shard
+    exactly as they would step the parameters (shard_state.py); others are
+    refused with the reason (check_shardable).
+  * Checkpoints: sharded_checkpoint.py.
+"""
+
+import contextlib
+import inspect
+import itertools
+import math
+import weakref
+from typing import Dict, List, Optional
+
+import torch
+
+from . import ops, runtime, sharded_checkpoint
+from .broadcast import allgather_object, broadcast_object
+from .compression import Compression
+from .distributed_model import DistributedModel, owner_of
+from .parameter_names import names_by_id
+from .process_sets import set_id
+from .shard_layout import plan, signature
+from .sharded_gradients import BucketGradients
+
+_instance_ids = itertools.count()
+
+# torch.optim optimizers whose update of each element depends only on that
+# element's gradient, state and the group's hyper-parameters.
+ELEMENTWISE = tuple(
+    getattr(torch.optim, n)
+    for n in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD")
+    if hasattr(torch.optim, n)
+)
+REFUSED = {
+    "LBFGS": "its state is not per parameter (one search history over all parameters, and step() re-evaluates "
+    "the loss in a closure)",
+    "SparseAdam": "it steps sparse gradients, and a shard is a dense flat tensor",
+    "Adafactor": "it factors the second moment of each matrix by its rows and columns, which a flat shard does "
+    "not have",
+    "Muon": "it orthogonalizes each weight matrix as a whole, which a flat shard does not have",
+}
+
+
+def check_shardable(optimizer) -> None:
+    cls = type(optimizer)
+    if cls in ELEMENTWISE:
+        return
+    reason = REFUSED.get(cls.__name__) or (
+        "hvdtorch shards only optimizers known to update each element on its own (torch.optim's "
+        f"{', '.join(c.__name__ for c in ELEMENTWISE)}): a flat shard spans several parameters and parts "
+        "of them, so an update that looks at a parameter's shape or norm would change"
+    )
+    raise ValueError(f"hvdtorch: cannot shard the state of {cls.__name__}: {reason}")
+
+
+def _wait(opt_ref, buckets) -> None:
+    opt = opt_ref()
+    if opt is None:
+        return
+    if buckets is None:
+        opt.wait_parameters()
+    else:
+        opt._wait(buckets)
+
+
+def _remove_hooks(handles) -> None:
+    for h in handles:
+        h.remove()
+
+
+def _check_same(what: str, given, default, model_value) -> None:
+    if given != default and given != model_value:
+        raise ValueError(
+            f"hvdtorch: {what}={given!r} was given to the sharded optimizer, but its parameters belong to a "
+            f"DistributedModel with {what}={model_value!r}; on that path the model's options apply: set it there"
+        )
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters=None,
+        shard: int = 2,
+        compression=Compression.none,
+        backward_passes_per_step: int = 1,
+        op: int = ops.Average,
+        gradient_predivide_factor: float = 1.0,
+        process_set=None,
+        fusion_bytes: int = 25 << 20,
+        first_bucket_bytes: int = 1 << 20,
+        model: Optional[torch.nn.Module] = None,
+    ):
+        if shard not in (1, 2):
+            raise ValueError(f"hvdtorch: shard must be 1 (optimizer state) or 2 (state and gradients), got {shard!r}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"hvdtorch: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        check_shardable(optimizer)
+        if op not in (ops.Average, ops.Sum):
+            raise ValueError("hvdtorch: a sharded optimizer reduces gradients with op=hvd.Average or hvd.Sum")
+        if gradient_predivide_factor <= 0:
+            raise ValueError("hvdtorch: gradient_predivide_factor must be positive")
+        if gradient_predivide_factor != 1.0 and op != ops.Average:
+            raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
+        names = names_by_id(optimizer.param_groups, named_parameters)
+        numbered, all_params = [], []
+        for group in optimizer.param_groups:
+            row = []
+            for p in group["params"]:
+                if p.requires_grad:
+                    row.append((len(all_params), p))
+                all_params.append(p)
+            numbered.append(row)
+        self._all_params = all_params  # torch's state_dict numbering
+        self._names = [names[id(p)] for p in all_params]
+
+        dm = model if isinstance(model, DistributedModel) else None
+        if dm is None:
+            owners = {id(o): o for o in (owner_of(p) for p in all_params) if o is not None}
+            if len(owners) > 1:
+                raise ValueError("hvdtorch: the optimizer's parameters belong to several DistributedModels")
+            dm = next(iter(owners.values()), None)
+        if dm is not None:
+            g = dm.gradient_options
+            _check_same("compression", compression, Compression.none, g["compression"])
+            _check_same("op", op, ops.Average, g["op"])
+            _check_same("gradient_predivide_factor", gradient_predivide_factor, 1.0, g["postscale"])
+            _check_same("backward_passes_per_step", backward_passes_per_step, 1, g["backward_passes_per_step"])
+            if process_set is not None and process_set is not g["process_set"]:
+                raise ValueError("hvdtorch: process_set differs from the DistributedModel's; set it there")
+            compression, op, process_set = g["compression"], g["op"], g["process_set"]
+            gradient_predivide_factor, backward_passes_per_step = g["postscale"], g["backward_passes_per_step"]
+        self._model = dm
+        module = dm.module if dm is not None else model
+
+        ps = process_set or ops.global_process_set
+        set_id(ps)  # a set this rank is in (DistributedOptimizer hands others the plain optimizer)
+        self._process_set = ps
+        self._size, self._rank = ps.size(), ps.rank()
+        self._stage = shard
+        self._name = f"sharded{next(_instance_ids)}"
+        first = min(int(first_bucket_bytes), int(fusion_bytes)) if fusion_bytes > 0 else 0
+        buckets = plan(numbered, int(fusion_bytes), first)
+        if not buckets:
+            raise ValueError("hvdtorch: the optimizer has no parameter that requires grad: nothing to shard")
+        self._buckets = buckets
+        # Parameters become views of flat buckets (in registered memory where
+        # the engine has it, see _gather); this rank's shards are views too.
+        # Each flat has one element more: the presence count of the in-place gather.
+        engine = runtime.state().engine
+        self._flats: List[torch.Tensor] = []
+        self._shards: List[torch.Tensor] = []
+        with torch.no_grad():
+            for b in buckets:
+                device = all_params[b.params[0]].device
+                if device.type == "cpu" and self._size > 1:
+                    flat = engine.registered_zeros(b.numel + 1, b.dtype)
+                else:
+                    flat = torch.zeros(b.numel + 1, dtype=b.dtype, device=device)
+                for i, offset in zip(b.params, b.offsets):
+                    p = all_params[i]
+                    flat[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+                    p.data = flat[offset : offset + p.numel()].view_as(p)
+                start, end = b.shard_range(self._rank, self._size)
+                self._flats.append(flat)
+                self._shards.append(flat[start:end])
+        self._gather_in_place = False
+        if self._size > 1:
+            self._gather_in_place = self._agree_layout_and_gather()
+
+        # The inner optimizer: the caller's class and hyper-parameters, over the shards.
+        inner_groups, self._inner_index = [], {}
+        for g, group in enumerate(optimizer.param_groups):
+            hyper = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+            shards = []
+            for j, b in enumerate(buckets):
+                if b.group == g:
+                    self._inner_index[j] = len(self._inner_index)
+                    shards.append(self._shards[j])
+            inner_groups.append(dict(hyper, params=shards))
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        self.optim = type(optimizer)(inner_groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+        self._adding_groups = True
+        super().__init__([dict(group) for group in optimizer.param_groups], dict(optimizer.defaults))
+        self._adding_groups = False
+
+        f = float(gradient_predivide_factor)
+        self._grads = None  # shard=1 on a DistributedModel: the model's all-reduce
+        if not (dm is not None and shard == 1):
+            self._grads = BucketGradients(
+                all_params,
+                self._names,
+                buckets,
+                self._name,
+                shard == 2,
+                op,
+                1.0 / f,
+                f,
+                compression,
+                backward_passes_per_step,
+                ps,
+            )
+            if dm is not None:
+                dm.hand_gradients_to(self)
+        self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
+        self._synchronized = False  # gradients reduced since the last step()
+        self._should_synchronize = True
+        self._overlap = module is not None and self._size > 1
+        if module is not None:
+            self._hook(module)
+        if optimizer.state:
+            self.load_state_dict(optimizer.state_dict())
+
+    # ---- construction helpers -------------------------------------------------
+
+    def _agree_layout_and_gather(self) -> bool:
+        """Checks that every rank has the same buckets; returns whether the
+        parameters are gathered in place (every rank on one host, every flat in
+        registered memory)."""
+        mine = signature(self._buckets)
+        own_buffers = runtime.state().engine.registered_stats()[0]
+        here = (mine, runtime.cross_rank(), own_buffers > 0 and self._flats[0].device.type == "cpu")
+        every = allgather_object(here, name=f"{self._name}.layout", process_set=self._process_set)
+        differ = [self._process_set.ranks[k] for k, theirs in enumerate(every) if theirs[0] != mine]
+        if differ:
+            raise ValueError(
+                f"hvdtorch: rank {self._process_set.ranks[self._rank]}: the sharded optimizer's parameters differ "
+                f"on ranks {differ} (number, shapes, dtypes or parameter groups): every rank must build the same "
+                "model and optimizer"
+            )
+        return len({host for _, host, _ in every}) == 1 and all(registered for _, _, registered in every)
+
+    def _hook(self, module: torch.nn.Module) -> None:
+        """Forward pre-hooks that wait for the all-gathers of each module's own parameters."""
+        bucket_of = {i: j for j, b in enumerate(self._buckets) for i in b.params}
+        index = {id(p): i for i, p in enumerate(self._all_params)}
+        me = weakref.ref(self)  # the module's hooks must not keep the optimizer alive
+        handles = []
+        for m in module.modules():
+            mine = sorted(
+                {bucket_of[index[id(p)]] for p in m.parameters(recurse=False) if index.get(id(p)) in bucket_of}
+            )
+            if mine:
+                handles.append(m.register_forward_pre_hook(lambda _m, _args, js=mine: _wait(me, js)))
+        handles.append(module.register_state_dict_pre_hook(lambda *_: _wait(me, None)))
+        handles.append(module.register_load_state_dict_pre_hook(lambda *_: _wait(me, None)))
+        weakref.finalize(self, _remove_hooks, handles)
+
+    def add_param_group(self, param_group) -> None:
+        if not getattr(self, "_adding_groups", False):
+            raise ValueError("hvdtorch: a sharded optimizer's parameter groups are fixed: build it with all of them")
+        super().add_param_group(param_group)
+
+    # ---- parameters -------------------------------------------------------------
+
+    def _gather(self) -> None:
+        """Starts putting every rank's updated shard into every rank's buckets.
+
+        In place (every rank on one host, flats in registered memory): each
+        rank zeroes its flat outside its own range and the flats are summed
+        by an all-reduce in place, which on one host is the engine's zero-copy
+        path (each rank reads its peers' registered buffers): exact, since
+        only one rank adds anything but zero to an element, and several times
+        faster here than the all-gather, which copies through the links into
+        an output it allocates each time. The last element of each flat counts
+        the ranks that took part, so a joined rank (which adds zeros) is
+        noticed instead of zeroing its range. Otherwise: an all-gather, whose
+        output becomes the parameters' storage."""
+        if self._size == 1:
+            return
+        for j in reversed(range(len(self._buckets))):  # the first layers' bucket is the last one
+            name = f"{self._name}.gather.{j}"
+            if self._gather_in_place:
+                flat, (start, end) = self._flats[j], self._buckets[j].shard_range(self._rank, self._size)
+                with torch.no_grad():
+                    flat[:start].zero_()
+                    flat[end:-1].zero_()
+                    flat[-1] = 1
+                self._gathers[j] = ops.allreduce_async_(flat, op=ops.Sum, name=name, process_set=self._process_set)
+            else:
+                self._gathers[j] = ops.allgather_async(self._shards[j], name=name, process_set=self._process_set)
+        if not self._overlap:
+            self.wait_parameters()
+
+    def _joined_error(self, j: int) -> Exception:
+        return ops.HvdError(
+            f"hvdtorch: rank {self._process_set.ranks[self._rank]}: the gather of bucket {j} of the sharded "
+            f"optimizer did not hear from all {self._size} ranks: a rank has joined (hvd.join) while the others "
+            "step. Each rank owns a shard of the parameters, so every rank must step: a rank out of data calls "
+            "optimizer.step() without a backward pass (it contributes zero gradients, as a joined rank would) "
+            "until every rank is out"
+        )
+
+    def _wait(self, buckets) -> None:
+        for j in buckets:
+            handle = self._gathers.pop(j, None)
+            if handle is None:
+                continue
+            gathered = ops.synchronize(handle)
+            b = self._buckets[j]
+            if self._gather_in_place:
+                # A count a 16-bit float cannot hold exactly (bfloat16 past 256 ranks) is not checked.
+                exact = {torch.bfloat16: 256, torch.float16: 2048}.get(b.dtype, 1 << 24) >= self._size
+                if exact and int(self._flats[j][-1].item()) != self._size:
+                    raise self._joined_error(j)
+                continue
+            if gathered.numel() != b.numel:
+                raise self._joined_error(j)
+            # The gathered bucket becomes the parameters' storage (no copy back).
+            for i, offset, shape in zip(b.params, b.offsets, b.shapes):
+                p = self._all_params[i]
+                p.data = gathered[offset : offset + p.numel()].view(shape)
+            start, end = b.shard_range(self._rank, self._size)
+            self._shards[j].data = gathered[start:end]
+            self._flats[j] = gathered
+
+    def wait_parameters(self) -> None:
+        """Returns once every parameter holds the value of the last step()."""
+        if self._gathers:
+            self._wait(list(self._gathers))
+
+    # ---- gradients ------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Returns once the gradients of the backward passes so far are reduced
+        (shard=2: into this rank's shard; shard=1: into every .grad)."""
+        if self._grads is None:
+            self._model.sync_gradients()
+        else:
+            results = self._grads.synchronize()
+            if self._stage == 2:
+                for shard, grad in zip(self._shards, results):
+                    shard.grad = grad
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside does not synchronize (Horovod's API: after synchronize() and clipping)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients locally, without communication."""
+        if self._grads is None:
+            with self._model.no_sync():
+                yield
+            return
+        with self._grads.no_sync():
+            yield
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if self._grads is None:
+            raise ValueError("hvdtorch: the DistributedModel accumulates here: set backward_passes_per_step there")
+        self._grads.reset(passes)
+
+    def _shard_gradients_from_grad(self) -> None:
+        """shard=1: each shard's gradient is its range of the parameters' .grad."""
+        for b, shard in zip(self._buckets, self._shards):
+            start, end = b.shard_range(self._rank, self._size)
+            pieces = []
+            for i, offset in zip(b.params, b.offsets):
+                p = self._all_params[i]
+                lo, hi = max(start, offset), min(end, offset + p.numel())
+                if lo < hi:
+                    g = p.grad
+                    pieces.append(
+                        torch.zeros(hi - lo, dtype=shard.dtype, device=shard.device)
+                        if g is None
+                        else g.reshape(-1)[lo - offset : hi - offset]
+                    )
+            shard.grad = torch.cat(pieces) if pieces else torch.zeros_like(shard)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+        """torch.nn.utils.clip_grad_norm_ over every parameter of the job's
+        model: reduces the gradients first (if step() has not), computes the
+        norm across the shards (one all-reduce), scales the gradients this
+        rank steps. Returns the total norm; the same on every rank."""
+        if not self._synchronized:
+            self.synchronize()
+        if self._stage == 1:
+            # Every rank holds the whole averaged gradient: the local norm is the global one.
+            params = [p for p in self._all_params if p.grad is not None]
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
+        norm_type = float(norm_type)
+        grads = [s.grad for s in self._shards if s.grad is not None and s.grad.numel() > 0]
+        device = self._shards[0].device
+        if norm_type == math.inf:
+            local = (
+                torch.stack([g.abs().max().float() for g in grads]).max() if grads else torch.zeros((), device=device)
+            )
+            total = ops.allreduce(local.reshape(1), op=ops.Max, process_set=self._process_set)[0]
+        else:
+            local = (
+                torch.stack([g.float().norm(norm_type) ** norm_type for g in grads]).sum()
+                if grads
+                else torch.zeros((), device=device)
+            )
+            summed = ops.allreduce(local.reshape(1), op=ops.Sum, process_set=self._process_set)[0]
+            total = summed ** (1.0 / norm_type)
+        if error_if_nonfinite and not bool(torch.isfinite(total)):
+            raise RuntimeError(f"hvdtorch: the total norm of order {norm_type} of the gradients is non-finite")
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        return total
+
+    # ---- the step --------------------------------------------------------------
+
+    def step(self, closure=None):
+        self.wait_parameters()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        if self._stage == 1:
+            self._shard_gradients_from_grad()
+        for outer, inner in zip(self.param_groups, self.optim.param_groups):
+            inner.update({k: v for k, v in outer.items() if k not in ("params", "param_names")})
+        self.optim.step()
+        self._synchronized = False
+        self._gather()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._grads is not None and self._grads.pending():
+            raise AssertionError(
+                "hvdtorch: optimizer.zero_grad() between loss.backward() and optimizer.step() "
+                "(or synchronize()): the gradients of that backward pass are being reduced "
+                "across ranks; zero them before backward or after step()"
+            )
+        for p in itertools.chain(self._all_params, self._shards):
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
+        if self._grads is not None:
+            self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
+
+    # ---- sizes -----------------------------------------------------------------
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (tensors of the inner optimizer's state)."""
+        return sum(
+            v.numel() * v.element_size()
+            for state in self.optim.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        )
+
+    def bucket_bytes(self) -> List[int]:
+        return [b.numel * torch.empty((), dtype=b.dtype).element_size() for b in self._buckets]
+
+    # ---- checkpoints (sharded_checkpoint.py) ------------------------------------
+
+    def state_dict(self):
+        """This rank's shard of the optimizer state (local; load it back with
+        the same number of ranks, or pass every rank's to load_state_dict)."""
+        return sharded_checkpoint.shard_state_dict(self)
+
+    def load_state_dict(self, state_dict) -> None:
+        """Takes a full state (an unsharded optimizer's state_dict(), or
+        consolidate_state_dict()'s), this rank's shard from state_dict(), or
+        the list of every rank's shards (any number of ranks then)."""
+        self.wait_parameters()
+        if self._grads is not None:
+            self._grads.reset()
+        self._synchronized = False
+        sharded_checkpoint.load(self, state_dict)
+
+    def consolidate_state_dict(self, to=0):
+        """Collective: the whole optimizer state in torch's format (as the
+        unsharded optimizer's state_dict() would hold it, tensors on the CPU)
+        on rank ``to`` (a global rank, a list of them, or None: every rank);
+        None elsewhere."""
+        return sharded_checkpoint.consolidate(self, to)
+
+    def _hvd_broadcast_state(self, root_rank: int) -> None:
+        """hvd.broadcast_optimizer_state on a sharded optimizer: the job's state as root_rank sees it."""
+        full = self.consolidate_state_dict(to=root_rank)
+        full = broadcast_object(full, root_rank, name=f"{self._name}.broadcast_state", process_set=self._process_set)
+        self.load_state_dict(full)

@@ -1,0 +1,502 @@
+"""Rank-side checks of the sharded optimizer (ZeRO stages 1 and 2).
+
+Every rank builds the same model (same seed), trains it sharded on its part
+of each global batch, and also trains a private unsharded copy on the whole
+global batch; parameters and (consolidated) optimizer state must match. The
+model has shapes that no number of ranks divides, two parameter groups, and
+a branch some ranks leave unused in some steps.
+"""
+
+import copy
+import os
+
+import torch
+import torch.nn.functional as F
+
+import hvdtorch as hvd
+from tests.workers.common import expect
+
+STEPS = 4
+PER_RANK = 3
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+        self.fc1 = torch.nn.Linear(3 * 4 * 4, 13)
+        self.branch = torch.nn.Linear(13, 13)
+        self.head = torch.nn.Linear(13, 5)
+
+    def forward(self, x, use_branch=True):
+        h = F.relu(self.conv(x)).flatten(1)
+        h = F.relu(self.fc1(h))
+        if use_branch:
+            h = h + self.branch(h)
+        return self.head(h)
+
+
+def uses_branch(step: int, k: int) -> bool:
+    """Rank 1 leaves the branch out in odd steps (a parameter unused on one rank)."""
+    return not (k == 1 and step % 2 == 1)
+
+
+def batch(step: int, n: int):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(PER_RANK * n, 2, 4, 4, generator=g), torch.randint(0, 5, (PER_RANK * n,), generator=g)
+
+
+def part(t, k):
+    return t[k * PER_RANK : (k + 1) * PER_RANK]
+
+
+def local_loss(model, step, k, n):
+    x, y = batch(step, n)
+    return F.cross_entropy(model(part(x, k), use_branch=uses_branch(step, k)), part(y, k))
+
+
+def global_loss(model, step, n):
+    """The loss whose gradient is the average of every rank's local gradient."""
+    return sum(local_loss(model, step, k, n) for k in range(n)) / n
+
+
+def groups(model):
+    head = list(model.head.parameters())
+    rest = [p for n, p in model.named_parameters() if not n.startswith("head.")]
+    return [{"params": rest}, {"params": head, "lr_scale": 0.5, "weight_decay": 0.01}]
+
+
+def make_opt(kind, model):
+    gs = groups(model)
+    for g in gs:
+        g.pop("lr_scale", None)
+    gs[1]["lr"] = 0.005
+    if kind == "sgd":
+        return torch.optim.SGD(gs, lr=0.1, momentum=0.9)
+    if kind == "adam":
+        return torch.optim.Adam(gs, lr=0.01)
+    return torch.optim.AdamW(gs, lr=0.01, weight_decay=0.1)
+
+
+TOL = {"sgd": 1e-5, "adam": 1e-4, "adamw": 1e-4}
+
+
+def train_reference(base, kind, n, steps=STEPS):
+    model = copy.deepcopy(base)
+    opt = make_opt(kind, model)
+    for s in range(steps):
+        opt.zero_grad()
+        global_loss(model, s, n).backward()
+        opt.step()
+    return model, opt
+
+
+def assert_params_close(model, ref, what, atol, rtol=1e-4):
+    model.state_dict()  # a sharded optimizer's hook waits for the last step's all-gathers
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(
+            p.detach(), q.detach(), atol=atol, rtol=rtol, msg=lambda m, name=name: f"{what}: {name}: {m}"
+        )
+
+
+def assert_state_close(full, ref_state, what, atol):
+    assert full["param_groups"][1]["lr"] == ref_state["param_groups"][1]["lr"], what
+    assert sorted(full["state"]) == sorted(ref_state["state"]), f"{what}: {sorted(full['state'])}"
+    for i, st in ref_state["state"].items():
+        assert sorted(full["state"][i]) == sorted(st), f"{what}: parameter {i}: {sorted(full['state'][i])}"
+        for key, value in st.items():
+            torch.testing.assert_close(
+                torch.as_tensor(full["state"][i][key]).float(),
+                torch.as_tensor(value).float(),
+                atol=atol,
+                rtol=1e-4,
+                msg=lambda m, i=i, key=key: f"{what}: state {key} of parameter {i}: {m}",
+            )
+
+
+def sharded(kind, base, shard, path, **kw):
+    """(model to call, the module, optimizer) for one configuration."""
+    net = copy.deepcopy(base)
+    if path == "model":
+        model = hvd.DistributedModel(net, fusion_bytes=600, first_bucket_bytes=256)
+        return model, net, hvd.DistributedOptimizer(make_opt(kind, net), shard=shard, fusion_bytes=600, **kw)
+    opt = hvd.DistributedOptimizer(
+        make_opt(kind, net), named_parameters=net.named_parameters(), shard=shard, fusion_bytes=600, model=net, **kw
+    )
+    return net, net, opt
+
+
+def check_training(configs="all"):
+    """SGD with momentum, Adam, AdamW; shard 1 and 2; the optimizer path and the
+    DistributedModel path: parameters and consolidated state equal the
+    reference; and the state bytes per rank."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    check_state_bytes()
+    cases = [
+        (kind, shard, path) for kind in ("sgd", "adam", "adamw") for shard in (1, 2) for path in ("optimizer", "model")
+    ]
+    if configs == "quick":
+        cases = [("adam", 2, "optimizer"), ("sgd", 1, "model"), ("adamw", 2, "model")]
+    torch.manual_seed(0)
+    base = Net()
+    for kind, shard, path in cases:
+        what = f"{kind} shard={shard} {path} path, {n} ranks"
+        in_place = os.environ.get("HVDTORCH_SHM", "1") != "0" and n > 1
+        ref, ref_opt = train_reference(base, kind, n)
+        model, net, opt = sharded(kind, base, shard, path)
+        assert isinstance(opt, hvd.ShardedOptimizer) and isinstance(opt, torch.optim.Optimizer)
+        assert opt._gather_in_place == in_place, f"{what}: gathered in place: {opt._gather_in_place}"
+        for s in range(STEPS):
+            opt.zero_grad()
+            local_loss(model, s, r, n).backward()
+            if shard == 2:
+                assert all(p.grad is None for p in net.parameters()), f"{what}: shard=2 keeps no full gradient"
+            opt.step()
+        assert_params_close(net, ref, what, TOL[kind])
+        full = opt.consolidate_state_dict(to=n - 1)
+        assert (full is None) == (r != n - 1), what
+        if full is not None:
+            assert_state_close(full, ref_opt.state_dict(), what, TOL[kind])
+        everywhere = opt.consolidate_state_dict(to=None)
+        assert_state_close(everywhere, ref_opt.state_dict(), f"{what} (to=None)", TOL[kind])
+    hvd.shutdown()
+
+
+def check_state_bytes():
+    """Optimizer state per rank <= 1/N of the unsharded state + 1% (Adam)."""
+    n = hvd.size()
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(301, 299), torch.nn.ReLU(), torch.nn.Linear(299, 97))
+    ref = copy.deepcopy(base)
+    ref_opt = torch.optim.Adam(ref.parameters())
+    ref(torch.randn(2, 301)).sum().backward()
+    ref_opt.step()
+    unsharded = sum(v.numel() * v.element_size() for st in ref_opt.state.values() for v in st.values())
+    for shard in (1, 2):
+        net = copy.deepcopy(base)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.Adam(net.parameters()),
+            named_parameters=net.named_parameters(),
+            shard=shard,
+            fusion_bytes=1 << 18,
+        )
+        net(torch.randn(2, 301)).sum().backward()
+        opt.step()
+        every = hvd.allgather_object(opt.state_bytes())
+        limit = unsharded / n * 1.01
+        assert max(every) <= limit, f"shard={shard}: state bytes per rank {every}, unsharded {unsharded}"
+        assert sum(every) <= unsharded * 1.01, f"shard={shard}: {every} sum above {unsharded}"
+        if hvd.rank() == 0:
+            print(f"state bytes shard={shard}: per rank {every}, unsharded {unsharded}", flush=True)
+
+
+def check_accumulation_clipping_compression():
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(1)
+    base = Net()
+    for shard in (1, 2):
+        # backward_passes_per_step=2 and no_sync(): two micro-batches per step.
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt("adam", ref)
+        for s in range(3):
+            ref_opt.zero_grad()
+            (global_loss(ref, s, n) + global_loss(ref, 10 + s, n)).backward()
+            ref_opt.step()
+        for how in ("passes", "no_sync", "model.no_sync"):
+            path = "model" if how == "model.no_sync" else "optimizer"
+            kw = {"backward_passes_per_step": 2} if how == "passes" else {}
+            model, net, opt = sharded("adam", base, shard, path, **kw)
+            ctx = model.no_sync if how == "model.no_sync" else opt.no_sync
+            for s in range(3):
+                opt.zero_grad()
+                if how == "passes":
+                    local_loss(model, s, r, n).backward()
+                else:
+                    with ctx():
+                        local_loss(model, s, r, n).backward()
+                local_loss(model, 10 + s, r, n).backward()
+                opt.step()
+            assert_params_close(net, ref, f"accumulation {how} shard={shard}", 1e-4)
+
+        # Clipping to a global norm: the same total norm as the reference, and the same steps.
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt("sgd", ref)
+        model, net, opt = sharded("sgd", base, shard, "optimizer")
+        for s in range(3):
+            for norm_type in (2.0, float("inf")):
+                ref_opt.zero_grad()
+                global_loss(ref, s, n).backward()
+                want = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05, norm_type)
+                ref_opt.step()
+                opt.zero_grad()
+                local_loss(model, s, r, n).backward()
+                got = opt.clip_grad_norm_(0.05, norm_type)
+                torch.testing.assert_close(got.float(), want.float(), atol=1e-5, rtol=1e-4)
+                opt.step()
+        assert_params_close(net, ref, f"clip_grad_norm_ shard={shard}", 1e-5)
+
+        # fp16 compression on the wire; bfloat16 parameters in a bucket of their own.
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt("sgd", ref)
+        ref_mixed, ref_mixed_opt = _mixed(), None
+        ref_mixed_opt = torch.optim.SGD(ref_mixed.parameters(), lr=0.1)
+        model, net, opt = sharded("sgd", base, shard, "optimizer", compression=hvd.Compression.fp16)
+        mixed = copy.deepcopy(ref_mixed)
+        mixed_opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(mixed.parameters(), lr=0.1), named_parameters=mixed.named_parameters(), shard=shard
+        )
+        for s in range(3):
+            ref_opt.zero_grad()
+            global_loss(ref, s, n).backward()
+            ref_opt.step()
+            opt.zero_grad()
+            local_loss(model, s, r, n).backward()
+            opt.step()
+            ref_mixed_opt.zero_grad()
+            sum(_mixed_loss(ref_mixed, s, k) for k in range(n)).div(n).backward()
+            ref_mixed_opt.step()
+            mixed_opt.zero_grad()
+            _mixed_loss(mixed, s, r).backward()
+            mixed_opt.step()
+        assert_params_close(net, ref, f"fp16 compression shard={shard}", 2e-3)
+        assert mixed[1].weight.dtype == torch.bfloat16
+        # bfloat16 activations round differently when the batch is split: a loose relative tolerance.
+        assert_params_close(mixed, ref_mixed, f"bfloat16 parameters shard={shard}", 2e-2, rtol=5e-2)
+
+        # Uneven data: a rank out of batches steps without backward (zero gradients,
+        # as join would count it), and training equals the reference on what was there.
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt("sgd", ref)
+        model, net, opt = sharded("sgd", base, shard, "optimizer")
+        for s in range(3):
+            has = [k for k in range(n) if not (k == n - 1 and s == 2 and n > 1)]  # the last rank runs out
+            ref_opt.zero_grad()
+            (sum(local_loss(ref, s, k, n) for k in has) / n).backward()
+            ref_opt.step()
+            opt.zero_grad()
+            if r in has:
+                local_loss(model, s, r, n).backward()
+            opt.step()
+        assert_params_close(net, ref, f"uneven data shard={shard}", 1e-5)
+    hvd.shutdown()
+
+
+def _mixed():
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.Linear(7, 3).to(torch.bfloat16))
+
+
+def _mixed_loss(model, step, k):
+    x = torch.full((2, 6), float(k + 1 + step))
+    return model[1](model[0](x).to(torch.bfloat16)).float().square().mean()
+
+
+# ---- checkpoints --------------------------------------------------------------
+
+
+def _train_steps(model, opt, steps, n):
+    r = hvd.rank()
+    for s in steps:
+        opt.zero_grad()
+        local_loss(model, s, r, n).backward()
+        opt.step()
+
+
+def save_checkpoints(folder):
+    """Trains 2 steps at this size; writes each rank's shard, the consolidated
+    state, the model, and an elastic commit; checks the in-memory restore."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(5)
+    base = Net()
+    if r == 0:
+        torch.save(base.state_dict(), os.path.join(folder, "base.pt"))
+    model, net, opt = sharded("adam", base, 2, "optimizer")
+    _train_steps(model, opt, range(2), n)
+    torch.save(opt.state_dict(), os.path.join(folder, f"shard{r}.pt"))
+    full = opt.consolidate_state_dict(to=0)
+    if r == 0:
+        torch.save(full, os.path.join(folder, "full.pt"))
+        torch.save(net.state_dict(), os.path.join(folder, "model.pt"))
+    # broadcast_optimizer_state: the hyper-parameters of the root, the state unchanged.
+    before = opt.consolidate_state_dict(to=None)
+    opt.param_groups[0]["lr"] = 0.5 if r == n - 1 else 0.25
+    hvd.broadcast_optimizer_state(opt, root_rank=n - 1)
+    assert opt.param_groups[0]["lr"] == 0.5 and opt.optim.param_groups[0]["lr"] == 0.5, opt.param_groups[0]["lr"]
+    after = opt.consolidate_state_dict(to=None)
+    before["param_groups"][0]["lr"] = 0.5
+    assert_state_close(after, before, "broadcast_optimizer_state", 0.0)
+    for g, lr in zip(opt.param_groups, (0.01, 0.005)):
+        g["lr"] = lr
+    # TorchState: commit (to disk: every host's writer gets the whole state),
+    # train on, restore to the commit (each rank its own shard).
+    state = hvd.elastic.TorchState(net, opt, commit_dir=os.path.join(folder, "elastic"), step=2)
+    state.commit()
+    committed = {k: v.clone() for k, v in net.state_dict().items()}
+    committed_state = opt.consolidate_state_dict(to=None)
+    _train_steps(model, opt, range(2, 4), n)
+    state.restore()
+    for k, v in net.state_dict().items():
+        torch.testing.assert_close(v, committed[k], msg=lambda m, k=k: f"restore: {k}: {m}")
+    assert_state_close(opt.consolidate_state_dict(to=None), committed_state, "restore", 0.0)
+    # Shards of another rank are refused with the way out.
+    if n > 1:
+        other = torch.load(os.path.join(folder, f"shard{(r + 1) % n}.pt"), weights_only=False)
+        expect(ValueError, ["shard of a job of", "list of every rank's shards"], lambda: opt.load_state_dict(other), r)
+    hvd.barrier()
+    hvd.shutdown()
+
+
+def load_checkpoints(folder, saved_ranks):
+    """At another size: each way of loading continues exactly as the reference."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    saved_n = int(saved_ranks)
+    base = Net()
+    base.load_state_dict(torch.load(os.path.join(folder, "base.pt")))
+    # The reference trained at the saved size for 2 steps, then goes on here.
+    ref = copy.deepcopy(base)
+    ref_opt = make_opt("adam", ref)
+    for s in range(4):
+        ref_opt.zero_grad()
+        global_loss(ref, s, saved_n if s < 2 else n).backward()
+        ref_opt.step()
+    shards = [torch.load(os.path.join(folder, f"shard{k}.pt"), weights_only=False) for k in range(saved_n)]
+    full = torch.load(os.path.join(folder, "full.pt"), weights_only=False)
+    plain = copy.deepcopy(base)
+    plain.load_state_dict(torch.load(os.path.join(folder, "model.pt")))
+    for how in ("full", "shards", "plain optimizer", "elastic"):
+        model, net, opt = sharded("adam", base, 2, "optimizer")
+        net.load_state_dict(torch.load(os.path.join(folder, "model.pt")))
+        if how == "full":
+            opt.load_state_dict(full)
+        elif how == "shards":
+            opt.load_state_dict(shards)
+        elif how == "plain optimizer":  # an unsharded optimizer loads the consolidated state
+            model = net = copy.deepcopy(plain)
+            opt = make_opt("adam", net)
+            opt.load_state_dict(full)
+        else:
+            state = hvd.elastic.TorchState(net, opt, commit_dir=os.path.join(folder, "elastic"), step=0)
+            if r == 0:
+                assert state.load_last_commit()
+            state.sync()
+            assert state.step == 2, state.step
+        if how == "plain optimizer":  # one process on the whole global batch
+            for s in range(2, 4):
+                opt.zero_grad()
+                global_loss(net, s, n).backward()
+                opt.step()
+        else:
+            _train_steps(model, opt, range(2, 4), n)
+        assert_params_close(net, ref, f"loaded from {how}, saved at {saved_n} ranks, resumed at {n}", 1e-4)
+    hvd.shutdown()
+
+
+# ---- errors -------------------------------------------------------------------
+
+
+def check_errors():
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    net = Net()
+    named = net.named_parameters
+    lbfgs = torch.optim.LBFGS(net.parameters())
+    expect(ValueError, ["LBFGS", "not per parameter"], lambda: hvd.DistributedOptimizer(lbfgs, shard=2), r)
+    sparse = torch.optim.SparseAdam(net.parameters())
+    expect(ValueError, ["SparseAdam", "sparse"], lambda: hvd.DistributedOptimizer(sparse, shard=1), r)
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    expect(ValueError, ["MyAdam", "element"], lambda: hvd.DistributedOptimizer(MyAdam(net.parameters()), shard=2), r)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    expect(ValueError, ["shard must be 1", "or 2"], lambda: hvd.DistributedOptimizer(sgd, shard=3), r)
+    expect(ValueError, ["sparse_as_dense"], lambda: hvd.DistributedOptimizer(sgd, shard=2, sparse_as_dense=True), r)
+
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=named(), shard=2)
+    expect(ValueError, ["parameter groups are fixed"], lambda: opt.add_param_group({"params": []}), r)
+    local_loss(net, 0, r, n).backward()
+    expect(AssertionError, ["zero_grad() between loss.backward()"], opt.zero_grad, r)
+    expect(AssertionError, ["backward_passes_per_step=1"], lambda: local_loss(net, 0, r, n).backward(), r)
+    opt.step()
+
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    eopt = hvd.DistributedOptimizer(
+        torch.optim.SGD(emb.parameters(), lr=0.1), named_parameters=emb.named_parameters(), shard=2
+    )
+    expect(ValueError, ["sparse gradient", "weight"], lambda: emb(torch.tensor([1, 2])).sum().backward(), r)
+    del eopt
+
+    # DistributedModel options are the model's; a conflicting one is named.
+    dm = hvd.DistributedModel(Net(), backward_passes_per_step=2)
+    expect(
+        ValueError,
+        ["backward_passes_per_step=3", "DistributedModel"],
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(dm.parameters(), lr=0.1), shard=2, backward_passes_per_step=3),
+        r,
+    )
+
+    # Parameters that differ across ranks: ValueError on every rank, naming them.
+    if n > 1:
+        odd = torch.nn.Linear(3, 4 if r == n - 1 else 3)
+        expect(
+            ValueError,
+            ["parameters differ", f"ranks [{n - 1}]" if r != n - 1 else "ranks ["],
+            lambda: hvd.DistributedOptimizer(torch.optim.SGD(odd.parameters(), lr=0.1), shard=2),
+            r,
+        )
+    # A rank that joins while the others step: a clear error there (reduce-scatter or all-gather).
+    if n > 1:
+        net2 = Net()
+        opt2 = hvd.DistributedOptimizer(
+            torch.optim.SGD(net2.parameters(), lr=0.1), named_parameters=net2.named_parameters(), shard=2
+        )
+        if r == 0:
+            hvd.join()
+        else:
+            local_loss(net2, 0, r, n).backward()
+            expect(hvd.HvdError, ["join"], opt2.step, r)
+            hvd.join()
+        # shard=1: the gradients' all-reduce takes the joined rank's zeros; the
+        # parameters' gather must not (its range would become zeros).
+        net3 = Net()
+        opt3 = hvd.DistributedOptimizer(
+            torch.optim.SGD(net3.parameters(), lr=0.1), named_parameters=net3.named_parameters(), shard=1
+        )
+        if r == 0:
+            hvd.join()
+        else:
+            local_loss(net3, 0, r, n).backward()
+            expect(hvd.HvdError, ["did not hear from all", "join"], opt3.step, r)
+            hvd.join()
+    hvd.shutdown()
+
+
+def check_process_set():
+    """Sharded over a process set of ranks 0 and 2: the members train like one
+    process on their global batch; rank 1 gets the plain optimizer."""
+    hvd.init()
+    r = hvd.rank()
+    pair = hvd.add_process_set([0, 2])
+    torch.manual_seed(7)
+    base = Net()
+    net = copy.deepcopy(base)
+    opt = hvd.DistributedOptimizer(
+        make_opt("adam", net), named_parameters=net.named_parameters(), shard=2, process_set=pair, fusion_bytes=600
+    )
+    if r == 1:
+        assert not isinstance(opt, hvd.ShardedOptimizer)
+    else:
+        k = pair.rank()
+        ref, _ = train_reference(base, "adam", 2)
+        for s in range(STEPS):
+            opt.zero_grad()
+            local_loss(net, s, k, 2).backward()
+            opt.step()
+        assert_params_close(net, ref, "process set [0, 2]", 1e-4)
+    hvd.barrier()
+    hvd.remove_process_set(pair)
+    hvd.shutdown()
