@@ -1,6 +1,6 @@
 """The multi-process tests of the collectives, every reducer, the ops with
-allocated outputs, join, sparse gradients, SyncBatchNorm, process sets and
-DistributedModel training, with every tensor on the simulated device
+allocated outputs, join, sparse gradients, SyncBatchNorm, process sets,
+DistributedModel training and the sharded optimizer, with every tensor on the simulated device
 (HVDTORCH_SIM_DEVICE=1): each op goes through the engine's device paths
 (ready and completion events, staging through pinned memory) with the device
 streams' random delays, and must give the CPU results exactly."""
@@ -22,6 +22,7 @@ CASES = [
     ("tests.workers.sparse:check_sparse_allreduce", [], 2, None, {}),
     ("tests.workers.sync_batch_norm:check_training_with_optimizer", [], 2, None, {}),
     ("tests.workers.process_sets:check_process_sets", [], 4, None, {}),
+    ("tests.workers.zero:check_training", ["quick"], 2, None, {}),
     # The GPU tests' own checks, on CPU tensors (they run on CUDA tensors in make gpu-check).
     ("tests.workers.gpu:check_collectives", ["cpu"], 2, None, {}),
     ("tests.workers.gpu:check_distributed_model", ["cpu"], 2, None, {}),
