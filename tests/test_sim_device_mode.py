@@ -1,5 +1,5 @@
 """The multi-process tests of the collectives, every reducer, the ops with
-allocated outputs, join, sparse gradients, SyncBatchNorm, process sets,
+allocated outputs, join, sparse gradients, SyncBatchNorm, process sets, elastic state,
 DistributedModel training and the sharded optimizer, with every tensor on the simulated device
 (HVDTORCH_SIM_DEVICE=1): each op goes through the engine's device paths
 (ready and completion events, staging through pinned memory) with the device
@@ -71,4 +71,15 @@ def test_every_reducer_with_interprocess_devices():
         args=["tests.workers.collectives:check_reducers"],
         timeout=240,
         env=env,
+    )
+
+
+def test_elastic_state_restores_through_the_simulated_device(tmp_path):
+    # Commit, restore and sync of TorchState (broadcasts of model and optimizer state) on device memory.
+    run_ranks(
+        "tests.workers.sim_device:through_device",
+        2,
+        args=["tests.workers.elastic:check_restore", str(tmp_path / "commits")],
+        timeout=120,
+        env=SIM,
     )
