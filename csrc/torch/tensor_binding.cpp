@@ -90,10 +90,10 @@ std::shared_ptr<Event> OpBinding::readyEvent(DeviceId id) {
   return ready_;
 }
 
-void OpBinding::check(const at::Tensor& t, const std::string& where) {
+DataType OpBinding::check(const at::Tensor& t, const std::string& where) {
   if (t.is_sparse()) throw InvalidArgument(strCat(where, ": sparse tensors are not supported; densify them first"));
   if (!t.is_contiguous()) throw InvalidArgument(strCat(where, ": tensor must be contiguous"));
-  toDataType(t.scalar_type(), where);
+  const DataType dtype = toDataType(t.scalar_type(), where);
   if (t.is_cuda()) {
     if (!deviceKindAvailable(DeviceKind::kCuda))
       throw InvalidArgument(strCat(where, ": tensor is on ", t.device().str(),
@@ -102,11 +102,11 @@ void OpBinding::check(const at::Tensor& t, const std::string& where) {
   } else if (!t.device().is_cpu()) {
     throw InvalidArgument(strCat(where, ": tensor is on ", t.device().str(), "; hvdtorch serves CPU and CUDA tensors"));
   }
+  return dtype;
 }
 
 TensorPtr OpBinding::bind(const at::Tensor& t) {
-  check(t, where_);
-  const DataType dtype = toDataType(t.scalar_type(), where_);
+  const DataType dtype = check(t, where_);
   if (t.is_cuda()) return std::make_shared<TorchTensor>(t, dtype, deviceOf(t), readyEvent(deviceOf(t)));
   if (!simDeviceMode()) return std::make_shared<TorchTensor>(t, dtype);
   for (const auto& [host, buffer] : bound_)

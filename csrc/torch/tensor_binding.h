@@ -35,8 +35,9 @@ bool simDeviceMode();
 class OpBinding {
  public:
   explicit OpBinding(std::string where) : where_(std::move(where)) {}
-  // The refusals of bind() (InvalidArgument prefixed by `where`), binding nothing.
-  static void check(const at::Tensor& t, const std::string& where);
+  // The refusals of bind() (InvalidArgument prefixed by `where`), binding
+  // nothing; returns the tensor's dtype in the core's terms.
+  static DataType check(const at::Tensor& t, const std::string& where);
   // An input or a caller-given output; a tensor bound twice (in place) is
   // one buffer.
   TensorPtr bind(const at::Tensor& t);
