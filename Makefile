@@ -89,7 +89,8 @@ test: test-cpp test-fuzz-wire test-py
 # copy of tests/, examples/ and benchmarks/ that holds no hvdtorch/, so they import the
 # installed package. CUDA_TESTS: the build's own facts, the torchvision-dependent tests (the
 # GoogLeNet comparison, ImageFolder, the training benchmark, Horovod-style example scripts),
-# and of the CPU suite what exercises every collective, dtype and reducer and DistributedModel
+# and of the CPU suite what exercises every collective and dtype, every reducer on two
+# topologies (two hosts of two ranks; four hosts) and DistributedModel
 # training equal to one process through this build, and the device paths of this build's torch
 # adapter (its CUDA code compiled in) through the simulated device. The rest of the CPU suite (the same
 # Python code against the other torch) runs in `make test`: all of it here would add about
@@ -99,7 +100,8 @@ CUDA_PY := $(CUDA_VENV)/bin/python
 CUDA_BUILD_DIR := build/cmake-cuda
 CUDA_STAGE := build/cuda-stage
 CUDA_TESTS ?= tests/test_build.py tests/test_check.py tests/test_workloads.py tests/test_horovod_examples.py \
-              tests/test_collectives.py tests/test_reducers.py \
+              tests/test_collectives.py "tests/test_reducers.py::test_every_reducer_on_topology[aabb]" \
+              "tests/test_reducers.py::test_every_reducer_on_topology[abcd]" \
               tests/test_training.py::test_distributed_model_equals_single_process \
               tests/test_device_errors.py "tests/test_sim_device_mode.py::test_through_the_simulated_device[collectives.check_all]"
 
