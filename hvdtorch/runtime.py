@@ -46,6 +46,7 @@ class _State:
     homogeneous: bool  # every host runs the same number of ranks
     control_group: object
     data_group: object
+    device_group: Optional[object]  # see _device_group()
     owns_default_group: bool
     store_path: Optional[str]
     shm_token: str  # names this job's shared-memory segments (/dev/shm/hvdtorch-<token>...)
@@ -163,6 +164,22 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
     return path
 
 
+def _device_group(timeout: datetime.timedelta):
+    """The group the engine reduces device tensors through, without the host,
+    for reducer "native" (and "auto" where the device ring does not apply):
+    NCCL where torch has CUDA and NCCL (made lazily by torch: no
+    communicator until the first such all-reduce); Gloo standing in for it
+    under HVDTORCH_SIM_DEVICE=1, so that path runs without a GPU; else none,
+    and device tensors are staged through the host."""
+    from . import _C
+
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return dist.new_group(backend="nccl", timeout=timeout)
+    if _C.sim_device_mode():
+        return dist.new_group(backend="gloo", timeout=timeout)
+    return None
+
+
 def init(comm=None, process_sets=None, **options) -> None:
     """Starts hvdtorch in this process.
 
@@ -208,7 +225,8 @@ def init(comm=None, process_sets=None, **options) -> None:
         _C.remove_dead_shm_segments()
         launch.remove_stale_file_stores()
 
-        engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token)
+        device = _device_group(timeout)
+        engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token, device)
         topo = engine.topology()
         _state = _State(
             engine=engine,
@@ -222,6 +240,7 @@ def init(comm=None, process_sets=None, **options) -> None:
             homogeneous=topo["homogeneous"],
             control_group=control,
             data_group=data,
+            device_group=device,
             owns_default_group=owns_default,
             store_path=store_path,
             shm_token=shm_token,
@@ -243,7 +262,9 @@ def shutdown() -> None:
     for hook in _shutdown_hooks:
         hook()
     st.engine.shutdown()
-    for group in (st.data_group, st.control_group):
+    for group in (st.device_group, st.data_group, st.control_group):
+        if group is None:
+            continue
         try:
             dist.destroy_process_group(group)
         except Exception:  # the group may already be gone with a dead peer

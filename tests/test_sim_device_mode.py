@@ -59,7 +59,13 @@ def test_the_device_ring(nranks):
         "HVDTORCH_RING_SEGMENT_BYTES": "256",
         "HVDTORCH_SIM_MAX_DELAY_US": "400",
     }
-    run_ranks("tests.workers.sim_device:device_ring", nranks, timeout=240, env=env)
+    run_ranks("tests.workers.sim_device:device_path", nranks, args=["ring"], timeout=240, env=env)
+
+
+def test_the_device_group_across_hosts():
+    # reducer="native" on device tensors: the device group (Gloo standing in for NCCL), across two hosts.
+    env = {**SIM, "HVDTORCH_SIM_MAX_DELAY_US": "400"}
+    run_ranks("tests.workers.sim_device:device_path", 3, hosts=list("aab"), args=["native"], timeout=240, env=env)
 
 
 def test_every_reducer_with_interprocess_devices():

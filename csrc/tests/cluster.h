@@ -2,7 +2,8 @@
 // control and data fabrics: what the engine and op tests run against.
 // `data_links`, when given, replaces the data fabric's links (a test of
 // transport failures hands out broken ones; turn calibration off then, it
-// runs over the data links).
+// runs over the data links). `native`, when given, is each rank's backend
+// collectives (the engine does not own them; they must outlive the cluster).
 #pragma once
 
 #include <functional>
@@ -17,8 +18,10 @@ namespace hvdtorch::test {
 
 struct Cluster {
   using LinkMaker = std::function<std::unique_ptr<Link>(int self, int peer)>;
+  using NativeOf = std::function<NativeCollectives*(int rank)>;
 
-  explicit Cluster(int p, Config cfg = {}, LinkMaker data_links = nullptr) : control(p), data(p) {
+  explicit Cluster(int p, Config cfg = {}, LinkMaker data_links = nullptr, NativeOf native = nullptr)
+      : control(p), data(p) {
     cfg.cycle_time = std::chrono::microseconds(200);
     cfg.timeout = std::chrono::milliseconds(5000);
     // Concurrently, as separate processes would: construction calibrates
@@ -26,8 +29,9 @@ struct Cluster {
     engines.resize(p);
     std::vector<std::thread> ts;
     for (int r = 0; r < p; ++r) {
-      ts.emplace_back([this, r, p, cfg, data_links] {
+      ts.emplace_back([this, r, p, cfg, data_links, native] {
         Engine::Transports t;
+        if (native) t.native = native(r);
         t.control = [this, r](int peer) { return control.link(r, peer); };
         t.data = [this, r, data_links](int peer) { return data_links ? data_links(r, peer) : data.link(r, peer); };
         engines[r] = std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t);

@@ -11,15 +11,19 @@
 // process cannot do for its own (CUDA IPC's rule, which the simulated device
 // keeps); tests/test_sim_device_mode.py runs it with one process per rank.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "algorithms/reducer_registry.h"
 #include "check.h"
 #include "cluster.h"
 #include "common/error.h"
+#include "device/reduce_kernels.h"
 #include "device/sim_device.h"
 #ifdef HVDTORCH_TEST_ON_CUDA
 #include "device/cuda_device.h"
@@ -92,6 +96,76 @@ OutputAllocator allocatorOn(Device& dev) {
 
 // Rank r's element i: (r + 1) + i % 7.
 double input(int r, size_t i) { return (r + 1) + static_cast<double>(i % 7); }
+
+// The backend's device collectives for in-process ranks, standing in for
+// NCCL (NativeCollectives::reducesOnDevice/allreduceOnDevice): each rank's
+// call copies its device data to registered host memory, waits until every
+// rank has, reduces all of them in rank order, and copies the result back
+// on its engine stream. It takes Sum only, so other ops show the fallback.
+class InProcDeviceCollectives {
+ public:
+  explicit InProcDeviceCollectives(int p) : p_(p), deposits_(p) {
+    for (int r = 0; r < p; ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
+  }
+  NativeCollectives* of(int rank) { return ranks_[rank].get(); }
+  int calls() const { return calls_.load(); }
+
+ private:
+  struct Rank : NativeCollectives {
+    Rank(InProcDeviceCollectives& all, int rank) : all(all), rank(rank) {}
+    bool supports(DataType, ReduceOp) const override { return false; }  // host memory: the ring instead
+    void allreduce(void*, size_t, DataType, ReduceOp) override { throw InvalidArgument("not on host memory"); }
+    void broadcast(void*, size_t, int) override { throw InvalidArgument("no broadcast here"); }
+    void barrier() override { throw InvalidArgument("no barrier here"); }
+    bool reducesOnDevice(Device&, DataType, ReduceOp op) override { return op == ReduceOp::kSum; }
+    void allreduceOnDevice(Device& d, void* data, size_t count, DataType dtype, ReduceOp op) override {
+      all.reduce(rank, d, data, count, dtype, op);
+    }
+    InProcDeviceCollectives& all;
+    int rank;
+  };
+
+  void reduce(int rank, Device& d, void* data, size_t count, DataType dtype, ReduceOp op) {
+    const size_t bytes = count * dtypeSize(dtype);
+    std::vector<char>& mine = deposits_[rank];
+    mine.resize(bytes);
+    d.registerHost(mine.data(), bytes);
+    auto drained = d.newEvent();
+    d.copyToHost(mine.data(), data, bytes, nullptr);
+    d.record(*drained, nullptr);
+    d.synchronize(*drained);
+    arrive();  // every rank's data is in
+    std::vector<char> result(deposits_[0]);
+    for (int r = 1; r < p_; ++r) reduceInto(result.data(), deposits_[r].data(), count, dtype, op);
+    arrive();  // every rank has read them
+    std::memcpy(mine.data(), result.data(), bytes);
+    d.copyFromHost(data, mine.data(), bytes, nullptr);
+    d.record(*drained, nullptr);
+    d.synchronize(*drained);
+    d.unregisterHost(mine.data());
+    ++calls_;
+  }
+  void arrive() {
+    std::unique_lock<std::mutex> lk(mu_);
+    const uint64_t generation = generation_;
+    if (++arrived_ == p_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else if (!cv_.wait_for(lk, std::chrono::seconds(10), [&] { return generation_ != generation; })) {
+      throw CollectiveError("in-process device collectives: a rank did not arrive within 10 s");
+    }
+  }
+
+  int p_;
+  std::vector<std::vector<char>> deposits_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  std::atomic<int> calls_{0};
+};
 
 }  // namespace
 
@@ -376,6 +450,65 @@ TEST(a_joined_rank_stands_in_for_sim_tensors) {
       if (valueAt(DataType::kFloat32, got, i) != i + 1.0) errors[r] = strCat("element ", i);
   });
   for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+}
+
+TEST(native_and_auto_reduce_through_the_backends_device_collectives) {
+  // `native` and `auto` (the device ring does not apply: each rank has its own
+  // device, not shared between processes) run Sum and Average through the
+  // backend's device collectives, a lone tensor in its output and a fused
+  // group through the device fusion buffer; Max, which the backend does not
+  // take, is staged. Element i on rank r: (r + 1) + i % 7, with prescale 2.
+  const int p = 3;
+  InProcDeviceCollectives backend(p);
+  Cluster c(p, {}, nullptr, [&](int r) { return backend.of(r); });
+  int expected_calls = 0;
+  // On CUDA every rank of this process is on cuda:0, where `auto` would take
+  // the device ring, which one process cannot run with itself.
+  std::vector<std::string> reducers{"native"};
+  if (deviceOf(0).kind == DeviceKind::kSim) reducers.push_back("auto");
+  for (const std::string& reducer : reducers) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+      for (int tensors : {1, 3}) {
+        std::vector<std::string> errors(p);
+        c.onEveryRank([&](int r, Engine& eng) {
+          Caller caller(deviceOf(r));
+          ops::AllreduceOptions o;
+          const std::string name = strCat("dn.", reducer, ".", static_cast<int>(op), ".", tensors);
+          o.name = name;
+          o.op = op;
+          o.prescale = 2.0;
+          o.reducer = reducer;
+          for (int k = 0; k < tensors; ++k)
+            o.inputs.push_back(
+                caller.upload(DataType::kFloat32, {11 + k},
+                              hostValues(DataType::kFloat32, {11 + k}, [&](size_t i) { return input(r, i); }),
+                              /*late=*/true));
+          o.outputs = o.inputs;
+          const std::vector<TensorPtr> outs = o.outputs;
+          const int64_t h = ops::allreduce(eng, std::move(o));
+          errors[r] = waitFor(eng, h);
+          if (!errors[r].empty()) return;
+          for (size_t k = 0; k < outs.size(); ++k) {
+            const auto got = caller.download(*eng.state(h), *outs[k]);
+            for (int64_t i = 0; i < 11 + static_cast<int64_t>(k); ++i) {
+              const double m = static_cast<double>(i % 7);
+              const double want = op == ReduceOp::kSum       ? 2 * (6 + 3 * m)
+                                  : op == ReduceOp::kAverage ? 2 * (2 + m)
+                                                             : 2 * (3 + m);
+              if (valueAt(DataType::kFloat32, got, i) != want && errors[r].empty())
+                errors[r] =
+                    strCat(name, " tensor ", k, " [", i, "]: ", valueAt(DataType::kFloat32, got, i), ", want ", want);
+            }
+          }
+          eng.release(h);
+        });
+        for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+        if (op != ReduceOp::kMax) expected_calls += p;  // one call per rank per unit
+        CHECK_MSG(backend.calls() == expected_calls, "%s: %d device collective calls, want %d", reducer.c_str(),
+                  backend.calls(), expected_calls);
+      }
+    }
+  }
 }
 
 TEST(staging_copies_only_through_pinned_host_memory) {

@@ -40,6 +40,16 @@ class WorkRequest : public LinkRequest {
   const char* what_;
 };
 
+void waitOrThrow(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw CollectiveError(strCat("native ", what, " failed: ", e.what()));
+  }
+}
+
+}  // namespace
+
 c10d::ReduceOp toC10dOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return c10d::ReduceOp::SUM;
@@ -50,16 +60,6 @@ c10d::ReduceOp toC10dOp(ReduceOp op) {
   }
   throw InvalidArgument(strCat("reduce op ", reduceOpName(op), " has no c10d equivalent"));
 }
-
-void waitOrThrow(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
-  try {
-    work->wait();
-  } catch (const std::exception& e) {
-    throw CollectiveError(strCat("native ", what, " failed: ", e.what()));
-  }
-}
-
-}  // namespace
 
 C10dLink::C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer, int channel)
     : pg_(std::move(pg)), peer_(peer), channel_(channel) {

@@ -1,5 +1,6 @@
 // The c10d transport: a Link and the NativeCollectives over a
-// c10d::ProcessGroup (Gloo on CPU). Gloo is used through ProcessGroup, never
+// c10d::ProcessGroup (Gloo on CPU; NCCL for device memory, through
+// c10d_device_collectives.h). Gloo is used through ProcessGroup, never
 // linked directly: the torch wheel ships no Gloo headers and a second copy
 // would clash with the one inside libtorch_cpu.
 #pragma once
@@ -8,6 +9,7 @@
 
 #include <memory>
 
+#include "c10d_device_collectives.h"
 #include "transport/link.h"
 #include "transport/native_collectives.h"
 
@@ -45,16 +47,31 @@ class C10dLink : public Link {
   uint32_t recv_seq_ = 0;
 };
 
+// Sum, Min, Max, Product; throws InvalidArgument for the others.
+c10d::ReduceOp toC10dOp(ReduceOp op);
+
+// The data group's collectives on host memory, and on device memory through
+// `device` where there is a device group (c10d_device_collectives.h).
 class C10dNative : public NativeCollectives {
  public:
-  explicit C10dNative(c10::intrusive_ptr<c10d::ProcessGroup> pg) : pg_(std::move(pg)) {}
+  explicit C10dNative(c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                      std::unique_ptr<C10dDeviceCollectives> device = nullptr)
+      : pg_(std::move(pg)), device_(std::move(device)) {}
   bool supports(DataType dtype, ReduceOp op) const override;
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
   void broadcast(void* data, size_t bytes, int root) override;
   void barrier() override;
+  bool reducesOnDevice(Device& device, DataType dtype, ReduceOp op) override {
+    return device_ && device_->reduces(device, dtype, op);
+  }
+  void allreduceOnDevice(Device& device, void* data, size_t count, DataType dtype, ReduceOp op) override {
+    if (!device_) return NativeCollectives::allreduceOnDevice(device, data, count, dtype, op);
+    device_->allreduce(device, data, count, dtype, op);
+  }
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::unique_ptr<C10dDeviceCollectives> device_;
 };
 
 }  // namespace hvdtorch

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 
 #include "algorithms/device_ring.h"
 #include "build_info.h"
@@ -48,8 +49,9 @@ class PyEngine {
  public:
   PyEngine(const std::map<std::string, std::string>& options, int rank, const std::vector<int>& host_of_rank,
            c10::intrusive_ptr<c10d::ProcessGroup> control_pg, c10::intrusive_ptr<c10d::ProcessGroup> data_pg,
-           const std::string& shm_token)
-      : native_(std::make_unique<C10dNative>(data_pg)) {
+           const std::string& shm_token, std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> device_pg)
+      : native_(std::make_unique<C10dNative>(
+            data_pg, device_pg ? std::make_unique<C10dDeviceCollectives>(*device_pg, data_pg) : nullptr)) {
     Engine::Transports t;
     t.control = [control_pg](int peer) { return std::make_unique<C10dLink>(control_pg, peer); };
     t.data = [data_pg](int peer) { return std::make_unique<C10dLink>(data_pg, peer); };
@@ -343,10 +345,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::map<std::string, std::string>&, int, const std::vector<int>&,
-                    c10::intrusive_ptr<c10d::ProcessGroup>, c10::intrusive_ptr<c10d::ProcessGroup>,
-                    const std::string&>(),
+                    c10::intrusive_ptr<c10d::ProcessGroup>, c10::intrusive_ptr<c10d::ProcessGroup>, const std::string&,
+                    std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>>(),
            py::arg("options"), py::arg("rank"), py::arg("host_of_rank"), py::arg("control_pg"), py::arg("data_pg"),
-           py::arg("shm_token"))
+           py::arg("shm_token"), py::arg("device_pg") = py::none())
       .def("allreduce", &PyEngine::allreduce, py::arg("inputs"), py::arg("outputs"), py::arg("name"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("reducer"), py::arg("process_set_id") = 0)
       .def("allgather", &PyEngine::allgather, py::arg("inputs"), py::arg("name"), py::arg("process_set_id") = 0)
@@ -446,6 +448,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sim_unpinned_engine_copies", [] { return simUnpinnedEngineCopies(deviceFor(DeviceId{DeviceKind::kSim, 0})); });
   // All-reduces this process ran on the device ring (algorithms/device_ring.h), for tests.
   m.def("device_ring_runs", &DeviceRing::runs);
+  // All-reduces this process ran through the device group (c10d_device_collectives.h), for tests.
+  m.def("device_native_runs", &C10dDeviceCollectives::runs);
   // Removes what killed jobs left in /dev/shm (segments of hvdtorch jobs whose creator is dead); init() calls it.
   m.def("remove_dead_shm_segments", [] { return ShmSegment::removeDeadJobSegments(); });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

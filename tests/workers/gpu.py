@@ -1,5 +1,6 @@
 """Rank-side checks on CUDA tensors; every rank uses cuda:0 (the test machine
-has one GPU, which the ranks share; no NCCL is involved).
+has one GPU, which the ranks share). NCCL refuses two ranks on one GPU, so
+reducer="native" must notice the shared GPU and stage instead of calling it.
 
 Inputs are written on a side stream behind a long kernel and submitted from
 that stream: the engine must wait on the ready event it records there, or it
@@ -47,7 +48,7 @@ def written_late(cpu_values: torch.Tensor, side) -> torch.Tensor:
     return out
 
 
-def check_collectives(device: str = "cuda", reducers: str = "auto,ring,central"):
+def check_collectives(device: str = "cuda", reducers: str = "auto,ring,central,native"):
     hvd.init()
     cuda = device == "cuda"
     if cuda:
@@ -106,6 +107,14 @@ def check_collectives(device: str = "cuda", reducers: str = "auto,ring,central")
         assert got.device.type == kind and torch.equal(got.cpu().double(), full[start : start + rows[r]]), (
             f"reducescatter {dtype}"
         )
+    if n > 1 and "native" in reducers.split(","):
+        from hvdtorch import _C
+
+        ran = _C.device_native_runs()
+        if cuda:
+            assert ran == 0, f"rank {r}: {ran} NCCL all-reduces with every rank on cuda:0"
+        elif _C.sim_device_mode():
+            assert ran > 0, f"rank {r}: reducer='native' never took the device group on the simulated device"
     if cuda and n > 1:
         # A host tensor on one rank and a device tensor on another: an error on every rank naming both.
         t = torch.ones(3, device="cuda:0") if r == 0 else torch.ones(3)

@@ -16,18 +16,21 @@ def through_device(target: str, *args: str) -> None:
     assert unpinned == 0, f"rank {hvd.rank()}: {unpinned} engine copies went through unregistered host memory"
 
 
-def device_ring() -> None:
-    """reducer="ring" on device tensors runs the device ring (device memory,
-    interprocess links, HVDTORCH_SIM_INTERPROCESS=1), one ring per all-reduce
-    unit, with the CPU results: every op and dtype, unequal chunks, many
-    segments (HVDTORCH_RING_SEGMENT_BYTES is small), a fused group with
-    scales, and async handles waited out of order."""
+def device_path(reducer: str) -> None:
+    """A device-native all-reduce path runs once per all-reduce unit on
+    device tensors, with the CPU results: every op and dtype, a fused group
+    with scales, and async handles waited out of order. reducer="ring": the
+    device ring (device memory, interprocess links under
+    HVDTORCH_SIM_INTERPROCESS=1; unequal chunks, many segments when
+    HVDTORCH_RING_SEGMENT_BYTES is small). reducer="native": the backend's
+    device collectives (the device group: Gloo standing in for NCCL)."""
     import torch
 
     assert _C.sim_device_mode()
+    runs = {"ring": _C.device_ring_runs, "native": _C.device_native_runs}[reducer]
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    before = _C.device_ring_runs()
+    before = runs()
     units = 0
     for dtype in (torch.float32, torch.float64, torch.int32, torch.float16, torch.bfloat16):
         for op, name in (
@@ -41,7 +44,7 @@ def device_ring() -> None:
             def val(q):
                 return (1 + (q + torch.arange(1111)) % 3).to(dtype)
 
-            got = hvd.allreduce(val(r), op=op, name=f"dr.{dtype}.{name}", reducer="ring")
+            got = hvd.allreduce(val(r), op=op, name=f"dr.{dtype}.{name}", reducer=reducer)
             units += 1
             stack = torch.stack([val(q).double() for q in range(n)])
             want = {
@@ -55,21 +58,21 @@ def device_ring() -> None:
             torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol, msg=f"{dtype} {name}")
     xs = [torch.full((k * 37 + 3,), float(r + 1)) for k in range(4)]
     outs = hvd.grouped_allreduce(
-        xs, op=hvd.Average, prescale_factor=2.0, postscale_factor=5.0, name="dr.group", reducer="ring"
+        xs, op=hvd.Average, prescale_factor=2.0, postscale_factor=5.0, name="dr.group", reducer=reducer
     )
     units += 1  # one fused unit (the group is far below the fusion threshold)
     for k, out in enumerate(outs):
         torch.testing.assert_close(out, torch.full_like(out, 2.0 * 5.0 * (n + 1) / 2), msg=f"group tensor {k}")
     handles = [
-        hvd.allreduce_async(torch.full((1000,), float(k + r)), op=hvd.Sum, name=f"dr.async.{k}", reducer="ring")
+        hvd.allreduce_async(torch.full((1000,), float(k + r)), op=hvd.Sum, name=f"dr.async.{k}", reducer=reducer)
         for k in range(6)
     ]
     for k in reversed(range(6)):
         out = hvd.synchronize(handles[k])
         assert torch.equal(out, torch.full((1000,), float(n * k + n * (n - 1) / 2))), f"async {k}"
-    ran = _C.device_ring_runs() - before
+    ran = runs() - before
     # Async all-reduces may fuse: at least one more unit, at most six.
-    assert units + 1 <= ran <= units + 6, f"rank {r}: {ran} device ring runs for {units} + 1..6 units"
+    assert units + 1 <= ran <= units + 6, f"rank {r}: {ran} {reducer} device runs for {units} + 1..6 units"
     hvd.shutdown()
     unpinned = _C.sim_unpinned_engine_copies()
     assert unpinned == 0, f"rank {r}: {unpinned} unpinned engine copies"

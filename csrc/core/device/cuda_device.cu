@@ -422,6 +422,15 @@ int cudaDeviceCount(std::string* why) {
   return n;
 }
 
+std::array<uint8_t, 16> cudaDeviceUuid(int ordinal) {
+  cudaDeviceProp prop{};
+  const cudaError_t e = cudaGetDeviceProperties(&prop, ordinal);
+  if (e != cudaSuccess) throw CollectiveError(strCat("cuda:", ordinal, ": reading its UUID: ", cudaGetErrorString(e)));
+  std::array<uint8_t, 16> uuid{};
+  std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
+  return uuid;
+}
+
 std::unique_ptr<Device> makeCudaDevice(int ordinal) {
   std::string why;
   const int n = cudaDeviceCount(&why);

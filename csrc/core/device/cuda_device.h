@@ -4,6 +4,8 @@
 // builds that compiled the .cu files (HVDTORCH_HAVE_CUDA_DEVICE).
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -19,5 +21,9 @@ std::unique_ptr<Device> makeCudaDevice(int ordinal);
 // Number of visible CUDA devices; 0 (and `why` says why) where CUDA cannot
 // run: no driver, no device, CUDA_VISIBLE_DEVICES empty.
 int cudaDeviceCount(std::string* why);
+
+// The GPU's UUID (16 bytes): equal on two ranks exactly when they use one
+// GPU, whatever their ordinals. Throws CollectiveError naming the device.
+std::array<uint8_t, 16> cudaDeviceUuid(int ordinal);
 
 }  // namespace hvdtorch

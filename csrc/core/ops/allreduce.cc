@@ -83,29 +83,42 @@ struct DeviceStaging {
   }
 };
 
-// The device ring: every piece on one device, `ring` or `auto` asked for, and
-// the ring applicable to this context and device (device_ring.h). All of it
-// agreed across ranks except the device index, which is this rank's own.
-// `auto` takes it wherever it applies: on one host it moves each byte once
-// device to device, where staging moves it to the host and back as well.
-Device* deviceRingDevice(Executor& ex, const WorkUnit& unit, ReducerId asked) {
+// The device-native paths reduce device memory without the host: the device
+// ring (device_ring.h; `ring`, or `auto` wherever it applies: on one host it
+// moves each byte once device to device, where staging moves it to the host
+// and back as well) and the backend's device collectives (`native`, or
+// `auto` where the ring does not apply: NCCL on CUDA, across hosts). Both
+// need every piece on one device. What applies is agreed across ranks (the
+// device kind, dtype and op are in the signature; applicability is decided
+// collectively on first use), except the device index, this rank's own.
+struct DevicePath {
+  Device* device = nullptr;  // null: stage through the host
+  bool ring = false;         // the device ring; else the backend's device collectives
+};
+
+DevicePath devicePath(Executor& ex, const WorkUnit& unit, ReducerId asked, DataType dtype, ReduceOp op) {
   static const ReducerId ring = parseReducer("ring");
-  if (asked != ring && asked != kAutoReducer) return nullptr;
+  static const ReducerId native = parseReducer("native");
+  if (asked != ring && asked != native && asked != kAutoReducer) return {};
   const DeviceId id = unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device();
   for (const auto& p : unit.pieces)
     if (p.entry->inputs[p.tensor]->device() != id)
-      throw CollectiveError(strCat(p.entry->request.describe(), ": tensors fused into one ring all-reduce are on ",
-                                   id.str(), " and ", p.entry->inputs[p.tensor]->device().str(),
-                                   "; the device ring needs one device per process"));
+      throw CollectiveError(strCat(p.entry->request.describe(), ": tensors fused into one ", reducerName(asked),
+                                   " all-reduce are on ", id.str(), " and ", p.entry->inputs[p.tensor]->device().str(),
+                                   "; the device paths need one device per process"));
   Device& d = deviceFor(id);
-  return ex.deviceRing(d) ? &d : nullptr;
+  if (asked != native && ex.deviceRing(d)) return {&d, true};
+  NativeCollectives* backend = ex.ctx().native();
+  if (asked != ring && backend && backend->reducesOnDevice(d, dtype, op)) return {&d, false};
+  return {};
 }
 
 // Device memory only: pack (prescaled) into the engine's device fusion buffer
-// (a lone tensor is reduced in its output), ring, unpack (averaged,
+// (a lone tensor is reduced in its output), reduce, unpack (averaged,
 // postscaled), all on the engine stream; the op completes without the host
 // waiting for the device, the caller's stream waiting on `done` instead.
-void allreduceOnDeviceRing(Executor& ex, WorkUnit& unit, Device& d, DataType dtype, size_t count) {
+void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, DataType dtype, size_t count) {
+  Device& d = *path.device;
   const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
   const size_t esize = dtypeSize(dtype);
   const bool alone = unit.pieces.size() == 1;
@@ -120,9 +133,15 @@ void allreduceOnDeviceRing(Executor& ex, WorkUnit& unit, Device& d, DataType dty
     off += static_cast<size_t>(in.numel());
   }
   ex.mark(unit, "MEMCPY_IN_FUSION", false);
-  ex.mark(unit, "ALLREDUCE:ring(device)", true);
-  ex.deviceRing(d)->allreduce(fused, count, dtype, Executor::reducedOp(args.op));
-  ex.mark(unit, "ALLREDUCE:ring(device)", false);
+  const char* phase = path.ring ? "ALLREDUCE:ring(device)" : "ALLREDUCE:native(device)";
+  const ReduceOp op = Executor::reducedOp(args.op);
+  ex.mark(unit, phase, true);
+  if (path.ring) {
+    ex.deviceRing(d)->allreduce(fused, count, dtype, op);
+  } else {
+    ex.ctx().native()->allreduceOnDevice(d, fused, count, dtype, op);
+  }
+  ex.mark(unit, phase, false);
   const int64_t divisor = ex.averageDivisor(args.op);
   off = 0;
   for (const auto& p : unit.pieces) {
@@ -152,7 +171,8 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   if (on_device && ex.ctx().size() > 1) {
-    if (Device* d = deviceRingDevice(ex, unit, args.reducer)) return allreduceOnDeviceRing(ex, unit, *d, dtype, count);
+    const DevicePath path = devicePath(ex, unit, args.reducer, dtype, Executor::reducedOp(args.op));
+    if (path.device) return allreduceOnDevice(ex, unit, path, dtype, count);
   }
   const ReduceOp op = Executor::reducedOp(args.op);
   const int64_t divisor = ex.averageDivisor(args.op);

@@ -1,0 +1,14 @@
+#include "transport/native_collectives.h"
+
+#include "common/error.h"
+#include "device/device.h"
+
+namespace hvdtorch {
+
+void NativeCollectives::allreduceOnDevice(Device& device, void* /*data*/, size_t /*count*/, DataType dtype,
+                                          ReduceOp op) {
+  throw InvalidArgument(strCat("the backend's collectives reduce no ", dtypeName(dtype), " ", reduceOpName(op), " on ",
+                               device.id().str(), ": stage it through the host"));
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,58 @@
+// The backend's collectives on device memory: a c10d process group of the
+// device's own backend (NCCL for CUDA tensors, torch.distributed's process
+// group), behind NativeCollectives::reducesOnDevice/allreduceOnDevice.
+//
+// Which devices it serves, decided the same way on every rank:
+//  * CUDA, through NCCL. The collective runs on a side stream that waits on
+//    the engine stream and that the engine stream then waits on (events, so
+//    the host never waits). NCCL refuses two ranks on one GPU, so the first
+//    call for a CUDA device compares the GPUs' UUIDs across ranks over the
+//    host group: if any two ranks share a GPU it serves no unit (they are
+//    staged through the host), and says so once.
+//  * The simulated device (HVDTORCH_SIM_DEVICE=1; the device group is then
+//    Gloo): the data goes through pinned host memory and the group's CPU
+//    all-reduce. It stands in for NCCL so that the engine's device-native
+//    path, the group's creation and the reducer choice all run in CI.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+
+#include "device/device.h"
+#include "engine/host_staging.h"
+
+namespace hvdtorch {
+
+class C10dDeviceCollectives {
+ public:
+  // `device_pg`: the device backend's group over every rank; `host_pg`: a
+  // CPU (Gloo) group over the same ranks, for the GPU-sharing check.
+  C10dDeviceCollectives(c10::intrusive_ptr<c10d::ProcessGroup> device_pg,
+                        c10::intrusive_ptr<c10d::ProcessGroup> host_pg);
+  ~C10dDeviceCollectives();
+  C10dDeviceCollectives(const C10dDeviceCollectives&) = delete;
+  C10dDeviceCollectives& operator=(const C10dDeviceCollectives&) = delete;
+
+  bool reduces(Device& device, DataType dtype, ReduceOp op);
+  void allreduce(Device& device, void* data, size_t count, DataType dtype, ReduceOp op);
+  // All-reduces run so far in this process (tests check the path was taken).
+  static uint64_t runs() { return runs_.load(); }
+
+ private:
+  bool usable(Device& device);  // a collective on its first call for `device`
+  void allreduceStaged(Device& device, void* data, size_t count, DataType dtype, ReduceOp op);
+  void allreduceCuda(Device& device, void* data, size_t count, DataType dtype, ReduceOp op);
+
+  c10::intrusive_ptr<c10d::ProcessGroup> device_pg_;
+  c10::intrusive_ptr<c10d::ProcessGroup> host_pg_;
+  std::map<Device*, bool> usable_;
+  StagingPool bounce_;  // the simulated device's host copies
+  struct Side;          // CUDA: the stream NCCL runs on, and its events
+  std::map<Device*, std::unique_ptr<Side>> side_;
+  static std::atomic<uint64_t> runs_;
+};
+
+}  // namespace hvdtorch
