@@ -34,7 +34,7 @@ import hvdtorch._C as _C
 def _wrap_engine(scenario: str) -> None:
     real = _C.Engine
 
-    def engine(opts, rank, host_of_rank, control, data, shm_token):
+    def engine(opts, rank, host_of_rank, control, data, shm_token, *rest):
         print(f"SHM_TOKEN={shm_token}", flush=True)
         if scenario == "terminated_in_init" and rank == 1:
             time.sleep(1.0)
@@ -44,7 +44,7 @@ def _wrap_engine(scenario: str) -> None:
                 threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
             else:
                 time.sleep(3.0)
-        return real(opts, rank, host_of_rank, control, data, shm_token)
+        return real(opts, rank, host_of_rank, control, data, shm_token, *rest)
 
     _C.Engine = engine
 
