@@ -446,6 +446,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // is of copies the engine made on sim:0's engine stream through host memory it had not registered (none should).
   m.def("sim_device_mode", &simDeviceMode);
   m.def("sim_unpinned_engine_copies", [] { return simUnpinnedEngineCopies(deviceFor(DeviceId{DeviceKind::kSim, 0})); });
+  // Interprocess simulated memory this process freed while a peer still had it open (none should be).
+  m.def("sim_released_while_open", &simReleasedWhileOpen);
   // All-reduces this process ran on the device ring (algorithms/device_ring.h), for tests.
   m.def("device_ring_runs", &DeviceRing::runs);
   // All-reduces this process ran through the device group (c10d_device_collectives.h), for tests.

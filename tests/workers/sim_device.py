@@ -76,3 +76,5 @@ def device_path(reducer: str) -> None:
     hvd.shutdown()
     unpinned = _C.sim_unpinned_engine_copies()
     assert unpinned == 0, f"rank {r}: {unpinned} unpinned engine copies"
+    # The device ring's teardown freed each inbox only after its peer had closed it.
+    assert _C.sim_released_while_open() == 0, f"rank {r}: freed device memory a peer still had open"

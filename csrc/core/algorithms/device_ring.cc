@@ -21,6 +21,8 @@ struct Offer {
 
 // The 8-byte messages: kind in the top bit, the segment's sequence number below.
 constexpr uint64_t kConsumed = uint64_t{1} << 63;
+// The teardown's message (a "consumed" number no allreduce reaches).
+constexpr uint64_t kClosed = ~uint64_t{0};
 
 // Element ranges of the p ring chunks (the first count % p get one more).
 size_t chunkBegin(size_t count, int p, int i) {
@@ -73,7 +75,8 @@ DeviceRing::DeviceRing(Context& ctx, Device& device, size_t slot_bytes)
 }
 
 DeviceRing::~DeviceRing() {
-  // Nothing of ours may still be reading or writing; peers unmap theirs.
+  // Nothing of ours may still be reading or writing. Without close() (the
+  // engine failed) a peer may still have the inbox mapped: freed anyway.
   try {
     auto done = dev_.newEvent();
     dev_.record(*done, nullptr);
@@ -85,6 +88,28 @@ DeviceRing::~DeviceRing() {
                  e.what());
   }
   dev_.release(inbox_);
+}
+
+void DeviceRing::close() {
+  if (inbox_ == nullptr) return;
+  // Our copies into next's inbox and our kernels reading ours are done.
+  auto done = dev_.newEvent();
+  dev_.record(*done, nullptr);
+  dev_.synchronize(*done);
+  if (next_inbox_ != nullptr) dev_.closeMemory(next_inbox_);
+  next_inbox_ = nullptr;
+  const uint64_t mine = kClosed;
+  uint64_t from_prev = 0;
+  const Deadline deadline = ctx_.deadline();
+  auto r = ctx_.link(prev_).irecv(&from_prev, sizeof(from_prev));
+  auto s = ctx_.link(next_).isend(&mine, sizeof(mine));
+  r->wait(deadline);
+  s->wait(deadline);
+  if (from_prev != kClosed)
+    throw CollectiveError(strCat("device ring teardown: rank ", ctx_.rank(), " expected 'closed' from rank ", prev_,
+                                 ", got message ", from_prev));
+  dev_.release(inbox_);  // prev has unmapped it
+  inbox_ = nullptr;
 }
 
 void DeviceRing::send(const char* src, size_t bytes) {

@@ -21,6 +21,13 @@
 // and every one is received before allreduce() returns, so the links are
 // left clean for the next algorithm.
 //
+// Teardown: an inbox must not be freed while a peer still has it mapped
+// (CUDA IPC leaves that undefined). close(), collective, is the handshake:
+// each rank unmaps next's inbox, sends "closed" to next, and frees its own
+// inbox once prev's "closed" arrived. The engine calls it on every rank
+// when it stops cleanly; after a failure (a peer may be gone) the
+// destructor frees without it.
+//
 // Applies when every rank of the context is on this host and the device
 // supports interprocess memory (both the same on every rank: topology and
 // device kind are agreed). Construction is collective (handles are
@@ -52,6 +59,11 @@ class DeviceRing {
   // enqueued on its engine stream; Sum, Min, Max or Product.
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op);
 
+  // The teardown handshake above; the ring serves nothing afterwards.
+  // Throws CollectiveError if a neighbour does not answer by the deadline
+  // (the inbox is then left to the destructor).
+  void close();
+
   // All-reduces run on device rings in this process (tests, diagnostics).
   static uint64_t runs();
 
@@ -64,7 +76,7 @@ class DeviceRing {
   Device& dev_;
   size_t slot_bytes_;
   int next_ = 0, prev_ = 0;
-  void* inbox_ = nullptr;                                    // mine: two slots, written by prev
+  void* inbox_ = nullptr;                                    // mine: two slots, written by prev (null once closed)
   void* next_inbox_ = nullptr;                               // next's, opened here
   std::unique_ptr<Event> ready_[2], consumed_[2];            // mine (interprocess)
   std::unique_ptr<Event> prev_ready_[2], next_consumed_[2];  // the neighbours', opened

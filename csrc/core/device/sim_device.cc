@@ -224,6 +224,10 @@ std::string nextShmName(char kind) {
   return strCat(simShmPrefix(), kind, counter.fetch_add(1));
 }
 
+std::atomic<uint64_t> g_released_while_open{0};
+
+size_t pageSize() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+
 size_t pageRounded(size_t bytes) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   return (std::max<size_t>(bytes, 1) + page - 1) / page * page;
@@ -312,7 +316,8 @@ class SimDevice : public Device {
   DeviceId id() const override { return DeviceId{DeviceKind::kSim, opt_.index}; }
 
   void* allocate(size_t bytes) override {
-    const size_t mapped = pageRounded(bytes);
+    // Interprocess: one more page, past the memory, counts the peers' open mappings.
+    const size_t mapped = pageRounded(bytes) + (opt_.interprocess ? pageSize() : 0);
     std::string name;
     int fd;
     if (opt_.interprocess) {
@@ -340,6 +345,14 @@ class SimDevice : public Device {
     Allocation a = take(p, false, "release");
     // Like cudaFree: nothing queued may still use it.
     drainAll();
+    if (!a.shm_name.empty()) {
+      // CUDA IPC leaves freeing memory a peer still has open undefined: count it.
+      const int32_t open = opens(a).load();
+      if (open != 0) {
+        g_released_while_open.fetch_add(1);
+        std::fprintf(stderr, "%srelease(%p): %d peer mapping(s) still open\n", where().c_str(), p, open);
+      }
+    }
     unmap(a);
   }
 
@@ -469,6 +482,7 @@ class SimDevice : public Device {
     }
     Allocation a{w.size, w.size, nullptr, nullptr, std::string(), true};
     void* base = mapTwice(fd, a, "openMemory");
+    opens(a).fetch_add(1);
     std::lock_guard<std::mutex> lk(mu_);
     allocs_.emplace(reinterpret_cast<uintptr_t>(base), a);
     return base;
@@ -477,6 +491,7 @@ class SimDevice : public Device {
   void closeMemory(void* p) override {
     Allocation a = take(p, true, "closeMemory");
     drainAll();
+    opens(a).fetch_sub(1);
     unmap(a);
   }
 
@@ -531,6 +546,13 @@ class SimDevice : public Device {
   };
 
   std::string where() const { return id().str() + ": "; }
+
+  // The open count in the last page of an interprocess allocation's segment
+  // (the same offset from both the creator's and an opener's mapping).
+  static std::atomic<int32_t>& opens(const Allocation& a) {
+    static_assert(std::atomic<int32_t>::is_always_lock_free, "shared between processes");
+    return *reinterpret_cast<std::atomic<int32_t>*>(a.rw + a.mapped - pageSize());
+  }
 
   void* mapTwice(int fd, Allocation& a, const char* what) {
     void* dev = mmap(nullptr, a.mapped, PROT_NONE, MAP_SHARED, fd, 0);
@@ -673,6 +695,8 @@ uint64_t simUnpinnedEngineCopies(Device& device) {
   if (sim == nullptr) throw InvalidArgument(strCat(device.id().str(), " is not a simulated device"));
   return sim->unpinnedEngineCopies();
 }
+
+uint64_t simReleasedWhileOpen() { return g_released_while_open.load(); }
 
 std::unique_ptr<Device> makeSimDevice(const SimOptions& options) { return std::make_unique<SimDevice>(options); }
 

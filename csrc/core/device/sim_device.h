@@ -65,6 +65,11 @@ std::unique_ptr<Device> makeSimDevice(const SimOptions& options = SimOptions());
 // InvalidArgument for a device that is not simulated.
 uint64_t simUnpinnedEngineCopies(Device& device);
 
+// Interprocess allocations this process released while a peer still had
+// them open (openMemory without closeMemory); CUDA IPC leaves that
+// undefined, so the device ring's teardown must never do it.
+uint64_t simReleasedWhileOpen();
+
 // The prefix of every shared-memory name a simulated device in this process
 // creates ("/hvdtorch-sim-<pid>-"), for tests that check nothing is left.
 std::string simShmPrefix();

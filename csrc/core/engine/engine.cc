@@ -632,6 +632,13 @@ void Engine::stopOnShutdown(const ResponseList& list) {
     stopped_ = true;
     if (!list.shutdown_reason.empty() && failure_.empty()) failure_ = strCat("rank ", me, ": ", reason);
   }
+  if (list.shutdown_reason.empty()) {
+    // A clean stop, on every rank in this cycle: the device rings' teardown
+    // handshake can rely on every peer taking part.
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    close_device_rings_ = true;
+  }
+  exec_cv_.notify_all();
   for (auto& e : late) e->state->fail(why(e));
 }
 
@@ -646,7 +653,15 @@ void Engine::executorLoop() {
     QueuedUnit item;
     {
       std::unique_lock<std::mutex> lock(exec_mu_);
-      exec_cv_.wait(lock, [&] { return !exec_queue_.empty() || exec_stop_; });
+      exec_cv_.wait(lock, [&] { return !exec_queue_.empty() || exec_stop_ || close_device_rings_; });
+      if (exec_queue_.empty() && close_device_rings_) {
+        // Every rank stopped in the same cycle, after queueing the same units: all ran.
+        close_device_rings_ = false;
+        lock.unlock();
+        for (const auto& ps : setsSnapshot())
+          if (ps->member() && ps->executor) ps->executor->closeDeviceRings();
+        continue;
+      }
       if (exec_queue_.empty()) return;  // stop requested and everything drained
       item = std::move(exec_queue_.front());
       exec_queue_.pop_front();

@@ -270,6 +270,9 @@ class Engine {
   std::deque<QueuedUnit> exec_queue_;
   bool exec_busy_ = false;  // a unit is running (on the executor, or inline on the control thread)
   bool exec_stop_ = false;
+  // Set when every rank stops cleanly (stopOnShutdown): the executor closes
+  // its device rings (a collective) once the units already queued have run.
+  bool close_device_rings_ = false;
 
   std::thread control_thread_;
   std::thread executor_thread_;

@@ -1,5 +1,6 @@
 #include "engine/executor.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace hvdtorch {
@@ -61,6 +62,24 @@ DeviceRing* Executor::deviceRing(Device& device) {
     it = device_rings_.emplace(&device, std::move(ring)).first;
   }
   return it->second.get();
+}
+
+void Executor::closeDeviceRings() {
+  // In device order, the same on every rank (the map's is by address).
+  std::vector<std::pair<DeviceId, DeviceRing*>> rings;
+  for (auto& [device, ring] : device_rings_)
+    if (ring) rings.emplace_back(device->id(), ring.get());
+  std::sort(rings.begin(), rings.end(), [](const auto& a, const auto& b) {
+    return std::make_pair(a.first.kind, a.first.index) < std::make_pair(b.first.kind, b.first.index);
+  });
+  for (auto& [id, ring] : rings) {
+    try {
+      ring->close();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "hvdtorch: rank %d: closing the device ring on %s: %s\n", ctx_.rank(), id.str().c_str(),
+                   e.what());
+    }
+  }
 }
 
 void* Executor::deviceFusion(Device& device, size_t bytes) {

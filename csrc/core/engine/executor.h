@@ -66,6 +66,10 @@ class Executor {
   // on `device`, made on first use (a collective: every rank makes it in
   // the same unit); null where it does not apply.
   DeviceRing* deviceRing(Device& device);
+  // The device rings' teardown handshake (DeviceRing::close), a collective:
+  // every rank calls it after its last unit when the engine stops cleanly.
+  // Errors are reported on stderr; the rings are then freed without it.
+  void closeDeviceRings();
   // Engine-owned device memory for fused units on `device` (grows).
   void* deviceFusion(Device& device, size_t bytes);
   // Keeps `entry` (and the tensors it holds) alive until `done`, recorded on
