@@ -62,6 +62,11 @@ def test_the_device_ring(nranks):
     run_ranks("tests.workers.sim_device:device_path", nranks, args=["ring"], timeout=240, env=env)
 
 
+def test_the_device_ring_turned_off():
+    env = {**SIM, "HVDTORCH_SIM_INTERPROCESS": "1", "HVDTORCH_DEVICE_RING": "0"}
+    run_ranks("tests.workers.sim_device:device_ring_turned_off", 2, timeout=120, env=env)
+
+
 def test_the_device_group_across_hosts():
     # reducer="native" on device tensors: the device group (Gloo standing in for NCCL), across two hosts.
     env = {**SIM, "HVDTORCH_SIM_MAX_DELAY_US": "400"}

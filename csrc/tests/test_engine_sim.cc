@@ -9,7 +9,8 @@
 // Values are small integers, exact in every dtype, and expected results are
 // written out. The device ring is not here: it maps peers' memory, which a
 // process cannot do for its own (CUDA IPC's rule, which the simulated device
-// keeps); tests/test_sim_device_mode.py runs it with one process per rank.
+// keeps), so it is turned off on CUDA (testConfig); tests/test_sim_device_mode.py
+// runs it with one process per rank.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -59,10 +60,18 @@ const bool kCudaReady = [] {
   setDeviceMaker(DeviceKind::kCuda, [](int index) { return makeCudaDevice(index); });
   return true;
 }();
+// Every rank of this process is on cuda:0, and a process cannot open its own
+// memory through CUDA IPC: no device ring (tests/test_gpu.py runs it).
+Config testConfig() {
+  Config c;
+  c.device_ring = false;
+  return c;
+}
 // The device rank `rank`'s tensors are on (several ranks share the one GPU).
 DeviceId deviceOf(int /*rank*/) { return DeviceId{DeviceKind::kCuda, 0}; }
 #else
 DeviceId deviceOf(int rank) { return simOf(rank); }
+Config testConfig() { return Config(); }
 #endif
 
 size_t numelOf(const std::vector<int64_t>& shape) {
@@ -171,7 +180,7 @@ class InProcDeviceCollectives {
 
 TEST(allreduce_every_reducer_dtype_and_op_on_sim_tensors) {
   const int p = 3;
-  Cluster c(p);
+  Cluster c(p, testConfig());
   int ran = 0;
   for (const ReducerEntry& info : reducerRegistry()) {
     const std::string reducer = info.name;
@@ -225,7 +234,7 @@ TEST(grouped_allreduce_fuses_sim_tensors_with_scales) {
   // Tensor k, element i on rank r: (r + 1) * (k + 1) + i. Prescale 2,
   // Average over 3 ranks, postscale 5: 20 (k + 1) + 10 i.
   const int p = 3;
-  Cluster c(p);
+  Cluster c(p, testConfig());
   std::vector<std::string> errors(p);
   c.onEveryRank([&](int r, Engine& eng) {
     Caller caller(deviceOf(r));
@@ -260,7 +269,7 @@ TEST(grouped_allreduce_fuses_sim_tensors_with_scales) {
 TEST(adasum_on_sim_tensors) {
   // Every rank holds the same vector v: Adasum of equal vectors is v.
   const int p = 2;
-  Cluster c(p);
+  Cluster c(p, testConfig());
   std::vector<std::string> errors(p);
   c.onEveryRank([&](int r, Engine& eng) {
     Caller caller(deviceOf(r));
@@ -285,7 +294,7 @@ TEST(adasum_on_sim_tensors) {
 TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
   // Inputs uploaded late (sim_tensors.h): the executor's staging must wait on their ready events.
   const int p = 3;
-  Cluster c(p);
+  Cluster c(p, testConfig());
   for (DataType dtype : kDtypes) {
     std::vector<std::string> errors(p);
     c.onEveryRank([&](int r, Engine& eng) {
@@ -377,7 +386,7 @@ TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
 
 TEST(host_and_device_tensors_of_one_op_across_ranks_is_an_error_naming_both) {
   const int p = 2;
-  Cluster c(p);
+  Cluster c(p, testConfig());
   std::vector<std::string> errors(p);
   c.onEveryRank([&](int r, Engine& eng) {
     TensorPtr t;
@@ -421,7 +430,7 @@ TEST(a_joined_rank_stands_in_for_sim_tensors) {
   // Rank 1 joins; rank 0's Sum all-reduce and allgather run with its
   // stand-in (zeros, no rows), made on a simulated device like rank 0's.
   const int p = 2;
-  Cluster c(p);
+  Cluster c(p, testConfig());
   std::vector<std::string> errors(p);
   c.onEveryRank([&](int r, Engine& eng) {
     Caller caller(deviceOf(r));
@@ -460,13 +469,9 @@ TEST(native_and_auto_reduce_through_the_backends_device_collectives) {
   // take, is staged. Element i on rank r: (r + 1) + i % 7, with prescale 2.
   const int p = 3;
   InProcDeviceCollectives backend(p);
-  Cluster c(p, {}, nullptr, [&](int r) { return backend.of(r); });
+  Cluster c(p, testConfig(), nullptr, [&](int r) { return backend.of(r); });
   int expected_calls = 0;
-  // On CUDA every rank of this process is on cuda:0, where `auto` would take
-  // the device ring, which one process cannot run with itself.
-  std::vector<std::string> reducers{"native"};
-  if (deviceOf(0).kind == DeviceKind::kSim) reducers.push_back("auto");
-  for (const std::string& reducer : reducers) {
+  for (const std::string reducer : {"native", "auto"}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
       for (int tensors : {1, 3}) {
         std::vector<std::string> errors(p);

@@ -78,3 +78,17 @@ def device_path(reducer: str) -> None:
     assert unpinned == 0, f"rank {r}: {unpinned} unpinned engine copies"
     # The device ring's teardown freed each inbox only after its peer had closed it.
     assert _C.sim_released_while_open() == 0, f"rank {r}: freed device memory a peer still had open"
+
+
+def device_ring_turned_off() -> None:
+    """HVDTORCH_DEVICE_RING=0: reducer="ring" on device tensors is staged
+    through the host ring although the devices share memory."""
+    import torch
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    before = _C.device_ring_runs()
+    got = hvd.allreduce(torch.full((1000,), float(r + 1)), op=hvd.Sum, name="off", reducer="ring")
+    assert torch.equal(got, torch.full((1000,), float(n * (n + 1) / 2))), f"rank {r}: {got[:4]}"
+    assert _C.device_ring_runs() == before, f"rank {r}: the device ring ran with HVDTORCH_DEVICE_RING=0"
+    hvd.shutdown()

@@ -46,6 +46,13 @@
 
 namespace hvdtorch {
 
+// Whether device tensors may take the device ring at all (HVDTORCH_DEVICE_RING),
+// and its slot size (HVDTORCH_RING_SEGMENT_BYTES, as the host ring's segments).
+struct DeviceRingOptions {
+  bool enabled = true;
+  size_t slot_bytes = 1 << 20;
+};
+
 class DeviceRing {
  public:
   static bool applicable(const Context& ctx, const Device& device);

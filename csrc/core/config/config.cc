@@ -28,6 +28,10 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"RING_SEGMENT_BYTES", "1048576",
        "bytes per pipelined segment of the ring (on device tensors: the device ring's slot size)"},
       {"RING_WINDOW", "4", "ring segments in flight at once"},
+      {"DEVICE_RING", "1",
+       "device tensors may take the device ring (GPU memory shared between the processes of a host through CUDA "
+       "IPC); 0: never (where the processes cannot share GPU memory, as in containers without a shared IPC "
+       "namespace); must be the same on every rank"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
       {"TIMELINE", "",
        "Chrome-trace file written by rank 0 from init() on ({rank} in the path: one file per rank); phases "
@@ -104,6 +108,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     shm = toBool(key, v);
   } else if (key == "RING_SEGMENT_BYTES") {
     ring_segment_bytes = std::max<size_t>(64, static_cast<size_t>(toNumber(key, v)));
+  } else if (key == "DEVICE_RING") {
+    device_ring = toBool(key, v);
   } else if (key == "RING_WINDOW") {
     ring_window = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "TIMELINE") {

@@ -29,15 +29,14 @@ namespace hvdtorch {
 class Executor {
  public:
   // `registered` (may be null): where the fusion buffer lives, so the node
-  // reducer reduces fused units in place. `ring_segment_bytes`: the device
-  // ring's slot size (HVDTORCH_RING_SEGMENT_BYTES, as the host ring's segments).
+  // reducer reduces fused units in place.
   Executor(Context& ctx, ReducerSet& reducers, Timeline& timeline,
-           std::shared_ptr<RegisteredMemory> registered = nullptr, size_t ring_segment_bytes = 1 << 20)
+           std::shared_ptr<RegisteredMemory> registered = nullptr, DeviceRingOptions device_ring = {})
       : ctx_(ctx),
         reducers_(reducers),
         timeline_(timeline),
         fusion_(std::move(registered)),
-        ring_segment_bytes_(ring_segment_bytes) {}
+        device_ring_(device_ring) {}
   // Waits for device work still in flight, then frees the device buffers.
   ~Executor();
   Executor(const Executor&) = delete;
@@ -64,7 +63,7 @@ class Executor {
   // ---- device-native paths (ops/allreduce.cc) ----
   // The device ring (algorithms/device_ring.h) over this executor's context
   // on `device`, made on first use (a collective: every rank makes it in
-  // the same unit); null where it does not apply.
+  // the same unit); null where it does not apply or is turned off.
   DeviceRing* deviceRing(Device& device);
   // The device rings' teardown handshake (DeviceRing::close), a collective:
   // every rank calls it after its last unit when the engine stops cleanly.
@@ -90,7 +89,7 @@ class Executor {
   Timeline& timeline_;
   FusionBuffer fusion_;
   StagingPool staging_;
-  size_t ring_segment_bytes_;
+  DeviceRingOptions device_ring_;
   struct DeviceBuffer {
     void* data = nullptr;
     size_t bytes = 0;
