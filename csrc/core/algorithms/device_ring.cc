@@ -98,16 +98,19 @@ void DeviceRing::close() {
   dev_.synchronize(*done);
   if (next_inbox_ != nullptr) dev_.closeMemory(next_inbox_);
   next_inbox_ = nullptr;
-  const uint64_t mine = kClosed;
-  uint64_t from_prev = 0;
-  const Deadline deadline = ctx_.deadline();
-  auto r = ctx_.link(prev_).irecv(&from_prev, sizeof(from_prev));
-  auto s = ctx_.link(next_).isend(&mine, sizeof(mine));
+  // Peers stop in the same cycle and have run the same units: a peer that
+  // has not answered within seconds is not coming (the words are members:
+  // a late delivery must not land in a dead stack frame).
+  const Deadline deadline = Deadline::after(std::min(ctx_.timeout(), std::chrono::milliseconds(30000)));
+  closed_out_ = kClosed;
+  closed_in_ = 0;
+  auto r = ctx_.link(prev_).irecv(&closed_in_, sizeof(closed_in_));
+  auto s = ctx_.link(next_).isend(&closed_out_, sizeof(closed_out_));
   r->wait(deadline);
   s->wait(deadline);
-  if (from_prev != kClosed)
+  if (closed_in_ != kClosed)
     throw CollectiveError(strCat("device ring teardown: rank ", ctx_.rank(), " expected 'closed' from rank ", prev_,
-                                 ", got message ", from_prev));
+                                 ", got message ", closed_in_));
   dev_.release(inbox_);  // prev has unmapped it
   inbox_ = nullptr;
 }

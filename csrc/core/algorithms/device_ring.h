@@ -94,6 +94,7 @@ class DeviceRing {
   std::deque<uint64_t> pending_data_;
   // Messages this allreduce sent, kept (with their requests) until delivered.
   std::deque<uint64_t> out_words_;
+  uint64_t closed_out_ = 0, closed_in_ = 0;  // close()'s messages
   std::vector<std::unique_ptr<LinkRequest>> out_requests_;
 };
 

@@ -655,11 +655,18 @@ void Engine::executorLoop() {
       std::unique_lock<std::mutex> lock(exec_mu_);
       exec_cv_.wait(lock, [&] { return !exec_queue_.empty() || exec_stop_ || close_device_rings_; });
       if (exec_queue_.empty() && close_device_rings_) {
-        // Every rank stopped in the same cycle, after queueing the same units: all ran.
+        // Every rank stopped in the same cycle, after queueing the same units:
+        // all ran, unless one failed here (then the links may be out of step).
         close_device_rings_ = false;
         lock.unlock();
-        for (const auto& ps : setsSnapshot())
-          if (ps->member() && ps->executor) ps->executor->closeDeviceRings();
+        bool failed;
+        {
+          std::lock_guard<std::mutex> failure_lock(mu_);
+          failed = !failure_.empty();
+        }
+        if (!failed)
+          for (const auto& ps : setsSnapshot())
+            if (ps->member() && ps->executor) ps->executor->closeDeviceRings();
         continue;
       }
       if (exec_queue_.empty()) return;  // stop requested and everything drained
