@@ -43,7 +43,9 @@ struct Caller {
     auto t = std::make_shared<CallerTensor>(dev, dtype, std::move(shape));
     t->host = std::move(host);
     if (late) {
-      if (!scratch) scratch = std::make_shared<DeviceTensor>(dev, DataType::kUInt8, std::vector<int64_t>{kScratch});
+      // Not zeroed: a zeroing fill on the engine stream would race with these fills on the caller's.
+      if (!scratch)
+        scratch = std::make_shared<DeviceTensor>(dev, DataType::kUInt8, std::vector<int64_t>{kScratch}, false);
       for (int i = 0; i < 8; ++i) dev.fill(scratch->data(), kScratch, static_cast<uint8_t>(i), stream.get());
     }
     dev.copyFromHost(t->data(), t->host.data(), t->bytes(), stream.get());
