@@ -110,7 +110,8 @@ double input(int r, size_t i) { return (r + 1) + static_cast<double>(i % 7); }
 // NCCL (NativeCollectives::reducesOnDevice/allreduceOnDevice): each rank's
 // call copies its device data to registered host memory, waits until every
 // rank has, reduces all of them in rank order, and copies the result back
-// on its engine stream. It takes Sum only, so other ops show the fallback.
+// on its engine stream. It takes Sum only, so other ops show the fallback;
+// a broadcast is the same with the root's data as the result.
 class InProcDeviceCollectives {
  public:
   explicit InProcDeviceCollectives(int p) : p_(p), deposits_(p) {
@@ -128,13 +129,18 @@ class InProcDeviceCollectives {
     void barrier() override { throw InvalidArgument("no barrier here"); }
     bool reducesOnDevice(Device&, DataType, ReduceOp op) override { return op == ReduceOp::kSum; }
     void allreduceOnDevice(Device& d, void* data, size_t count, DataType dtype, ReduceOp op) override {
-      all.reduce(rank, d, data, count, dtype, op);
+      all.reduce(rank, d, data, count, dtype, op, -1);
+    }
+    bool broadcastsOnDevice(Device&) override { return true; }
+    void broadcastOnDevice(Device& d, void* data, size_t bytes, int root) override {
+      all.reduce(rank, d, data, bytes, DataType::kUInt8, ReduceOp::kSum, root);
     }
     InProcDeviceCollectives& all;
     int rank;
   };
 
-  void reduce(int rank, Device& d, void* data, size_t count, DataType dtype, ReduceOp op) {
+  // root >= 0: a broadcast from root instead of the reduction.
+  void reduce(int rank, Device& d, void* data, size_t count, DataType dtype, ReduceOp op, int root) {
     const size_t bytes = count * dtypeSize(dtype);
     std::vector<char>& mine = deposits_[rank];
     mine.resize(bytes);
@@ -144,8 +150,9 @@ class InProcDeviceCollectives {
     d.record(*drained, nullptr);
     d.synchronize(*drained);
     arrive();  // every rank's data is in
-    std::vector<char> result(deposits_[0]);
-    for (int r = 1; r < p_; ++r) reduceInto(result.data(), deposits_[r].data(), count, dtype, op);
+    std::vector<char> result(deposits_[std::max(root, 0)]);
+    if (root < 0)
+      for (int r = 1; r < p_; ++r) reduceInto(result.data(), deposits_[r].data(), count, dtype, op);
     arrive();  // every rank has read them
     std::memcpy(mine.data(), result.data(), bytes);
     d.copyFromHost(data, mine.data(), bytes, nullptr);
@@ -461,7 +468,7 @@ TEST(a_joined_rank_stands_in_for_sim_tensors) {
   for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
 }
 
-TEST(native_and_auto_reduce_through_the_backends_device_collectives) {
+TEST(native_auto_and_broadcast_through_the_backends_device_collectives) {
   // `native` and `auto` (the device ring does not apply: each rank has its own
   // device, not shared between processes) run Sum and Average through the
   // backend's device collectives, a lone tensor in its output and a fused
@@ -514,6 +521,32 @@ TEST(native_and_auto_reduce_through_the_backends_device_collectives) {
       }
     }
   }
+  // A broadcast from rank 1, its input uploaded late, into a separate output.
+  std::vector<std::string> errors(p);
+  c.onEveryRank([&](int r, Engine& eng) {
+    Caller caller(deviceOf(r));
+    const std::vector<int64_t> shape{9};
+    ops::BroadcastOptions o;
+    o.name = "dn.broadcast";
+    o.root = 1;
+    o.input =
+        caller.upload(DataType::kInt32, shape,
+                      hostValues(DataType::kInt32, shape, [&](size_t i) { return 10.0 * r + static_cast<double>(i); }),
+                      /*late=*/true);
+    o.output = caller.upload(DataType::kInt32, shape, hostValues(DataType::kInt32, shape, [](size_t) { return -1.0; }));
+    const TensorPtr out = o.output;
+    const int64_t h = ops::broadcast(eng, std::move(o));
+    errors[r] = waitFor(eng, h);
+    if (!errors[r].empty()) return;
+    const auto got = caller.download(*eng.state(h), *out);
+    for (size_t i = 0; i < 9; ++i)
+      if (valueAt(DataType::kInt32, got, i) != 10.0 + static_cast<double>(i) && errors[r].empty())
+        errors[r] = strCat("broadcast [", i, "]: ", valueAt(DataType::kInt32, got, i), ", want ", 10 + i);
+    eng.release(h);
+  });
+  for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  CHECK_MSG(backend.calls() == expected_calls + p, "broadcast: %d device collective calls, want %d", backend.calls(),
+            expected_calls + p);
 }
 
 TEST(staging_copies_only_through_pinned_host_memory) {

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include "c10d_link.h"
 #include "common/error.h"
@@ -82,44 +83,63 @@ bool C10dDeviceCollectives::usable(Device& device) {
   return ok;
 }
 
+bool C10dDeviceCollectives::broadcasts(Device& device) { return usable(device); }
+
 void C10dDeviceCollectives::allreduce(Device& device, void* data, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0) return;
+  run(device, "all-reduce", data, count * dtypeSize(dtype), [&](void* buffer, const at::Device& where) {
+    std::vector<at::Tensor> t{at::from_blob(buffer, {static_cast<int64_t>(count)},
+                                            at::TensorOptions().dtype(toScalarType(dtype)).device(where))};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = toC10dOp(op);
+    device_pg_->allreduce(t, opts)->wait();
+  });
+}
+
+void C10dDeviceCollectives::broadcast(Device& device, void* data, size_t bytes, int root) {
+  if (bytes == 0) return;
+  run(device, "broadcast", data, bytes, [&](void* buffer, const at::Device& where) {
+    std::vector<at::Tensor> t{
+        at::from_blob(buffer, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(where))};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    device_pg_->broadcast(t, opts)->wait();
+  });
+}
+
+void C10dDeviceCollectives::run(Device& device, const char* what, void* data, size_t bytes,
+                                const Collective& collective) {
   try {
     if (device.id().kind == DeviceKind::kSim) {
-      allreduceStaged(device, data, count, dtype, op);
+      runStaged(device, data, bytes, collective);
     } else {
-      allreduceCuda(device, data, count, dtype, op);
+      runOnSideStream(device, data, collective);
     }
   } catch (const CollectiveError&) {
     throw;
   } catch (const std::exception& e) {
-    throw CollectiveError(strCat("rank ", device_pg_->getRank(), ": ", device_pg_->getBackendName(), " all-reduce of ",
-                                 count, " ", dtypeName(dtype), " on ", device.id().str(), " failed: ", e.what()));
+    throw CollectiveError(strCat("rank ", device_pg_->getRank(), ": ", device_pg_->getBackendName(), " ", what, " of ",
+                                 bytes, " bytes on ", device.id().str(), " failed: ", e.what()));
   }
   runs_.fetch_add(1);
 }
 
-// Pinned host copies and the (Gloo) group's CPU all-reduce; the host waits
+// Pinned host copies and the (Gloo) group's CPU collective; the host waits
 // for the device here, which NCCL never needs.
-void C10dDeviceCollectives::allreduceStaged(Device& device, void* data, size_t count, DataType dtype, ReduceOp op) {
+void C10dDeviceCollectives::runStaged(Device& device, void* data, size_t bytes, const Collective& collective) {
   struct Reset {
     StagingPool& pool;
     ~Reset() { pool.reset(); }
   } reset{bounce_};
-  const size_t bytes = count * dtypeSize(dtype);
   void* host = bounce_.take(bytes, device);
   device.copyToHost(host, data, bytes, nullptr);
   device.synchronize(*drainEngineStream(device));
-  std::vector<at::Tensor> t{
-      at::from_blob(host, {static_cast<int64_t>(count)}, at::TensorOptions().dtype(toScalarType(dtype)))};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = toC10dOp(op);
-  device_pg_->allreduce(t, opts)->wait();
+  collective(host, at::Device(at::kCPU));
   device.copyFromHost(data, host, bytes, nullptr);
   device.synchronize(*drainEngineStream(device));  // the pool is reused by the next call
 }
 
-void C10dDeviceCollectives::allreduceCuda(Device& device, void* data, size_t count, DataType dtype, ReduceOp op) {
+void C10dDeviceCollectives::runOnSideStream(Device& device, void* data, const Collective& collective) {
 #ifdef HVDTORCH_HAVE_CUDA_DEVICE
   const auto index = static_cast<c10::DeviceIndex>(device.id().index);
   c10::cuda::CUDAGuard on_device(index);
@@ -134,22 +154,15 @@ void C10dDeviceCollectives::allreduceCuda(Device& device, void* data, size_t cou
   device.wait(side->wrapped.get(), *side->before);
   {
     // ProcessGroupNCCL orders its own stream after the current one, and
-    // wait() orders the current one after the collective, without the host.
+    // Work::wait() orders the current one after the collective, without the host.
     c10::cuda::CUDAStreamGuard on_side(side->stream);
-    std::vector<at::Tensor> t{
-        at::from_blob(data, {static_cast<int64_t>(count)},
-                      at::TensorOptions().dtype(toScalarType(dtype)).device(at::Device(at::kCUDA, index)))};
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = toC10dOp(op);
-    device_pg_->allreduce(t, opts)->wait();
+    collective(data, at::Device(at::kCUDA, index));
   }
   device.record(*side->after, side->wrapped.get());
   device.wait(nullptr, *side->after);
 #else
   (void)data;
-  (void)count;
-  (void)dtype;
-  (void)op;
+  (void)collective;
   throw InvalidArgument(strCat("this build has no CUDA device; ", device.id().str(), " has no device collectives"));
 #endif
 }

@@ -1,6 +1,7 @@
 // The backend's collectives on device memory: a c10d process group of the
 // device's own backend (NCCL for CUDA tensors, torch.distributed's process
-// group), behind NativeCollectives::reducesOnDevice/allreduceOnDevice.
+// group), behind NativeCollectives' *OnDevice calls: the all-reduce and the
+// broadcast.
 //
 // Which devices it serves, decided the same way on every rank:
 //  * CUDA, through NCCL. The collective runs on a side stream that waits on
@@ -18,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -38,13 +40,18 @@ class C10dDeviceCollectives {
 
   bool reduces(Device& device, DataType dtype, ReduceOp op);
   void allreduce(Device& device, void* data, size_t count, DataType dtype, ReduceOp op);
-  // All-reduces run so far in this process (tests check the path was taken).
+  bool broadcasts(Device& device);
+  void broadcast(Device& device, void* data, size_t bytes, int root);
+  // Collectives run so far in this process (tests check the path was taken).
   static uint64_t runs() { return runs_.load(); }
 
  private:
+  using Collective = std::function<void(void* data, const at::Device& where)>;
   bool usable(Device& device);  // a collective on its first call for `device`
-  void allreduceStaged(Device& device, void* data, size_t count, DataType dtype, ReduceOp op);
-  void allreduceCuda(Device& device, void* data, size_t count, DataType dtype, ReduceOp op);
+  // Runs `collective` on `data` (device memory, `bytes` long) as the header says.
+  void run(Device& device, const char* what, void* data, size_t bytes, const Collective& collective);
+  void runStaged(Device& device, void* data, size_t bytes, const Collective& collective);
+  void runOnSideStream(Device& device, void* data, const Collective& collective);
 
   c10::intrusive_ptr<c10d::ProcessGroup> device_pg_;
   c10::intrusive_ptr<c10d::ProcessGroup> host_pg_;

@@ -68,6 +68,11 @@ class C10dNative : public NativeCollectives {
     if (!device_) return NativeCollectives::allreduceOnDevice(device, data, count, dtype, op);
     device_->allreduce(device, data, count, dtype, op);
   }
+  bool broadcastsOnDevice(Device& device) override { return device_ && device_->broadcasts(device); }
+  void broadcastOnDevice(Device& device, void* data, size_t bytes, int root) override {
+    if (!device_) return NativeCollectives::broadcastOnDevice(device, data, bytes, root);
+    device_->broadcast(device, data, bytes, root);
+  }
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

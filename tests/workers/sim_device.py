@@ -23,7 +23,8 @@ def device_path(reducer: str) -> None:
     device ring (device memory, interprocess links under
     HVDTORCH_SIM_INTERPROCESS=1; unequal chunks, many segments when
     HVDTORCH_RING_SEGMENT_BYTES is small). reducer="native": the backend's
-    device collectives (the device group: Gloo standing in for NCCL)."""
+    device collectives (the device group: Gloo standing in for NCCL), which
+    a broadcast takes too."""
     import torch
 
     assert _C.sim_device_mode()
@@ -73,6 +74,13 @@ def device_path(reducer: str) -> None:
     ran = runs() - before
     # Async all-reduces may fuse: at least one more unit, at most six.
     assert units + 1 <= ran <= units + 6, f"rank {r}: {ran} {reducer} device runs for {units} + 1..6 units"
+    if reducer == "native":
+        # The broadcast takes the device group too.
+        before = runs()
+        x = torch.arange(50, dtype=torch.float32) + r
+        hvd.broadcast_(x, root_rank=n - 1, name="dr.broadcast")
+        assert torch.equal(x, torch.arange(50, dtype=torch.float32) + n - 1), f"rank {r}: broadcast {x[:4]}"
+        assert runs() == before + 1, f"rank {r}: the broadcast did not take the device group"
     hvd.shutdown()
     unpinned = _C.sim_unpinned_engine_copies()
     assert unpinned == 0, f"rank {r}: {unpinned} unpinned engine copies"

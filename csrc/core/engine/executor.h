@@ -8,8 +8,9 @@
 // Device tensors: for a row with Staging::kByExecutor, run() swaps a device
 // entry's buffers for pinned host copies before execute (host_staging.h),
 // and complete() copies the outputs back before the op completes, so an
-// op's execute function only ever sees host memory. The all-reduce
-// (kByOp) stages its pieces through the fusion buffer itself.
+// op's execute function only ever sees host memory. The all-reduce and the
+// broadcast (kByOp) stage themselves where no device path takes them (the
+// all-reduce packs its pieces straight into the fusion buffer).
 #pragma once
 
 #include <deque>

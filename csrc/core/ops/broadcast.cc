@@ -5,6 +5,8 @@
 
 #include "algorithms/ring_allgather.h"
 #include "common/error.h"
+#include "device/devices.h"
+#include "engine/host_staging.h"
 #include "ops/op_common.h"
 
 namespace hvdtorch::ops {
@@ -37,8 +39,44 @@ int64_t broadcast(Engine& engine, BroadcastOptions opts) {
   return engine.submit(std::move(e));
 }
 
+namespace {
+
+// Device memory only, through the backend's device collectives (NCCL on
+// CUDA), on the engine stream: the op completes without the host waiting
+// for the device, the caller's stream waiting on `done` instead.
+void broadcastOnDevice(Executor& ex, WorkUnit& unit, Device& d) {
+  const EntryPtr& entry = unit.pieces.front().entry;
+  Entry& e = *entry;
+  const int root = e.request.broadcast().root;
+  TensorBuffer& in = *e.inputs[0];
+  TensorBuffer& out = *e.outputs[0];
+  waitReady(d, {e.inputs[0], e.outputs[0]});
+  if (ex.ctx().rank() == root && in.data() != out.data()) d.copy(out.data(), in.data(), in.bytes(), nullptr);
+  ex.mark(unit, "BROADCAST", true);
+  ex.ctx().native()->broadcastOnDevice(d, out.data(), out.bytes(), root);
+  ex.mark(unit, "BROADCAST", false);
+  std::shared_ptr<Event> done = d.newEvent();
+  d.record(*done, nullptr);
+  e.state->device = d.id();
+  e.state->completion = done;
+  ex.holdUntil(d, done, entry);
+  ex.complete(e);
+}
+
+}  // namespace
+
+// Device tensors take the backend's device collectives where it has them
+// (decided alike on every rank: the device kind is in the signature) and
+// are otherwise staged through pinned host memory, as the executor stages
+// the other ops (Staging::kByOp in the op table: this function decides).
 void executeBroadcast(Executor& ex, WorkUnit& unit) {
   Entry& e = *unit.pieces.front().entry;
+  if (e.request.tensors[0].device != DeviceKind::kCpu) {
+    Device& d = deviceFor(e.outputs[0]->device());
+    NativeCollectives* backend = ex.ctx().native();
+    if (ex.ctx().size() > 1 && backend && backend->broadcastsOnDevice(d)) return broadcastOnDevice(ex, unit, d);
+    e.staged = StagedEntry::stageIn(e, ex.staging());
+  }
   const int root = e.request.broadcast().root;
   TensorBuffer& in = *e.inputs[0];
   TensorBuffer& out = *e.outputs[0];

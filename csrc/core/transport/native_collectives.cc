@@ -11,4 +11,9 @@ void NativeCollectives::allreduceOnDevice(Device& device, void* /*data*/, size_t
                                device.id().str(), ": stage it through the host"));
 }
 
+void NativeCollectives::broadcastOnDevice(Device& device, void* /*data*/, size_t /*bytes*/, int /*root*/) {
+  throw InvalidArgument(
+      strCat("the backend's collectives broadcast nothing on ", device.id().str(), ": stage it through the host"));
+}
+
 }  // namespace hvdtorch

@@ -37,6 +37,9 @@ class NativeCollectives {
   // work enqueued so far on the device's engine stream, and before any
   // enqueued on it afterwards. Only where reducesOnDevice() said so.
   virtual void allreduceOnDevice(Device& device, void* data, size_t count, DataType dtype, ReduceOp op);
+  // The same for a broadcast of data[0 .. bytes) from `root`.
+  virtual bool broadcastsOnDevice(Device& /*device*/) { return false; }
+  virtual void broadcastOnDevice(Device& device, void* data, size_t bytes, int root);
 };
 
 }  // namespace hvdtorch
