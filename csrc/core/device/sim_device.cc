@@ -229,7 +229,7 @@ std::atomic<uint64_t> g_released_while_open{0};
 size_t pageSize() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 
 size_t pageRounded(size_t bytes) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t page = pageSize();
   return (std::max<size_t>(bytes, 1) + page - 1) / page * page;
 }
 

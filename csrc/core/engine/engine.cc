@@ -14,6 +14,13 @@
 
 namespace hvdtorch {
 
+namespace {
+
+// The device ring's part of the configuration, alike for every set's executor.
+DeviceRingOptions deviceRingOptions(const Config& config) { return {config.device_ring, config.ring_segment_bytes}; }
+
+}  // namespace
+
 Engine::Engine(Config config, const Topology& topo, const Transports& transports)
     : config_(std::move(config)),
       timeline_(config_.timeline, topo.rank),
@@ -21,7 +28,7 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native, config_.timeout),
       registered_(makeRegistered(config_, topo, transports.shm_token)),
       reducers_(reducerEnv(config_, transports.shm_token, 0, registered_)),
-      executor_(data_ctx_, reducers_, timeline_, registered_, {config_.device_ring, config_.ring_segment_bytes}),
+      executor_(data_ctx_, reducers_, timeline_, registered_, deviceRingOptions(config_)),
       control_(control_ctx_),
       shm_token_(transports.shm_token) {
   std::vector<int> everyone(topo.size);
@@ -120,8 +127,8 @@ void Engine::equipSet(ProcessSet& ps) {
     ps.own_data = Context::view(data_ctx_, ps.ranks);
     ps.own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, ps.id, registered_));
     ps.own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
-    ps.own_executor = std::make_unique<Executor>(*ps.own_data, *ps.own_reducers, timeline_, registered_,
-                                                 DeviceRingOptions{config_.device_ring, config_.ring_segment_bytes});
+    ps.own_executor =
+        std::make_unique<Executor>(*ps.own_data, *ps.own_reducers, timeline_, registered_, deviceRingOptions(config_));
     ps.own_plane = std::make_unique<ControlPlane>(*ps.own_control);
     ps.control = ps.own_control.get();
     ps.data = ps.own_data.get();

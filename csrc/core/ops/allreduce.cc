@@ -170,11 +170,11 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   const bool on_device = spec.device != DeviceKind::kCpu;  // the same for every piece (fusion.h)
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
+  const ReduceOp op = Executor::reducedOp(args.op);
   if (on_device && ex.ctx().size() > 1) {
-    const DevicePath path = devicePath(ex, unit, args.reducer, dtype, Executor::reducedOp(args.op));
+    const DevicePath path = devicePath(ex, unit, args.reducer, dtype, op);
     if (path.device) return allreduceOnDevice(ex, unit, path, dtype, count);
   }
-  const ReduceOp op = Executor::reducedOp(args.op);
   const int64_t divisor = ex.averageDivisor(args.op);
   Reducer& reducer = ex.reducers().pick(args.reducer, ex.ctx(), count * dtypeSize(dtype), dtype, op);
 
