@@ -348,7 +348,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     c10::intrusive_ptr<c10d::ProcessGroup>, c10::intrusive_ptr<c10d::ProcessGroup>, const std::string&,
                     std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>>(),
            py::arg("options"), py::arg("rank"), py::arg("host_of_rank"), py::arg("control_pg"), py::arg("data_pg"),
-           py::arg("shm_token"), py::arg("device_pg") = py::none())
+           py::arg("shm_token"), py::arg("device_pg") = py::none(),
+           // Building the engine waits for every peer: other Python threads
+           // (a user's watchdog, a timer) must be able to run meanwhile.
+           py::call_guard<py::gil_scoped_release>())
       .def("allreduce", &PyEngine::allreduce, py::arg("inputs"), py::arg("outputs"), py::arg("name"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("reducer"), py::arg("process_set_id") = 0)
       .def("allgather", &PyEngine::allgather, py::arg("inputs"), py::arg("name"), py::arg("process_set_id") = 0)

@@ -13,16 +13,16 @@ Scenarios:
                        engine; rank 0 sits in init() waiting for it and is
                        terminated by the launcher (SIGTERM).
   killed_in_init       rank 0 is SIGKILLed while it builds its engine (rank 1
-                       waits before building its own); the launcher then
-                       terminates rank 1.
+                       never builds its own); the launcher then terminates
+                       rank 1.
   killed_mid_step      rank 1 is SIGKILLed inside the backward pass of its
                        first step, before rank 0 has mapped its buckets.
 """
 
 import os
 import signal
+import subprocess
 import sys
-import threading
 import time
 
 import torch
@@ -41,9 +41,13 @@ def _wrap_engine(scenario: str) -> None:
             os._exit(1)
         if scenario == "killed_in_init":
             if rank == 0:
-                threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                # A separate process kills this one, so the kill does not
+                # depend on this interpreter getting to run a thread.
+                subprocess.Popen(["sh", "-c", f"sleep 1; kill -9 {os.getpid()}"])
             else:
-                time.sleep(3.0)
+                # Never builds its engine: rank 0 cannot leave init() alive.
+                # The launcher terminates this rank once rank 0 is gone.
+                time.sleep(60.0)
         return real(opts, rank, host_of_rank, control, data, shm_token, *rest)
 
     _C.Engine = engine
