@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -107,11 +108,11 @@ OutputAllocator allocatorOn(Device& dev) {
 double input(int r, size_t i) { return (r + 1) + static_cast<double>(i % 7); }
 
 // The backend's device collectives for in-process ranks, standing in for
-// NCCL (NativeCollectives::reducesOnDevice/allreduceOnDevice): each rank's
-// call copies its device data to registered host memory, waits until every
-// rank has, reduces all of them in rank order, and copies the result back
-// on its engine stream. It takes Sum only, so other ops show the fallback;
-// a broadcast is the same with the root's data as the result.
+// NCCL (NativeCollectives' *OnDevice calls): each rank's call copies its
+// device input to registered host memory, waits until every rank has,
+// combines all of them (a reduction in rank order, the root's data, the
+// blocks concatenated, ...) and copies its part of the result back on its
+// engine stream. It reduces Sum only, so other ops show the fallback.
 class InProcDeviceCollectives {
  public:
   explicit InProcDeviceCollectives(int p) : p_(p), deposits_(p) {
@@ -121,6 +122,10 @@ class InProcDeviceCollectives {
   int calls() const { return calls_.load(); }
 
  private:
+  using Deposits = std::vector<std::vector<char>>;
+  // Every rank's input -> what `rank` receives.
+  using Combine = std::function<std::vector<char>(const Deposits&, int rank)>;
+
   struct Rank : NativeCollectives {
     Rank(InProcDeviceCollectives& all, int rank) : all(all), rank(rank) {}
     bool supports(DataType, ReduceOp) const override { return false; }  // host memory: the ring instead
@@ -129,36 +134,57 @@ class InProcDeviceCollectives {
     void barrier() override { throw InvalidArgument("no barrier here"); }
     bool reducesOnDevice(Device&, DataType, ReduceOp op) override { return op == ReduceOp::kSum; }
     void allreduceOnDevice(Device& d, void* data, size_t count, DataType dtype, ReduceOp op) override {
-      all.reduce(rank, d, data, count, dtype, op, -1);
+      all.exchange(rank, d, data, data, count * dtypeSize(dtype), [=](const Deposits& in, int) {
+        return reduced(in, count, dtype, op);
+      });
     }
-    bool broadcastsOnDevice(Device&) override { return true; }
+    void reducescatterOnDevice(Device& d, const void* in, void* out, size_t block_count, DataType dtype,
+                               ReduceOp op) override {
+      const size_t block = block_count * dtypeSize(dtype);
+      all.exchange(rank, d, in, out, block * all.p_, [=](const Deposits& in, int r) {
+        const std::vector<char> sum = reduced(in, block_count * in.size(), dtype, op);
+        return std::vector<char>(sum.begin() + block * r, sum.begin() + block * (r + 1));
+      });
+    }
+    bool movesOnDevice(Device&) override { return true; }
     void broadcastOnDevice(Device& d, void* data, size_t bytes, int root) override {
-      all.reduce(rank, d, data, bytes, DataType::kUInt8, ReduceOp::kSum, root);
+      all.exchange(rank, d, data, data, bytes, [=](const Deposits& in, int) { return in[root]; });
+    }
+    void allgatherOnDevice(Device& d, const void* in, void* out, size_t block_bytes) override {
+      all.exchange(rank, d, in, out, block_bytes, [](const Deposits& in, int) {
+        std::vector<char> all;
+        for (const auto& block : in) all.insert(all.end(), block.begin(), block.end());
+        return all;
+      });
+    }
+    static std::vector<char> reduced(const Deposits& in, size_t count, DataType dtype, ReduceOp op) {
+      std::vector<char> result(in[0]);
+      for (size_t r = 1; r < in.size(); ++r) reduceInto(result.data(), in[r].data(), count, dtype, op);
+      return result;
     }
     InProcDeviceCollectives& all;
     int rank;
   };
 
-  // root >= 0: a broadcast from root instead of the reduction.
-  void reduce(int rank, Device& d, void* data, size_t count, DataType dtype, ReduceOp op, int root) {
-    const size_t bytes = count * dtypeSize(dtype);
-    std::vector<char>& mine = deposits_[rank];
-    mine.resize(bytes);
-    d.registerHost(mine.data(), bytes);
+  void exchange(int rank, Device& d, const void* in, void* out, size_t in_bytes, const Combine& combine) {
     auto drained = d.newEvent();
-    d.copyToHost(mine.data(), data, bytes, nullptr);
-    d.record(*drained, nullptr);
-    d.synchronize(*drained);
-    arrive();  // every rank's data is in
-    std::vector<char> result(deposits_[std::max(root, 0)]);
-    if (root < 0)
-      for (int r = 1; r < p_; ++r) reduceInto(result.data(), deposits_[r].data(), count, dtype, op);
-    arrive();  // every rank has read them
-    std::memcpy(mine.data(), result.data(), bytes);
-    d.copyFromHost(data, mine.data(), bytes, nullptr);
-    d.record(*drained, nullptr);
-    d.synchronize(*drained);
+    auto drain = [&] {
+      d.record(*drained, nullptr);
+      d.synchronize(*drained);
+    };
+    std::vector<char>& mine = deposits_[rank];
+    mine.resize(in_bytes);
+    d.registerHost(mine.data(), in_bytes);
+    d.copyToHost(mine.data(), in, in_bytes, nullptr);
+    drain();
     d.unregisterHost(mine.data());
+    arrive();  // every rank's data is in
+    std::vector<char> result = combine(deposits_, rank);
+    arrive();  // every rank has read them
+    d.registerHost(result.data(), result.size());
+    d.copyFromHost(out, result.data(), result.size(), nullptr);
+    drain();
+    d.unregisterHost(result.data());
     ++calls_;
   }
   void arrive() {
@@ -174,7 +200,7 @@ class InProcDeviceCollectives {
   }
 
   int p_;
-  std::vector<std::vector<char>> deposits_;
+  Deposits deposits_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -547,6 +573,101 @@ TEST(native_auto_and_broadcast_through_the_backends_device_collectives) {
   for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
   CHECK_MSG(backend.calls() == expected_calls + p, "broadcast: %d device collective calls, want %d", backend.calls(),
             expected_calls + p);
+}
+
+TEST(allgather_and_reducescatter_through_the_backends_device_collectives) {
+  // The backend's collectives take equal blocks only: ranks of unequal rows
+  // go through padded blocks, one tensor of equal rows straight into its
+  // output. Inputs are uploaded late; outputs are allocated on the device.
+  const int p = 3;
+  InProcDeviceCollectives backend(p);
+  Cluster c(p, testConfig(), nullptr, [&](int r) { return backend.of(r); });
+  std::vector<std::string> errors(p);
+  auto fail = [&](int r, const std::string& what) {
+    if (errors[r].empty()) errors[r] = what;
+  };
+  // all-gather; value of rank s, tensor t, row i, column j: 1000 t + 100 s + 10 i + j.
+  auto value = [](int t, int s, int64_t i, int64_t j) { return 1000.0 * t + 100.0 * s + 10.0 * i + j; };
+  struct Gather {
+    std::string name;
+    std::vector<DataType> dtypes;  // one tensor each
+    bool equal_rows;               // else rank s has s + 1 rows
+  };
+  for (const Gather& g : {Gather{"ag.equal", {DataType::kFloat32}, true}, Gather{"ag.uneven", {DataType::kInt32}, false},
+                          Gather{"ag.group", {DataType::kFloat32, DataType::kFloat64}, true}}) {
+    c.onEveryRank([&](int r, Engine& eng) {
+      Caller caller(deviceOf(r));
+      auto rows = [&](int s) -> int64_t { return g.equal_rows ? 2 : s + 1; };
+      ops::AllgatherOptions o;
+      o.name = g.name;
+      for (size_t t = 0; t < g.dtypes.size(); ++t) {
+        const std::vector<int64_t> shape{rows(r), 3};
+        o.inputs.push_back(caller.upload(
+            g.dtypes[t], shape,
+            hostValues(g.dtypes[t], shape, [&](size_t k) { return value(static_cast<int>(t), r, k / 3, k % 3); }),
+            /*late=*/true));
+      }
+      o.allocate = allocatorOn(caller.dev);
+      const int64_t h = ops::allgather(eng, std::move(o));
+      const std::string err = waitFor(eng, h);
+      if (!err.empty()) return fail(r, strCat(g.name, ": ", err));
+      for (size_t t = 0; t < g.dtypes.size(); ++t) {
+        const auto out = eng.state(h)->outputs().at(t);
+        const auto got = caller.download(*eng.state(h), *out);
+        size_t k = 0;
+        for (int s = 0; s < p; ++s)
+          for (int64_t i = 0; i < rows(s); ++i)
+            for (int64_t j = 0; j < 3; ++j, ++k)
+              if (valueAt(g.dtypes[t], got, k) != value(static_cast<int>(t), s, i, j))
+                fail(r, strCat(g.name, " tensor ", t, " [", k, "]: ", valueAt(g.dtypes[t], got, k), ", want ",
+                               value(static_cast<int>(t), s, i, j)));
+      }
+      eng.release(h);
+    });
+    for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  }
+  CHECK_MSG(backend.calls() == 3 * p, "all-gather: %d device collective calls, want %d", backend.calls(), 3 * p);
+
+  // reduce-scatter of tensors of 7 and 4 rows (shares 3 2 2 and 2 1 1) of
+  // 2 columns, element k of rank s being (s + 1) + k % 7: Average with
+  // prescale 2 and postscale 3 through the backend; Max staged.
+  for (ReduceOp op : {ReduceOp::kAverage, ReduceOp::kMax}) {
+    c.onEveryRank([&](int r, Engine& eng) {
+      Caller caller(deviceOf(r));
+      ops::ReducescatterOptions o;
+      o.name = strCat("rs.", static_cast<int>(op));
+      o.op = op;
+      o.prescale = 2.0;
+      o.postscale = 3.0;
+      const std::vector<int64_t> dims{7, 4};
+      for (int64_t dim0 : dims)
+        o.inputs.push_back(caller.upload(DataType::kFloat32, {dim0, 2},
+                                         hostValues(DataType::kFloat32, {dim0, 2}, [&](size_t k) { return input(r, k); }),
+                                         /*late=*/true));
+      o.allocate = allocatorOn(caller.dev);
+      const int64_t h = ops::reducescatter(eng, std::move(o));
+      const std::string err = waitFor(eng, h);
+      if (!err.empty()) return fail(r, strCat("reducescatter: ", err));
+      for (size_t t = 0; t < dims.size(); ++t) {
+        int64_t first = 0;
+        for (int s = 0; s < r; ++s) first += ops::reducescatterRows(dims[t], p, s);
+        const int64_t rows = ops::reducescatterRows(dims[t], p, r);
+        const auto out = eng.state(h)->outputs().at(t);
+        if (out->shape() != std::vector<int64_t>{rows, 2}) fail(r, strCat("reducescatter tensor ", t, " shape"));
+        const auto got = caller.download(*eng.state(h), *out);
+        for (int64_t k = 0; k < rows * 2; ++k) {
+          const double m = static_cast<double>((first * 2 + k) % 7);
+          const double want = op == ReduceOp::kAverage ? 3 * 2 * (2 + m) : 3 * 2 * (3 + m);
+          if (valueAt(DataType::kFloat32, got, k) != want)
+            fail(r, strCat("reducescatter ", static_cast<int>(op), " tensor ", t, " [", k,
+                           "]: ", valueAt(DataType::kFloat32, got, k), ", want ", want));
+        }
+      }
+      eng.release(h);
+    });
+    for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  }
+  CHECK_MSG(backend.calls() == 4 * p, "reduce-scatter: %d device collective calls, want %d", backend.calls(), 4 * p);
 }
 
 TEST(staging_copies_only_through_pinned_host_memory) {

@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -83,63 +84,99 @@ bool C10dDeviceCollectives::usable(Device& device) {
   return ok;
 }
 
-bool C10dDeviceCollectives::broadcasts(Device& device) { return usable(device); }
+bool C10dDeviceCollectives::moves(Device& device) { return usable(device); }
+
+namespace {
+
+at::Tensor onDevice(void* data, size_t count, DataType dtype, const at::Device& where) {
+  return at::from_blob(data, {static_cast<int64_t>(count)},
+                       at::TensorOptions().dtype(toScalarType(dtype)).device(where));
+}
+
+}  // namespace
 
 void C10dDeviceCollectives::allreduce(Device& device, void* data, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0) return;
-  run(device, "all-reduce", data, count * dtypeSize(dtype), [&](void* buffer, const at::Device& where) {
-    std::vector<at::Tensor> t{at::from_blob(buffer, {static_cast<int64_t>(count)},
-                                            at::TensorOptions().dtype(toScalarType(dtype)).device(where))};
+  const size_t bytes = count * dtypeSize(dtype);
+  run(device, "all-reduce", data, bytes, data, bytes, [&](void*, void* buffer, const at::Device& where) {
+    std::vector<at::Tensor> t{onDevice(buffer, count, dtype, where)};
     c10d::AllreduceOptions opts;
     opts.reduceOp = toC10dOp(op);
     device_pg_->allreduce(t, opts)->wait();
   });
 }
 
+void C10dDeviceCollectives::reducescatter(Device& device, const void* in, void* out, size_t block_count,
+                                          DataType dtype, ReduceOp op) {
+  if (block_count == 0) return;
+  const size_t block = block_count * dtypeSize(dtype);
+  const size_t size = static_cast<size_t>(device_pg_->getSize());
+  run(device, "reduce-scatter", in, block * size, out, block, [&](void* src, void* dst, const at::Device& where) {
+    at::Tensor input = onDevice(src, block_count * size, dtype, where);
+    at::Tensor output = onDevice(dst, block_count, dtype, where);
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = toC10dOp(op);
+    device_pg_->_reduce_scatter_base(output, input, opts)->wait();
+  });
+}
+
 void C10dDeviceCollectives::broadcast(Device& device, void* data, size_t bytes, int root) {
   if (bytes == 0) return;
-  run(device, "broadcast", data, bytes, [&](void* buffer, const at::Device& where) {
-    std::vector<at::Tensor> t{
-        at::from_blob(buffer, {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(where))};
+  run(device, "broadcast", data, bytes, data, bytes, [&](void*, void* buffer, const at::Device& where) {
+    std::vector<at::Tensor> t{onDevice(buffer, bytes, DataType::kUInt8, where)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     device_pg_->broadcast(t, opts)->wait();
   });
 }
 
-void C10dDeviceCollectives::run(Device& device, const char* what, void* data, size_t bytes,
-                                const Collective& collective) {
+void C10dDeviceCollectives::allgather(Device& device, const void* in, void* out, size_t block_bytes) {
+  if (block_bytes == 0) return;
+  const size_t size = static_cast<size_t>(device_pg_->getSize());
+  run(device, "all-gather", in, block_bytes, out, block_bytes * size,
+      [&](void* src, void* dst, const at::Device& where) {
+        at::Tensor input = onDevice(src, block_bytes, DataType::kUInt8, where);
+        at::Tensor output = onDevice(dst, block_bytes * size, DataType::kUInt8, where);
+        device_pg_->_allgather_base(output, input)->wait();
+      });
+}
+
+void C10dDeviceCollectives::run(Device& device, const char* what, const void* in, size_t in_bytes, void* out,
+                                size_t out_bytes, const Collective& collective) {
   try {
     if (device.id().kind == DeviceKind::kSim) {
-      runStaged(device, data, bytes, collective);
+      runStaged(device, in, in_bytes, out, out_bytes, collective);
     } else {
-      runOnSideStream(device, data, collective);
+      runOnSideStream(device, in, out, collective);
     }
   } catch (const CollectiveError&) {
     throw;
   } catch (const std::exception& e) {
     throw CollectiveError(strCat("rank ", device_pg_->getRank(), ": ", device_pg_->getBackendName(), " ", what, " of ",
-                                 bytes, " bytes on ", device.id().str(), " failed: ", e.what()));
+                                 std::max(in_bytes, out_bytes), " bytes on ", device.id().str(), " failed: ", e.what()));
   }
   runs_.fetch_add(1);
 }
 
 // Pinned host copies and the (Gloo) group's CPU collective; the host waits
 // for the device here, which NCCL never needs.
-void C10dDeviceCollectives::runStaged(Device& device, void* data, size_t bytes, const Collective& collective) {
+void C10dDeviceCollectives::runStaged(Device& device, const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                                      const Collective& collective) {
   struct Reset {
     StagingPool& pool;
     ~Reset() { pool.reset(); }
   } reset{bounce_};
-  void* host = bounce_.take(bytes, device);
-  device.copyToHost(host, data, bytes, nullptr);
+  void* host_in = bounce_.take(in_bytes, device);
+  void* host_out = in == out ? host_in : bounce_.take(out_bytes, device);
+  device.copyToHost(host_in, in, in_bytes, nullptr);
   device.synchronize(*drainEngineStream(device));
-  collective(host, at::Device(at::kCPU));
-  device.copyFromHost(data, host, bytes, nullptr);
+  collective(host_in, host_out, at::Device(at::kCPU));
+  device.copyFromHost(out, host_out, out_bytes, nullptr);
   device.synchronize(*drainEngineStream(device));  // the pool is reused by the next call
 }
 
-void C10dDeviceCollectives::runOnSideStream(Device& device, void* data, const Collective& collective) {
+void C10dDeviceCollectives::runOnSideStream(Device& device, const void* in, void* out,
+                                             const Collective& collective) {
 #ifdef HVDTORCH_HAVE_CUDA_DEVICE
   const auto index = static_cast<c10::DeviceIndex>(device.id().index);
   c10::cuda::CUDAGuard on_device(index);
@@ -156,12 +193,13 @@ void C10dDeviceCollectives::runOnSideStream(Device& device, void* data, const Co
     // ProcessGroupNCCL orders its own stream after the current one, and
     // Work::wait() orders the current one after the collective, without the host.
     c10::cuda::CUDAStreamGuard on_side(side->stream);
-    collective(data, at::Device(at::kCUDA, index));
+    collective(const_cast<void*>(in), out, at::Device(at::kCUDA, index));
   }
   device.record(*side->after, side->wrapped.get());
   device.wait(nullptr, *side->after);
 #else
-  (void)data;
+  (void)in;
+  (void)out;
   (void)collective;
   throw InvalidArgument(strCat("this build has no CUDA device; ", device.id().str(), " has no device collectives"));
 #endif

@@ -1,7 +1,7 @@
 // The backend's collectives on device memory: a c10d process group of the
 // device's own backend (NCCL for CUDA tensors, torch.distributed's process
-// group), behind NativeCollectives' *OnDevice calls: the all-reduce and the
-// broadcast.
+// group), behind NativeCollectives' *OnDevice calls: the all-reduce, the
+// reduce-scatter, the broadcast and the all-gather.
 //
 // Which devices it serves, decided the same way on every rank:
 //  * CUDA, through NCCL. The collective runs on a side stream that waits on
@@ -12,7 +12,7 @@
 //    staged through the host), and says so once.
 //  * The simulated device (HVDTORCH_SIM_DEVICE=1; the device group is then
 //    Gloo): the data goes through pinned host memory and the group's CPU
-//    all-reduce. It stands in for NCCL so that the engine's device-native
+//    collectives. It stands in for NCCL so that the engine's device-native
 //    path, the group's creation and the reducer choice all run in CI.
 #pragma once
 
@@ -40,18 +40,23 @@ class C10dDeviceCollectives {
 
   bool reduces(Device& device, DataType dtype, ReduceOp op);
   void allreduce(Device& device, void* data, size_t count, DataType dtype, ReduceOp op);
-  bool broadcasts(Device& device);
+  void reducescatter(Device& device, const void* in, void* out, size_t block_count, DataType dtype, ReduceOp op);
+  bool moves(Device& device);
   void broadcast(Device& device, void* data, size_t bytes, int root);
+  void allgather(Device& device, const void* in, void* out, size_t block_bytes);
   // Collectives run so far in this process (tests check the path was taken).
   static uint64_t runs() { return runs_.load(); }
 
  private:
-  using Collective = std::function<void(void* data, const at::Device& where)>;
+  // Reads in[0 .. in_bytes), writes out[0 .. out_bytes) (in == out: in place).
+  using Collective = std::function<void(void* in, void* out, const at::Device& where)>;
   bool usable(Device& device);  // a collective on its first call for `device`
-  // Runs `collective` on `data` (device memory, `bytes` long) as the header says.
-  void run(Device& device, const char* what, void* data, size_t bytes, const Collective& collective);
-  void runStaged(Device& device, void* data, size_t bytes, const Collective& collective);
-  void runOnSideStream(Device& device, void* data, const Collective& collective);
+  // Runs `collective` on device memory as the header says.
+  void run(Device& device, const char* what, const void* in, size_t in_bytes, void* out, size_t out_bytes,
+           const Collective& collective);
+  void runStaged(Device& device, const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                 const Collective& collective);
+  void runOnSideStream(Device& device, const void* in, void* out, const Collective& collective);
 
   c10::intrusive_ptr<c10d::ProcessGroup> device_pg_;
   c10::intrusive_ptr<c10d::ProcessGroup> host_pg_;

@@ -68,10 +68,19 @@ class C10dNative : public NativeCollectives {
     if (!device_) return NativeCollectives::allreduceOnDevice(device, data, count, dtype, op);
     device_->allreduce(device, data, count, dtype, op);
   }
-  bool broadcastsOnDevice(Device& device) override { return device_ && device_->broadcasts(device); }
+  void reducescatterOnDevice(Device& device, const void* in, void* out, size_t block_count, DataType dtype,
+                             ReduceOp op) override {
+    if (!device_) return NativeCollectives::reducescatterOnDevice(device, in, out, block_count, dtype, op);
+    device_->reducescatter(device, in, out, block_count, dtype, op);
+  }
+  bool movesOnDevice(Device& device) override { return device_ && device_->moves(device); }
   void broadcastOnDevice(Device& device, void* data, size_t bytes, int root) override {
     if (!device_) return NativeCollectives::broadcastOnDevice(device, data, bytes, root);
     device_->broadcast(device, data, bytes, root);
+  }
+  void allgatherOnDevice(Device& device, const void* in, void* out, size_t block_bytes) override {
+    if (!device_) return NativeCollectives::allgatherOnDevice(device, in, out, block_bytes);
+    device_->allgather(device, in, out, block_bytes);
   }
 
  private:

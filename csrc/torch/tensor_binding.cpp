@@ -11,6 +11,7 @@
 
 #ifdef HVDTORCH_HAVE_CUDA_DEVICE
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "device/cuda_device.h"
@@ -133,8 +134,21 @@ OutputAllocator OpBinding::allocatorLike(const at::Tensor& t) {
   const at::TensorOptions opts = t.options();
   const bool sim = simDeviceMode() && t.device().is_cpu();
   return [opts, sim](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+    if (sim) return std::make_shared<SimBoundTensor>(at::empty(shape, opts.dtype(toScalarType(dtype))), dtype, nullptr);
+#ifdef HVDTORCH_HAVE_CUDA_DEVICE
+    if (opts.device().is_cuda()) {
+      // Made on the engine stream, which writes it first: the caching
+      // allocator then hands out no block another stream may still be using
+      // (collectOutputs records the caller's stream on it afterwards).
+      const DeviceId id{DeviceKind::kCuda, opts.device().index()};
+      const c10::DeviceIndex index = opts.device().index();
+      c10::cuda::CUDAStreamGuard on_engine(c10::cuda::getStreamFromExternal(
+          static_cast<cudaStream_t>(cudaEngineStream(deviceFor(id))), index));
+      at::Tensor out = at::empty(shape, opts.dtype(toScalarType(dtype)));
+      return std::make_shared<TorchTensor>(out, dtype, id, nullptr);
+    }
+#endif
     at::Tensor out = at::empty(shape, opts.dtype(toScalarType(dtype)));
-    if (sim) return std::make_shared<SimBoundTensor>(out, dtype, nullptr);
     return std::make_shared<TorchTensor>(out, dtype, deviceOf(out), nullptr);
   };
 }

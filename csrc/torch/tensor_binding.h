@@ -6,9 +6,11 @@
 //    the engine's stream waits on it, the host never does. After the op,
 //    the current stream waits on the op's completion event, and outputs the
 //    engine allocated are recorded on that stream for the caching allocator
-//    (they were made on the executor thread's stream). Inputs need no
-//    recordStream: every op drains the engine stream before it completes
-//    (engine/host_staging.h), and the entry holds the tensors until then.
+//    (they were made on the engine stream, which writes them first). Inputs
+//    need no recordStream: the engine holds every tensor of an op until the
+//    device work that uses it has run (a staged op drains the engine stream
+//    before it completes, engine/host_staging.h; a device-native one is held
+//    until its completion event, Executor::holdUntil).
 //  * HVDTORCH_SIM_DEVICE=1 (tests): CPU tensors are copied to the simulated
 //    device "sim:0" on a stream standing for the caller's current stream
 //    (one per thread), with a ready event, and copied back into the CPU

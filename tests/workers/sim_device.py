@@ -24,7 +24,7 @@ def device_path(reducer: str) -> None:
     HVDTORCH_SIM_INTERPROCESS=1; unequal chunks, many segments when
     HVDTORCH_RING_SEGMENT_BYTES is small). reducer="native": the backend's
     device collectives (the device group: Gloo standing in for NCCL), which
-    a broadcast takes too."""
+    a broadcast, an all-gather and a reduce-scatter take too."""
     import torch
 
     assert _C.sim_device_mode()
@@ -81,6 +81,20 @@ def device_path(reducer: str) -> None:
         hvd.broadcast_(x, root_rank=n - 1, name="dr.broadcast")
         assert torch.equal(x, torch.arange(50, dtype=torch.float32) + n - 1), f"rank {r}: broadcast {x[:4]}"
         assert runs() == before + 1, f"rank {r}: the broadcast did not take the device group"
+        # So do the all-gather (rank q gives q + 1 rows: padded blocks) and the
+        # reduce-scatter (7 rows: unequal shares; Average with scales).
+        before = runs()
+        rows = torch.arange(3 * (r + 1), dtype=torch.float64).reshape(r + 1, 3) + 100 * r
+        got = hvd.allgather(rows, name="dr.allgather")
+        want = torch.cat([torch.arange(3 * (q + 1), dtype=torch.float64).reshape(q + 1, 3) + 100 * q for q in range(n)])
+        assert torch.equal(got, want), f"rank {r}: allgather {got}"
+        x = torch.arange(14, dtype=torch.float32).reshape(7, 2) * (r + 1)
+        got = hvd.reducescatter(x, op=hvd.Average, prescale_factor=2.0, postscale_factor=3.0, name="dr.rs")
+        mine = [7 // n + (1 if q < 7 % n else 0) for q in range(n)]
+        first = sum(mine[:r])
+        full = torch.arange(14, dtype=torch.float32).reshape(7, 2) * (n + 1) / 2 * 2.0 * 3.0
+        torch.testing.assert_close(got, full[first : first + mine[r]], msg=f"rank {r}: reducescatter")
+        assert runs() == before + 2, f"rank {r}: {runs() - before} device group runs for an allgather and a reducescatter"
     hvd.shutdown()
     unpinned = _C.sim_unpinned_engine_copies()
     assert unpinned == 0, f"rank {r}: {unpinned} unpinned engine copies"

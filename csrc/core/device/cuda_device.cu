@@ -392,6 +392,7 @@ class CudaDevice : public Device {
 
  private:
   cudaStream_t native(Stream* s) const { return s ? static_cast<CudaStream*>(s)->stream : engine_stream_; }
+  cudaStream_t engineStream() const { return engine_stream_; }
 
   void copyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, Stream* s, const char* what) {
     if (bytes == 0 || dst == src) return;
@@ -429,6 +430,12 @@ std::array<uint8_t, 16> cudaDeviceUuid(int ordinal) {
   std::array<uint8_t, 16> uuid{};
   std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
   return uuid;
+}
+
+void* cudaEngineStream(Device& device) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (!cuda) throw InvalidArgument(strCat(device.id().str(), " is not a CUDA device: it has no CUDA stream"));
+  return cuda->engineStream();
 }
 
 std::unique_ptr<Device> makeCudaDevice(int ordinal) {

@@ -18,6 +18,10 @@ namespace hvdtorch {
 // (the message carries CUDA's own error string).
 std::unique_ptr<Device> makeCudaDevice(int ordinal);
 
+// The cudaStream_t of a CUDA device's engine stream (as void*: this header
+// names no CUDA type), for the framework to allocate on it.
+void* cudaEngineStream(Device& device);
+
 // Number of visible CUDA devices; 0 (and `why` says why) where CUDA cannot
 // run: no driver, no device, CUDA_VISIBLE_DEVICES empty.
 int cudaDeviceCount(std::string* why);

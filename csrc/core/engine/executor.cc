@@ -54,6 +54,15 @@ void Executor::holdUntil(Device& device, std::shared_ptr<Event> done, EntryPtr e
   in_flight_.push_back({&device, std::move(done), std::move(entry)});
 }
 
+void Executor::completeOnDevice(Device& device, const EntryPtr& entry) {
+  std::shared_ptr<Event> done = device.newEvent();
+  device.record(*done, nullptr);
+  entry->state->device = device.id();
+  entry->state->completion = done;
+  holdUntil(device, std::move(done), entry);
+  complete(*entry);
+}
+
 DeviceRing* Executor::deviceRing(Device& device) {
   auto it = device_rings_.find(&device);
   if (it == device_rings_.end()) {

@@ -61,7 +61,7 @@ class Executor {
   // Pinned host memory for this unit (valid until run() returns).
   StagingPool& staging() { return staging_; }
 
-  // ---- device-native paths (ops/allreduce.cc) ----
+  // ---- device-native paths (ops/allreduce.cc and the others' *OnDevice) ----
   // The device ring (algorithms/device_ring.h) over this executor's context
   // on `device`, made on first use (a collective: every rank makes it in
   // the same unit); null where it does not apply or is turned off.
@@ -77,6 +77,10 @@ class Executor {
   // device work may outlive the op's completion, the caller's stream waiting
   // on `done` instead of the host.
   void holdUntil(Device& device, std::shared_ptr<Event> done, EntryPtr entry);
+  // How a device-native op of one entry ends: its completion event recorded
+  // on the engine stream after its work, handed to its state (the caller's
+  // stream waits on it), the entry held until it completed, and completed.
+  void completeOnDevice(Device& device, const EntryPtr& entry);
 
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);

@@ -59,7 +59,7 @@ enum class Outputs : uint8_t {
 // work on host memory (engine/host_staging.h).
 enum class Staging : uint8_t {
   kByExecutor,  // the executor swaps the entry's buffers for pinned host copies around execute
-  kByOp,        // execute stages them itself, or not at all where a device path takes them (all-reduce, broadcast)
+  kByOp,        // execute stages them itself, or not at all where a device path takes them
 };
 
 struct Request;

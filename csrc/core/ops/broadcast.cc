@@ -55,12 +55,7 @@ void broadcastOnDevice(Executor& ex, WorkUnit& unit, Device& d) {
   ex.mark(unit, "BROADCAST", true);
   ex.ctx().native()->broadcastOnDevice(d, out.data(), out.bytes(), root);
   ex.mark(unit, "BROADCAST", false);
-  std::shared_ptr<Event> done = d.newEvent();
-  d.record(*done, nullptr);
-  e.state->device = d.id();
-  e.state->completion = done;
-  ex.holdUntil(d, done, entry);
-  ex.complete(e);
+  ex.completeOnDevice(d, entry);
 }
 
 }  // namespace
@@ -74,7 +69,7 @@ void executeBroadcast(Executor& ex, WorkUnit& unit) {
   if (e.request.tensors[0].device != DeviceKind::kCpu) {
     Device& d = deviceFor(e.outputs[0]->device());
     NativeCollectives* backend = ex.ctx().native();
-    if (ex.ctx().size() > 1 && backend && backend->broadcastsOnDevice(d)) return broadcastOnDevice(ex, unit, d);
+    if (ex.ctx().size() > 1 && backend && backend->movesOnDevice(d)) return broadcastOnDevice(ex, unit, d);
     e.staged = StagedEntry::stageIn(e, ex.staging());
   }
   const int root = e.request.broadcast().root;

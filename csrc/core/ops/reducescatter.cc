@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "device/devices.h"
 #include "device/reduce_kernels.h"
+#include "engine/host_staging.h"
 #include "ops/op_common.h"
 
 namespace hvdtorch::ops {
@@ -93,13 +95,75 @@ void reducescatterRun(Executor& ex, Entry& e, const ReducescatterPlan& plan, siz
   }
 }
 
+// Device memory only, through the backend's device collectives (NCCL on
+// CUDA), on the engine stream. Those scatter equal blocks: every block is
+// padded to the largest rank's share (the padding is reduced and dropped),
+// the packed blocks are followed by the block this rank receives.
+void reducescatterRunOnDevice(Executor& ex, Device& d, Entry& e, const ReducescatterPlan& plan, size_t first,
+                              size_t last, const std::vector<TensorPtr>& outputs) {
+  const ReduceArgs& args = e.request.reduce();
+  const DataType dtype = e.inputs[first]->dtype();
+  const size_t esize = dtypeSize(dtype);
+  const int p = ex.ctx().size();
+  const int me = ex.ctx().rank();
+  std::vector<size_t> row(last), counts(p, 0);
+  for (size_t t = first; t < last; ++t) {
+    row[t] = rowElems(e.inputs[t]->shape());
+    for (int r = 0; r < p; ++r) counts[r] += static_cast<size_t>(plan.rows[t * p + r]) * row[t];
+  }
+  const size_t widest = *std::max_element(counts.begin(), counts.end());
+  if (widest == 0) return;  // every output is empty
+  char* blocks = static_cast<char*>(ex.deviceFusion(d, widest * (p + 1) * esize));
+  char* received = blocks + widest * p * esize;
+  for (size_t t = first; t < last; ++t) {
+    const char* in = static_cast<const char*>(e.inputs[t]->data());
+    size_t row_at = 0;  // first row of rank r in tensor t
+    for (int r = 0; r < p; ++r) {
+      size_t at = widest * r;  // rank r's rows of tensor t follow those of first .. t - 1
+      for (size_t u = first; u < t; ++u) at += static_cast<size_t>(plan.rows[u * p + r]) * row[u];
+      const size_t n = static_cast<size_t>(plan.rows[t * p + r]) * row[t];
+      if (n > 0) d.copyScaled(blocks + at * esize, in + row_at * row[t] * esize, n, dtype, args.prescale, nullptr);
+      row_at += static_cast<size_t>(plan.rows[t * p + r]);
+    }
+  }
+  ex.ctx().native()->reducescatterOnDevice(d, blocks, received, widest, dtype, Executor::reducedOp(args.op));
+  size_t at = 0;
+  for (size_t t = first; t < last; ++t) {
+    const size_t n = static_cast<size_t>(plan.rows[t * p + me]) * row[t];
+    if (n > 0)
+      d.copyAveraged(outputs[t]->data(), received + at * esize, n, dtype, ex.averageDivisor(args.op), args.postscale,
+                     nullptr);
+    at += n;
+  }
+}
+
 }  // namespace
 
+// Device tensors take the backend's device collectives where they reduce
+// every dtype of the op (decided alike on every rank: the device kind,
+// dtypes and op are in the signature) and are otherwise staged through
+// pinned host memory (Staging::kByOp in the op table: this function decides).
 void executeReducescatter(Executor& ex, WorkUnit& unit) {
-  Entry& e = *unit.pieces.front().entry;
+  const EntryPtr& entry = unit.pieces.front().entry;
+  Entry& e = *entry;
   const ReducescatterPlan& plan = std::get<ReducescatterPlan>(unit.plan);
   const int p = ex.ctx().size();
   const size_t n = e.inputs.size();
+  Device* on_device = nullptr;
+  if (e.request.tensors[0].device != DeviceKind::kCpu) {
+    Device& d = deviceFor(e.inputs[0]->device());
+    NativeCollectives* backend = ex.ctx().native();
+    const ReduceOp op = Executor::reducedOp(e.request.reduce().op);
+    const bool takes = p > 1 && backend && std::all_of(e.inputs.begin(), e.inputs.end(), [&](const TensorPtr& t) {
+                         return backend->reducesOnDevice(d, t->dtype(), op);
+                       });
+    if (takes) {
+      on_device = &d;
+      waitReady(d, e.inputs);
+    } else {
+      e.staged = StagedEntry::stageIn(e, ex.staging());
+    }
+  }
   std::vector<TensorPtr> outs;
   for (size_t t = 0; t < n; ++t) {
     std::vector<int64_t> shape = e.inputs[t]->shape();
@@ -111,11 +175,16 @@ void executeReducescatter(Executor& ex, WorkUnit& unit) {
   for (size_t first = 0; first < n;) {
     size_t last = first + 1;
     while (last < n && e.inputs[last]->dtype() == e.inputs[first]->dtype()) ++last;
-    reducescatterRun(ex, e, plan, first, last, outs);
+    if (on_device) {
+      reducescatterRunOnDevice(ex, *on_device, e, plan, first, last, outs);
+    } else {
+      reducescatterRun(ex, e, plan, first, last, outs);
+    }
     first = last;
   }
   ex.mark(unit, "REDUCESCATTER", false);
   e.outputs = std::move(outs);
+  if (on_device) return ex.completeOnDevice(*on_device, entry);
   ex.complete(e);
 }
 
