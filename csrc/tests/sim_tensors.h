@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "device/devices.h"
+#include "device/sim_device.h"
 #include "engine/device_tensor.h"
 #include "engine/op_state.h"
 
@@ -42,16 +43,26 @@ struct Caller {
                                        bool late = false) {
     auto t = std::make_shared<CallerTensor>(dev, dtype, std::move(shape));
     t->host = std::move(host);
-    if (late) {
-      // Not zeroed: a zeroing fill on the engine stream would race with these fills on the caller's.
-      if (!scratch)
-        scratch = std::make_shared<DeviceTensor>(dev, DataType::kUInt8, std::vector<int64_t>{kScratch}, false);
-      for (int i = 0; i < 8; ++i) dev.fill(scratch->data(), kScratch, static_cast<uint8_t>(i), stream.get());
-    }
+    if (late) stall(8);
     dev.copyFromHost(t->data(), t->host.data(), t->bytes(), stream.get());
     t->ready_ = dev.newEvent();
     dev.record(*t->ready_, stream.get());
     return t;
+  }
+
+  // Long work on the caller's stream: `fills` fills of a scratch buffer
+  // (each a few milliseconds). Not zeroed first: a zeroing fill on the
+  // engine stream would race with these fills on the caller's.
+  void stall(int fills) {
+    if (dev.id().kind == DeviceKind::kSim) {
+      // A sleep on the stream: fills would keep the engine threads off the
+      // CPU as long as they run, and the op would find its inputs landed.
+      simStall(dev, stream.get(), 2 * fills);
+      return;
+    }
+    if (!scratch)
+      scratch = std::make_shared<DeviceTensor>(dev, DataType::kUInt8, std::vector<int64_t>{kScratch}, false);
+    for (int i = 0; i < fills; ++i) dev.fill(scratch->data(), kScratch, static_cast<uint8_t>(i), stream.get());
   }
 
   // The bytes of `t` once the op of `state` completed, read on the caller's stream.

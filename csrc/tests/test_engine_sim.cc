@@ -115,7 +115,7 @@ double input(int r, size_t i) { return (r + 1) + static_cast<double>(i % 7); }
 // engine stream. It reduces Sum only, so other ops show the fallback.
 class InProcDeviceCollectives {
  public:
-  explicit InProcDeviceCollectives(int p) : p_(p), deposits_(p) {
+  explicit InProcDeviceCollectives(int p) : p_(p), deposits_(p), sends_(p) {
     for (int r = 0; r < p; ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
   }
   NativeCollectives* of(int rank) { return ranks_[rank].get(); }
@@ -134,9 +134,8 @@ class InProcDeviceCollectives {
     void barrier() override { throw InvalidArgument("no barrier here"); }
     bool reducesOnDevice(Device&, DataType, ReduceOp op) override { return op == ReduceOp::kSum; }
     void allreduceOnDevice(Device& d, void* data, size_t count, DataType dtype, ReduceOp op) override {
-      all.exchange(rank, d, data, data, count * dtypeSize(dtype), [=](const Deposits& in, int) {
-        return reduced(in, count, dtype, op);
-      });
+      all.exchange(rank, d, data, data, count * dtypeSize(dtype),
+                   [=](const Deposits& in, int) { return reduced(in, count, dtype, op); });
     }
     void reducescatterOnDevice(Device& d, const void* in, void* out, size_t block_count, DataType dtype,
                                ReduceOp op) override {
@@ -155,6 +154,21 @@ class InProcDeviceCollectives {
         std::vector<char> all;
         for (const auto& block : in) all.insert(all.end(), block.begin(), block.end());
         return all;
+      });
+    }
+    void alltoallOnDevice(Device& d, const void* in, void* out, const std::vector<size_t>& send_bytes,
+                          const std::vector<size_t>&) override {
+      all.sends_[rank] = send_bytes;  // read by the others after exchange's first arrival
+      size_t in_bytes = 0;
+      for (size_t b : send_bytes) in_bytes += b;
+      all.exchange(rank, d, in, out, in_bytes, [this](const Deposits& in, int r) {
+        std::vector<char> mine;
+        for (size_t s = 0; s < in.size(); ++s) {
+          size_t at = 0;
+          for (int q = 0; q < r; ++q) at += all.sends_[s][q];
+          mine.insert(mine.end(), in[s].begin() + at, in[s].begin() + at + all.sends_[s][r]);
+        }
+        return mine;
       });
     }
     static std::vector<char> reduced(const Deposits& in, size_t count, DataType dtype, ReduceOp op) {
@@ -201,6 +215,7 @@ class InProcDeviceCollectives {
 
   int p_;
   Deposits deposits_;
+  std::vector<std::vector<size_t>> sends_;  // all-to-all: each rank's bytes to each rank
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -388,6 +403,11 @@ TEST(allgather_broadcast_alltoall_reducescatter_every_dtype_on_sim_tensors) {
         for (int s = 0; s < p; ++s)
           if (valueAt(dtype, got, 2 * s) != 10 * s + r || valueAt(dtype, got, 2 * s + 1) != 10 * s + r)
             fail(strCat("alltoall from rank ", s));
+        // The received splits are host metadata, whatever the device.
+        auto* received = dynamic_cast<HostTensor*>(eng.state(h)->outputs().at(1).get());
+        if (!received || received->numel() != p) fail("alltoall: the received splits are not a host tensor of p");
+        for (int s = 0; received && s < p; ++s)
+          if (static_cast<const int64_t*>(received->data())[s] != 1) fail(strCat("alltoall: received from ", s));
         eng.release(h);
       }
       // reducescatter, Sum: 5 rows of (r + 1) (row + 1); rank r keeps its share, 6 (row + 1).
@@ -575,16 +595,27 @@ TEST(native_auto_and_broadcast_through_the_backends_device_collectives) {
             expected_calls + p);
 }
 
-TEST(allgather_and_reducescatter_through_the_backends_device_collectives) {
+TEST(allgather_reducescatter_and_alltoall_through_the_backends_device_collectives) {
   // The backend's collectives take equal blocks only: ranks of unequal rows
   // go through padded blocks, one tensor of equal rows straight into its
-  // output. Inputs are uploaded late; outputs are allocated on the device.
+  // output. Inputs land long after negotiation (kLongStall on the caller's
+  // stream): only the op's wait on their ready events sees them. Outputs are
+  // allocated on the device. Every op's tensors are kept to the end: freeing
+  // simulated memory waits for every stream, as cudaFree does, and the
+  // executor would otherwise free the last op's tensors before the next op,
+  // waiting out the stall for it.
+  constexpr int kLongStall = 100;
   const int p = 3;
   InProcDeviceCollectives backend(p);
   Cluster c(p, testConfig(), nullptr, [&](int r) { return backend.of(r); });
   std::vector<std::string> errors(p);
   auto fail = [&](int r, const std::string& what) {
     if (errors[r].empty()) errors[r] = what;
+  };
+  std::vector<std::vector<TensorPtr>> keep(p);
+  auto keepAll = [&](int r, const OpState& state, const std::vector<TensorPtr>& inputs) {
+    keep[r].insert(keep[r].end(), inputs.begin(), inputs.end());
+    keep[r].insert(keep[r].end(), state.outputs().begin(), state.outputs().end());
   };
   // all-gather; value of rank s, tensor t, row i, column j: 1000 t + 100 s + 10 i + j.
   auto value = [](int t, int s, int64_t i, int64_t j) { return 1000.0 * t + 100.0 * s + 10.0 * i + j; };
@@ -593,10 +624,12 @@ TEST(allgather_and_reducescatter_through_the_backends_device_collectives) {
     std::vector<DataType> dtypes;  // one tensor each
     bool equal_rows;               // else rank s has s + 1 rows
   };
-  for (const Gather& g : {Gather{"ag.equal", {DataType::kFloat32}, true}, Gather{"ag.uneven", {DataType::kInt32}, false},
-                          Gather{"ag.group", {DataType::kFloat32, DataType::kFloat64}, true}}) {
+  for (const Gather& g :
+       {Gather{"ag.equal", {DataType::kFloat32}, true}, Gather{"ag.uneven", {DataType::kInt32}, false},
+        Gather{"ag.group", {DataType::kFloat32, DataType::kFloat64}, true}}) {
     c.onEveryRank([&](int r, Engine& eng) {
       Caller caller(deviceOf(r));
+      caller.stall(kLongStall);
       auto rows = [&](int s) -> int64_t { return g.equal_rows ? 2 : s + 1; };
       ops::AllgatherOptions o;
       o.name = g.name;
@@ -608,9 +641,11 @@ TEST(allgather_and_reducescatter_through_the_backends_device_collectives) {
             /*late=*/true));
       }
       o.allocate = allocatorOn(caller.dev);
+      const std::vector<TensorPtr> inputs = o.inputs;
       const int64_t h = ops::allgather(eng, std::move(o));
       const std::string err = waitFor(eng, h);
       if (!err.empty()) return fail(r, strCat(g.name, ": ", err));
+      keepAll(r, *eng.state(h), inputs);
       for (size_t t = 0; t < g.dtypes.size(); ++t) {
         const auto out = eng.state(h)->outputs().at(t);
         const auto got = caller.download(*eng.state(h), *out);
@@ -634,6 +669,7 @@ TEST(allgather_and_reducescatter_through_the_backends_device_collectives) {
   for (ReduceOp op : {ReduceOp::kAverage, ReduceOp::kMax}) {
     c.onEveryRank([&](int r, Engine& eng) {
       Caller caller(deviceOf(r));
+      caller.stall(kLongStall);
       ops::ReducescatterOptions o;
       o.name = strCat("rs.", static_cast<int>(op));
       o.op = op;
@@ -641,13 +677,16 @@ TEST(allgather_and_reducescatter_through_the_backends_device_collectives) {
       o.postscale = 3.0;
       const std::vector<int64_t> dims{7, 4};
       for (int64_t dim0 : dims)
-        o.inputs.push_back(caller.upload(DataType::kFloat32, {dim0, 2},
-                                         hostValues(DataType::kFloat32, {dim0, 2}, [&](size_t k) { return input(r, k); }),
-                                         /*late=*/true));
+        o.inputs.push_back(
+            caller.upload(DataType::kFloat32, {dim0, 2},
+                          hostValues(DataType::kFloat32, {dim0, 2}, [&](size_t k) { return input(r, k); }),
+                          /*late=*/true));
       o.allocate = allocatorOn(caller.dev);
+      const std::vector<TensorPtr> inputs = o.inputs;
       const int64_t h = ops::reducescatter(eng, std::move(o));
       const std::string err = waitFor(eng, h);
       if (!err.empty()) return fail(r, strCat("reducescatter: ", err));
+      keepAll(r, *eng.state(h), inputs);
       for (size_t t = 0; t < dims.size(); ++t) {
         int64_t first = 0;
         for (int s = 0; s < r; ++s) first += ops::reducescatterRows(dims[t], p, s);
@@ -668,6 +707,48 @@ TEST(allgather_and_reducescatter_through_the_backends_device_collectives) {
     for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
   }
   CHECK_MSG(backend.calls() == 4 * p, "reduce-scatter: %d device collective calls, want %d", backend.calls(), 4 * p);
+
+  // all-to-all: rank r sends (r + s) % 3 rows of 2 to rank s (rank 0 sends
+  // itself none); row k to s holds 100 r + 10 s + k. Then one where no rank
+  // sends a row: no collective at all.
+  for (bool empty : {false, true}) {
+    c.onEveryRank([&](int r, Engine& eng) {
+      Caller caller(deviceOf(r));
+      std::vector<int64_t> splits;
+      std::vector<double> values;
+      for (int s = 0; s < p; ++s) {
+        splits.push_back(empty ? 0 : (r + s) % 3);
+        for (int64_t k = 0; k < splits.back(); ++k) values.insert(values.end(), 2, 100.0 * r + 10.0 * s + k);
+      }
+      caller.stall(kLongStall);
+      const int64_t rows = static_cast<int64_t>(values.size() / 2);
+      ops::AlltoallOptions o;
+      o.name = strCat("a2a.", empty);
+      o.input = caller.upload(DataType::kFloat32, {rows, 2},
+                              hostValues(DataType::kFloat32, {rows, 2}, [&](size_t k) { return values[k]; }),
+                              /*late=*/true);
+      o.splits = splits;
+      o.allocate = allocatorOn(caller.dev);
+      const std::vector<TensorPtr> inputs{o.input};
+      const int64_t h = ops::alltoall(eng, std::move(o));
+      const std::string err = waitFor(eng, h);
+      if (!err.empty()) return fail(r, strCat("alltoall: ", err));
+      keepAll(r, *eng.state(h), inputs);
+      const auto got = caller.download(*eng.state(h), *eng.state(h)->outputs().at(0));
+      const auto* received = static_cast<const int64_t*>(eng.state(h)->outputs().at(1)->data());
+      size_t k = 0;
+      for (int s = 0; s < p; ++s) {
+        const int64_t from_s = empty ? 0 : (s + r) % 3;
+        if (received[s] != from_s) fail(r, strCat("alltoall: ", received[s], " rows from ", s, ", want ", from_s));
+        for (int64_t i = 0; i < from_s; ++i, k += 2)
+          if (valueAt(DataType::kFloat32, got, k) != 100.0 * s + 10.0 * r + i)
+            fail(r, strCat("alltoall: row ", i, " from ", s, ": ", valueAt(DataType::kFloat32, got, k)));
+      }
+      eng.release(h);
+    });
+    for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  }
+  CHECK_MSG(backend.calls() == 5 * p, "all-to-all: %d device collective calls, want %d", backend.calls(), 5 * p);
 }
 
 TEST(staging_copies_only_through_pinned_host_memory) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <numeric>
 
 #include "c10d_link.h"
 #include "common/error.h"
@@ -106,8 +107,8 @@ void C10dDeviceCollectives::allreduce(Device& device, void* data, size_t count, 
   });
 }
 
-void C10dDeviceCollectives::reducescatter(Device& device, const void* in, void* out, size_t block_count,
-                                          DataType dtype, ReduceOp op) {
+void C10dDeviceCollectives::reducescatter(Device& device, const void* in, void* out, size_t block_count, DataType dtype,
+                                          ReduceOp op) {
   if (block_count == 0) return;
   const size_t block = block_count * dtypeSize(dtype);
   const size_t size = static_cast<size_t>(device_pg_->getSize());
@@ -141,6 +142,19 @@ void C10dDeviceCollectives::allgather(Device& device, const void* in, void* out,
       });
 }
 
+void C10dDeviceCollectives::alltoall(Device& device, const void* in, void* out, const std::vector<size_t>& send_bytes,
+                                     const std::vector<size_t>& recv_bytes) {
+  std::vector<int64_t> send(send_bytes.begin(), send_bytes.end());
+  std::vector<int64_t> recv(recv_bytes.begin(), recv_bytes.end());
+  const size_t in_bytes = std::accumulate(send_bytes.begin(), send_bytes.end(), size_t(0));
+  const size_t out_bytes = std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t(0));
+  run(device, "all-to-all", in, in_bytes, out, out_bytes, [&](void* src, void* dst, const at::Device& where) {
+    at::Tensor input = onDevice(src, in_bytes, DataType::kUInt8, where);
+    at::Tensor output = onDevice(dst, out_bytes, DataType::kUInt8, where);
+    device_pg_->alltoall_base(output, input, recv, send)->wait();
+  });
+}
+
 void C10dDeviceCollectives::run(Device& device, const char* what, const void* in, size_t in_bytes, void* out,
                                 size_t out_bytes, const Collective& collective) {
   try {
@@ -153,7 +167,8 @@ void C10dDeviceCollectives::run(Device& device, const char* what, const void* in
     throw;
   } catch (const std::exception& e) {
     throw CollectiveError(strCat("rank ", device_pg_->getRank(), ": ", device_pg_->getBackendName(), " ", what, " of ",
-                                 std::max(in_bytes, out_bytes), " bytes on ", device.id().str(), " failed: ", e.what()));
+                                 std::max(in_bytes, out_bytes), " bytes on ", device.id().str(),
+                                 " failed: ", e.what()));
   }
   runs_.fetch_add(1);
 }
@@ -168,15 +183,14 @@ void C10dDeviceCollectives::runStaged(Device& device, const void* in, size_t in_
   } reset{bounce_};
   void* host_in = bounce_.take(in_bytes, device);
   void* host_out = in == out ? host_in : bounce_.take(out_bytes, device);
-  device.copyToHost(host_in, in, in_bytes, nullptr);
+  if (in_bytes > 0) device.copyToHost(host_in, in, in_bytes, nullptr);
   device.synchronize(*drainEngineStream(device));
   collective(host_in, host_out, at::Device(at::kCPU));
-  device.copyFromHost(out, host_out, out_bytes, nullptr);
+  if (out_bytes > 0) device.copyFromHost(out, host_out, out_bytes, nullptr);
   device.synchronize(*drainEngineStream(device));  // the pool is reused by the next call
 }
 
-void C10dDeviceCollectives::runOnSideStream(Device& device, const void* in, void* out,
-                                             const Collective& collective) {
+void C10dDeviceCollectives::runOnSideStream(Device& device, const void* in, void* out, const Collective& collective) {
 #ifdef HVDTORCH_HAVE_CUDA_DEVICE
   const auto index = static_cast<c10::DeviceIndex>(device.id().index);
   c10::cuda::CUDAGuard on_device(index);

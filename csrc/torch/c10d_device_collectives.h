@@ -1,7 +1,7 @@
 // The backend's collectives on device memory: a c10d process group of the
 // device's own backend (NCCL for CUDA tensors, torch.distributed's process
 // group), behind NativeCollectives' *OnDevice calls: the all-reduce, the
-// reduce-scatter, the broadcast and the all-gather.
+// reduce-scatter, the broadcast, the all-gather and the all-to-all.
 //
 // Which devices it serves, decided the same way on every rank:
 //  * CUDA, through NCCL. The collective runs on a side stream that waits on
@@ -44,6 +44,8 @@ class C10dDeviceCollectives {
   bool moves(Device& device);
   void broadcast(Device& device, void* data, size_t bytes, int root);
   void allgather(Device& device, const void* in, void* out, size_t block_bytes);
+  void alltoall(Device& device, const void* in, void* out, const std::vector<size_t>& send_bytes,
+                const std::vector<size_t>& recv_bytes);
   // Collectives run so far in this process (tests check the path was taken).
   static uint64_t runs() { return runs_.load(); }
 

@@ -82,6 +82,11 @@ class C10dNative : public NativeCollectives {
     if (!device_) return NativeCollectives::allgatherOnDevice(device, in, out, block_bytes);
     device_->allgather(device, in, out, block_bytes);
   }
+  void alltoallOnDevice(Device& device, const void* in, void* out, const std::vector<size_t>& send_bytes,
+                        const std::vector<size_t>& recv_bytes) override {
+    if (!device_) return NativeCollectives::alltoallOnDevice(device, in, out, send_bytes, recv_bytes);
+    device_->alltoall(device, in, out, send_bytes, recv_bytes);
+  }
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

@@ -142,8 +142,8 @@ OutputAllocator OpBinding::allocatorLike(const at::Tensor& t) {
       // (collectOutputs records the caller's stream on it afterwards).
       const DeviceId id{DeviceKind::kCuda, opts.device().index()};
       const c10::DeviceIndex index = opts.device().index();
-      c10::cuda::CUDAStreamGuard on_engine(c10::cuda::getStreamFromExternal(
-          static_cast<cudaStream_t>(cudaEngineStream(deviceFor(id))), index));
+      c10::cuda::CUDAStreamGuard on_engine(
+          c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(cudaEngineStream(deviceFor(id))), index));
       at::Tensor out = at::empty(shape, opts.dtype(toScalarType(dtype)));
       return std::make_shared<TorchTensor>(out, dtype, id, nullptr);
     }
@@ -158,6 +158,14 @@ const at::Tensor& boundTensor(const TensorBuffer& buffer) {
   return static_cast<const TorchTensor&>(buffer).tensor();
 }
 
+namespace {
+
+// Host metadata an op made itself (alltoall's received splits), whatever
+// the op's device: handed back as a CPU copy.
+bool isHostMetadata(const TensorBuffer& t) { return dynamic_cast<const HostTensor*>(&t) != nullptr; }
+
+}  // namespace
+
 std::vector<at::Tensor> collectOutputs(const OpState& state) {
   std::vector<at::Tensor> out;
   const std::vector<TensorPtr>& outputs = state.outputs();
@@ -165,6 +173,7 @@ std::vector<at::Tensor> collectOutputs(const OpState& state) {
     Device& dev = deviceFor(state.device);
     if (state.completion) dev.wait(&simCallerStream(), *state.completion);
     for (const auto& t : outputs) {
+      if (isHostMetadata(*t)) continue;
       const at::Tensor& host = boundTensor(*t);
       dev.copyToHost(host.data_ptr(), t->data(), t->bytes(), &simCallerStream());
     }
@@ -179,12 +188,20 @@ std::vector<at::Tensor> collectOutputs(const OpState& state) {
       dev.wait(wrapped.get(), *state.completion);
     }
     for (const auto& t : outputs) {
+      if (isHostMetadata(*t)) continue;
       const at::Tensor& o = boundTensor(*t);
       if (o.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(o.storage().data_ptr(), stream);
     }
   }
 #endif
-  for (const auto& t : outputs) out.push_back(boundTensor(*t));
+  for (const auto& t : outputs) {
+    if (isHostMetadata(*t)) {
+      out.push_back(at::empty(t->shape(), at::TensorOptions().dtype(toScalarType(t->dtype()))));
+      std::memcpy(out.back().data_ptr(), t->data(), t->bytes());
+    } else {
+      out.push_back(boundTensor(*t));
+    }
+  }
   return out;
 }
 

@@ -98,6 +98,8 @@ def check_collectives(device: str = "cuda", reducers: str = "auto,ring,central,n
             got = hvd.alltoall(x, name=f"a2a.{case}")
         want = torch.cat([value(q, (2 * n, 2), dtype, case)[2 * r : 2 * r + 2] for q in range(n)])
         assert got.device.type == kind and torch.equal(got.cpu(), want), f"alltoall {dtype}"
+        got, received = hvd.alltoall(x, splits=[2] * n, name=f"a2a.splits.{case}")
+        assert torch.equal(got.cpu(), want) and received.device.type == "cpu", f"alltoall {dtype} with splits"
         x = written_late(value(r, (2 * n + 1, 2), dtype, case), side)
         with on_stream(side):
             got = hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{case}")

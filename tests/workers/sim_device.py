@@ -24,7 +24,7 @@ def device_path(reducer: str) -> None:
     HVDTORCH_SIM_INTERPROCESS=1; unequal chunks, many segments when
     HVDTORCH_RING_SEGMENT_BYTES is small). reducer="native": the backend's
     device collectives (the device group: Gloo standing in for NCCL), which
-    a broadcast, an all-gather and a reduce-scatter take too."""
+    a broadcast, an all-gather, a reduce-scatter and an alltoall take too."""
     import torch
 
     assert _C.sim_device_mode()
@@ -94,7 +94,16 @@ def device_path(reducer: str) -> None:
         first = sum(mine[:r])
         full = torch.arange(14, dtype=torch.float32).reshape(7, 2) * (n + 1) / 2 * 2.0 * 3.0
         torch.testing.assert_close(got, full[first : first + mine[r]], msg=f"rank {r}: reducescatter")
-        assert runs() == before + 2, f"rank {r}: {runs() - before} device group runs for an allgather and a reducescatter"
+        assert runs() == before + 2, f"rank {r}: {runs() - before} runs for an allgather and a reducescatter"
+        # And the alltoall: rank r sends (r + d) % 3 rows to rank d.
+        before = runs()
+        splits = torch.tensor([(r + d) % 3 for d in range(n)], dtype=torch.int32)
+        rows = torch.cat([torch.full((int(splits[d]), 2), 10.0 * r + d) for d in range(n)])
+        got, received = hvd.alltoall(rows, splits=splits, name="dr.alltoall")
+        want = torch.cat([torch.full(((s + r) % 3, 2), 10.0 * s + r) for s in range(n)])
+        assert torch.equal(got, want), f"rank {r}: alltoall {got}"
+        assert received.tolist() == [(s + r) % 3 for s in range(n)] and received.dtype == torch.int32
+        assert runs() == before + 1, f"rank {r}: the alltoall did not take the device group"
     hvd.shutdown()
     unpinned = _C.sim_unpinned_engine_copies()
     assert unpinned == 0, f"rank {r}: {unpinned} unpinned engine copies"

@@ -534,6 +534,9 @@ class SimDevice : public Device {
   }
 
   uint64_t unpinnedEngineCopies() const { return unpinned_engine_copies_.load(); }
+  void stall(Stream* s, int milliseconds) {
+    enqueue(s, "stall", [milliseconds] { std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds)); });
+  }
 
  private:
   struct Allocation {
@@ -694,6 +697,12 @@ uint64_t simUnpinnedEngineCopies(Device& device) {
   auto* sim = dynamic_cast<SimDevice*>(&device);
   if (sim == nullptr) throw InvalidArgument(strCat(device.id().str(), " is not a simulated device"));
   return sim->unpinnedEngineCopies();
+}
+
+void simStall(Device& device, Stream* stream, int milliseconds) {
+  auto* sim = dynamic_cast<SimDevice*>(&device);
+  if (sim == nullptr) throw InvalidArgument(strCat(device.id().str(), " is not a simulated device"));
+  sim->stall(stream, milliseconds);
 }
 
 uint64_t simReleasedWhileOpen() { return g_released_while_open.load(); }

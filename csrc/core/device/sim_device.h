@@ -65,6 +65,13 @@ std::unique_ptr<Device> makeSimDevice(const SimOptions& options = SimOptions());
 // InvalidArgument for a device that is not simulated.
 uint64_t simUnpinnedEngineCopies(Device& device);
 
+// Enqueues on `stream` (nullptr: the engine stream) work that takes
+// `milliseconds` without using a CPU (a sleep), standing for a long kernel:
+// tests use it to make an upload land long after an op was negotiated, on
+// a machine whose cores the engine threads need meanwhile. Throws
+// InvalidArgument for a device that is not simulated.
+void simStall(Device& device, Stream* stream, int milliseconds);
+
 // Interprocess allocations this process released while a peer still had
 // them open (openMemory without closeMemory); CUDA IPC leaves that
 // undefined, so the device ring's teardown must never do it.

@@ -153,6 +153,10 @@ void StagedEntry::stageOut(Entry& e) {
   // published there); map each back to its device tensor.
   std::vector<TensorPtr> device_outputs;
   for (const auto& host : e.outputs) {
+    if (dynamic_cast<const HostTensor*>(host.get())) {
+      device_outputs.push_back(host);  // host metadata the op made (alltoall's received splits): stays there
+      continue;
+    }
     auto it = std::find_if(outputs_.begin(), outputs_.end(), [&](const auto& p) { return p.first == host.get(); });
     if (it == outputs_.end())
       throw CollectiveError(

@@ -101,7 +101,8 @@ struct Entry;
 // memory (outputs that alias an input share its copy), wraps the allocator
 // so that allocated outputs are made on the device with a host stand-in,
 // waits for the copies and swaps the host buffers into the entry.
-// stageOut() copies every output back to the device, records the entry's
+// stageOut() copies every output back to the device (but a HostTensor the
+// op made as host metadata, which stays on the host), records the entry's
 // completion event, waits for the copies (the staging memory is reused by
 // the next unit), and swaps the device buffers back.
 class StagedEntry {

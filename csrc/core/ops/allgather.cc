@@ -43,8 +43,7 @@ namespace {
 // Bytes of tensor t that rank r contributes.
 size_t blockBytes(const Entry& e, const AllgatherPlan& plan, size_t t, int r) {
   const TensorBuffer& in = *e.inputs[t];
-  return static_cast<size_t>(plan.first_dims[r * e.inputs.size() + t]) * rowElems(in.shape()) *
-         dtypeSize(in.dtype());
+  return static_cast<size_t>(plan.first_dims[r * e.inputs.size() + t]) * rowElems(in.shape()) * dtypeSize(in.dtype());
 }
 
 // The outputs, dimension 0 being the sum of every rank's rows.

@@ -5,6 +5,8 @@
 
 #include "algorithms/alltoall.h"
 #include "common/error.h"
+#include "device/devices.h"
+#include "engine/host_staging.h"
 #include "ops/op_common.h"
 
 namespace hvdtorch::ops {
@@ -73,19 +75,36 @@ OpPlan planAlltoall(const std::vector<const Request*>& by_rank) {
   return plan;
 }
 
+// Device tensors take the backend's device collectives where it has them
+// (decided alike on every rank: the device kind is in the signature) and
+// are otherwise staged through pinned host memory (Staging::kByOp in the op
+// table: this function decides). The received splits are host metadata: a
+// host tensor whatever the device, as Horovod returns them.
 void executeAlltoall(Executor& ex, WorkUnit& unit) {
-  Entry& e = *unit.pieces.front().entry;
+  const EntryPtr& entry = unit.pieces.front().entry;
+  Entry& e = *entry;
   const AlltoallPlan& plan = std::get<AlltoallPlan>(unit.plan);
+  const int p = ex.ctx().size();
+  const int me = ex.ctx().rank();
+  Device* on_device = nullptr;
+  if (e.request.tensors[0].device != DeviceKind::kCpu) {
+    Device& d = deviceFor(e.inputs[0]->device());
+    NativeCollectives* backend = ex.ctx().native();
+    if (p > 1 && backend && backend->movesOnDevice(d)) {
+      on_device = &d;
+      waitReady(d, e.inputs);
+    } else {
+      e.staged = StagedEntry::stageIn(e, ex.staging());
+    }
+  }
   TensorBuffer& in = *e.inputs[0];
   std::vector<int64_t> shape = in.shape();
   const size_t row_bytes = rowElems(shape) * dtypeSize(in.dtype());
-  const int p = ex.ctx().size();
-  const int me = ex.ctx().rank();
   hvdtorch::AlltoallOptions opts;
   opts.input = in.data();
   opts.send_bytes.resize(p);
   opts.recv_bytes.resize(p);
-  TensorPtr received = e.allocate(DataType::kInt64, {p});
+  auto received = std::make_shared<HostTensor>(DataType::kInt64, std::vector<int64_t>{p});
   auto* received_rows = static_cast<int64_t*>(received->data());
   int64_t total_rows = 0;
   for (int r = 0; r < p; ++r) {
@@ -98,9 +117,15 @@ void executeAlltoall(Executor& ex, WorkUnit& unit) {
   TensorPtr out = e.allocate(in.dtype(), shape);
   opts.output = out->data();
   ex.mark(unit, "ALLTOALL", true);
-  hvdtorch::alltoall(ex.ctx(), opts);
+  if (!on_device) {
+    hvdtorch::alltoall(ex.ctx(), opts);
+  } else if (std::any_of(plan.splits.begin(), plan.splits.end(), [](int64_t s) { return s > 0; })) {
+    // Every rank takes part while any rank sends a row.
+    ex.ctx().native()->alltoallOnDevice(*on_device, opts.input, opts.output, opts.send_bytes, opts.recv_bytes);
+  }
   ex.mark(unit, "ALLTOALL", false);
   e.outputs = {out, received};
+  if (on_device) return ex.completeOnDevice(*on_device, entry);
   ex.complete(e);
 }
 

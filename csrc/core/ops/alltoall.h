@@ -17,8 +17,8 @@ struct AlltoallOptions {
   // Rows sent to each rank, in rank order; empty: dimension 0 divided evenly
   // (it must then be a multiple of the number of ranks).
   std::vector<int64_t> splits;
-  // Makes the output and, as an int64 tensor of one entry per rank, the rows
-  // received from each rank; the op's outputs are {output, received splits}.
+  // Makes the output. The op's outputs are {output, received splits}, the
+  // latter a HostTensor of int64, the rows received from each rank.
   OutputAllocator allocate;
   int32_t process_set_id = 0;
 };

@@ -11,10 +11,10 @@ void NativeCollectives::allreduceOnDevice(Device& device, void* /*data*/, size_t
                                device.id().str(), ": stage it through the host"));
 }
 
-void NativeCollectives::reducescatterOnDevice(Device& device, const void* /*in*/, void* /*out*/,
-                                              size_t /*block_count*/, DataType dtype, ReduceOp op) {
-  throw InvalidArgument(strCat("the backend's collectives reduce-scatter no ", dtypeName(dtype), " ",
-                               reduceOpName(op), " on ", device.id().str(), ": stage it through the host"));
+void NativeCollectives::reducescatterOnDevice(Device& device, const void* /*in*/, void* /*out*/, size_t /*block_count*/,
+                                              DataType dtype, ReduceOp op) {
+  throw InvalidArgument(strCat("the backend's collectives reduce-scatter no ", dtypeName(dtype), " ", reduceOpName(op),
+                               " on ", device.id().str(), ": stage it through the host"));
 }
 
 void NativeCollectives::broadcastOnDevice(Device& device, void* /*data*/, size_t /*bytes*/, int /*root*/) {
@@ -25,6 +25,13 @@ void NativeCollectives::broadcastOnDevice(Device& device, void* /*data*/, size_t
 void NativeCollectives::allgatherOnDevice(Device& device, const void* /*in*/, void* /*out*/, size_t /*block_bytes*/) {
   throw InvalidArgument(
       strCat("the backend's collectives gather nothing on ", device.id().str(), ": stage it through the host"));
+}
+
+void NativeCollectives::alltoallOnDevice(Device& device, const void* /*in*/, void* /*out*/,
+                                         const std::vector<size_t>& /*send_bytes*/,
+                                         const std::vector<size_t>& /*recv_bytes*/) {
+  throw InvalidArgument(
+      strCat("the backend's collectives exchange nothing on ", device.id().str(), ": stage it through the host"));
 }
 
 }  // namespace hvdtorch

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "common/dtype.h"
 
@@ -44,7 +45,7 @@ class NativeCollectives {
   virtual void reducescatterOnDevice(Device& device, const void* in, void* out, size_t block_count, DataType dtype,
                                      ReduceOp op);
 
-  // True if broadcastOnDevice() and allgatherOnDevice() take memory of
+  // True if broadcastOnDevice(), allgatherOnDevice() and alltoallOnDevice() take memory of
   // `device`; the same rules as reducesOnDevice().
   virtual bool movesOnDevice(Device& /*device*/) { return false; }
   // Broadcasts data[0 .. bytes) from `root`, ordered as allreduceOnDevice().
@@ -53,6 +54,12 @@ class NativeCollectives {
   // out + r * block_bytes (equal blocks; in and out do not overlap).
   // Ordered as allreduceOnDevice().
   virtual void allgatherOnDevice(Device& device, const void* in, void* out, size_t block_bytes);
+  // Sends in's consecutive blocks of send_bytes[r] bytes to rank r and
+  // receives rank r's block for this rank, recv_bytes[r] bytes, into out, in
+  // rank order. A collective even where this rank sends and receives
+  // nothing. Ordered as allreduceOnDevice().
+  virtual void alltoallOnDevice(Device& device, const void* in, void* out, const std::vector<size_t>& send_bytes,
+                                const std::vector<size_t>& recv_bytes);
 };
 
 }  // namespace hvdtorch
