@@ -33,7 +33,13 @@ def add_process_set(process_set: Union[process_sets.ProcessSet, Iterable[int]]) 
         raise InvalidArgumentError(
             f"hvdtorch: add_process_set was called with different ranks on different ranks ({variants})"
         )
-    new_id = st.engine.add_process_set(ps.ranks)
+    groups = runtime.make_set_groups(ps.ranks)
+    try:
+        new_id = st.engine.add_process_set(ps.ranks, *groups)
+    except BaseException:
+        runtime.destroy_groups(groups)
+        raise
+    runtime.keep_set_groups(new_id, groups)
     process_sets.reset_names(new_id)
     # No rank may submit to the set before every rank knows it.
     ops.barrier()
@@ -48,6 +54,7 @@ def remove_process_set(process_set: process_sets.ProcessSet) -> bool:
     psid = process_sets.set_id(process_set, member=False)
     ops.barrier()  # every rank is done with the set before anyone drops it
     runtime.state().engine.remove_process_set(psid)
+    runtime.drop_set_groups(psid)
     process_sets.forget(process_set)
     return True
 

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -46,13 +46,15 @@ class _State:
     homogeneous: bool  # every host runs the same number of ranks
     control_group: object
     data_group: object
-    device_group: Optional[object]  # see _device_group()
+    device_group: Optional[object]  # see _device_backend()
+    group_timeout: datetime.timedelta
     owns_default_group: bool
     store_path: Optional[str]
     shm_token: str  # names this job's shared-memory segments (/dev/shm/hvdtorch-<token>...)
     excepthook: object  # sys.excepthook before init(): init_process_group wraps it anew each time
     options: Dict[str, str] = field(default_factory=dict)
     name_counters: Dict[str, int] = field(default_factory=dict)
+    set_groups: Dict[int, tuple] = field(default_factory=dict)  # process set id -> (host, device) groups
     joins: int = 0  # join()s completed: unnamed ops are numbered afresh after each
 
 
@@ -164,20 +166,62 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
     return path
 
 
-def _device_group(timeout: datetime.timedelta):
-    """The group the engine reduces device tensors through, without the host,
-    for reducer "native" (and "auto" where the device ring does not apply):
-    NCCL where torch has CUDA and NCCL (made lazily by torch: no
-    communicator until the first such all-reduce); Gloo standing in for it
-    under HVDTORCH_SIM_DEVICE=1, so that path runs without a GPU; else none,
-    and device tensors are staged through the host."""
+def _device_backend() -> Optional[str]:
+    """The backend of the groups the engine moves device tensors through,
+    without the host (reducer "native", "auto" where the device ring does not
+    apply, and the broadcast, all-gather, reduce-scatter and alltoall): NCCL
+    where torch has CUDA and NCCL (made lazily by torch: no communicator
+    until the first such collective); Gloo standing in for it under
+    HVDTORCH_SIM_DEVICE=1, so that path runs without a GPU; else none, and
+    device tensors are staged through the host."""
     from . import _C
 
     if torch.cuda.is_available() and dist.is_nccl_available():
-        return dist.new_group(backend="nccl", timeout=timeout)
+        return "nccl"
     if _C.sim_device_mode():
-        return dist.new_group(backend="gloo", timeout=timeout)
+        return "gloo"
     return None
+
+
+def _device_group(timeout: datetime.timedelta):
+    backend = _device_backend()
+    return dist.new_group(backend=backend, timeout=timeout) if backend else None
+
+
+def make_set_groups(ranks: List[int]) -> Tuple[Optional[object], Optional[object]]:
+    """A process set's own (host, device) groups over exactly ``ranks``, for
+    its device tensors as the global set has the engine's: (None, None)
+    where no device group applies, and on ranks outside the set. A
+    collective over every rank (torch's new_group), members or not."""
+    st = state()
+    backend = _device_backend()
+    if backend is None:
+        return None, None
+    host = dist.new_group(ranks=ranks, backend="gloo", timeout=st.group_timeout)
+    device = dist.new_group(ranks=ranks, backend=backend, timeout=st.group_timeout)
+    if st.rank not in ranks:
+        return None, None
+    return host, device
+
+
+def keep_set_groups(psid: int, groups: Tuple[Optional[object], Optional[object]]) -> None:
+    """Destroyed with the set (drop_set_groups) or at shutdown."""
+    if groups[0] is not None:
+        state().set_groups[psid] = groups
+
+
+def drop_set_groups(psid: int) -> None:
+    destroy_groups(state().set_groups.pop(psid, ()))
+
+
+def destroy_groups(groups) -> None:
+    for group in groups:
+        if group is None:
+            continue
+        try:
+            dist.destroy_process_group(group)
+        except Exception:  # the group may already be gone with a dead peer
+            pass
 
 
 def init(comm=None, process_sets=None, **options) -> None:
@@ -241,6 +285,7 @@ def init(comm=None, process_sets=None, **options) -> None:
             control_group=control,
             data_group=data,
             device_group=device,
+            group_timeout=timeout,
             owns_default_group=owns_default,
             store_path=store_path,
             shm_token=shm_token,
@@ -262,13 +307,9 @@ def shutdown() -> None:
     for hook in _shutdown_hooks:
         hook()
     st.engine.shutdown()
-    for group in (st.device_group, st.data_group, st.control_group):
-        if group is None:
-            continue
-        try:
-            dist.destroy_process_group(group)
-        except Exception:  # the group may already be gone with a dead peer
-            pass
+    for groups in st.set_groups.values():
+        destroy_groups(groups)
+    destroy_groups((st.device_group, st.data_group, st.control_group))
     if st.owns_default_group and dist.is_initialized():
         try:
             dist.destroy_process_group()

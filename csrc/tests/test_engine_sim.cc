@@ -751,6 +751,63 @@ TEST(allgather_reducescatter_and_alltoall_through_the_backends_device_collective
   CHECK_MSG(backend.calls() == 5 * p, "all-to-all: %d device collective calls, want %d", backend.calls(), 5 * p);
 }
 
+TEST(a_process_set_through_device_collectives_of_its_own) {
+  // Set {0, 2} is given collectives over its two members (Engine::
+  // addProcessSet): its device all-reduce and reduce-scatter go there, not
+  // to the global set's. Element k of rank r: (r + 1) + k % 7.
+  const int p = 3;
+  InProcDeviceCollectives global(p), pair(2);
+  Cluster c(p, testConfig(), nullptr, [&](int r) { return global.of(r); });
+  std::vector<int32_t> ids(p);
+  c.onEveryRank([&](int r, Engine& eng) { ids[r] = eng.addProcessSet({0, 2}, r == 1 ? nullptr : pair.of(r / 2)); });
+  std::vector<std::string> errors(p);
+  c.onEveryRank([&](int r, Engine& eng) {
+    if (r == 1) return;
+    Caller caller(deviceOf(r));
+    auto fail = [&](const std::string& what) {
+      if (errors[r].empty()) errors[r] = what;
+    };
+    const std::vector<int64_t> shape{6, 2};
+    auto in = caller.upload(DataType::kFloat32, shape,
+                            hostValues(DataType::kFloat32, shape, [&](size_t k) { return input(r, k); }), true);
+    ops::AllreduceOptions a;
+    a.name = "set.allreduce";
+    a.op = ReduceOp::kSum;
+    a.reducer = "native";
+    a.process_set_id = ids[r];
+    a.inputs = {in};
+    a.outputs = {std::make_shared<DeviceTensor>(caller.dev, DataType::kFloat32, shape)};
+    const TensorPtr out = a.outputs[0];
+    int64_t h = ops::allreduce(eng, std::move(a));
+    std::string err = waitFor(eng, h);
+    if (!err.empty()) return fail(err);
+    auto got = caller.download(*eng.state(h), *out);
+    for (size_t k = 0; k < 12; ++k)
+      if (valueAt(DataType::kFloat32, got, k) != 4 + 2 * static_cast<double>(k % 7))
+        fail(strCat("allreduce [", k, "]: ", valueAt(DataType::kFloat32, got, k)));
+    eng.release(h);
+    ops::ReducescatterOptions rs;
+    rs.name = "set.reducescatter";
+    rs.op = ReduceOp::kSum;
+    rs.process_set_id = ids[r];
+    rs.inputs = {in};
+    rs.allocate = allocatorOn(caller.dev);
+    h = ops::reducescatter(eng, std::move(rs));
+    err = waitFor(eng, h);
+    if (!err.empty()) return fail(err);
+    got = caller.download(*eng.state(h), *eng.state(h)->outputs().at(0));
+    const size_t first = r == 0 ? 0 : 6;  // rank r / 2 of the set keeps rows [3 (r / 2), 3 (r / 2) + 3)
+    for (size_t k = 0; k < 6; ++k)
+      if (valueAt(DataType::kFloat32, got, k) != 4 + 2 * static_cast<double>((first + k) % 7))
+        fail(strCat("reducescatter [", k, "]: ", valueAt(DataType::kFloat32, got, k)));
+    eng.release(h);
+  });
+  for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  CHECK_MSG(pair.calls() == 4 && global.calls() == 0, "set: %d calls to its collectives, %d to the global set's",
+            pair.calls(), global.calls());
+  c.onEveryRank([&](int r, Engine& eng) { eng.removeProcessSet(ids[r]); });
+}
+
 TEST(staging_copies_only_through_pinned_host_memory) {
   // Everything above ran in this process: every copy the engine made on a
   // simulated device's engine stream went through registered memory. (On

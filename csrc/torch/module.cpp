@@ -142,9 +142,23 @@ class PyEngine {
     return ops::join(*engine_, std::move(o));
   }
 
-  // Process sets: hvdtorch/process_sets.py makes add/remove collectives.
-  int32_t addProcessSet(const std::vector<int>& ranks) { return engine_->addProcessSet(ranks); }
-  void removeProcessSet(int32_t id) { engine_->removeProcessSet(id); }
+  // Process sets: hvdtorch/process_set_table.py makes add/remove
+  // collectives. `host_pg` and `device_pg`: groups over exactly the set's
+  // ranks (members only), through which the set's device tensors go as the
+  // global set's go through the engine's (c10d_device_collectives.h).
+  int32_t addProcessSet(const std::vector<int>& ranks, std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> host_pg,
+                        std::optional<c10::intrusive_ptr<c10d::ProcessGroup>> device_pg) {
+    std::unique_ptr<C10dNative> native;
+    if (host_pg && device_pg)
+      native = std::make_unique<C10dNative>(*host_pg, std::make_unique<C10dDeviceCollectives>(*device_pg, *host_pg));
+    const int32_t id = engine_->addProcessSet(ranks, native.get());
+    if (native) set_natives_[id] = std::move(native);
+    return id;
+  }
+  void removeProcessSet(int32_t id) {
+    engine_->removeProcessSet(id);  // refused while the set has ops outstanding here
+    set_natives_.erase(id);
+  }
   // id -> global ranks, for every set this rank knows (members or not).
   std::map<int32_t, std::vector<int>> processSets() const {
     std::map<int32_t, std::vector<int>> out;
@@ -181,6 +195,7 @@ class PyEngine {
     py::gil_scoped_release nogil;
     engine_->shutdown();
     native_.reset();  // the engine no longer uses it; it holds the data process group
+    set_natives_.clear();
   }
 
   py::dict topology() const {
@@ -294,6 +309,7 @@ class PyEngine {
   int rank() const { return engine_->topo().rank; }
 
   std::unique_ptr<C10dNative> native_;
+  std::map<int32_t, std::unique_ptr<C10dNative>> set_natives_;  // process set id -> its groups' collectives
   std::shared_ptr<Engine> engine_;
 };
 
@@ -363,7 +379,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("prescale"), py::arg("postscale"), py::arg("process_set_id") = 0)
       .def("barrier", &PyEngine::barrier, py::arg("name"), py::arg("process_set_id") = 0)
       .def("join", &PyEngine::join)
-      .def("add_process_set", &PyEngine::addProcessSet)
+      .def("add_process_set", &PyEngine::addProcessSet, py::arg("ranks"), py::arg("host_pg") = py::none(),
+           py::arg("device_pg") = py::none())
       .def("remove_process_set", &PyEngine::removeProcessSet)
       .def("process_sets", &PyEngine::processSets)
       .def("poll", &PyEngine::poll)

@@ -24,7 +24,8 @@ def device_path(reducer: str) -> None:
     HVDTORCH_SIM_INTERPROCESS=1; unequal chunks, many segments when
     HVDTORCH_RING_SEGMENT_BYTES is small). reducer="native": the backend's
     device collectives (the device group: Gloo standing in for NCCL), which
-    a broadcast, an all-gather, a reduce-scatter and an alltoall take too."""
+    a broadcast, an all-gather, a reduce-scatter and an alltoall take too,
+    and a process set through device groups of its own."""
     import torch
 
     assert _C.sim_device_mode()
@@ -104,6 +105,19 @@ def device_path(reducer: str) -> None:
         assert torch.equal(got, want), f"rank {r}: alltoall {got}"
         assert received.tolist() == [(s + r) % 3 for s in range(n)] and received.dtype == torch.int32
         assert runs() == before + 1, f"rank {r}: the alltoall did not take the device group"
+        # A process set has device groups of its own.
+        ps = hvd.add_process_set([0, n - 1])
+        before = runs()
+        if r in (0, n - 1):
+            got = hvd.allreduce(
+                torch.full((100,), float(r)), op=hvd.Sum, name="dr.set", reducer=reducer, process_set=ps
+            )
+            assert torch.equal(got, torch.full((100,), float(n - 1))), f"rank {r}: set allreduce {got[:4]}"
+            got = hvd.allgather(torch.full((r + 1, 2), float(r)), name="dr.set.ag", process_set=ps)
+            want = torch.cat([torch.zeros(1, 2), torch.full((n, 2), float(n - 1))])
+            assert torch.equal(got, want), f"rank {r}: set allgather {got}"
+            assert runs() == before + 2, f"rank {r}: {runs() - before} device runs for the set's two ops"
+        hvd.remove_process_set(ps)
     hvd.shutdown()
     unpinned = _C.sim_unpinned_engine_copies()
     assert unpinned == 0, f"rank {r}: {unpinned} unpinned engine copies"

@@ -390,9 +390,10 @@ class CudaDevice : public Device {
     check(cudaHostUnregister(host), ordinal_, "cudaHostUnregister");
   }
 
+  cudaStream_t engineStream() const { return engine_stream_; }
+
  private:
   cudaStream_t native(Stream* s) const { return s ? static_cast<CudaStream*>(s)->stream : engine_stream_; }
-  cudaStream_t engineStream() const { return engine_stream_; }
 
   void copyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, Stream* s, const char* what) {
     if (bytes == 0 || dst == src) return;

@@ -83,7 +83,7 @@ Context::LinkFactory Engine::localLinks(const Config& config, const Topology& to
 
 // ---- process sets ------------------------------------------------------------
 
-int32_t Engine::addProcessSet(std::vector<int> ranks) {
+int32_t Engine::addProcessSet(std::vector<int> ranks, NativeCollectives* native) {
   const Topology& t = topo();
   std::sort(ranks.begin(), ranks.end());
   if (ranks.empty()) throw InvalidArgument(strCat("rank ", t.rank, ": a process set needs at least one rank"));
@@ -101,6 +101,7 @@ int32_t Engine::addProcessSet(std::vector<int> ranks) {
   int32_t id = 1;
   while (sets_.count(id)) ++id;
   auto ps = newSet(id, std::move(ranks), t.rank);
+  ps->native = native;
   if (ps->member()) equipSet(*ps);
   sets_.emplace(id, std::move(ps));
   return id;
@@ -124,7 +125,7 @@ void Engine::equipSet(ProcessSet& ps) {
     ps.plane = &control_;
   } else {  // views of the engine's contexts, and parts of its own
     ps.own_control = Context::view(control_ctx_, ps.ranks);
-    ps.own_data = Context::view(data_ctx_, ps.ranks);
+    ps.own_data = Context::view(data_ctx_, ps.ranks, ps.native);
     ps.own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, ps.id, registered_));
     ps.own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
     ps.own_executor =

@@ -105,9 +105,11 @@ class Engine {
   // set before every rank has added it (hvdtorch.add_process_set is a
   // collective that ensures both). `ranks`: distinct global ranks, any
   // order, at least one. Throws InvalidArgument for a bad list or one equal
-  // to an existing set's. removeProcessSet: id 0, unknown ids, and a set
-  // with ops still outstanding on this rank are errors.
-  int32_t addProcessSet(std::vector<int> ranks);
+  // to an existing set's. `native`: the backend's own collectives over the
+  // set's ranks (its process groups), or null; it must outlive the set.
+  // removeProcessSet: id 0, unknown ids, and a set with ops still
+  // outstanding on this rank are errors.
+  int32_t addProcessSet(std::vector<int> ranks, NativeCollectives* native = nullptr);
   void removeProcessSet(int32_t id);
   // The set with this id, or null (never added, or removed).
   std::shared_ptr<const ProcessSet> processSet(int32_t id) const;

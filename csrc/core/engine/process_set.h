@@ -42,6 +42,9 @@ struct ProcessSet {
   int32_t id = 0;
   std::vector<int> ranks;  // global ranks, ascending
   int set_rank = -1;       // this rank's index in `ranks`; -1: not a member
+  // The backend's collectives over these ranks (Engine::addProcessSet);
+  // the global set's are the data context's.
+  NativeCollectives* native = nullptr;
 
   // Where the set's traffic goes. The global set points at the engine's own
   // parts; other sets own theirs (the own_* members), built only on members.

@@ -23,7 +23,7 @@ class LinkRef : public Link {
 
 }  // namespace
 
-std::unique_ptr<Context> Context::view(Context& parent, const std::vector<int>& members) {
+std::unique_ptr<Context> Context::view(Context& parent, const std::vector<int>& members, NativeCollectives* native) {
   const Topology& pt = parent.topo();
   const auto me = std::find(members.begin(), members.end(), pt.rank);
   if (me == members.end())
@@ -42,7 +42,7 @@ std::unique_ptr<Context> Context::view(Context& parent, const std::vector<int>& 
   LinkFactory through_parent = [&parent, members](int peer) {
     return std::make_unique<LinkRef>(parent.link(members[peer]));
   };
-  return std::make_unique<Context>(std::move(t), std::move(through_parent), nullptr, nullptr, parent.timeout());
+  return std::make_unique<Context>(std::move(t), std::move(through_parent), nullptr, native, parent.timeout());
 }
 
 Context::Context(Topology topo, LinkFactory remote_links, LinkFactory local_links, NativeCollectives* native,

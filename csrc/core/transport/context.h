@@ -32,9 +32,11 @@ class Context {
   // reached through non-owning references, so a set opens no transport of
   // its own. The parent must outlive the view, and traffic on the shared
   // links must stay in one order on both ends of every link (the engine
-  // runs every set's ops on one thread, in one order, on every rank). The
-  // view has no native collectives (the backend's group spans every rank).
-  static std::unique_ptr<Context> view(Context& parent, const std::vector<int>& members);
+  // runs every set's ops on one thread, in one order, on every rank).
+  // `native`: the backend's collectives over exactly these members (groups
+  // of their own), or null; the parent's span every rank and do not serve.
+  static std::unique_ptr<Context> view(Context& parent, const std::vector<int>& members,
+                                       NativeCollectives* native = nullptr);
 
   const Topology& topo() const { return topo_; }
   int rank() const { return topo_.rank; }
