@@ -10,12 +10,14 @@ import pytest
 from tests.harness import run_ranks
 
 SIM = {"HVDTORCH_SIM_DEVICE": "1"}
+SEGMENTS = {"HVDTORCH_STAGING_SEGMENT_BYTES": "4096"}
 
 CASES = [
     # (worker check, its args, ranks, emulated hosts, extra environment)
     ("tests.workers.collectives:check_all", [], 2, None, {}),
-    ("tests.workers.collectives:check_reducers", [], 3, None, {"HVDTORCH_SHM": "1"}),
-    ("tests.workers.reducers:every_reducer", ["aab"], 3, list("aab"), {}),
+    # Staged all-reduces by segments of 4 KiB: many collectives per unit, through the node reducer too.
+    ("tests.workers.collectives:check_reducers", [], 3, None, {"HVDTORCH_SHM": "1", **SEGMENTS}),
+    ("tests.workers.reducers:every_reducer", ["aab"], 3, list("aab"), SEGMENTS),
     ("tests.workers.alltoall:values", ["alltoall"], 3, None, {}),
     ("tests.workers.reducescatter:values", ["reducescatter"], 3, None, {}),
     ("tests.workers.join:check_collectives_with_joined_ranks", [], 3, None, {}),

@@ -278,6 +278,59 @@ TEST(allreduce_every_reducer_dtype_and_op_on_sim_tensors) {
   CHECK_MSG(ran >= 2 * 5 * 3, "only %d reducer/dtype/op combinations ran", ran);
 }
 
+TEST(staged_allreduce_runs_by_segments) {
+  // A fused unit of three tensors staged through the host by segments of
+  // 4 KiB (HVDTORCH_STAGING_SEGMENT_BYTES), boundaries falling inside the
+  // tensors: 21110 floats, 21 segments. Each round's values differ from the
+  // last, so a segment reduced before its copies landed, or copied back
+  // from the wrong range, shows. Element i of tensor k on rank r, round q:
+  // (r + 1) (q + 1) + (i + k) % 11; Average with prescale 2.
+  const int p = 3;
+  Config config = testConfig();
+  config.staging_segment_bytes = 4096;
+  config.device_ring = false;  // "ring" is the host ring here
+  Cluster c(p, config);
+  const std::vector<int64_t> sizes{10000, 3333, 7777};
+  for (const std::string reducer : {"ring", "central"}) {
+    for (int q = 0; q < 2; ++q) {
+      std::vector<std::string> errors(p);
+      c.onEveryRank([&](int r, Engine& eng) {
+        Caller caller(deviceOf(r));
+        auto value = [&](int rank, size_t k, size_t i) {
+          return (rank + 1.0) * (q + 1.0) + static_cast<double>((i + k) % 11);
+        };
+        ops::AllreduceOptions o;
+        o.name = strCat("segments.", reducer, ".", q);
+        o.op = ReduceOp::kAverage;
+        o.prescale = 2.0;
+        o.reducer = reducer;
+        for (size_t k = 0; k < sizes.size(); ++k)
+          o.inputs.push_back(caller.upload(
+              DataType::kFloat32, {sizes[k]},
+              hostValues(DataType::kFloat32, {sizes[k]}, [&](size_t i) { return value(r, k, i); }), true));
+        o.outputs = o.inputs;
+        const std::vector<TensorPtr> outs = o.outputs;
+        const int64_t h = ops::allreduce(eng, std::move(o));
+        errors[r] = waitFor(eng, h);
+        if (!errors[r].empty()) return;
+        for (size_t k = 0; k < outs.size() && errors[r].empty(); ++k) {
+          const auto got = caller.download(*eng.state(h), *outs[k]);
+          for (int64_t i = 0; i < sizes[k]; ++i) {
+            const double want = 2 * (value(0, k, i) + value(1, k, i) + value(2, k, i)) / 3;
+            if (std::fabs(valueAt(DataType::kFloat32, got, i) - want) > 1e-4 * want) {
+              errors[r] = strCat(reducer, " round ", q, " tensor ", k, " [", i,
+                                 "]: ", valueAt(DataType::kFloat32, got, i), ", want ", want);
+              break;
+            }
+          }
+        }
+        eng.release(h);
+      });
+      for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+    }
+  }
+}
+
 TEST(grouped_allreduce_fuses_sim_tensors_with_scales) {
   // Tensor k, element i on rank r: (r + 1) * (k + 1) + i. Prescale 2,
   // Average over 3 ranks, postscale 5: 20 (k + 1) + 10 i.

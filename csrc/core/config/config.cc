@@ -32,6 +32,10 @@ const std::vector<Config::Knob>& Config::knobs() {
        "device tensors may take the device ring (GPU memory shared between the processes of a host through CUDA "
        "IPC); 0: never (where the processes cannot share GPU memory, as in containers without a shared IPC "
        "namespace); must be the same on every rank"},
+      {"STAGING_SEGMENT_BYTES", "8388608",
+       "bytes per segment of an all-reduce of device tensors staged through host memory: the copies of each "
+       "segment to and from the GPU overlap the host reduction of the others; 0: the whole unit at once; must be "
+       "the same on every rank"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
       {"TIMELINE", "",
        "Chrome-trace file written by rank 0 from init() on ({rank} in the path: one file per rank); phases "
@@ -110,6 +114,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     ring_segment_bytes = std::max<size_t>(64, static_cast<size_t>(toNumber(key, v)));
   } else if (key == "DEVICE_RING") {
     device_ring = toBool(key, v);
+  } else if (key == "STAGING_SEGMENT_BYTES") {
+    staging_segment_bytes = static_cast<size_t>(toNumber(key, v));
   } else if (key == "RING_WINDOW") {
     ring_window = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "TIMELINE") {

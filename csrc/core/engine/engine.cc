@@ -17,7 +17,12 @@ namespace hvdtorch {
 namespace {
 
 // The device ring's part of the configuration, alike for every set's executor.
-DeviceRingOptions deviceRingOptions(const Config& config) { return {config.device_ring, config.ring_segment_bytes}; }
+ExecutorOptions executorOptions(const Config& config) {
+  ExecutorOptions o;
+  o.device_ring = {config.device_ring, config.ring_segment_bytes};
+  o.staging_segment_bytes = config.staging_segment_bytes;
+  return o;
+}
 
 }  // namespace
 
@@ -28,7 +33,7 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native, config_.timeout),
       registered_(makeRegistered(config_, topo, transports.shm_token)),
       reducers_(reducerEnv(config_, transports.shm_token, 0, registered_)),
-      executor_(data_ctx_, reducers_, timeline_, registered_, deviceRingOptions(config_)),
+      executor_(data_ctx_, reducers_, timeline_, registered_, executorOptions(config_)),
       control_(control_ctx_),
       shm_token_(transports.shm_token) {
   std::vector<int> everyone(topo.size);
@@ -129,7 +134,7 @@ void Engine::equipSet(ProcessSet& ps) {
     ps.own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, ps.id, registered_));
     ps.own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
     ps.own_executor =
-        std::make_unique<Executor>(*ps.own_data, *ps.own_reducers, timeline_, registered_, deviceRingOptions(config_));
+        std::make_unique<Executor>(*ps.own_data, *ps.own_reducers, timeline_, registered_, executorOptions(config_));
     ps.own_plane = std::make_unique<ControlPlane>(*ps.own_control);
     ps.control = ps.own_control.get();
     ps.data = ps.own_data.get();

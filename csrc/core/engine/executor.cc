@@ -67,8 +67,8 @@ DeviceRing* Executor::deviceRing(Device& device) {
   auto it = device_rings_.find(&device);
   if (it == device_rings_.end()) {
     std::unique_ptr<DeviceRing> ring;
-    if (device_ring_.enabled && DeviceRing::applicable(ctx_, device))
-      ring = std::make_unique<DeviceRing>(ctx_, device, device_ring_.slot_bytes);
+    if (options_.device_ring.enabled && DeviceRing::applicable(ctx_, device))
+      ring = std::make_unique<DeviceRing>(ctx_, device, options_.device_ring.slot_bytes);
     it = device_rings_.emplace(&device, std::move(ring)).first;
   }
   return it->second.get();

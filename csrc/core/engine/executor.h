@@ -8,9 +8,9 @@
 // Device tensors: for a row with Staging::kByExecutor, run() swaps a device
 // entry's buffers for pinned host copies before execute (host_staging.h),
 // and complete() copies the outputs back before the op completes, so an
-// op's execute function only ever sees host memory. The all-reduce and the
-// broadcast (kByOp) stage themselves where no device path takes them (the
-// all-reduce packs its pieces straight into the fusion buffer).
+// op's execute function only ever sees host memory. Ops with device paths
+// (kByOp) stage themselves where no device path takes them (the all-reduce
+// packs its pieces straight into the fusion buffer, by segments).
 #pragma once
 
 #include <deque>
@@ -27,17 +27,24 @@
 
 namespace hvdtorch {
 
+// How the executor treats device tensors (from the engine's Config).
+struct ExecutorOptions {
+  DeviceRingOptions device_ring;
+  // A staged all-reduce of device tensors runs by segments of this many
+  // bytes, pipelined: the copies of one segment to or from the device
+  // overlap the host reduction of another (HVDTORCH_STAGING_SEGMENT_BYTES;
+  // 0: the whole unit at once). Each segment is a collective: the same on
+  // every rank.
+  size_t staging_segment_bytes = 8 << 20;
+};
+
 class Executor {
  public:
   // `registered` (may be null): where the fusion buffer lives, so the node
   // reducer reduces fused units in place.
   Executor(Context& ctx, ReducerSet& reducers, Timeline& timeline,
-           std::shared_ptr<RegisteredMemory> registered = nullptr, DeviceRingOptions device_ring = {})
-      : ctx_(ctx),
-        reducers_(reducers),
-        timeline_(timeline),
-        fusion_(std::move(registered)),
-        device_ring_(device_ring) {}
+           std::shared_ptr<RegisteredMemory> registered = nullptr, ExecutorOptions options = {})
+      : ctx_(ctx), reducers_(reducers), timeline_(timeline), fusion_(std::move(registered)), options_(options) {}
   // Waits for device work still in flight, then frees the device buffers.
   ~Executor();
   Executor(const Executor&) = delete;
@@ -60,6 +67,7 @@ class Executor {
   void complete(Entry& entry);
   // Pinned host memory for this unit (valid until run() returns).
   StagingPool& staging() { return staging_; }
+  const ExecutorOptions& options() const { return options_; }
 
   // ---- device-native paths (ops/allreduce.cc and the others' *OnDevice) ----
   // The device ring (algorithms/device_ring.h) over this executor's context
@@ -94,7 +102,7 @@ class Executor {
   Timeline& timeline_;
   FusionBuffer fusion_;
   StagingPool staging_;
-  DeviceRingOptions device_ring_;
+  ExecutorOptions options_;
   struct DeviceBuffer {
     void* data = nullptr;
     size_t bytes = 0;

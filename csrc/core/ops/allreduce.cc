@@ -1,6 +1,7 @@
 #include "ops/allreduce.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "algorithms/device_ring.h"
@@ -64,10 +65,7 @@ int64_t allreduce(Engine& engine, AllreduceOptions opts) {
 
 namespace {
 
-// Device pieces go through the fusion buffer, pinned, even alone: the
-// copies from the device land in the memory the reducers (and, with the node
-// reducer, the peers) read. Prescale and postscale then run on the host, in
-// one pass each over the fused data.
+// The devices a staged unit's pieces are on, and their engine streams' drain.
 struct DeviceStaging {
   std::vector<Device*> devices;  // each device the unit's pieces are on, once
 
@@ -160,6 +158,97 @@ void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, Dat
   for (const auto& p : unit.pieces) ex.finishPiece(p);
 }
 
+// Device pieces staged through the fusion buffer (pinned: the copies from
+// the device land in the memory the reducers, and with the node reducer the
+// peers, read), by segments of ExecutorOptions::staging_segment_bytes: all
+// copies to the host are enqueued at once, with an event after each
+// segment's; segment s is then scaled, reduced (one collective per segment,
+// the same segments on every rank) and copied back while the device still
+// copies segments s + 1, ... to the host. Prescale and postscale run on the
+// host, one pass each per segment. Adasum's dot products span whole
+// tensors: it runs as one segment.
+void allreduceStaged(Executor& ex, WorkUnit& unit, Reducer& reducer, DataType dtype, size_t count) {
+  const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
+  const ReduceOp op = Executor::reducedOp(args.op);
+  const int64_t divisor = ex.averageDivisor(args.op);
+  const size_t esize = dtypeSize(dtype);
+  const size_t segment_bytes = ex.options().staging_segment_bytes;
+  const size_t seg = segment_bytes == 0 || op == ReduceOp::kAdasum ? count : std::max<size_t>(1, segment_bytes / esize);
+  const size_t segments = std::max<size_t>(1, (count + seg - 1) / seg);
+  DeviceStaging staging;
+  char* fused = static_cast<char*>(ex.fusion().reserve(
+      count * esize, &staging.use(unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device())));
+  // Where each piece starts in the fused buffer, and its device.
+  std::vector<size_t> at;
+  std::vector<Device*> device_of;
+  size_t off = 0;
+  for (const auto& p : unit.pieces) {
+    at.push_back(off);
+    device_of.push_back(&staging.use(p.entry->inputs[p.tensor]->device()));
+    off += static_cast<size_t>(p.entry->inputs[p.tensor]->numel());
+  }
+  // Calls f(piece, first, last) for the elements [first, last) of the fused
+  // buffer that piece holds within [lo, hi).
+  auto forEachPart = [&](size_t lo, size_t hi, const std::function<void(size_t, size_t, size_t)>& f) {
+    for (size_t i = 0; i < unit.pieces.size(); ++i) {
+      const size_t end = at[i] + static_cast<size_t>(unit.pieces[i].entry->inputs[unit.pieces[i].tensor]->numel());
+      const size_t first = std::max(lo, at[i]);
+      const size_t last = std::min(hi, end);
+      if (first < last) f(i, first, last);
+    }
+  };
+
+  ex.mark(unit, "MEMCPY_IN_FUSION", true);
+  for (size_t i = 0; i < unit.pieces.size(); ++i) {
+    const auto& p = unit.pieces[i];
+    waitReady(*device_of[i], {p.entry->inputs[p.tensor], p.entry->outputs[p.tensor]});
+  }
+  // copied[s]: an event on each device that copies part of segment s.
+  std::vector<std::vector<std::pair<Device*, std::shared_ptr<Event>>>> copied(segments);
+  for (size_t s = 0; s < segments; ++s) {
+    std::vector<Device*> used;
+    forEachPart(s * seg, std::min(count, (s + 1) * seg), [&](size_t i, size_t first, size_t last) {
+      const auto& p = unit.pieces[i];
+      const char* in = static_cast<const char*>(p.entry->inputs[p.tensor]->data());
+      device_of[i]->copyToHost(fused + first * esize, in + (first - at[i]) * esize, (last - first) * esize, nullptr);
+      if (std::find(used.begin(), used.end(), device_of[i]) == used.end()) used.push_back(device_of[i]);
+    });
+    for (Device* d : used) {
+      copied[s].emplace_back(d, d->newEvent());
+      d->record(*copied[s].back().second, nullptr);
+    }
+  }
+  ex.mark(unit, "MEMCPY_IN_FUSION", false);
+
+  const std::string collective = strCat("ALLREDUCE:", reducer.name());
+  ex.mark(unit, collective, true);
+  for (size_t s = 0; s < segments; ++s) {
+    const size_t lo = s * seg;
+    const size_t n = std::min(count, lo + seg) - lo;
+    char* data = fused + lo * esize;
+    for (auto& [d, event] : copied[s]) d->synchronize(*event);
+    copyScaled(data, data, n, dtype, args.prescale);
+    if (ex.ctx().size() > 1)
+      ex.reducers().allreduce(ex.ctx(), reducer, data, n, dtype, op);  // timed into `auto`'s model
+    copyAveraged(data, data, n, dtype, divisor, args.postscale);
+    forEachPart(lo, lo + n, [&](size_t i, size_t first, size_t last) {
+      const auto& p = unit.pieces[i];
+      char* out = static_cast<char*>(p.entry->outputs[p.tensor]->data());
+      device_of[i]->copyFromHost(out + (first - at[i]) * esize, fused + first * esize, (last - first) * esize, nullptr);
+    });
+  }
+  ex.mark(unit, collective, false);
+  // The fusion buffer is reused by the next unit: the copies must be done.
+  ex.mark(unit, "MEMCPY_OUT_FUSION", true);
+  const auto done = staging.drain();
+  for (size_t i = 0; i < unit.pieces.size(); ++i) {
+    unit.pieces[i].entry->state->device = device_of[i]->id();
+    unit.pieces[i].entry->state->completion = done.at(device_of[i]);
+  }
+  ex.mark(unit, "MEMCPY_OUT_FUSION", false);
+  for (const auto& p : unit.pieces) ex.finishPiece(p);
+}
+
 }  // namespace
 
 void executeAllreduce(Executor& ex, WorkUnit& unit) {
@@ -175,11 +264,12 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     const DevicePath path = devicePath(ex, unit, args.reducer, dtype, op);
     if (path.device) return allreduceOnDevice(ex, unit, path, dtype, count);
   }
-  const int64_t divisor = ex.averageDivisor(args.op);
   Reducer& reducer = ex.reducers().pick(args.reducer, ex.ctx(), count * dtypeSize(dtype), dtype, op);
+  if (on_device) return allreduceStaged(ex, unit, reducer, dtype, count);
 
+  const int64_t divisor = ex.averageDivisor(args.op);
   const std::string collective = strCat("ALLREDUCE:", reducer.name());
-  if (unit.pieces.size() == 1 && !on_device) {
+  if (unit.pieces.size() == 1) {
     // One host tensor: reduce straight in the output, no fusion-buffer copies.
     const auto& p = unit.pieces.front();
     TensorBuffer& in = *p.entry->inputs[p.tensor];
@@ -197,27 +287,14 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   }
 
   const size_t esize = dtypeSize(dtype);
-  DeviceStaging staging;
-  Device* pin_for = on_device ? &staging.use(unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device())
-                              : nullptr;
-  char* fused = static_cast<char*>(ex.fusion().reserve(count * esize, pin_for));
+  char* fused = static_cast<char*>(ex.fusion().reserve(count * esize));
   size_t off = 0;
   ex.mark(unit, "MEMCPY_IN_FUSION", true);
   for (const auto& p : unit.pieces) {
     TensorBuffer& in = *p.entry->inputs[p.tensor];
     const size_t n = static_cast<size_t>(in.numel());
-    if (on_device) {
-      Device& d = staging.use(in.device());
-      waitReady(d, {p.entry->inputs[p.tensor], p.entry->outputs[p.tensor]});
-      d.copyToHost(fused + off * esize, in.data(), n * esize, nullptr);
-    } else {
-      copyScaled(fused + off * esize, in.data(), n, dtype, args.prescale);
-    }
+    copyScaled(fused + off * esize, in.data(), n, dtype, args.prescale);
     off += n;
-  }
-  if (on_device) {
-    staging.drain();
-    copyScaled(fused, fused, count, dtype, args.prescale);
   }
   ex.mark(unit, "MEMCPY_IN_FUSION", false);
   ex.mark(unit, collective, true);
@@ -225,26 +302,12 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     ex.reducers().allreduce(ex.ctx(), reducer, fused, count, dtype, op);  // timed into `auto`'s model
   ex.mark(unit, collective, false);
   ex.mark(unit, "MEMCPY_OUT_FUSION", true);
-  if (on_device) copyAveraged(fused, fused, count, dtype, divisor, args.postscale);
   off = 0;
   for (const auto& p : unit.pieces) {
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     const size_t n = static_cast<size_t>(out.numel());
-    if (on_device) {
-      deviceFor(out.device()).copyFromHost(out.data(), fused + off * esize, n * esize, nullptr);
-    } else {
-      copyAveraged(out.data(), fused + off * esize, n, dtype, divisor, args.postscale);
-    }
+    copyAveraged(out.data(), fused + off * esize, n, dtype, divisor, args.postscale);
     off += n;
-  }
-  if (on_device) {
-    // The fusion buffer is reused by the next unit: the copies must be done.
-    const auto done = staging.drain();
-    for (const auto& p : unit.pieces) {
-      Device& d = deviceFor(p.entry->outputs[p.tensor]->device());
-      p.entry->state->device = d.id();
-      p.entry->state->completion = done.at(&d);
-    }
   }
   ex.mark(unit, "MEMCPY_OUT_FUSION", false);
   for (const auto& p : unit.pieces) ex.finishPiece(p);
