@@ -25,9 +25,13 @@ What it does:
 * reduces logged metrics (``self.log(..., sync_dist=True)``), ``all_gather``,
   ``broadcast`` and ``barrier`` with hvdtorch collectives.
 
-The strategy runs each process on the CPU: GPU training through Lightning is not
-wired yet (the collectives take CUDA tensors; the strategy does not place the
-model on a GPU).
+Devices: with ``accelerator="cpu"`` every process trains on the CPU. With a
+GPU accelerator each process takes one GPU, Horovod's rule: the local rank's
+of the devices Lightning lists when it lists one per local process
+(``devices="auto"`` on a host with as many GPUs as processes, or
+``devices=N``), else GPU ``local_rank % visible GPUs`` (``devices=1``;
+processes share GPUs when there are fewer than processes). The GPU placement
+has not yet run on a GPU.
 Needs the optional dependency ``lightning`` (``pip install hvdtorch[lightning]``).
 """
 
@@ -135,18 +139,14 @@ class HvdtorchStrategy(ParallelStrategy):
 
     @property
     def root_device(self) -> torch.device:
-        return torch.device("cpu")
+        local_size = hvd.local_size() if hvd.is_initialized() else (launch.detect().local_size or 1)
+        return device_of_process(self.parallel_devices, self.local_rank, local_size)
 
     @property
     def distributed_sampler_kwargs(self) -> Dict[str, Any]:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def setup_environment(self) -> None:
-        if self.parallel_devices is not None and len(self.parallel_devices) > 1:
-            raise ValueError(
-                f"hvdtorch strategy: one device per process, got devices={len(self.parallel_devices)}; start one "
-                "process per device with a launcher (torchrun --nproc_per_node=N, mpirun -np N) instead"
-            )
         hvd.init()
         rank_zero_only.rank = hvd.rank()
         super().setup_environment()
@@ -218,6 +218,27 @@ class HvdtorchStrategy(ParallelStrategy):
         strategy_registry.register(
             cls.strategy_name, cls, description="data parallel with hvdtorch (launch with torchrun or mpirun)"
         )
+
+
+def device_of_process(parallel_devices, local_rank: int, local_size: int) -> torch.device:
+    """The device this process trains on (one process per device; the module's docstring says the rule)."""
+    if not parallel_devices or parallel_devices[0].type == "cpu":
+        if parallel_devices and len(parallel_devices) > 1:
+            raise ValueError(
+                f"hvdtorch strategy: one CPU device per process, got devices={len(parallel_devices)}; start one "
+                "process per device with a launcher (torchrun --nproc_per_node=N, mpirun -np N) instead"
+            )
+        return torch.device("cpu")
+    if len(parallel_devices) >= local_size:
+        return parallel_devices[local_rank]
+    if len(parallel_devices) == 1:
+        kind = parallel_devices[0].type
+        visible = torch.cuda.device_count() if kind == "cuda" else 1
+        return torch.device(kind, local_rank % max(visible, 1))
+    raise ValueError(
+        f"hvdtorch strategy: devices={len(parallel_devices)} for {local_size} processes on this host; pass "
+        f"devices=1 (each process takes the GPU of its local rank) or devices={local_size}"
+    )
 
 
 def _check_group(group, what: str) -> None:

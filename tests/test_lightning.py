@@ -30,3 +30,24 @@ def test_strategy_name_registered():
 
     trainer = L.Trainer(strategy="hvdtorch", accelerator="cpu", logger=False, enable_progress_bar=False)
     assert isinstance(trainer.strategy, hvdtorch.lightning.HvdtorchStrategy)
+
+
+def test_each_process_takes_the_device_of_its_local_rank(monkeypatch):
+    import torch
+
+    from hvdtorch.lightning import device_of_process
+
+    cpu, gpus = [torch.device("cpu")], [torch.device("cuda", i) for i in range(4)]
+    assert device_of_process(None, 1, 2) == torch.device("cpu")
+    assert device_of_process(cpu, 3, 4) == torch.device("cpu")
+    # One device listed per local process (devices="auto" or devices=N): the local rank's.
+    assert device_of_process(gpus, 2, 4) == torch.device("cuda", 2)
+    assert device_of_process(gpus[:2], 1, 2) == torch.device("cuda", 1)
+    # devices=1: the local rank's GPU, shared round-robin when fewer are visible.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_of_process(gpus[:1], 1, 4) == torch.device("cuda", 1)
+    assert device_of_process(gpus[:1], 3, 4) == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"devices=2 for 4 processes on this host"):
+        device_of_process(gpus[:2], 0, 4)
+    with pytest.raises(ValueError, match=r"one CPU device per process, got devices=2"):
+        device_of_process(cpu * 2, 0, 1)
