@@ -178,22 +178,22 @@ void allreduceStaged(Executor& ex, WorkUnit& unit, Reducer& reducer, DataType dt
   DeviceStaging staging;
   char* fused = static_cast<char*>(ex.fusion().reserve(
       count * esize, &staging.use(unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device())));
-  // Where each piece starts in the fused buffer, and its device.
-  std::vector<size_t> at;
+  // Where each piece starts and ends in the fused buffer, and its device.
+  std::vector<size_t> at, end;
   std::vector<Device*> device_of;
-  size_t off = 0;
   for (const auto& p : unit.pieces) {
-    at.push_back(off);
+    at.push_back(end.empty() ? 0 : end.back());
+    end.push_back(at.back() + static_cast<size_t>(p.entry->inputs[p.tensor]->numel()));
     device_of.push_back(&staging.use(p.entry->inputs[p.tensor]->device()));
-    off += static_cast<size_t>(p.entry->inputs[p.tensor]->numel());
   }
   // Calls f(piece, first, last) for the elements [first, last) of the fused
-  // buffer that piece holds within [lo, hi).
+  // buffer that a piece holds within [lo, hi), from the first piece ending
+  // after lo (ends ascend): a segment visits only the pieces it overlaps.
   auto forEachPart = [&](size_t lo, size_t hi, const std::function<void(size_t, size_t, size_t)>& f) {
-    for (size_t i = 0; i < unit.pieces.size(); ++i) {
-      const size_t end = at[i] + static_cast<size_t>(unit.pieces[i].entry->inputs[unit.pieces[i].tensor]->numel());
+    for (auto i = static_cast<size_t>(std::upper_bound(end.begin(), end.end(), lo) - end.begin());
+         i < unit.pieces.size() && at[i] < hi; ++i) {
       const size_t first = std::max(lo, at[i]);
-      const size_t last = std::min(hi, end);
+      const size_t last = std::min(hi, end[i]);
       if (first < last) f(i, first, last);
     }
   };
