@@ -29,7 +29,7 @@ CASES = [
     ("tests.workers.gpu:check_collectives", ["cpu"], 2, None, {}),
     ("tests.workers.gpu:check_distributed_model", ["cpu"], 2, None, {}),
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {}),
-    # Interprocess devices: `auto` and `ring` all-reduces take the device ring.
+    # Interprocess devices: the `ring` cases take the device ring (`auto` the device group, Gloo here).
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {"HVDTORCH_SIM_INTERPROCESS": "1"}),
 ]
 
@@ -62,6 +62,11 @@ def test_the_device_ring(nranks):
         "HVDTORCH_SIM_MAX_DELAY_US": "400",
     }
     run_ranks("tests.workers.sim_device:device_path", nranks, args=["ring"], timeout=240, env=env)
+
+
+def test_auto_prefers_the_device_group_to_the_device_ring():
+    env = {**SIM, "HVDTORCH_SIM_INTERPROCESS": "1"}
+    run_ranks("tests.workers.sim_device:auto_prefers_the_device_group", 2, timeout=120, env=env)
 
 
 def test_the_device_ring_turned_off():

@@ -125,6 +125,26 @@ def device_path(reducer: str) -> None:
     assert _C.sim_released_while_open() == 0, f"rank {r}: freed device memory a peer still had open"
 
 
+def auto_prefers_the_device_group() -> None:
+    """reducer="auto" on device tensors takes the device group (NCCL on
+    CUDA) where it serves, though the device ring applies too (interprocess
+    devices on one host); reducer="ring" still takes the device ring."""
+    import torch
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    ring, native = _C.device_ring_runs(), _C.device_native_runs()
+    want = torch.full((1000,), float(n * (n + 1) // 2))
+    got = hvd.allreduce(torch.full((1000,), float(r + 1)), op=hvd.Sum, name="auto", reducer="auto")
+    assert torch.equal(got, want), f"rank {r}: auto {got[:4]}"
+    assert _C.device_native_runs() == native + 1, f"rank {r}: auto did not take the device group"
+    assert _C.device_ring_runs() == ring, f"rank {r}: auto took the device ring"
+    got = hvd.allreduce(torch.full((1000,), float(r + 1)), op=hvd.Sum, name="ring", reducer="ring")
+    assert torch.equal(got, want), f"rank {r}: ring {got[:4]}"
+    assert _C.device_ring_runs() == ring + 1, f"rank {r}: reducer='ring' did not take the device ring"
+    hvd.shutdown()
+
+
 def device_ring_turned_off() -> None:
     """HVDTORCH_DEVICE_RING=0: reducer="ring" on device tensors is staged
     through the host ring although the devices share memory."""

@@ -81,14 +81,16 @@ struct DeviceStaging {
   }
 };
 
-// The device-native paths reduce device memory without the host: the device
-// ring (device_ring.h; `ring`, or `auto` wherever it applies: on one host it
-// moves each byte once device to device, where staging moves it to the host
-// and back as well) and the backend's device collectives (`native`, or
-// `auto` where the ring does not apply: NCCL on CUDA, across hosts). Both
-// need every piece on one device. What applies is agreed across ranks (the
-// device kind, dtype and op are in the signature; applicability is decided
-// collectively on first use), except the device index, this rank's own.
+// The device-native paths reduce device memory without the host: the
+// backend's device collectives (`native`, or `auto` wherever they serve:
+// NCCL on CUDA with one GPU per rank, what DDP runs, and the tested path)
+// and the device ring (device_ring.h; `ring`, or `auto` where the backend
+// does not serve, as for ranks sharing a GPU: on one host it moves each
+// byte once device to device, where staging moves it to the host and back
+// as well). Both need every piece on one device. What applies is agreed
+// across ranks (the device kind, dtype and op are in the signature;
+// applicability is decided collectively on first use, in this order on
+// every rank), except the device index, this rank's own.
 struct DevicePath {
   Device* device = nullptr;  // null: stage through the host
   bool ring = false;         // the device ring; else the backend's device collectives
@@ -105,9 +107,9 @@ DevicePath devicePath(Executor& ex, const WorkUnit& unit, ReducerId asked, DataT
                                    " all-reduce are on ", id.str(), " and ", p.entry->inputs[p.tensor]->device().str(),
                                    "; the device paths need one device per process"));
   Device& d = deviceFor(id);
-  if (asked != native && ex.deviceRing(d)) return {&d, true};
   NativeCollectives* backend = ex.ctx().native();
   if (asked != ring && backend && backend->reducesOnDevice(d, dtype, op)) return {&d, false};
+  if (asked != native && ex.deviceRing(d)) return {&d, true};
   return {};
 }
 
