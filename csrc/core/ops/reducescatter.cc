@@ -50,6 +50,22 @@ OpPlan planReducescatter(const std::vector<const Request*>& by_rank) {
 
 namespace {
 
+// A run of tensors [first, last) of one dtype: the elements per row of each
+// (indexed by tensor) and each rank's block, its rows of every one of them.
+struct RunShape {
+  std::vector<size_t> row;
+  std::vector<size_t> counts;
+};
+
+RunShape runShape(const Entry& e, const ReducescatterPlan& plan, size_t first, size_t last, int p) {
+  RunShape shape{std::vector<size_t>(last), std::vector<size_t>(p, 0)};
+  for (size_t t = first; t < last; ++t) {
+    shape.row[t] = rowElems(e.inputs[t]->shape());
+    for (int r = 0; r < p; ++r) shape.counts[r] += static_cast<size_t>(plan.rows[t * p + r]) * shape.row[t];
+  }
+  return shape;
+}
+
 // Reduce-scatters tensors [first, last) of `e` (one dtype) into `outputs`
 // as one collective: the tensors are packed block-major in the fusion
 // buffer, block r holding rank r's rows of each.
@@ -60,11 +76,7 @@ void reducescatterRun(Executor& ex, Entry& e, const ReducescatterPlan& plan, siz
   const size_t esize = dtypeSize(dtype);
   const int p = ex.ctx().size();
   const int me = ex.ctx().rank();
-  std::vector<size_t> row(last), counts(p, 0);
-  for (size_t t = first; t < last; ++t) {
-    row[t] = rowElems(e.inputs[t]->shape());
-    for (int r = 0; r < p; ++r) counts[r] += static_cast<size_t>(plan.rows[t * p + r]) * row[t];
-  }
+  const auto [row, counts] = runShape(e, plan, first, last, p);
   const std::vector<size_t> block_at = blockOffsets(counts);
   char* buf = static_cast<char*>(ex.fusion().reserve(std::max<size_t>(1, (block_at[p - 1] + counts[p - 1]) * esize)));
 
@@ -106,11 +118,7 @@ void reducescatterRunOnDevice(Executor& ex, Device& d, Entry& e, const Reducesca
   const size_t esize = dtypeSize(dtype);
   const int p = ex.ctx().size();
   const int me = ex.ctx().rank();
-  std::vector<size_t> row(last), counts(p, 0);
-  for (size_t t = first; t < last; ++t) {
-    row[t] = rowElems(e.inputs[t]->shape());
-    for (int r = 0; r < p; ++r) counts[r] += static_cast<size_t>(plan.rows[t * p + r]) * row[t];
-  }
+  const auto [row, counts] = runShape(e, plan, first, last, p);
   const size_t widest = *std::max_element(counts.begin(), counts.end());
   if (widest == 0) return;  // every output is empty
   char* blocks = static_cast<char*>(ex.deviceFusion(d, widest * (p + 1) * esize));
