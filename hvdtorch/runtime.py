@@ -168,8 +168,8 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
 
 def _device_backend() -> Optional[str]:
     """The backend of the groups the engine moves device tensors through,
-    without the host (reducer "native", "auto" where the device ring does not
-    apply, and the broadcast, all-gather, reduce-scatter and alltoall): NCCL
+    without the host (reducers "native" and "auto" where it serves, and the
+    broadcast, all-gather, reduce-scatter and alltoall): NCCL
     where torch has CUDA and NCCL (made lazily by torch: no communicator
     until the first such collective); Gloo standing in for it under
     HVDTORCH_SIM_DEVICE=1, so that path runs without a GPU; else none, and
