@@ -568,8 +568,8 @@ TEST(a_joined_rank_stands_in_for_sim_tensors) {
 }
 
 TEST(native_auto_and_broadcast_through_the_backends_device_collectives) {
-  // `native` and `auto` (the device ring does not apply: each rank has its own
-  // device, not shared between processes) run Sum and Average through the
+  // `native` and `auto` (which prefers the backend where it serves; the
+  // device ring would not apply here anyway) run Sum and Average through the
   // backend's device collectives, a lone tensor in its output and a fused
   // group through the device fusion buffer; Max, which the backend does not
   // take, is staged. Element i on rank r: (r + 1) + i % 7, with prescale 2.
