@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "device/devices.h"
+
 namespace hvdtorch {
 
 size_t rowElems(const std::vector<int64_t>& shape) {
@@ -61,6 +63,21 @@ void Executor::completeOnDevice(Device& device, const EntryPtr& entry) {
   entry->state->completion = done;
   holdUntil(device, std::move(done), entry);
   complete(*entry);
+}
+
+Device* Executor::deviceOrStage(Entry& e, std::optional<ReduceOp> reduce) {
+  if (e.request.tensors.empty() || e.request.tensors[0].device == DeviceKind::kCpu) return nullptr;
+  Device& d = deviceFor((!e.inputs.empty() ? e.inputs.front() : e.outputs.front())->device());
+  NativeCollectives* backend = ctx_.native();
+  bool takes = ctx_.size() > 1 && backend != nullptr;
+  if (takes && reduce) {
+    for (const auto& t : e.inputs) takes = takes && backend->reducesOnDevice(d, t->dtype(), *reduce);
+  } else if (takes) {
+    takes = backend->movesOnDevice(d);
+  }
+  if (takes) return &d;
+  e.staged = StagedEntry::stageIn(e, staging_);
+  return nullptr;
 }
 
 DeviceRing* Executor::deviceRing(Device& device) {

@@ -16,6 +16,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "algorithms/device_ring.h"
 #include "algorithms/reducer_set.h"
@@ -89,6 +90,14 @@ class Executor {
   // on the engine stream after its work, handed to its state (the caller's
   // stream waits on it), the entry held until it completed, and completed.
   void completeOnDevice(Device& device, const EntryPtr& entry);
+  // How an op of Staging::kByOp other than the all-reduce picks its path:
+  // the device of the entry's tensors where they are device memory and the
+  // backend's device collectives serve them (more than one rank; a reducing
+  // op passes its op, and the backend must reduce every input's dtype with
+  // it; others need the backend to move device memory), decided alike on
+  // every rank. Otherwise null: device tensors are staged through pinned
+  // host memory (StagedEntry::stageIn), host tensors left as they are.
+  Device* deviceOrStage(Entry& entry, std::optional<ReduceOp> reduce = std::nullopt);
 
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);

@@ -118,12 +118,7 @@ void executeAllgather(Executor& ex, WorkUnit& unit) {
   Entry& e = *unit.pieces.front().entry;
   const AllgatherPlan& plan = std::get<AllgatherPlan>(unit.plan);
   const int p = ex.ctx().size();
-  if (e.request.tensors[0].device != DeviceKind::kCpu) {
-    Device& d = deviceFor(e.inputs[0]->device());
-    NativeCollectives* backend = ex.ctx().native();
-    if (p > 1 && backend && backend->movesOnDevice(d)) return allgatherOnDevice(ex, unit, d);
-    e.staged = StagedEntry::stageIn(e, ex.staging());
-  }
+  if (Device* d = ex.deviceOrStage(e)) return allgatherOnDevice(ex, unit, *d);
   std::vector<TensorPtr> outs = allocateOutputs(e, plan, p);
   ex.mark(unit, "ALLGATHER", true);
   for (size_t t = 0; t < e.inputs.size(); ++t) {

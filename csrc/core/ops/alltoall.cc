@@ -86,17 +86,8 @@ void executeAlltoall(Executor& ex, WorkUnit& unit) {
   const AlltoallPlan& plan = std::get<AlltoallPlan>(unit.plan);
   const int p = ex.ctx().size();
   const int me = ex.ctx().rank();
-  Device* on_device = nullptr;
-  if (e.request.tensors[0].device != DeviceKind::kCpu) {
-    Device& d = deviceFor(e.inputs[0]->device());
-    NativeCollectives* backend = ex.ctx().native();
-    if (p > 1 && backend && backend->movesOnDevice(d)) {
-      on_device = &d;
-      waitReady(d, e.inputs);
-    } else {
-      e.staged = StagedEntry::stageIn(e, ex.staging());
-    }
-  }
+  Device* on_device = ex.deviceOrStage(e);
+  if (on_device) waitReady(*on_device, e.inputs);
   TensorBuffer& in = *e.inputs[0];
   std::vector<int64_t> shape = in.shape();
   const size_t row_bytes = rowElems(shape) * dtypeSize(in.dtype());

@@ -66,12 +66,7 @@ void broadcastOnDevice(Executor& ex, WorkUnit& unit, Device& d) {
 // the other ops (Staging::kByOp in the op table: this function decides).
 void executeBroadcast(Executor& ex, WorkUnit& unit) {
   Entry& e = *unit.pieces.front().entry;
-  if (e.request.tensors[0].device != DeviceKind::kCpu) {
-    Device& d = deviceFor(e.outputs[0]->device());
-    NativeCollectives* backend = ex.ctx().native();
-    if (ex.ctx().size() > 1 && backend && backend->movesOnDevice(d)) return broadcastOnDevice(ex, unit, d);
-    e.staged = StagedEntry::stageIn(e, ex.staging());
-  }
+  if (Device* d = ex.deviceOrStage(e)) return broadcastOnDevice(ex, unit, *d);
   const int root = e.request.broadcast().root;
   TensorBuffer& in = *e.inputs[0];
   TensorBuffer& out = *e.outputs[0];

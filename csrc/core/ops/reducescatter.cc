@@ -157,21 +157,8 @@ void executeReducescatter(Executor& ex, WorkUnit& unit) {
   const ReducescatterPlan& plan = std::get<ReducescatterPlan>(unit.plan);
   const int p = ex.ctx().size();
   const size_t n = e.inputs.size();
-  Device* on_device = nullptr;
-  if (e.request.tensors[0].device != DeviceKind::kCpu) {
-    Device& d = deviceFor(e.inputs[0]->device());
-    NativeCollectives* backend = ex.ctx().native();
-    const ReduceOp op = Executor::reducedOp(e.request.reduce().op);
-    const bool takes = p > 1 && backend && std::all_of(e.inputs.begin(), e.inputs.end(), [&](const TensorPtr& t) {
-                         return backend->reducesOnDevice(d, t->dtype(), op);
-                       });
-    if (takes) {
-      on_device = &d;
-      waitReady(d, e.inputs);
-    } else {
-      e.staged = StagedEntry::stageIn(e, ex.staging());
-    }
-  }
+  Device* on_device = ex.deviceOrStage(e, Executor::reducedOp(e.request.reduce().op));
+  if (on_device) waitReady(*on_device, e.inputs);
   std::vector<TensorPtr> outs;
   for (size_t t = 0; t < n; ++t) {
     std::vector<int64_t> shape = e.inputs[t]->shape();
