@@ -396,11 +396,17 @@ def join(device: int = -1) -> int:
     broadcasts reach it, and barriers pass it. Reduce-scatter, alltoall,
     the other reduce ops, and a broadcast whose root has joined raise
     HvdError on the ranks that submitted them. Only the global set joins: an
-    op of another process set still needs every member. ``device`` is
+    op of another process set still needs every member. A sharded optimizer
+    (DistributedOptimizer(shard=...)) is the exception: this rank holds the
+    only state of its shard, so inside join() it goes on stepping that shard
+    with the others, on the averaged gradients (zeros from this rank), until
+    every rank has joined. ``device`` is
     accepted for Horovod's signature; the rank is returned either way."""
     del device
     h = engine().join()
     register(h, lambda outs: int(outs[0]))
+    # Sharded optimizers go on stepping their shards with the others (zero gradients from here).
+    runtime.run_joined_rounds()
     last = synchronize(h)
     runtime.joined()  # runs the join hooks of the modules above (autotune's among them)
     return last

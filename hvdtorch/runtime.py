@@ -15,6 +15,7 @@ import secrets
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -56,6 +57,8 @@ class _State:
     name_counters: Dict[str, int] = field(default_factory=dict)
     set_groups: Dict[int, tuple] = field(default_factory=dict)  # process set id -> (host, device) groups
     joins: int = 0  # join()s completed: unnamed ops are numbered afresh after each
+    # Objects whose ops a joined rank still takes part in (take_part_while_joined), as weak references.
+    join_participants: List[object] = field(default_factory=list)
 
 
 _state: Optional[_State] = None
@@ -345,6 +348,24 @@ def next_name(kind: str) -> str:
     n = st.name_counters.get(kind, 0)
     st.name_counters[kind] = n + 1
     return f"{kind}.noname.{n}" if st.joins == 0 else f"{kind}.noname.j{st.joins}.{n}"
+
+
+def take_part_while_joined(participant) -> None:
+    """After this rank calls join(), ``participant`` still runs its ops with
+    the others (named with _C.NO_STAND_IN_PREFIX, so that joined ranks are
+    not stood in for): join() calls ``participant.joined_round()`` until it
+    returns False (no rank runs another round). Held weakly, for this init()."""
+    _require().join_participants.append(weakref.ref(participant))
+
+
+def run_joined_rounds() -> None:
+    """Inside join(), once this rank's join is submitted: round after round
+    of every live participant's joined_round(), each matching one round of
+    the ranks that still have data, until none of them runs another."""
+    st = _require()
+    live = [p for p in (ref() for ref in st.join_participants) if p is not None]
+    while live:
+        live = [p for p in live if p.joined_round()]
 
 
 def joined() -> None:

@@ -33,6 +33,11 @@ How:
   * Only optimizers whose update is element-wise can step a flat shard
     exactly as they would step the parameters (shard_state.py); others are
     refused with the reason (check_shardable).
+  * Uneven data, hvd.join(): a joined rank goes on stepping its shard with
+    the others, on zero gradients of its own (shard_join.py). Not with
+    shard=1 on a DistributedModel, whose gradients the model's all-reduce
+    reduces: a joined rank only stands in there, and the others' step then
+    raises HvdError naming the join.
   * Checkpoints: sharded_checkpoint.py.
 """
 
@@ -45,7 +50,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import ops, runtime, sharded_checkpoint
+from . import ops, runtime, shard_join, sharded_checkpoint
 from .broadcast import allgather_object, broadcast_object
 from .compression import Compression
 from .distributed_model import DistributedModel, owner_of
@@ -170,7 +175,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._process_set = ps
         self._size, self._rank = ps.size(), ps.rank()
         self._stage = shard
-        self._name = f"sharded{next(_instance_ids)}"
+        # Gradients this optimizer reduces itself (not the model's all-reduce,
+        # shard=1 on a DistributedModel) let a joined rank take part (shard_join.py).
+        self._joinable = self._size > 1 and not (dm is not None and shard == 1)
+        prefix = shard_join.NO_STAND_IN_PREFIX if self._joinable else ""
+        self._name = f"{prefix}sharded{next(_instance_ids)}"
         first = min(int(first_bucket_bytes), int(fusion_bytes)) if fusion_bytes > 0 else 0
         buckets = plan(numbered, int(fusion_bytes), first)
         if not buckets:
@@ -240,6 +249,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._overlap = module is not None and self._size > 1
         if module is not None:
             self._hook(module)
+        self._announcer = None
+        self._joined = False  # inside join(): running the phases the others announce
+        if self._joinable:
+            self._announcer = shard_join.Announcer(self._name, self.param_groups, ps)
+            runtime.take_part_while_joined(self)
         if optimizer.state:
             self.load_state_dict(optimizer.state_dict())
 
@@ -318,9 +332,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return ops.HvdError(
             f"hvdtorch: rank {self._process_set.ranks[self._rank]}: the gather of bucket {j} of the sharded "
             f"optimizer did not hear from all {self._size} ranks: a rank has joined (hvd.join) while the others "
-            "step. Each rank owns a shard of the parameters, so every rank must step: a rank out of data calls "
-            "optimizer.step() without a backward pass (it contributes zero gradients, as a joined rank would) "
-            "until every rank is out"
+            "step. With shard=1 on a DistributedModel the model's all-reduce reduces the gradients, and a joined "
+            "rank cannot step its shard from it: use shard=2, or let a rank out of data call optimizer.step() "
+            "without a backward pass (zero gradients, as a joined rank's) until every rank is out"
         )
 
     def _wait(self, buckets) -> None:
@@ -353,9 +367,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ---- gradients ------------------------------------------------------------
 
+    def _announce(self, phase: int, clip=(0.0, 0.0, False)) -> None:
+        """Tells ranks that have joined what this step does next (shard_join.py)."""
+        if self._announcer is not None and not self._joined:
+            self._announcer.announce(phase, clip)
+
     def synchronize(self) -> None:
         """Returns once the gradients of the backward passes so far are reduced
         (shard=2: into this rank's shard; shard=1: into every .grad)."""
+        self._announce(shard_join.SYNC)
+        self._synchronize()
+
+    def _synchronize(self) -> None:
         if self._grads is None:
             self._model.sync_gradients()
         else:
@@ -411,8 +434,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         model: reduces the gradients first (if step() has not), computes the
         norm across the shards (one all-reduce), scales the gradients this
         rank steps. Returns the total norm; the same on every rank."""
+        self._announce(shard_join.CLIP, (max_norm, norm_type, error_if_nonfinite))
         if not self._synchronized:
-            self.synchronize()
+            self._synchronize()
         if self._stage == 1:
             # Every rank holds the whole averaged gradient: the local norm is the global one.
             params = [p for p in self._all_params if p.grad is not None]
@@ -424,14 +448,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
             local = (
                 torch.stack([g.abs().max().float() for g in grads]).max() if grads else torch.zeros((), device=device)
             )
-            total = ops.allreduce(local.reshape(1), op=ops.Max, process_set=self._process_set)[0]
+            total = ops.allreduce(
+                local.reshape(1), op=ops.Max, name=f"{self._name}.clip_norm", process_set=self._process_set
+            )[0]
         else:
             local = (
                 torch.stack([g.float().norm(norm_type) ** norm_type for g in grads]).sum()
                 if grads
                 else torch.zeros((), device=device)
             )
-            summed = ops.allreduce(local.reshape(1), op=ops.Sum, process_set=self._process_set)[0]
+            summed = ops.allreduce(
+                local.reshape(1), op=ops.Sum, name=f"{self._name}.clip_norm", process_set=self._process_set
+            )[0]
             total = summed ** (1.0 / norm_type)
         if error_if_nonfinite and not bool(torch.isfinite(total)):
             raise RuntimeError(f"hvdtorch: the total norm of order {norm_type} of the gradients is non-finite")
@@ -448,8 +476,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._announce(shard_join.STEP)
         if self._should_synchronize and not self._synchronized:
-            self.synchronize()
+            self._synchronize()
         if self._stage == 1:
             self._shard_gradients_from_grad()
         for outer, inner in zip(self.param_groups, self.optim.param_groups):
@@ -458,6 +487,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._gather()
         return loss
+
+    # ---- after hvd.join() (shard_join.py) ------------------------------------------
+
+    def joined_round(self) -> bool:
+        """Inside hvd.join(): runs the phases of the others' next step with
+        zero gradients (the gradients of a partial accumulation are dropped,
+        as a joined rank's are in Horovod). False once every rank has joined."""
+        self._joined = True
+        try:
+            while True:
+                phase, clip = self._announcer.listen()
+                if phase == shard_join.NONE:
+                    self.wait_parameters()
+                    return False
+                if not self._synchronized:
+                    self._grads.reset()
+                    self.zero_grad(set_to_none=True)
+                if phase == shard_join.SYNC:
+                    self._synchronize()
+                elif phase == shard_join.CLIP:
+                    self.clip_grad_norm_(*clip)
+                else:
+                    self.step()
+                    return True
+        finally:
+            self._joined = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._grads is not None and self._grads.pending():

@@ -34,5 +34,10 @@ def test_errors():
         assert f"rank {res.rank} raised ValueError" in res.output, res.output
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_join_with_uneven_data(nranks):
+    run_ranks("tests.workers.zero:check_join", nranks, timeout=120)
+
+
 def test_process_set():
     run_ranks("tests.workers.zero:check_process_set", 3, timeout=60)

@@ -284,6 +284,44 @@ TEST(a_cached_op_with_a_joined_rank_gets_a_full_response) {
   if (l.responses.size() == 1) CHECK(l.responses[0].joined == std::vector<int32_t>{1} && l.responses[0].stand_in);
 }
 
+TEST(a_joined_rank_submits_no_stand_in_ops_itself) {
+  Fixture f(3, milliseconds(100), milliseconds(500));
+  const std::string own = std::string(kNoStandInPrefix) + "shard";
+  auto m = quiet(3);
+  m[1].uncached = {joinRequest()};
+  m[0].uncached = {allreduce(own)};
+  m[2].uncached = {allreduce(own)};
+  CHECK(f.cycle(m, milliseconds(0)).responses.empty());  // rank 1 has joined but not submitted it
+  m = quiet(3);
+  m[1].uncached = {allreduce(own)};
+  ResponseList l = f.cycle(m, milliseconds(1));
+  CHECK(namesOf(l) == std::vector<std::string>{own});
+  if (l.responses.size() == 1) {
+    CHECK_MSG(l.responses[0].error.empty(), "%s", l.responses[0].error.c_str());
+    CHECK(l.responses[0].joined.empty() && !l.responses[0].stand_in);  // rank 1 took part with its own data
+  }
+  // The same from cache bits: no stand-in response while rank 1's bit is missing.
+  f.cache.put(allreduce(own));
+  const uint32_t id = static_cast<uint32_t>(f.cache.idOf(own));
+  m = quiet(3);
+  m[0].cache_bits = m[2].cache_bits = {uint64_t(1) << id};
+  l = f.cycle(m, milliseconds(2));
+  CHECK(l.responses.empty() && l.cached_ready.empty());
+  m = quiet(3);
+  for (auto& msg : m) msg.cache_bits = {uint64_t(1) << id};
+  l = f.cycle(m, milliseconds(3));
+  CHECK(l.responses.empty() && l.cached_ready == std::vector<uint32_t>{id});
+  // An op the joined rank never submits times out naming it; the join itself waits on.
+  m = quiet(3);
+  m[0].uncached = {allreduce(own + ".late")};
+  m[2].uncached = {allreduce(own + ".late")};
+  f.cycle(m, milliseconds(10));
+  l = f.cycle(quiet(3), milliseconds(600));
+  CHECK(namesOf(l) == std::vector<std::string>{own + ".late"});
+  if (l.responses.size() == 1)
+    CHECK_MSG(contains(l.responses[0].error, "ranks [1] did not submit it"), "%s", l.responses[0].error.c_str());
+}
+
 TEST(the_join_is_answered_after_the_ops_it_stood_in_for) {
   Fixture f(2);
   auto m = quiet(2);

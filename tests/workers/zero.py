@@ -448,30 +448,79 @@ def check_errors():
             lambda: hvd.DistributedOptimizer(torch.optim.SGD(odd.parameters(), lr=0.1), shard=2),
             r,
         )
-    # A rank that joins while the others step: a clear error there (reduce-scatter or all-gather).
+    # shard=1 on a DistributedModel: the model's all-reduce only stands a joined
+    # rank in, which cannot step its shard from that: the others' step raises.
     if n > 1:
-        net2 = Net()
-        opt2 = hvd.DistributedOptimizer(
-            torch.optim.SGD(net2.parameters(), lr=0.1), named_parameters=net2.named_parameters(), shard=2
-        )
+        dm = hvd.DistributedModel(Net())
+        opt3 = hvd.DistributedOptimizer(torch.optim.SGD(dm.parameters(), lr=0.1), shard=1)
+        del opt  # a sharded optimizer nobody steps any more must not hold up join()
         if r == 0:
             hvd.join()
         else:
-            local_loss(net2, 0, r, n).backward()
-            expect(hvd.HvdError, ["join"], opt2.step, r)
+            local_loss(dm, 0, r, n).backward()
+            opt3.step()  # returns at once: the forward hooks wait for the gather
+            expect(hvd.HvdError, ["did not hear from all", "shard=1 on a DistributedModel"], opt3.wait_parameters, r)
             hvd.join()
-        # shard=1: the gradients' all-reduce takes the joined rank's zeros; the
-        # parameters' gather must not (its range would become zeros).
-        net3 = Net()
-        opt3 = hvd.DistributedOptimizer(
-            torch.optim.SGD(net3.parameters(), lr=0.1), named_parameters=net3.named_parameters(), shard=1
-        )
-        if r == 0:
-            hvd.join()
-        else:
-            local_loss(net3, 0, r, n).backward()
-            expect(hvd.HvdError, ["did not hear from all", "join"], opt3.step, r)
-            hvd.join()
+    hvd.shutdown()
+
+
+def steps_of(k: int) -> int:
+    """Batches rank k has in check_join: distinct, the most on rank 0."""
+    return 5 - 2 * k
+
+
+def check_join():
+    """Uneven data: each rank calls hvd.join() when its batches run out; the
+    joined ranks go on stepping their shards. Training equals one process
+    that averages, at every step, what the ranks with data contribute (over
+    every rank, as Horovod's Average does), with a learning-rate schedule,
+    clipping or an explicit synchronize(), and a plain all-reduce of the
+    loss, in which the joined ranks are stood in for."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(4)
+    base = Net()
+    cases = [("adam", 2, "optimizer", "clip"), ("sgd", 1, "optimizer", "synchronize"), ("adamw", 2, "model", "")]
+    for kind, shard, path, extra in cases:
+        what = f"join: {kind} shard={shard} {path} path {extra}, {n} ranks"
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt(kind, ref)
+        ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda s: 0.7**s)
+        for s in range(steps_of(0)):
+            has = [k for k in range(n) if steps_of(k) > s]
+            ref_opt.zero_grad()
+            (sum(local_loss(ref, s, k, n) for k in has) / n).backward()
+            if extra == "clip":
+                torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.2)
+            ref_opt.step()
+            ref_sched.step()
+        model, net, opt = sharded(kind, base, shard, path)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.7**s)
+        for s in range(steps_of(r)):
+            opt.zero_grad()
+            loss = local_loss(model, s, r, n)
+            loss.backward()
+            if extra == "clip":
+                opt.clip_grad_norm_(0.2)
+            if extra == "synchronize":
+                opt.synchronize()
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+            sched.step()
+            hvd.allreduce(loss.detach(), name=f"{what}.loss.{s}")
+        last = hvd.join()
+        assert last == 0, f"{what}: join returned {last}"
+        assert_params_close(net, ref, what, TOL[kind])
+        full = opt.consolidate_state_dict(to=None)
+        if r != 0:
+            # A joined rank's groups hold the hyper-parameters of the last step it
+            # took part in: the ranks with data stepped their schedulers once more.
+            for g, want in zip(opt.param_groups, ref_opt.param_groups):
+                assert g["lr"] == want["initial_lr"] * 0.7 ** (steps_of(0) - 1), f"{what}: lr {g['lr']}"
+            full["param_groups"] = ref_opt.state_dict()["param_groups"]
+        assert_state_close(full, ref_opt.state_dict(), what, TOL[kind])
     hvd.shutdown()
 
 

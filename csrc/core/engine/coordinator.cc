@@ -143,6 +143,10 @@ Response Coordinator::makeResponse(std::vector<Request> reqs, const std::vector<
   return s;
 }
 
+bool Coordinator::standsIn(const std::string& name) {
+  return std::string_view(name).substr(0, kNoStandInPrefix.size()) != kNoStandInPrefix;
+}
+
 std::vector<bool> Coordinator::joinedRanks() const {
   std::vector<bool> joined(size_, false);
   for (const auto& [name, pending] : table_) {
@@ -182,10 +186,10 @@ std::vector<bool> Coordinator::submitted(const std::string& name, const Pending&
                                          const BitRanks& bit_ranks, const std::vector<bool>& joined) const {
   const int id = cache.idOf(name);
   const auto bits = id >= 0 ? bit_ranks.find(static_cast<uint32_t>(id)) : bit_ranks.end();
+  const bool stand_in = !pending.join && standsIn(name);
   std::vector<bool> has(size_);
   for (int r = 0; r < size_; ++r)
-    has[r] = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]) ||
-             (!pending.join && joined[r]);
+    has[r] = pending.by_rank[r].has_value() || (bits != bit_ranks.end() && bits->second[r]) || (stand_in && joined[r]);
   return has;
 }
 
@@ -276,9 +280,10 @@ void Coordinator::readyFromBits(const ResponseCache& cache, BitRanks& bit_ranks,
   for (auto it = bit_ranks.begin(); it != bit_ranks.end();) {
     std::vector<int> stand_ins;
     bool ready = true;
+    const bool stand_in = standsIn(cache.at(it->first).name);
     for (int r = 0; r < size_; ++r) {
       if (it->second[r]) continue;
-      if (joined[r]) {
+      if (stand_in && joined[r]) {
         stand_ins.push_back(r);
       } else {
         ready = false;

@@ -27,6 +27,11 @@
 //    while_joined column of the op table, engine/op_spec.h). The join itself is ready
 //    once every rank has joined, never times out (the others may train for
 //    a long time yet) and tells everyone the rank that joined last.
+//  * Ops named with kNoStandInPrefix are never stood in for: a joined rank
+//    submits them itself and takes part with its own data (a sharded
+//    optimizer's rank keeps stepping its shard after hvd.join(), since no
+//    other rank holds that shard's state). Until it does, they wait, and
+//    time out like any op.
 #pragma once
 
 #include <chrono>
@@ -34,12 +39,16 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/request.h"
 #include "engine/response_cache.h"
 
 namespace hvdtorch {
+
+// Names of ops that joined ranks submit themselves (see the rules above).
+inline constexpr std::string_view kNoStandInPrefix = "hvdtorch.no_stand_in.";
 
 class Coordinator {
  public:
@@ -100,7 +109,8 @@ class Coordinator {
   // "[0, 2]": the given set ranks, printed as global ranks.
   std::string rankList(const std::vector<int>& ranks) const;
   // Per rank: has it submitted `name`, in full or by its cache bit?
-  // Joined ranks count as having submitted every op but the join.
+  // Joined ranks count as having submitted every op but the join and the
+  // ops named with kNoStandInPrefix.
   std::vector<bool> submitted(const std::string& name, const Pending& pending, const ResponseCache& cache,
                               const BitRanks& bit_ranks, const std::vector<bool>& joined) const;
 
@@ -120,6 +130,9 @@ class Coordinator {
   // The op's plan from every rank's request, into `s`.
   std::string planInto(const std::vector<Request>& reqs, Response& s) const;
 
+  // Whether a joined rank stands in for the op called `name` (it submits
+  // those with kNoStandInPrefix itself).
+  static bool standsIn(const std::string& name);
   // Per rank: has it a join pending (from table_)?
   std::vector<bool> joinedRanks() const;
   // Checks an incomplete op; returns an error response once it has timed out.
