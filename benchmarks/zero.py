@@ -8,8 +8,9 @@ the same job.
 
 Configurations (all with torch.optim.Adam, lr 1e-4):
   dm        hvd.DistributedModel (all-reduce, P+F), the plain optimizer
-  shard1    hvd.DistributedModel + hvd.DistributedOptimizer(shard=1): the model
-            all-reduces, each rank steps its shard, parameters are all-gathered
+  shard1    hvd.DistributedModel + hvd.DistributedOptimizer(shard=1): buckets are
+            all-reduced during backward, each rank steps its shard, parameters
+            are all-gathered
   shard2    hvd.DistributedModel + hvd.DistributedOptimizer(shard=2): buckets are
             reduce-scattered during backward, each rank steps its shard
   ddp       torch DistributedDataParallel (Gloo), the plain optimizer

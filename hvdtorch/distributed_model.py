@@ -168,8 +168,8 @@ class DistributedModel(torch.nn.Module):
         return self._marks.forward(lambda: self.module(*args, **kwargs))
 
     def hand_gradients_to(self, owner) -> None:
-        """From now on ``owner`` (a sharded optimizer with reduce-scatter)
-        reduces this model's gradients: the C++ reducer is released (its
+        """From now on ``owner`` (a sharded optimizer) reduces this model's
+        gradients: the C++ reducer is released (its
         hooks removed, its last pass waited for), and sync_gradients(),
         no_sync() and bucket_bytes() are the owner's. For good."""
         if self._reducer is not None:

@@ -17,8 +17,9 @@ How:
     while backward runs, so each rank receives its shard's average only and
     .grad is freed; shard=1 all-reduces each bucket (every rank holds the
     whole average in .grad, as unsharded training) and the step takes the
-    shard's part. On a DistributedModel's parameters, shard=1 leaves the
-    reduction to the model's own C++ all-reduce; shard=2 takes it over.
+    shard's part. On a DistributedModel's parameters, the optimizer takes
+    the reduction over from the model (DistributedModel.hand_gradients_to),
+    so that every gradient it steps on comes through its own collectives.
   * step() then steps the shards and starts one all-gather per bucket into
     the flat buckets, the bucket forward needs first first. Without a
     module to hook, step() waits for them. With one (model=, or the
@@ -34,10 +35,7 @@ How:
     exactly as they would step the parameters (shard_state.py); others are
     refused with the reason (check_shardable).
   * Uneven data, hvd.join(): a joined rank goes on stepping its shard with
-    the others, on zero gradients of its own (shard_join.py). Not with
-    shard=1 on a DistributedModel, whose gradients the model's all-reduce
-    reduces: a joined rank only stands in there, and the others' step then
-    raises HvdError naming the join.
+    the others, on zero gradients of its own (shard_join.py).
   * Checkpoints: sharded_checkpoint.py.
 """
 
@@ -167,7 +165,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 raise ValueError("hvdtorch: process_set differs from the DistributedModel's; set it there")
             compression, op, process_set = g["compression"], g["op"], g["process_set"]
             gradient_predivide_factor, backward_passes_per_step = g["postscale"], g["backward_passes_per_step"]
-        self._model = dm
         module = dm.module if dm is not None else model
 
         ps = process_set or ops.global_process_set
@@ -175,11 +172,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._process_set = ps
         self._size, self._rank = ps.size(), ps.rank()
         self._stage = shard
-        # Gradients this optimizer reduces itself (not the model's all-reduce,
-        # shard=1 on a DistributedModel) let a joined rank take part (shard_join.py).
-        self._joinable = self._size > 1 and not (dm is not None and shard == 1)
-        prefix = shard_join.NO_STAND_IN_PREFIX if self._joinable else ""
-        self._name = f"{prefix}sharded{next(_instance_ids)}"
+        # A joined rank takes part in every collective of the optimizer (shard_join.py).
+        self._name = f"{shard_join.NO_STAND_IN_PREFIX}sharded{next(_instance_ids)}"
         first = min(int(first_bucket_bytes), int(fusion_bytes)) if fusion_bytes > 0 else 0
         buckets = plan(numbered, int(fusion_bytes), first)
         if not buckets:
@@ -187,7 +181,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._buckets = buckets
         # Parameters become views of flat buckets (in registered memory where
         # the engine has it, see _gather); this rank's shards are views too.
-        # Each flat has one element more: the presence count of the in-place gather.
         engine = runtime.state().engine
         self._flats: List[torch.Tensor] = []
         self._shards: List[torch.Tensor] = []
@@ -195,9 +188,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for b in buckets:
                 device = all_params[b.params[0]].device
                 if device.type == "cpu" and self._size > 1:
-                    flat = engine.registered_zeros(b.numel + 1, b.dtype)
+                    flat = engine.registered_zeros(b.numel, b.dtype)
                 else:
-                    flat = torch.zeros(b.numel + 1, dtype=b.dtype, device=device)
+                    flat = torch.zeros(b.numel, dtype=b.dtype, device=device)
                 for i, offset in zip(b.params, b.offsets):
                     p = all_params[i]
                     flat[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
@@ -226,23 +219,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._adding_groups = False
 
         f = float(gradient_predivide_factor)
-        self._grads = None  # shard=1 on a DistributedModel: the model's all-reduce
-        if not (dm is not None and shard == 1):
-            self._grads = BucketGradients(
-                all_params,
-                self._names,
-                buckets,
-                self._name,
-                shard == 2,
-                op,
-                1.0 / f,
-                f,
-                compression,
-                backward_passes_per_step,
-                ps,
-            )
-            if dm is not None:
-                dm.hand_gradients_to(self)
+        self._grads = BucketGradients(
+            all_params,
+            self._names,
+            buckets,
+            self._name,
+            shard == 2,
+            op,
+            1.0 / f,
+            f,
+            compression,
+            backward_passes_per_step,
+            ps,
+        )
+        if dm is not None:
+            dm.hand_gradients_to(self)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
         self._synchronized = False  # gradients reduced since the last step()
         self._should_synchronize = True
@@ -251,7 +242,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._hook(module)
         self._announcer = None
         self._joined = False  # inside join(): running the phases the others announce
-        if self._joinable:
+        if self._size > 1:
             self._announcer = shard_join.Announcer(self._name, self.param_groups, ps)
             runtime.take_part_while_joined(self)
         if optimizer.state:
@@ -308,9 +299,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         path (each rank reads its peers' registered buffers): exact, since
         only one rank adds anything but zero to an element, and several times
         faster here than the all-gather, which copies through the links into
-        an output it allocates each time. The last element of each flat counts
-        the ranks that took part, so a joined rank (which adds zeros) is
-        noticed instead of zeroing its range. Otherwise: an all-gather, whose
+        an output it allocates each time. A rank that has joined takes part
+        with its own shard too (the names keep the engine from standing in
+        for it with zeros, shard_join.py). Otherwise: an all-gather, whose
         output becomes the parameters' storage."""
         if self._size == 1:
             return
@@ -320,22 +311,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 flat, (start, end) = self._flats[j], self._buckets[j].shard_range(self._rank, self._size)
                 with torch.no_grad():
                     flat[:start].zero_()
-                    flat[end:-1].zero_()
-                    flat[-1] = 1
+                    flat[end:].zero_()
                 self._gathers[j] = ops.allreduce_async_(flat, op=ops.Sum, name=name, process_set=self._process_set)
             else:
                 self._gathers[j] = ops.allgather_async(self._shards[j], name=name, process_set=self._process_set)
         if not self._overlap:
             self.wait_parameters()
-
-    def _joined_error(self, j: int) -> Exception:
-        return ops.HvdError(
-            f"hvdtorch: rank {self._process_set.ranks[self._rank]}: the gather of bucket {j} of the sharded "
-            f"optimizer did not hear from all {self._size} ranks: a rank has joined (hvd.join) while the others "
-            "step. With shard=1 on a DistributedModel the model's all-reduce reduces the gradients, and a joined "
-            "rank cannot step its shard from it: use shard=2, or let a rank out of data call optimizer.step() "
-            "without a backward pass (zero gradients, as a joined rank's) until every rank is out"
-        )
 
     def _wait(self, buckets) -> None:
         for j in buckets:
@@ -345,13 +326,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             gathered = ops.synchronize(handle)
             b = self._buckets[j]
             if self._gather_in_place:
-                # A count a 16-bit float cannot hold exactly (bfloat16 past 256 ranks) is not checked.
-                exact = {torch.bfloat16: 256, torch.float16: 2048}.get(b.dtype, 1 << 24) >= self._size
-                if exact and int(self._flats[j][-1].item()) != self._size:
-                    raise self._joined_error(j)
                 continue
-            if gathered.numel() != b.numel:
-                raise self._joined_error(j)
             # The gathered bucket becomes the parameters' storage (no copy back).
             for i, offset, shape in zip(b.params, b.offsets, b.shapes):
                 p = self._all_params[i]
@@ -379,13 +354,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._synchronize()
 
     def _synchronize(self) -> None:
-        if self._grads is None:
-            self._model.sync_gradients()
-        else:
-            results = self._grads.synchronize()
-            if self._stage == 2:
-                for shard, grad in zip(self._shards, results):
-                    shard.grad = grad
+        results = self._grads.synchronize()
+        if self._stage == 2:
+            for shard, grad in zip(self._shards, results):
+                shard.grad = grad
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -400,16 +372,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate gradients locally, without communication."""
-        if self._grads is None:
-            with self._model.no_sync():
-                yield
-            return
         with self._grads.no_sync():
             yield
 
     def set_backward_passes_per_step(self, passes: int) -> None:
-        if self._grads is None:
-            raise ValueError("hvdtorch: the DistributedModel accumulates here: set backward_passes_per_step there")
         self._grads.reset(passes)
 
     def _shard_gradients_from_grad(self) -> None:
@@ -515,7 +481,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._joined = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._grads is not None and self._grads.pending():
+        if self._grads.pending():
             raise AssertionError(
                 "hvdtorch: optimizer.zero_grad() between loss.backward() and optimizer.step() "
                 "(or synchronize()): the gradients of that backward pass are being reduced "
@@ -529,8 +495,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             else:
                 p.grad.detach_()
                 p.grad.zero_()
-        if self._grads is not None:
-            self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
+        self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
 
     # ---- sizes -----------------------------------------------------------------
 
@@ -558,8 +523,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         consolidate_state_dict()'s), this rank's shard from state_dict(), or
         the list of every rank's shards (any number of ranks then)."""
         self.wait_parameters()
-        if self._grads is not None:
-            self._grads.reset()
+        self._grads.reset()
         self._synchronized = False
         sharded_checkpoint.load(self, state_dict)
 

@@ -25,6 +25,7 @@ CASES = [
     ("tests.workers.sync_batch_norm:check_training_with_optimizer", [], 2, None, {}),
     ("tests.workers.process_sets:check_process_sets", [], 4, None, {}),
     ("tests.workers.zero:check_training", ["quick"], 2, None, {}),
+    ("tests.workers.zero:check_join", [], 3, None, {}),
     # The GPU tests' own checks, on CPU tensors (they run on CUDA tensors in make gpu-check).
     ("tests.workers.gpu:check_collectives", ["cpu"], 2, None, {}),
     ("tests.workers.gpu:check_distributed_model", ["cpu"], 2, None, {}),
