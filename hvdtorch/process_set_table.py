@@ -54,6 +54,8 @@ def remove_process_set(process_set: process_sets.ProcessSet) -> bool:
     psid = process_sets.set_id(process_set, member=False)
     ops.barrier()  # every rank is done with the set before anyone drops it
     runtime.state().engine.remove_process_set(psid)
+    # The members' device rings close with a handshake on links other ops share: nobody goes on before it is over.
+    ops.barrier()
     runtime.drop_set_groups(psid)
     process_sets.forget(process_set)
     return True

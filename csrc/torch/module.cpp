@@ -157,7 +157,11 @@ class PyEngine {
     return id;
   }
   void removeProcessSet(int32_t id) {
-    engine_->removeProcessSet(id);  // refused while the set has ops outstanding here
+    {
+      // Refused while the set has ops outstanding here; waits for the peers' device ring teardown.
+      py::gil_scoped_release nogil;
+      engine_->removeProcessSet(id);
+    }
     set_natives_.erase(id);
   }
   // id -> global ranks, for every set this rank knows (members or not).

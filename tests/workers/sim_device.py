@@ -3,9 +3,10 @@ simulated-device memory (HVDTORCH_SIM_DEVICE=1, set by the test), then checks
 that the device paths were taken and staged through pinned memory only."""
 
 import importlib
+import time
 
 import hvdtorch as hvd
-from hvdtorch import _C
+from hvdtorch import _C, process_sets, runtime
 
 
 def through_device(target: str, *args: str) -> None:
@@ -25,7 +26,9 @@ def device_path(reducer: str) -> None:
     HVDTORCH_RING_SEGMENT_BYTES is small). reducer="native": the backend's
     device collectives (the device group: Gloo standing in for NCCL), which
     a broadcast, an all-gather, a reduce-scatter and an alltoall take too,
-    and a process set through device groups of its own."""
+    and a process set through device groups of its own (with "ring": a
+    process set's own device ring, torn down with the handshake when the
+    set is removed)."""
     import torch
 
     assert _C.sim_device_mode()
@@ -118,6 +121,25 @@ def device_path(reducer: str) -> None:
             assert torch.equal(got, want), f"rank {r}: set allgather {got}"
             assert runs() == before + 2, f"rank {r}: {runs() - before} device runs for the set's two ops"
         hvd.remove_process_set(ps)
+    if reducer == "ring" and n > 2:
+        # A process set gets a device ring of its own, closed with the handshake
+        # when the set is removed, however late a member comes to remove it:
+        # remove_process_set's steps, with the last rank 0.3 s late to the
+        # engine's removal (it would line the ranks up with a barrier first).
+        ps = hvd.add_process_set([0, n - 1])
+        before = runs()
+        if r in (0, n - 1):
+            got = hvd.allreduce(torch.full((300,), float(r)), op=hvd.Sum, name="dr.set", reducer="ring", process_set=ps)
+            assert torch.equal(got, torch.full((300,), float(n - 1))), f"rank {r}: set allreduce {got[:4]}"
+            assert runs() == before + 1, f"rank {r}: the set's all-reduce did not take its device ring"
+        hvd.barrier()
+        if r == n - 1:
+            time.sleep(0.3)
+        runtime.state().engine.remove_process_set(ps.process_set_id)
+        hvd.barrier()
+        runtime.drop_set_groups(ps.process_set_id)
+        process_sets.forget(ps)
+        assert _C.sim_released_while_open() == 0, f"rank {r}: the set's device ring freed an inbox a peer had open"
     hvd.shutdown()
     unpinned = _C.sim_unpinned_engine_copies()
     assert unpinned == 0, f"rank {r}: {unpinned} unpinned engine copies"

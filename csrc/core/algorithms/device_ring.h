@@ -25,8 +25,11 @@
 // (CUDA IPC leaves that undefined). close(), collective, is the handshake:
 // each rank unmaps next's inbox, sends "closed" to next, and frees its own
 // inbox once prev's "closed" arrived. The engine calls it on every rank
-// when it stops cleanly; after a failure (a peer may be gone) the
-// destructor frees without it.
+// when it stops cleanly, and on every member when a process set is
+// removed. After a failure the destructor frees without it, on purpose: a
+// peer may be gone, and waiting for it would hang. The failure stops every
+// rank's engine, so no peer writes into the inbox any more; a surviving
+// peer unmaps it in its own destructor.
 //
 // Applies when every rank of the context is on this host and the device
 // supports interprocess memory (both the same on every rank: topology and

@@ -153,14 +153,23 @@ void Engine::equipSet(ProcessSet& ps) {
 void Engine::removeProcessSet(int32_t id) {
   const int me = topo().rank;
   if (id == 0) throw InvalidArgument(strCat("rank ", me, ": the global process set (0) cannot be removed"));
-  std::lock_guard<std::mutex> lock(sets_mu_);
-  auto it = sets_.find(id);
-  if (it == sets_.end()) throw InvalidArgument(strCat("rank ", me, ": process set ", id, " does not exist"));
-  if (it->second->outstanding > 0)
-    throw InvalidArgument(strCat("rank ", me, ": ", it->second->describe(), " still has ",
-                                 it->second->outstanding.load(),
-                                 " op(s) in flight on this rank; synchronize them before removing it"));
-  sets_.erase(it);  // units still queued keep it alive (QueuedUnit)
+  std::shared_ptr<ProcessSet> removed;
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    auto it = sets_.find(id);
+    if (it == sets_.end()) throw InvalidArgument(strCat("rank ", me, ": process set ", id, " does not exist"));
+    if (it->second->outstanding > 0)
+      throw InvalidArgument(strCat("rank ", me, ": ", it->second->describe(), " still has ",
+                                   it->second->outstanding.load(),
+                                   " op(s) in flight on this rank; synchronize them before removing it"));
+    removed = it->second;
+    sets_.erase(it);
+  }
+  // Nothing of the set is left to run here or on its peers, and nothing else
+  // runs until every member is through (the contract in engine.h), so its
+  // device rings can take the teardown handshake instead of freeing an inbox
+  // a peer may still have mapped.
+  if (removed->member() && removed->executor) removed->executor->closeDeviceRings();
 }
 
 std::shared_ptr<const ProcessSet> Engine::processSet(int32_t id) const { return findSet(id); }

@@ -108,7 +108,12 @@ class Engine {
   // to an existing set's. `native`: the backend's own collectives over the
   // set's ranks (its process groups), or null; it must outlive the set.
   // removeProcessSet: id 0, unknown ids, and a set with ops still
-  // outstanding on this rank are errors.
+  // outstanding on this rank are errors. Every member removes it once all
+  // members are done with it, and no op may run on any rank until every
+  // member has (hvdtorch.remove_process_set: between two barriers): the
+  // set's device rings close with their handshake (device_ring.h), whose
+  // messages travel on links the other sets share, and which waits for the
+  // neighbours to do the same.
   int32_t addProcessSet(std::vector<int> ranks, NativeCollectives* native = nullptr);
   void removeProcessSet(int32_t id);
   // The set with this id, or null (never added, or removed).

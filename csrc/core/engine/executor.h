@@ -76,7 +76,8 @@ class Executor {
   // the same unit); null where it does not apply or is turned off.
   DeviceRing* deviceRing(Device& device);
   // The device rings' teardown handshake (DeviceRing::close), a collective:
-  // every rank calls it after its last unit when the engine stops cleanly.
+  // every rank calls it after its last unit when the engine stops cleanly,
+  // and every member of a process set when the set is removed.
   // Errors are reported on stderr; the rings are then freed without it.
   void closeDeviceRings();
   // Engine-owned device memory for fused units on `device` (grows).
