@@ -65,6 +65,21 @@ def test_the_device_ring(nranks):
     run_ranks("tests.workers.sim_device:device_path", nranks, args=["ring"], timeout=240, env=env)
 
 
+@pytest.mark.parametrize("hosts,interprocess", [("aab", "1"), ("ab", "0")], ids=["aab-mapped-and-staged", "ab-staged"])
+def test_the_device_ring_across_hosts(hosts, interprocess):
+    # Links between emulated hosts stage through pinned host slots; "aab"
+    # mixes them with a mapped link, "ab" has no interprocess memory at all.
+    env = {
+        **SIM,
+        "HVDTORCH_SIM_INTERPROCESS": interprocess,
+        "HVDTORCH_RING_SEGMENT_BYTES": "256",
+        "HVDTORCH_SIM_MAX_DELAY_US": "400",
+    }
+    run_ranks(
+        "tests.workers.sim_device:device_path", len(hosts), hosts=list(hosts), args=["ring"], timeout=240, env=env
+    )
+
+
 def test_auto_prefers_the_device_group_to_the_device_ring():
     env = {**SIM, "HVDTORCH_SIM_INTERPROCESS": "1"}
     run_ranks("tests.workers.sim_device:auto_prefers_the_device_group", 2, timeout=120, env=env)

@@ -1,6 +1,7 @@
 #include "algorithms/device_ring.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <deque>
 
@@ -24,6 +25,9 @@ constexpr uint64_t kConsumed = uint64_t{1} << 63;
 // The teardown's message (a "consumed" number no allreduce reaches).
 constexpr uint64_t kClosed = ~uint64_t{0};
 
+// Host slots are page aligned (registered memory is pinned by pages).
+constexpr size_t kHostAlign = 4096;
+
 // Element ranges of the p ring chunks (the first count % p get one more).
 size_t chunkBegin(size_t count, int p, int i) {
   const size_t base = count / p, extra = count % p;
@@ -34,10 +38,20 @@ size_t chunkBegin(size_t count, int p, int i) {
 
 uint64_t DeviceRing::runs() { return g_runs.load(); }
 
-bool DeviceRing::applicable(const Context& ctx, const Device& device) {
-  if (ctx.size() < 2 || !device.interprocess()) return false;
+bool DeviceRing::oneHost(const Context& ctx) {
   for (int r = 0; r < ctx.size(); ++r)
     if (!ctx.topo().sameHost(r)) return false;
+  return true;
+}
+
+bool DeviceRing::applicable(const Context& ctx, const Device& device) {
+  const int p = ctx.size();
+  if (p < 2) return false;
+  if (device.interprocess()) return true;
+  // Without interprocess memory, only staged links: no two neighbours on one host.
+  const std::vector<int>& host = ctx.topo().host_of_rank;
+  for (int r = 0; r < p; ++r)
+    if (host[r] == host[(r + 1) % p]) return false;
   return true;
 }
 
@@ -46,7 +60,19 @@ DeviceRing::DeviceRing(Context& ctx, Device& device, size_t slot_bytes)
   const int p = ctx_.size(), me = ctx_.rank();
   next_ = (me + 1) % p;
   prev_ = (me + p - 1) % p;
+  next_staged_ = !ctx_.topo().sameHost(next_);
+  prev_staged_ = !ctx_.topo().sameHost(prev_);
   inbox_ = dev_.allocate(2 * slot_bytes_);
+  if (next_staged_ || prev_staged_) {
+    // Two out slots, then two in slots; registered once, so the copies run at pinned speed.
+    host_storage_ = std::make_unique<char[]>(4 * slot_bytes_ + kHostAlign);
+    const auto at = reinterpret_cast<uintptr_t>(host_storage_.get());
+    host_ = host_storage_.get() + ((kHostAlign - at % kHostAlign) % kHostAlign);
+    dev_.registerHost(host_, 4 * slot_bytes_);
+    copied_ = dev_.newEvent();
+    for (auto& e : landed_) e = dev_.newEvent();
+  }
+  if (next_staged_ && prev_staged_) return;  // nothing to map
   Offer mine;
   mine.inbox = dev_.exportMemory(inbox_);
   for (int k = 0; k < 2; ++k) {
@@ -55,23 +81,23 @@ DeviceRing::DeviceRing(Context& ctx, Device& device, size_t slot_bytes)
     mine.ready[k] = dev_.exportEvent(*ready_[k]);
     mine.consumed[k] = dev_.exportEvent(*consumed_[k]);
   }
-  // Both neighbours (one peer when p == 2) get the same offer; each keeps
-  // what it needs: prev my inbox and consumed events, next my ready events.
+  // Each neighbour on this host (the one peer when p == 2) gets the same
+  // offer; each keeps what it needs: prev my inbox and consumed events, next
+  // my ready events.
   Offer from_prev, from_next;
   const Deadline deadline = ctx_.deadline();
-  auto r1 = ctx_.link(prev_).irecv(&from_prev, sizeof(Offer));
-  auto r2 = ctx_.link(next_).irecv(&from_next, sizeof(Offer));
-  auto s1 = ctx_.link(next_).isend(&mine, sizeof(Offer));
-  auto s2 = ctx_.link(prev_).isend(&mine, sizeof(Offer));
-  r1->wait(deadline);
-  r2->wait(deadline);
-  s1->wait(deadline);
-  s2->wait(deadline);
-  next_inbox_ = dev_.openMemory(from_next.inbox);
-  for (int k = 0; k < 2; ++k) {
-    prev_ready_[k] = dev_.openEvent(from_prev.ready[k]);
-    next_consumed_[k] = dev_.openEvent(from_next.consumed[k]);
+  std::vector<std::unique_ptr<LinkRequest>> requests;
+  if (!prev_staged_) requests.push_back(ctx_.link(prev_).irecv(&from_prev, sizeof(Offer)));
+  if (!next_staged_) requests.push_back(ctx_.link(next_).irecv(&from_next, sizeof(Offer)));
+  if (!next_staged_) requests.push_back(ctx_.link(next_).isend(&mine, sizeof(Offer)));
+  if (!prev_staged_) requests.push_back(ctx_.link(prev_).isend(&mine, sizeof(Offer)));
+  for (auto& r : requests) r->wait(deadline);
+  if (!next_staged_) {
+    next_inbox_ = dev_.openMemory(from_next.inbox);
+    for (int k = 0; k < 2; ++k) next_consumed_[k] = dev_.openEvent(from_next.consumed[k]);
   }
+  if (!prev_staged_)
+    for (int k = 0; k < 2; ++k) prev_ready_[k] = dev_.openEvent(from_prev.ready[k]);
 }
 
 DeviceRing::~DeviceRing() {
@@ -88,6 +114,23 @@ DeviceRing::~DeviceRing() {
                  e.what());
   }
   dev_.release(inbox_);
+  freeHostSlots(true);
+}
+
+void DeviceRing::freeHostSlots(bool transfers_may_be_open) {
+  if (host_ == nullptr) return;
+  try {
+    dev_.unregisterHost(host_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hvdtorch: rank %d: device ring host slots on %s: %s\n", ctx_.rank(), dev_.id().str().c_str(),
+                 e.what());
+  }
+  host_ = nullptr;
+  if (transfers_may_be_open) {
+    ctx_.link(next_staged_ ? next_ : prev_).keepWhileOpen(std::move(host_storage_));
+  } else {
+    host_storage_.reset();
+  }
 }
 
 void DeviceRing::close() {
@@ -102,17 +145,19 @@ void DeviceRing::close() {
   // has not answered within seconds is not coming (the words are members:
   // a late delivery must not land in a dead stack frame).
   const Deadline deadline = Deadline::after(std::min(ctx_.timeout(), std::chrono::milliseconds(30000)));
+  // Only a neighbour on this host maps memory: the handshake runs on those links.
   closed_out_ = kClosed;
-  closed_in_ = 0;
-  auto r = ctx_.link(prev_).irecv(&closed_in_, sizeof(closed_in_));
-  auto s = ctx_.link(next_).isend(&closed_out_, sizeof(closed_out_));
-  r->wait(deadline);
-  s->wait(deadline);
+  closed_in_ = prev_staged_ ? kClosed : 0;
+  std::vector<std::unique_ptr<LinkRequest>> requests;
+  if (!prev_staged_) requests.push_back(ctx_.link(prev_).irecv(&closed_in_, sizeof(closed_in_)));
+  if (!next_staged_) requests.push_back(ctx_.link(next_).isend(&closed_out_, sizeof(closed_out_)));
+  for (auto& r : requests) r->wait(deadline);
   if (closed_in_ != kClosed)
     throw CollectiveError(strCat("device ring teardown: rank ", ctx_.rank(), " expected 'closed' from rank ", prev_,
                                  ", got message ", closed_in_));
   dev_.release(inbox_);  // prev has unmapped it
   inbox_ = nullptr;
+  freeHostSlots(false);  // the engine stream is drained and every transfer waited for
 }
 
 void DeviceRing::send(const char* src, size_t bytes) {
@@ -173,7 +218,47 @@ void DeviceRing::receive(char* dst, size_t bytes, DataType dtype, bool reduce, R
   out_requests_.push_back(ctx_.link(prev_).isend(&out_words_.back(), sizeof(uint64_t)));
 }
 
+void DeviceRing::sendStaged(const char* src, size_t bytes) {
+  const uint64_t q = sent_++;
+  const int k = static_cast<int>(q % 2);
+  char* slot = host_ + k * slot_bytes_;
+  if (staged_sends_[k]) {  // segment q-2 left this slot
+    staged_sends_[k]->wait(ctx_.deadline());
+    staged_sends_[k].reset();
+  }
+  dev_.copyToHost(slot, src, bytes, nullptr);
+  dev_.record(*copied_, nullptr);
+  dev_.synchronize(*copied_);
+  staged_sends_[k] = ctx_.link(next_).isend(slot, bytes);
+}
+
+void DeviceRing::receiveStaged(char* dst, size_t bytes, DataType dtype, bool reduce, ReduceOp op) {
+  const uint64_t q = received_++;
+  const int k = static_cast<int>(q % 2);
+  char* slot = host_ + (2 + k) * slot_bytes_;
+  // The copy of the segment before (maybe of the previous all-reduce) out of this slot is done.
+  if (landed_valid_ & (uint64_t{1} << k)) dev_.synchronize(*landed_[k]);
+  ctx_.link(prev_).recv(slot, bytes, ctx_.deadline());
+  if (reduce) {
+    char* in = static_cast<char*>(inbox_) + k * slot_bytes_;  // after this slot's last kernel: stream order
+    dev_.copyFromHost(in, slot, bytes, nullptr);
+    dev_.reduceInto(dst, in, bytes / dtypeSize(dtype), dtype, op, nullptr);
+  } else {
+    dev_.copyFromHost(dst, slot, bytes, nullptr);
+  }
+  dev_.record(*landed_[k], nullptr);
+  landed_valid_ |= uint64_t{1} << k;
+}
+
 void DeviceRing::drain() {
+  if (next_staged_) {
+    for (auto& s : staged_sends_) {
+      if (s) s->wait(ctx_.deadline());
+      s.reset();
+    }
+    for (auto& r : out_requests_) r->wait(ctx_.deadline());
+    return;
+  }
   // Every "consumed" message next still owes us, so the links are clean.
   while (acked_ < sent_) {
     uint64_t word = 0;
@@ -219,11 +304,19 @@ void DeviceRing::allreduce(void* data, size_t count, DataType dtype, ReduceOp op
       for (size_t j = 0; j < std::max(ns, nr); ++j) {
         if (j < ns) {
           const size_t off = sb + j * seg_elems, n = std::min(seg_elems, sb + sn - off);
-          send(base + off * esize, n * esize);
+          if (next_staged_) {
+            sendStaged(base + off * esize, n * esize);
+          } else {
+            send(base + off * esize, n * esize);
+          }
         }
         if (j < nr) {
           const size_t off = rb + j * seg_elems, n = std::min(seg_elems, rb + rn - off);
-          receive(base + off * esize, n * esize, dtype, phase == 0, op);
+          if (prev_staged_) {
+            receiveStaged(base + off * esize, n * esize, dtype, phase == 0, op);
+          } else {
+            receive(base + off * esize, n * esize, dtype, phase == 0, op);
+          }
         }
       }
     }

@@ -21,6 +21,18 @@
 // and every one is received before allreduce() returns, so the links are
 // left clean for the next algorithm.
 //
+// Host-staged links: a neighbour on another host cannot map the inbox, so
+// that link carries the data itself. The sender copies the segment into
+// one of two pinned host slots (device to host, on the engine stream),
+// waits for the copy, and sends the bytes; the receiver receives them into
+// one of two pinned host slots of its own, copies them into its inbox slot
+// (host to device) and reduces from there as on a mapped link. The host
+// waits for the device here, where a mapped link never does. No messages
+// travel besides the data: a slot is reused only after the transfer that
+// read it has completed, which each side checks for itself (its send's
+// request; the event after its copy to the device). Which links are staged
+// follows from the topology, the same on every rank.
+//
 // Teardown: an inbox must not be freed while a peer still has it mapped
 // (CUDA IPC leaves that undefined). close(), collective, is the handshake:
 // each rank unmaps next's inbox, sends "closed" to next, and frees its own
@@ -31,10 +43,10 @@
 // rank's engine, so no peer writes into the inbox any more; a surviving
 // peer unmaps it in its own destructor.
 //
-// Applies when every rank of the context is on this host and the device
-// supports interprocess memory (both the same on every rank: topology and
-// device kind are agreed). Construction is collective (handles are
-// exchanged with both neighbours).
+// Applies when the device supports interprocess memory, or when no two
+// neighbours in the ring share a host (every link staged); the same on
+// every rank: topology and device kind are agreed. Construction is
+// collective (handles are exchanged with the neighbours on this host).
 #pragma once
 
 #include <atomic>
@@ -69,6 +81,10 @@ class DeviceRing {
   // enqueued on its engine stream; Sum, Min, Max or Product.
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op);
 
+  // Every rank of the context on one host (no staged link anywhere): the
+  // same on every rank. `auto` takes the ring only then.
+  static bool oneHost(const Context& ctx);
+
   // The teardown handshake above; the ring serves nothing afterwards.
   // Throws CollectiveError if a neighbour does not answer by the deadline
   // (the inbox is then left to the destructor).
@@ -80,12 +96,20 @@ class DeviceRing {
  private:
   void send(const char* src, size_t bytes);
   void receive(char* dst, size_t bytes, DataType dtype, bool reduce, ReduceOp op);
+  // The same over a host-staged link (to next / from prev).
+  void sendStaged(const char* src, size_t bytes);
+  void receiveStaged(char* dst, size_t bytes, DataType dtype, bool reduce, ReduceOp op);
   void drain();
+  // Unregisters the host slots and frees them; after a failure
+  // (`transfers_may_be_open`), hands them to a staged link instead, which
+  // keeps them while a transfer it gave up on may still touch them.
+  void freeHostSlots(bool transfers_may_be_open);
 
   Context& ctx_;
   Device& dev_;
   size_t slot_bytes_;
   int next_ = 0, prev_ = 0;
+  bool next_staged_ = false, prev_staged_ = false;           // the link crosses hosts
   void* inbox_ = nullptr;                                    // mine: two slots, written by prev (null once closed)
   void* next_inbox_ = nullptr;                               // next's, opened here
   std::unique_ptr<Event> ready_[2], consumed_[2];            // mine (interprocess)
@@ -99,6 +123,15 @@ class DeviceRing {
   std::deque<uint64_t> out_words_;
   uint64_t closed_out_ = 0, closed_in_ = 0;  // close()'s messages
   std::vector<std::unique_ptr<LinkRequest>> out_requests_;
+  // Staged links: pinned host slots (two to send, two to receive), the
+  // pending send of each out slot, and the event after each in slot's copy
+  // to the device.
+  std::unique_ptr<char[]> host_storage_;
+  char* host_ = nullptr;  // host_storage_, page aligned
+  std::unique_ptr<LinkRequest> staged_sends_[2];
+  std::unique_ptr<Event> copied_;  // after a copy to a host out slot
+  std::unique_ptr<Event> landed_[2];
+  uint64_t landed_valid_ = 0;  // in slots whose landed_ event is recorded (bit k)
 };
 
 }  // namespace hvdtorch

@@ -84,10 +84,10 @@ struct DeviceStaging {
 // The device-native paths reduce device memory without the host: the
 // backend's device collectives (`native`, or `auto` wherever they serve:
 // NCCL on CUDA with one GPU per rank, what DDP runs, and the tested path)
-// and the device ring (device_ring.h; `ring`, or `auto` where the backend
-// does not serve, as for ranks sharing a GPU: on one host it moves each
-// byte once device to device, where staging moves it to the host and back
-// as well). Both need every piece on one device. What applies is agreed
+// and the device ring (device_ring.h; `ring`, or `auto` on one host where
+// the backend does not serve, as for ranks sharing a GPU: there it moves
+// each byte once device to device, where staging moves it to the host and
+// back as well). Both need every piece on one device. What applies is agreed
 // across ranks (the device kind, dtype and op are in the signature;
 // applicability is decided collectively on first use, in this order on
 // every rank), except the device index, this rank's own.
@@ -109,7 +109,11 @@ DevicePath devicePath(Executor& ex, const WorkUnit& unit, ReducerId asked, DataT
   Device& d = deviceFor(id);
   NativeCollectives* backend = ex.ctx().native();
   if (asked != ring && backend && backend->reducesOnDevice(d, dtype, op)) return {&d, false};
-  if (asked != native && ex.deviceRing(d)) return {&d, true};
+  // `auto` takes the ring on one host only (each byte moves once, device to
+  // device); across hosts its links stage through the host one segment at
+  // a time, where the staged node reducer reduces on the host in parallel.
+  const bool ring_allowed = asked == ring || (asked == kAutoReducer && DeviceRing::oneHost(ex.ctx()));
+  if (ring_allowed && ex.deviceRing(d)) return {&d, true};
   return {};
 }
 
