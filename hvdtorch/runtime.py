@@ -353,19 +353,32 @@ def next_name(kind: str) -> str:
 def take_part_while_joined(participant) -> None:
     """After this rank calls join(), ``participant`` still runs its ops with
     the others (named with _C.NO_STAND_IN_PREFIX, so that joined ranks are
-    not stood in for): join() calls ``participant.joined_round()`` until it
-    returns False (no rank runs another round). Held weakly, for this init()."""
+    not stood in for). Its contract: ``listen_while_joined()`` starts
+    waiting for what the ranks with data do next and returns a token;
+    ``heard(token)`` says, without blocking, whether that has arrived;
+    ``joined_phase(token)`` does it (blocking until it has arrived) and
+    returns False once every rank has joined. Held weakly, for this init()."""
     _require().join_participants.append(weakref.ref(participant))
 
 
 def run_joined_rounds() -> None:
-    """Inside join(), once this rank's join is submitted: round after round
-    of every live participant's joined_round(), each matching one round of
-    the ranks that still have data, until none of them runs another."""
+    """Inside join(), once this rank's join is submitted: every live
+    participant listens at once, and each does what the ranks with data
+    announce, in the order they announce it (a training loop may step two
+    optimizers in any order), until every one has heard that every rank
+    has joined."""
     st = _require()
     live = [p for p in (ref() for ref in st.join_participants) if p is not None]
+    tokens = [p.listen_while_joined() for p in live]
     while live:
-        live = [p for p in live if p.joined_round()]
+        ready = next((i for i, (p, t) in enumerate(zip(live, tokens)) if len(live) == 1 or p.heard(t)), None)
+        if ready is None:
+            time.sleep(0.0005)
+            continue
+        if live[ready].joined_phase(tokens[ready]):
+            tokens[ready] = live[ready].listen_while_joined()
+        else:
+            del live[ready], tokens[ready]
 
 
 def joined() -> None:

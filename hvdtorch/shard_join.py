@@ -14,9 +14,11 @@ Protocol, per sharded optimizer, on every rank of its process set:
     and are gathered). The announcement is a Max all-reduce of
     [phase, clip arguments, hyper-parameters]; a joined rank adds
     [NONE, -inf, ...], so it learns the phase and every value exactly.
-  * Inside join(), the joined rank listens: it runs each announced phase
-    with zero gradients, and leaves once an announcement comes back NONE
-    (every rank is listening: every rank has joined).
+  * Inside join(), the joined rank listens to every sharded optimizer it
+    has at once (runtime.run_joined_rounds): it runs each announced phase
+    with zero gradients, in the order the phases are announced, and leaves
+    once each optimizer's announcement comes back NONE (every rank is
+    listening: every rank has joined).
 Every rank with data must run the same phases: a rank that clips while
 another does not is a divergence, which the engine's stall timeout names.
 """
@@ -107,13 +109,21 @@ class Announcer:
         values = [float(phase), float(max_norm), float(norm_type), float(error_if_nonfinite)]
         self._pending = self._allreduce(values + encode_hyper_parameters(self._groups))
 
-    def listen(self) -> Tuple[int, Tuple[float, float, bool]]:
-        """A joined rank: waits for the next announcement; sets the announced
-        hyper-parameters on the groups; returns the phase (NONE: every rank
-        has joined) and the clip arguments."""
+    def listen(self) -> int:
+        """A joined rank: starts waiting for the next announcement; returns its handle."""
         self._finish_pending()
         n = 4 + len(encode_hyper_parameters(self._groups))
-        got = ops.synchronize(self._allreduce([float(NONE)] + [-math.inf] * (n - 1))).tolist()
+        return self._allreduce([float(NONE)] + [-math.inf] * (n - 1))
+
+    @staticmethod
+    def arrived(handle: int) -> bool:
+        return ops.poll(handle)
+
+    def heard(self, handle: int) -> Tuple[int, Tuple[float, float, bool]]:
+        """The announcement listen() waits for (blocking until it arrives):
+        sets the announced hyper-parameters on the groups; returns the phase
+        (NONE: every rank has joined) and the clip arguments."""
+        got = ops.synchronize(handle).tolist()
         phase = int(got[0])
         if phase != NONE:
             decode_hyper_parameters(self._groups, got[4:])

@@ -456,29 +456,35 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ---- after hvd.join() (shard_join.py) ------------------------------------------
 
-    def joined_round(self) -> bool:
-        """Inside hvd.join(): runs the phases of the others' next step with
-        zero gradients (the gradients of a partial accumulation are dropped,
-        as a joined rank's are in Horovod). False once every rank has joined."""
+    def listen_while_joined(self) -> int:
+        """Inside hvd.join(): starts waiting for what the others do next."""
+        return self._announcer.listen()
+
+    def heard(self, token: int) -> bool:
+        return self._announcer.arrived(token)
+
+    def joined_phase(self, token: int) -> bool:
+        """Inside hvd.join(): runs the phase the others announced with zero
+        gradients (the gradients of a partial accumulation are dropped, as a
+        joined rank's are in Horovod). False once every rank has joined."""
+        phase, clip = self._announcer.heard(token)
+        if phase == shard_join.NONE:
+            self.wait_parameters()
+            return False
         self._joined = True
         try:
-            while True:
-                phase, clip = self._announcer.listen()
-                if phase == shard_join.NONE:
-                    self.wait_parameters()
-                    return False
-                if not self._synchronized:
-                    self._grads.reset()
-                    self.zero_grad(set_to_none=True)
-                if phase == shard_join.SYNC:
-                    self._synchronize()
-                elif phase == shard_join.CLIP:
-                    self.clip_grad_norm_(*clip)
-                else:
-                    self.step()
-                    return True
+            if not self._synchronized:
+                self._grads.reset()
+                self.zero_grad(set_to_none=True)
+            if phase == shard_join.SYNC:
+                self._synchronize()
+            elif phase == shard_join.CLIP:
+                self.clip_grad_norm_(*clip)
+            else:
+                self.step()
         finally:
             self._joined = False
+        return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._grads.pending():

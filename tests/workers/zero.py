@@ -513,6 +513,25 @@ def check_join():
                 assert g["lr"] == want["initial_lr"] * 0.7 ** (steps_of(0) - 1), f"{what}: lr {g['lr']}"
             full["param_groups"] = ref_opt.state_dict()["param_groups"]
         assert_state_close(full, ref_opt.state_dict(), what, TOL[kind])
+
+    # Two sharded optimizers (a GAN's, say), stepped in the other order than
+    # they were made: a joined rank follows the order the others step them in.
+    refs = [copy.deepcopy(base), copy.deepcopy(base)]
+    ref_opts = [make_opt("sgd", refs[0]), make_opt("adam", refs[1])]
+    for s in range(steps_of(0)):
+        for ref, ref_opt in reversed(list(zip(refs, ref_opts))):
+            ref_opt.zero_grad()
+            (sum(local_loss(ref, s, k, n) for k in range(n) if steps_of(k) > s) / n).backward()
+            ref_opt.step()
+    pair = [sharded("sgd", base, 2, "optimizer"), sharded("adam", base, 1, "optimizer")]
+    for s in range(steps_of(r)):
+        for model, _, opt in reversed(pair):
+            opt.zero_grad()
+            local_loss(model, s, r, n).backward()
+            opt.step()
+    assert hvd.join() == 0
+    for (_, net, _), ref, kind in zip(pair, refs, ("sgd", "adam")):
+        assert_params_close(net, ref, f"join: two optimizers stepped in reverse order, {kind}", TOL[kind])
     hvd.shutdown()
 
 
