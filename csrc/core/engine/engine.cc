@@ -16,7 +16,8 @@ namespace hvdtorch {
 
 namespace {
 
-// The device ring's part of the configuration, alike for every set's executor.
+// The executor's part of the configuration (the device ring, the staging
+// segments), alike for every set's executor.
 ExecutorOptions executorOptions(const Config& config) {
   ExecutorOptions o;
   o.device_ring = {config.device_ring, config.ring_segment_bytes};
