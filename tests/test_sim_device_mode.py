@@ -9,7 +9,9 @@ import pytest
 
 from tests.harness import run_ranks
 
-SIM = {"HVDTORCH_SIM_DEVICE": "1"}
+# Device calibration off: `auto` takes its rule's route, the same in every run.
+# The calibration, which picks routes by measured time, has tests of its own.
+SIM = {"HVDTORCH_SIM_DEVICE": "1", "HVDTORCH_DEVICE_CALIBRATION_BYTES": "0"}
 SEGMENTS = {"HVDTORCH_STAGING_SEGMENT_BYTES": "4096"}
 
 CASES = [
@@ -83,6 +85,22 @@ def test_the_device_ring_across_hosts(hosts, interprocess):
 def test_auto_prefers_the_device_group_to_the_device_ring():
     env = {**SIM, "HVDTORCH_SIM_INTERPROCESS": "1"}
     run_ranks("tests.workers.sim_device:auto_prefers_the_device_group", 2, timeout=120, env=env)
+
+
+@pytest.mark.parametrize(
+    "costs,expect",
+    [({"HVDTORCH_SIM_HOST_COPY_US": "5000"}, "ring"), ({"HVDTORCH_SIM_KERNEL_US": "10000"}, "not-ring")],
+    ids=["slow-host-copies", "slow-kernels"],
+)
+def test_auto_calibrates_the_device_routes(costs, expect):
+    env = {
+        **SIM,
+        "HVDTORCH_SIM_INTERPROCESS": "1",
+        "HVDTORCH_SIM_MAX_DELAY_US": "0",
+        "HVDTORCH_DEVICE_CALIBRATION_BYTES": "65536",
+        **costs,
+    }
+    run_ranks("tests.workers.sim_device:auto_calibrated", 2, args=[expect], timeout=120, env=env)
 
 
 def test_the_device_ring_turned_off():

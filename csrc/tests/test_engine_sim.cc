@@ -33,6 +33,7 @@
 #include "dtype_values.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
+#include "ops/allreduce_routes.h"
 #include "ops/alltoall.h"
 #include "ops/broadcast.h"
 #include "ops/join.h"
@@ -575,7 +576,9 @@ TEST(native_auto_and_broadcast_through_the_backends_device_collectives) {
   // take, is staged. Element i on rank r: (r + 1) + i % 7, with prescale 2.
   const int p = 3;
   InProcDeviceCollectives backend(p);
-  Cluster c(p, testConfig(), nullptr, [&](int r) { return backend.of(r); });
+  Config config = testConfig();
+  config.device_calibration_bytes = 0;  // `auto` by its rule (the calibration's own test is below)
+  Cluster c(p, config, nullptr, [&](int r) { return backend.of(r); });
   int expected_calls = 0;
   for (const std::string reducer : {"native", "auto"}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
@@ -646,6 +649,52 @@ TEST(native_auto_and_broadcast_through_the_backends_device_collectives) {
   for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
   CHECK_MSG(backend.calls() == expected_calls + p, "broadcast: %d device collective calls, want %d", backend.calls(),
             expected_calls + p);
+}
+
+TEST(auto_calibrates_its_device_routes_once) {
+  // Where more than one route applies (the backend's device collectives and
+  // staging; the device ring does not apply in one process), the first
+  // `auto` all-reduce times them at three sizes (six runs of the backend
+  // each, warm-up included) and the later ones reuse what it measured; each
+  // takes one route, the same on every rank, and gives the right sums.
+  const int p = 3;
+  InProcDeviceCollectives backend(p);
+  Config config = testConfig();
+  config.device_calibration_bytes = 64 << 10;
+  Cluster c(p, config, nullptr, [&](int r) { return backend.of(r); });
+  const int calibrations = ops::deviceCalibrations();
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::string> errors(p);
+    c.onEveryRank([&](int r, Engine& eng) {
+      Caller caller(deviceOf(r));
+      ops::AllreduceOptions o;
+      o.name = strCat("calibrated.", round);
+      o.op = ReduceOp::kSum;
+      o.reducer = "auto";
+      o.inputs = {caller.upload(DataType::kFloat32, {11},
+                                hostValues(DataType::kFloat32, {11}, [&](size_t i) { return input(r, i); }), true)};
+      o.outputs = o.inputs;
+      const TensorPtr out = o.outputs[0];
+      const int64_t h = ops::allreduce(eng, std::move(o));
+      errors[r] = waitFor(eng, h);
+      if (!errors[r].empty()) return;
+      const auto got = caller.download(*eng.state(h), *out);
+      for (size_t i = 0; i < 11; ++i)
+        if (valueAt(DataType::kFloat32, got, i) != 6 + 3 * static_cast<double>(i % 7) && errors[r].empty())
+          errors[r] = strCat("[", i, "]: ", valueAt(DataType::kFloat32, got, i));
+      eng.release(h);
+    });
+    for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "round %d, rank %d: %s", round, r, errors[r].c_str());
+    CHECK_MSG(ops::deviceCalibrations() == calibrations + p, "round %d: %d calibrations, want %d (one per rank)", round,
+              ops::deviceCalibrations() - calibrations, p);
+  }
+  const std::string described = ops::lastDeviceCalibration();
+  CHECK_MSG(described.find("native") != std::string::npos && described.find("staged") != std::string::npos &&
+                described.find("ring") == std::string::npos,
+            "%s", described.c_str());
+  const int timed = 3 * 6 * p;  // three sizes, a warm-up and five repetitions, every rank
+  CHECK_MSG(backend.calls() >= timed && backend.calls() <= timed + 2 * p, "%d device collective calls, want %d-%d",
+            backend.calls(), timed, timed + 2 * p);
 }
 
 TEST(allgather_reducescatter_and_alltoall_through_the_backends_device_collectives) {

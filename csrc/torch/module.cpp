@@ -23,6 +23,7 @@
 #include "grad_reducer.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
+#include "ops/allreduce_routes.h"
 #include "ops/alltoall.h"
 #include "ops/barrier.h"
 #include "ops/broadcast.h"
@@ -480,6 +481,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_ring_runs", &DeviceRing::runs);
   // All-reduces this process ran through the device group (c10d_device_collectives.h), for tests.
   m.def("device_native_runs", &C10dDeviceCollectives::runs);
+  // Device calibrations this process ran for reducer=auto, and the last one's times (ops/allreduce_routes.h).
+  m.def("device_calibrations", &ops::deviceCalibrations);
+  m.def("last_device_calibration", &ops::lastDeviceCalibration);
   // Removes what killed jobs left in /dev/shm (segments of hvdtorch jobs whose creator is dead); init() calls it.
   m.def("remove_dead_shm_segments", [] { return ShmSegment::removeDeadJobSegments(); });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

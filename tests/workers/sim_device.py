@@ -167,6 +167,42 @@ def auto_prefers_the_device_group() -> None:
     hvd.shutdown()
 
 
+def auto_calibrated(expect: str) -> None:
+    """reducer="auto" on interprocess devices where the device group, the
+    device ring and staging all apply: the first auto all-reduce measures
+    the three routes once (HVDTORCH_DEVICE_CALIBRATION_BYTES), and the
+    following ones take the route the measurement favours. The test makes
+    one route slow through the simulated device's costs: `expect` "ring"
+    (host copies slow: the device group and staging both copy through the
+    host) or "not-ring" (reduction kernels slow: only the ring runs them)."""
+    import torch
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    want = torch.full((1000,), float(n * (n + 1) // 2))
+    # The first auto all-reduce on the device calibrates, the others do not.
+    got = hvd.allreduce(torch.full((1000,), float(r + 1)), op=hvd.Sum, name="first", reducer="auto")
+    assert torch.equal(got, want), f"rank {r}: first {got[:4]}"
+    assert _C.device_calibrations() == 1, f"rank {r}: {_C.device_calibrations()} calibrations, want 1"
+    described = _C.last_device_calibration()
+    for route in ("native", "ring", "staged"):
+        assert route in described, f"rank {r}: the calibration did not time {route}: {described}"
+    ring, native = _C.device_ring_runs(), _C.device_native_runs()
+    got = hvd.allreduce(torch.full((1000,), float(r + 1)), op=hvd.Sum, name="second", reducer="auto")
+    assert torch.equal(got, want), f"rank {r}: second {got[:4]}"
+    group = hvd.grouped_allreduce([torch.full((k + 5,), float(r + k)) for k in range(3)], op=hvd.Sum, name="group")
+    for k, t in enumerate(group):
+        assert torch.equal(t, torch.full((k + 5,), float(n * (n - 1) // 2 + n * k))), f"rank {r}: group {k} {t}"
+    assert _C.device_calibrations() == 1, f"rank {r}: calibrated again"
+    took_ring = _C.device_ring_runs() - ring
+    if expect == "ring":
+        assert took_ring == 2, f"rank {r}: {took_ring} of 2 auto all-reduces took the device ring ({described})"
+        assert _C.device_native_runs() == native, f"rank {r}: auto took the device group ({described})"
+    else:
+        assert took_ring == 0, f"rank {r}: auto took the device ring with slow kernels ({described})"
+    hvd.shutdown()
+
+
 def device_ring_turned_off() -> None:
     """HVDTORCH_DEVICE_RING=0: reducer="ring" on device tensors is staged
     through the host ring although the devices share memory."""

@@ -36,6 +36,12 @@ const std::vector<Config::Knob>& Config::knobs() {
        "bytes per segment of an all-reduce of device tensors staged through host memory: the copies of each "
        "segment to and from the GPU overlap the host reduction of the others; 0: the whole unit at once; must be "
        "the same on every rank"},
+      {"DEVICE_CALIBRATION_BYTES", "16777216",
+       "largest all-reduce that reducer=auto times on each route for device tensors (the device group, the device "
+       "ring, staging through the host; also at 1/16 and 1/256 of it), once, in the first such all-reduce where "
+       "more than one route applies; auto then leaves its rule (the device group where it serves, the device ring "
+       "on one host, staging otherwise) only for a route measured at least 20% faster; 0: the rule alone; must be "
+       "the same on every rank"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
       {"TIMELINE", "",
        "Chrome-trace file written by rank 0 from init() on ({rank} in the path: one file per rank); phases "
@@ -116,6 +122,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     device_ring = toBool(key, v);
   } else if (key == "STAGING_SEGMENT_BYTES") {
     staging_segment_bytes = static_cast<size_t>(toNumber(key, v));
+  } else if (key == "DEVICE_CALIBRATION_BYTES") {
+    device_calibration_bytes = static_cast<size_t>(toNumber(key, v));
   } else if (key == "RING_WINDOW") {
     ring_window = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "TIMELINE") {

@@ -25,6 +25,7 @@ struct Config {
   int ring_window = 4;                                                // HVDTORCH_RING_WINDOW
   bool device_ring = true;                                            // HVDTORCH_DEVICE_RING
   size_t staging_segment_bytes = 8u << 20;                            // HVDTORCH_STAGING_SEGMENT_BYTES
+  size_t device_calibration_bytes = 16u << 20;                        // HVDTORCH_DEVICE_CALIBRATION_BYTES
   int central_shards = 1;                                             // HVDTORCH_CENTRAL_SHARDS
   bool calibrate = true;                                              // HVDTORCH_CALIBRATE
   std::string timeline;                                               // HVDTORCH_TIMELINE (path)

@@ -44,6 +44,12 @@ int64_t envInt(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   return x;
 }
 
+// An operation's simulated cost beyond its work (SimOptions::host_copy_us,
+// kernel_us): the stream's thread sleeps, taking no CPU.
+void costs(int microseconds) {
+  if (microseconds > 0) std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
+}
+
 uint64_t splitmix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -368,14 +374,20 @@ class SimDevice : public Device {
     checkHost(host_dst, bytes, "copyToHost", "host_dst");
     countIfUnpinned(host_dst, bytes, s);
     const char* x = shadow(src, bytes, "copyToHost", "src");
-    enqueue(s, "copyToHost", [host_dst, x, bytes] { std::memcpy(host_dst, x, bytes); });
+    enqueue(s, "copyToHost", [host_dst, x, bytes, us = opt_.host_copy_us] {
+      std::memcpy(host_dst, x, bytes);
+      costs(us);
+    });
   }
   void copyFromHost(void* dst, const void* host_src, size_t bytes, Stream* s) override {
     if (bytes == 0) return;
     checkHost(host_src, bytes, "copyFromHost", "host_src");
     countIfUnpinned(host_src, bytes, s);
     char* d = shadow(dst, bytes, "copyFromHost", "dst");
-    enqueue(s, "copyFromHost", [d, host_src, bytes] { std::memcpy(d, host_src, bytes); });
+    enqueue(s, "copyFromHost", [d, host_src, bytes, us = opt_.host_copy_us] {
+      std::memcpy(d, host_src, bytes);
+      costs(us);
+    });
   }
   void fill(void* dst, size_t bytes, uint8_t byte, Stream* s) override {
     if (bytes == 0) return;
@@ -391,7 +403,10 @@ class SimDevice : public Device {
     const size_t bytes = count * dtypeSize(dtype);
     char* d = shadow(dst, bytes, "reduceInto", "dst");
     const char* x = shadow(src, bytes, "reduceInto", "src");
-    enqueue(s, "reduceInto", [=] { hvdtorch::reduceInto(d, x, count, dtype, op); });
+    enqueue(s, "reduceInto", [=, us = opt_.kernel_us] {
+      hvdtorch::reduceInto(d, x, count, dtype, op);
+      costs(us);
+    });
   }
 
   void copyScaled(void* dst, const void* src, size_t count, DataType dtype, double factor, Stream* s) override {
@@ -690,6 +705,8 @@ SimOptions SimOptions::fromEnv() {
   o.seed = static_cast<uint64_t>(envInt("HVDTORCH_SIM_SEED", static_cast<int64_t>(o.seed), 0, INT64_MAX));
   o.max_delay_us = static_cast<int>(envInt("HVDTORCH_SIM_MAX_DELAY_US", o.max_delay_us, 0, 1000000));
   o.interprocess = envInt("HVDTORCH_SIM_INTERPROCESS", o.interprocess ? 1 : 0, 0, 1) != 0;
+  o.host_copy_us = static_cast<int>(envInt("HVDTORCH_SIM_HOST_COPY_US", o.host_copy_us, 0, 1000000));
+  o.kernel_us = static_cast<int>(envInt("HVDTORCH_SIM_KERNEL_US", o.kernel_us, 0, 1000000));
   return o;
 }
 

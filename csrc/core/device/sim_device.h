@@ -51,10 +51,17 @@ struct SimOptions {
   uint64_t seed = 1;       // seeds every stream's delays
   int max_delay_us = 200;  // each operation waits uniformly in [0, max_delay_us]
   bool interprocess = false;
+  // What the device's operations cost beyond their work, as a sleep on the
+  // stream's thread (no CPU taken): each copy between host and device
+  // (host_copy_us) and each reduction kernel (kernel_us). Tests make one
+  // route of the all-reduce measurably slower than another with them.
+  int host_copy_us = 0;
+  int kernel_us = 0;
 
-  // Defaults overridden by HVDTORCH_SIM_SEED, HVDTORCH_SIM_MAX_DELAY_US and
-  // HVDTORCH_SIM_INTERPROCESS (0/1); a malformed value throws InvalidArgument
-  // naming the variable.
+  // Defaults overridden by HVDTORCH_SIM_SEED, HVDTORCH_SIM_MAX_DELAY_US,
+  // HVDTORCH_SIM_INTERPROCESS (0/1), HVDTORCH_SIM_HOST_COPY_US and
+  // HVDTORCH_SIM_KERNEL_US; a malformed value throws InvalidArgument naming
+  // the variable.
   static SimOptions fromEnv();
 };
 

@@ -17,11 +17,12 @@ namespace hvdtorch {
 namespace {
 
 // The executor's part of the configuration (the device ring, the staging
-// segments), alike for every set's executor.
+// segments, the device calibration), alike for every set's executor.
 ExecutorOptions executorOptions(const Config& config) {
   ExecutorOptions o;
   o.device_ring = {config.device_ring, config.ring_segment_bytes};
   o.staging_segment_bytes = config.staging_segment_bytes;
+  o.device_calibration_bytes = config.device_calibration_bytes;
   return o;
 }
 

@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "algorithms/device_ring.h"
+#include "algorithms/device_routes.h"
 #include "algorithms/reducer_set.h"
 #include "engine/entry.h"
 #include "engine/fusion.h"
@@ -37,6 +38,10 @@ struct ExecutorOptions {
   // 0: the whole unit at once). Each segment is a collective: the same on
   // every rank.
   size_t staging_segment_bytes = 8 << 20;
+  // The largest all-reduce the device calibration times for `auto`
+  // (ops/allreduce_routes.h; HVDTORCH_DEVICE_CALIBRATION_BYTES); 0: none,
+  // `auto` follows its rule. Alike on every rank.
+  size_t device_calibration_bytes = 16 << 20;
 };
 
 class Executor {
@@ -99,6 +104,14 @@ class Executor {
   // every rank. Otherwise null: device tensors are staged through pinned
   // host memory (StagedEntry::stageIn), host tensors left as they are.
   Device* deviceOrStage(Entry& entry, std::optional<ReduceOp> reduce = std::nullopt);
+  // What the device calibration learnt on `device` (ops/allreduce_routes.h):
+  // `calibrated` once it was decided, `model` where it measured (more than
+  // one route applied).
+  struct DeviceRoutes {
+    bool calibrated = false;
+    std::optional<DeviceRouteModel> model;
+  };
+  DeviceRoutes& deviceRoutes(Device& device) { return device_routes_[&device]; }
 
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);
@@ -119,6 +132,7 @@ class Executor {
   };
   std::map<Device*, DeviceBuffer> device_fusion_;
   std::map<Device*, std::unique_ptr<DeviceRing>> device_rings_;  // null: does not apply
+  std::map<Device*, DeviceRoutes> device_routes_;
   struct InFlight {
     Device* device;
     std::shared_ptr<Event> done;
