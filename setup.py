@@ -109,6 +109,8 @@ class CMakeBuild(build_ext):
             # The CUDA device is compiled where torch can hand it CUDA tensors.
             "-DHVDTORCH_CUDA=" + ("ON" if with_cuda and _env_flag("HVDTORCH_CUDA", True) else "OFF"),
             "-DHVDTORCH_BUILD_TESTS=" + ("ON" if _env_flag("HVDTORCH_BUILD_TESTS", False) else "OFF"),
+            # make test-asan-py: the extension itself under ASan+UBSan (empty: none).
+            "-DHVDTORCH_SANITIZE=" + os.environ.get("HVDTORCH_SANITIZE", ""),
             "-DPython3_EXECUTABLE=" + sys.executable,
         ]
         if os.environ.get("CMAKE_CUDA_ARCHITECTURES"):

@@ -39,7 +39,11 @@ def test_quick_demo_learns_and_scales():
     assert last < 0.5 * first
     accs = [float(a) for a in re.findall(r"held-out accuracy +(\d+\.\d)%", out)]
     assert len(accs) == 6 and accs[2] > accs[0] and accs[2] > 50  # three evaluations per run, two runs
-    assert accs[:3] == accs[3:]  # 2 processes score like 1
+    # 2 processes score like 1. Their gradients differ in rounding (the average of two half-batch
+    # means against one mean), which can move a held-out sample across the decision boundary: a
+    # point of accuracy is 10 of the 1,000 held-out images. The loss curves are compared by the
+    # demo itself, with its tolerance.
+    assert all(abs(a - b) <= 1.0 for a, b in zip(accs[:3], accs[3:])), accs
     assert "1 and 2 processes follow the same loss curve" in out
     assert "it/s" in p.stderr or "step/s" in p.stderr  # the tqdm bar
     assert re.search(r"1 process : +\d+\.\d img/s", out) and re.search(r"2 processes: +\d+\.\d img/s", out)

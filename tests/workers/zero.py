@@ -262,8 +262,11 @@ def check_accumulation_clipping_compression():
             mixed_opt.step()
         assert_params_close(net, ref, f"fp16 compression shard={shard}", 2e-3)
         assert mixed[1].weight.dtype == torch.bfloat16
-        # bfloat16 activations round differently when the batch is split: a loose relative tolerance.
-        assert_params_close(mixed, ref_mixed, f"bfloat16 parameters shard={shard}", 2e-2, rtol=5e-2)
+        # bfloat16 activations round differently when the batch is split, and each reducer sums the
+        # ranks' bfloat16 gradients in its own order: the weights, which move by up to 6.4 here, end
+        # up to a few bfloat16 steps (1/32 at 4-8) apart (0.094 measured with the ring). A missing
+        # or unaveraged reduction puts them 6.5 or thousands apart.
+        assert_params_close(mixed, ref_mixed, f"bfloat16 parameters shard={shard}", 0.25, rtol=5e-2)
 
         # Uneven data: a rank out of batches steps without backward (zero gradients,
         # as join would count it), and training equals the reference on what was there.
