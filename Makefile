@@ -168,7 +168,7 @@ test-tsan: $(VENV)/.system-deps
 # build stays as it is. Python is not instrumented: the ASan runtime and libstdc++ are preloaded
 # (ASan must come first, and finds C++ exceptions' __cxa_throw only if libstdc++ is loaded by then),
 # and leak checking is off (the interpreter and torch keep memory until exit). Not part of CI
-# (about 10 minutes on 2 cores).
+# (about 6 minutes on 2 cores).
 ASAN_PY := build/asan-py
 test-asan-py: $(VENV)/.deps
 	rm -rf $(ASAN_PY)/tree && mkdir -p $(ASAN_PY)/tree
