@@ -92,8 +92,9 @@ def test_auto_prefers_the_device_group_to_the_device_ring():
     [({"HVDTORCH_SIM_HOST_COPY_US": "5000"}, "ring"), ({"HVDTORCH_SIM_KERNEL_US": "10000"}, "not-ring")],
     ids=["slow-host-copies", "slow-kernels"],
 )
-def test_auto_calibrates_the_device_routes(costs, expect):
+def test_auto_calibrates_the_device_routes(costs, expect, tmp_path):
     env = {
+        "HVDTORCH_TIMELINE": str(tmp_path / "trace-{rank}.json"),
         **SIM,
         "HVDTORCH_SIM_INTERPROCESS": "1",
         "HVDTORCH_SIM_MAX_DELAY_US": "0",

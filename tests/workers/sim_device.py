@@ -3,6 +3,8 @@ simulated-device memory (HVDTORCH_SIM_DEVICE=1, set by the test), then checks
 that the device paths were taken and staged through pinned memory only."""
 
 import importlib
+import json
+import os
 import time
 
 import hvdtorch as hvd
@@ -201,6 +203,11 @@ def auto_calibrated(expect: str) -> None:
     else:
         assert took_ring == 0, f"rank {r}: auto took the device ring with slow kernels ({described})"
     hvd.shutdown()
+    # The timeline shows the calibration as a phase of the op that ran it, and of no other.
+    events = json.load(open(os.environ["HVDTORCH_TIMELINE"].replace("{rank}", str(r))))
+    ops = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    calibrating = sorted({ops[e["pid"]] for e in events if e["name"] == "DEVICE_CALIBRATION" and e["ph"] == "B"})
+    assert len(calibrating) == 1 and "first" in calibrating[0], f"rank {r}: calibration phases on {calibrating}"
 
 
 def device_ring_turned_off() -> None:

@@ -46,7 +46,8 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"TIMELINE", "",
        "Chrome-trace file written by rank 0 from init() on ({rank} in the path: one file per rank); phases "
        "NEGOTIATE, QUEUE, MEMCPY_IN_FUSION, ALLREDUCE:<reducer>, MEMCPY_OUT_FUSION, ALLGATHER, BROADCAST, "
-       "ALLTOALL, REDUCESCATTER per op; hvd.start_timeline()/stop_timeline() do the same at run time; empty: off"},
+       "ALLTOALL, REDUCESCATTER per op (and DEVICE_CALIBRATION on the op that timed the device routes); "
+       "hvd.start_timeline()/stop_timeline() do the same at run time; empty: off"},
       {"CALIBRATE", "1", "time the reducers at 4-64 KiB at init for reducer=auto; 0 leaves that to the online timing"},
       {"HOSTNAME", "",
        "this rank's host identity: ranks with equal names share memory (emulates several hosts on one machine); "
