@@ -106,6 +106,8 @@ _PYTHON_KNOBS = [
     ("HVDTORCH_SIM_SEED", "1", "simulated device (tests): seed of its streams' random delays"),
     ("HVDTORCH_SIM_MAX_DELAY_US", "200", "simulated device (tests): longest random delay of one operation, in us"),
     ("HVDTORCH_SIM_INTERPROCESS", "0", "simulated device (tests): 1 keeps its memory and events in shared memory"),
+    ("HVDTORCH_SIM_HOST_COPY_US", "0", "simulated device (tests): extra cost of each copy to or from the host, in us"),
+    ("HVDTORCH_SIM_KERNEL_US", "0", "simulated device (tests): extra cost of each reduction kernel, in us"),
 ]
 
 
