@@ -161,15 +161,11 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   const ReduceOp op = Executor::reducedOp(args.op);
-  static const ReducerId ring = parseReducer("ring");
-  static const ReducerId native = parseReducer("native");
-  const bool may_stay_on_device = args.reducer == ring || args.reducer == native || args.reducer == kAutoReducer;
-  if (on_device && ex.ctx().size() > 1 && may_stay_on_device) {
+  if (on_device && ex.ctx().size() > 1 && hasDeviceRoutes(args.reducer)) {
     Device& d = unitDevice(unit, args.reducer);
     // The first `auto` all-reduce of a device may time its routes
     // (allreduce_routes.h): a phase of this op on the timeline.
-    const bool deciding = args.reducer == kAutoReducer && !ex.deviceRoutes(d).calibrated &&
-                          ex.options().device_calibration_bytes > 0;
+    const bool deciding = calibratesNext(ex, d, args.reducer);
     if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", true);
     const DevicePath path = devicePath(ex, d, args.reducer, dtype, op, count * dtypeSize(dtype));
     if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", false);

@@ -98,6 +98,16 @@ DeviceRouteModel calibrate(Executor& ex, Device& d, const DeviceRouteMask& route
 
 }  // namespace
 
+bool hasDeviceRoutes(ReducerId asked) {
+  static const ReducerId ring = parseReducer("ring");
+  static const ReducerId native = parseReducer("native");
+  return asked == ring || asked == native || asked == kAutoReducer;
+}
+
+bool calibratesNext(Executor& ex, Device& d, ReducerId asked) {
+  return asked == kAutoReducer && !ex.deviceRoutes(d).calibrated && ex.options().device_calibration_bytes > 0;
+}
+
 DevicePath devicePath(Executor& ex, Device& d, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes) {
   static const ReducerId ring = parseReducer("ring");
   static const ReducerId native = parseReducer("native");
@@ -107,7 +117,7 @@ DevicePath devicePath(Executor& ex, Device& d, ReducerId asked, DataType dtype, 
   if (asked != kAutoReducer) return {};
 
   Executor::DeviceRoutes& routes = ex.deviceRoutes(d);
-  if (!routes.calibrated && ex.options().device_calibration_bytes > 0) {
+  if (calibratesNext(ex, d, asked)) {
     // The routes that apply at all (float32 Sum: what every route serves).
     // Each check is a collective on first use: the same order on every rank.
     DeviceRouteMask applies{};

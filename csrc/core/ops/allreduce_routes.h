@@ -34,6 +34,14 @@ struct DevicePath {
   bool ring = false;         // the device ring; else the backend's device collectives
 };
 
+// Whether reducer `asked` may keep device tensors on the device (ring,
+// native, auto); every other reducer stages them.
+bool hasDeviceRoutes(ReducerId asked);
+
+// Whether devicePath() for `asked` on `device` decides `auto`'s routes
+// first (the calibration, where more than one route applies).
+bool calibratesNext(Executor& ex, Device& device, ReducerId asked);
+
 // The route of an all-reduce of `bytes` of `dtype`/`op` (the reduced op)
 // on `device` for reducer `asked` (a registered reducer or kAutoReducer).
 // May run the calibration (a collective). On the executor thread.
