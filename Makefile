@@ -8,7 +8,7 @@
 # make soak     20,000 DistributedModel steps and 1,000 init()/shutdown() cycles, nothing may grow
 # make bench-training  hvdtorch vs Horovod 0.28.1, DDP and solo, training img/s under mpirun and torchrun (not part of make test)
 # make test-cuda-build  the CUDA build against torch 2.14.1 in .venv-cuda (no GPU needed), then its checks and tests
-# make gpu-check OUT=<dir>  on a GPU machine: build, device/engine suites on cuda:0, GPU tests, GPU benchmarks
+# make gpu-check PHASE=tests|bench OUT=<dir>  on a GPU machine: build, CUDA suites and memcheck, GPU tests; GPU benchmarks
 
 # make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
 # make format apply clang-format (csrc) and ruff's import sorting and formatter
@@ -126,9 +126,16 @@ test-cuda-build: cuda-build
 # On a machine with a GPU (its plain python3 holding a CUDA torch): build, the
 # device and engine suites on cuda:0, the GPU tests, the GPU benchmarks; logs,
 # CSV and plots under OUT. tools/gpu_check.py says what runs.
+# PHASE=tests or bench (each a few minutes); ONLY=step,step reruns some steps;
+# REUSE_BUILD=1 takes the tree's build for this python3 where it imports;
+# REHEARSE=1 runs the benchmark scripts on the CPU where no GPU is visible.
+PHASE ?= tests
+ONLY ?=
+BUDGET ?= 330
 gpu-check:
-	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=<dir>"; exit 2; }
-	python3 tools/gpu_check.py --out $(OUT)
+	@test -n "$(OUT)" || { echo "usage: make gpu-check PHASE=tests|bench OUT=<dir> [ONLY=step,...]"; exit 2; }
+	python3 tools/gpu_check.py --phase $(PHASE) --out $(OUT) --budget $(BUDGET) \
+	  $(if $(ONLY),--only $(ONLY)) $(if $(filter 1,$(REUSE_BUILD)),--reuse-build) $(if $(filter 1,$(REHEARSE)),--rehearse)
 
 # ---- sanitizers and fuzzing (clang 19, with the system packages) ---------------
 SAN_CMAKE = cmake -S . -G Ninja -DCMAKE_CXX_COMPILER=$(CLANGXX) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVDTORCH_CUDA=OFF

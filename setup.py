@@ -13,6 +13,8 @@ Environment (all optional):
     HVDTORCH_CUDA         0: leave the CUDA device out even where torch is a CUDA build
     CMAKE_CUDA_ARCHITECTURES  GPU architectures of the CUDA device (default 90: Hopper)
     MAX_JOBS              parallel compile jobs (default 2)
+    HVDTORCH_BUILD_TARGETS  CMake targets to build, space-separated (default: all); make gpu-check
+                          builds only the extension and the CUDA suites
 """
 
 import os
@@ -119,7 +121,9 @@ class CMakeBuild(build_ext):
             args += ["-G", "Ninja"] if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")) else []
         subprocess.check_call(args)
         jobs = os.environ.get("MAX_JOBS", "2")
-        subprocess.check_call(["cmake", "--build", build_dir, "--", "-j" + jobs])
+        targets = os.environ.get("HVDTORCH_BUILD_TARGETS", "").split()
+        target_args = ["--target", *targets] if targets else []
+        subprocess.check_call(["cmake", "--build", build_dir, *target_args, "--", "-j" + jobs])
 
 
 # Name, version, dependencies and the rest of the metadata: [project] in

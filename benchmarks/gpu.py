@@ -1,22 +1,35 @@
-"""GPU benchmarks (make gpu-check runs them on the GPU machine).
+"""GPU benchmarks (make gpu-check PHASE=bench runs them on the GPU machine).
 
-    python benchmarks/gpu.py allreduce --ranks 2 --max-bytes 1G --out DIR
-    python benchmarks/gpu.py googlenet --out DIR
+    python benchmarks/gpu.py allreduce --ranks 1,2 --max-bytes 256M --out DIR
+    python benchmarks/gpu.py googlenet --ranks 1,2 --out DIR
 
-allreduce: every hvdtorch reducer on CUDA tensors against torch.distributed's
-Gloo on the same CUDA tensors, in the same processes (ranks share cuda:0:
-NCCL refuses two ranks on one GPU), and NCCL at one rank in a separate job;
-with the device-to-device copy bandwidth (bytes / time of one copy) as the
-physical reference. Per size (4 KiB .. --max-bytes, x4): median time of
---reps interleaved rounds (a barrier before each), its min-max spread,
-algbw = bytes / time, busbw = algbw * 2(n-1)/n, and each reducer's busbw
-ratio to Gloo's. CSV (and a PNG where matplotlib imports) under --out.
+allreduce: float32 Sum all-reduce on cuda:0 per route, each against the
+device-to-device copy of the same bytes (one cudaMemcpy on the GPU: the
+physical reference) and a peer in the same processes. At one rank: NCCL
+through hvdtorch (reducer="native") and NCCL called directly
+(torch.distributed); at two ranks sharing the GPU (NCCL refuses two ranks on
+one GPU): the device ring over CUDA IPC (reducer="ring"), staging through
+pinned host memory (reducer="node": the host reduction in shared memory;
+reducer="central"), reducer="auto", and torch.distributed's Gloo on the same
+CUDA tensors. Per size (4 KiB .. --max-bytes, x4): the median time of --reps
+interleaved rounds (a barrier before each, the GPU drained after), its
+min-max, algbw = bytes / time, busbw = algbw * 2(n-1)/n (at one rank:
+algbw), and busbw over the copy's bandwidth (bytes / copy time). Every
+route's result is checked once per size before its times count. Which route
+auto took at each size is read off the engine's counters (device ring runs,
+NCCL runs; neither: staged) and set beside the fastest measured route; rank
+0 also prints auto's calibration. CSV (and a PNG where matplotlib imports)
+under --out.
 
-googlenet: GoogLeNet (benchmarks/workloads: torchvision's where it imports),
-batch 128 per rank, 112 px synthetic images, SGD: images/s of the bare model
+googlenet: torchvision's GoogLeNet (benchmarks/workloads), batch 128 per
+rank, 224 px synthetic images, SGD with momentum: images/s of the bare model
 and of DistributedModel at one rank (the overhead), and at two ranks sharing
-the GPU, DistributedModel against DDP (Gloo: NCCL cannot share a GPU) and
-hvd.DistributedOptimizer, interleaved rounds, medians with spread.
+the GPU DistributedModel against DDP (Gloo: NCCL cannot share a GPU) and
+hvd.DistributedOptimizer; interleaved rounds (a barrier before each), medians
+with min-max.
+
+--device cpu runs both on CPU tensors (memcpy as the copy, Gloo where NCCL
+would be), which only checks the script itself on a machine without a GPU.
 """
 
 import argparse
@@ -28,7 +41,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REDUCERS = ["ring", "central", "node", "auto"]
+COPY = "d2d copy"
 
 
 def parse_bytes(s: str) -> int:
@@ -47,7 +60,38 @@ def median_spread(xs):
     return statistics.median(xs), min(xs), max(xs)
 
 
+class Device:
+    """cuda:0, or the CPU for --device cpu."""
+
+    def __init__(self, kind: str):
+        import torch
+
+        self.torch = torch
+        self.cuda = kind == "cuda"
+        self.name = "cuda:0" if self.cuda else "cpu"
+        if self.cuda:
+            torch.cuda.set_device(0)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+
 # ---- all-reduce -----------------------------------------------------------------
+
+
+def routes(n: int):
+    """(label, how) for this many ranks; how: ("hvd", reducer) or ("torch", group name). On CUDA
+    tensors hvd native is NCCL, hvd ring the device ring, hvd node and central are staged."""
+    if n == 1:
+        return [("hvd native", ("hvd", "native")), ("hvd auto", ("hvd", "auto")), ("torch nccl", ("torch", "nccl"))]
+    return [
+        ("hvd ring", ("hvd", "ring")),
+        ("hvd node", ("hvd", "node")),
+        ("hvd central", ("hvd", "central")),
+        ("hvd auto", ("hvd", "auto")),
+        ("torch gloo", ("torch", "gloo")),
+    ]
 
 
 def allreduce_worker(a) -> None:
@@ -55,81 +99,97 @@ def allreduce_worker(a) -> None:
     import torch.distributed as dist
 
     import hvdtorch as hvd
+    from hvdtorch import _C
 
-    torch.cuda.set_device(0)
+    dev = Device(a.device)
     dist.init_process_group("gloo")
     hvd.init()
     n, me = hvd.size(), hvd.rank()
-    nccl = dist.new_group(backend="nccl") if n == 1 else None
+    groups = {"gloo": dist.group.WORLD}
+    if n == 1:
+        groups["nccl"] = dist.new_group(backend="nccl" if dev.cuda else "gloo")
+    table = routes(n)
     sizes, b = [], 4 << 10
     while b <= a.max_bytes:
         sizes.append(b)
         b *= 4
-    impls = [f"hvd:{r}" for r in REDUCERS] + (["nccl"] if nccl is not None else ["gloo"])
-    rows = []
+    rows, auto_routes = [], {}
     for size in sizes:
-        x = torch.ones(size // 4, dtype=torch.float32, device="cuda:0")
+        x = torch.ones(size // 4, dtype=torch.float32, device=dev.name)
         dst = torch.empty_like(x)
-        times = {i: [] for i in impls + ["d2d copy"]}
+        labels = [label for label, _ in table] + [COPY]
+        times = {label: [] for label in labels}
         reps = a.reps if size < (256 << 20) else max(3, a.reps // 2)
-        for rep in range(reps + 1):  # the first round warms up and is dropped
-            for impl in impls + ["d2d copy"]:
-                torch.cuda.synchronize()
-                dist.barrier()
-                t0 = time.perf_counter()
-                if impl.startswith("hvd:"):
-                    hvd.allreduce_(x, op=hvd.Sum, name=f"bench.{size}", reducer=impl[4:])
-                elif impl == "gloo":
-                    dist.all_reduce(x)
-                elif impl == "nccl":
-                    dist.all_reduce(x, group=nccl)
-                else:
-                    dst.copy_(x)
-                torch.cuda.synchronize()
-                if rep:
-                    times[impl].append(time.perf_counter() - t0)
+        for rep in range(reps + 1):  # the first round warms up, checks the results and is dropped
+            for label, how in table + [(COPY, None)]:
                 x.fill_(1.0)
-        for impl, ts in times.items():
+                dev.sync()
+                dist.barrier()
+                counters = (_C.device_ring_runs(), _C.device_native_runs())
+                t0 = time.perf_counter()
+                if how is None:
+                    dst.copy_(x)
+                elif how[0] == "hvd":
+                    hvd.allreduce_(x, op=hvd.Sum, name=f"bench.{how[1]}.{size}", reducer=how[1])
+                else:
+                    dist.all_reduce(x, group=groups[how[1]])
+                dev.sync()
+                took = time.perf_counter() - t0
+                if rep == 0 and how is not None:
+                    lo, hi = float(x.min()), float(x.max())
+                    assert lo == hi == n, f"{label} at {size} B: the sum is {lo}..{hi}, not {n}"
+                if rep == 0 and how == ("hvd", "auto"):
+                    ring, native = _C.device_ring_runs() - counters[0], _C.device_native_runs() - counters[1]
+                    auto_routes[size] = "device ring" if ring else "NCCL" if native else "staged"
+                if rep:
+                    times[label].append(took)
+        copy_median = statistics.median(times[COPY])
+        for label, ts in times.items():
             med, lo, hi = median_spread(ts)
             algbw = size / med / 1e9
-            bus = algbw * (2 * (n - 1) / n if impl != "d2d copy" else 1.0)
+            bus = algbw * (2 * (n - 1) / n if label != COPY and n > 1 else 1.0)
             rows.append(
                 {
                     "ranks": n,
                     "bytes": size,
-                    "impl": impl,
+                    "route": label,
                     "median_s": med,
                     "min_s": lo,
                     "max_s": hi,
                     "algbw_GBps": algbw,
                     "busbw_GBps": bus,
+                    "busbw_over_copy": bus / (size / copy_median / 1e9),
+                    "auto_took": auto_routes.get(size, "") if label == "hvd auto" else "",
                 }
             )
     if me == 0:
-        report_allreduce(rows, a.out, n)
+        report_allreduce(rows, a.out, n, dev.name, _C.last_device_calibration())
     hvd.shutdown()
     dist.destroy_process_group()
 
 
-def report_allreduce(rows, out: str, n: int) -> None:
+def report_allreduce(rows, out: str, n: int, where: str, calibration: str) -> None:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"gpu_allreduce_{n}ranks.csv")
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    peer = "gloo" if n > 1 else "nccl"
-    print(f"\nall-reduce on cuda:0, {n} rank(s); busbw GB/s (median, min-max of rounds); ratio to {peer}")
-    by = {(r["bytes"], r["impl"]): r for r in rows}
+    labels = list(dict.fromkeys(r["route"] for r in rows))
+    by = {(r["bytes"], r["route"]): r for r in rows}
+    kind = "busbw" if n > 1 else "algbw"
+    print(f"\nall-reduce on {where}, {n} rank(s): {kind} GB/s (median; min-max in the CSV), x: over the copy's")
+    print(f"auto's calibration: {calibration or '(none ran)'}")
+    print(f"  {'bytes':>10} " + " ".join(f"{label:>16}" for label in labels) + "  auto took")
     for size in sorted({r["bytes"] for r in rows}):
-        ref = by.get((size, peer))
-        cells = []
-        for impl in [f"hvd:{x}" for x in REDUCERS] + [peer, "d2d copy"]:
-            r = by[(size, impl)]
-            bw = r["busbw_GBps"] if n > 1 or impl == "d2d copy" else r["algbw_GBps"]
-            ratio = f" {ref['median_s'] / r['median_s']:.2f}x" if ref and impl.startswith("hvd:") else ""
-            cells.append(f"{impl} {bw:.2f}{ratio}")
-        print(f"  {size:>11} B: " + " | ".join(cells))
+        cells = [
+            f"{by[(size, label)]['busbw_GBps']:9.2f} {by[(size, label)]['busbw_over_copy']:4.2f}x" for label in labels
+        ]
+        routes_here = [by[(size, label)] for label in labels if label.startswith("hvd ") and label != "hvd auto"]
+        best = min(routes_here, key=lambda r: r["median_s"])
+        auto = by[(size, "hvd auto")]
+        verdict = f"{auto['auto_took']}, {auto['median_s'] / best['median_s']:.2f}x the time of {best['route']}"
+        print(f"  {size:>10} " + " ".join(f"{c:>16}" for c in cells) + "  " + verdict)
     print(f"CSV: {path}")
     try:
         import matplotlib
@@ -140,13 +200,14 @@ def report_allreduce(rows, out: str, n: int) -> None:
         print("plot: matplotlib does not import here; CSV only")
         return
     fig, ax = plt.subplots(figsize=(8, 5))
-    for impl in sorted({r["impl"] for r in rows}):
-        pts = sorted((r["bytes"], r["busbw_GBps"] if n > 1 else r["algbw_GBps"]) for r in rows if r["impl"] == impl)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+    for label in labels:
+        pts = sorted((r["bytes"], r["busbw_GBps"]) for r in rows if r["route"] == label)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("bytes")
     ax.set_ylabel("busbw GB/s" if n > 1 else "algbw GB/s")
-    ax.set_title(f"all-reduce on one GPU, {n} rank(s)")
+    ax.set_title(f"all-reduce on {where}, {n} rank(s)")
     ax.legend()
     fig.savefig(os.path.join(out, f"gpu_allreduce_{n}ranks.png"), dpi=120)
 
@@ -160,18 +221,19 @@ def googlenet_worker(a) -> None:
     import torch.nn.functional as F
 
     import hvdtorch as hvd
-    from benchmarks.workloads.models import googlenet
+    from benchmarks.workloads.models import googlenet, googlenet_source
 
-    torch.cuda.set_device(0)
+    dev = Device(a.device)
     dist.init_process_group("gloo")
     hvd.init()
     n, me = hvd.size(), hvd.rank()
     torch.manual_seed(0)
-    x = torch.randn(a.batch, 3, 112, 112, device="cuda:0")
-    y = torch.randint(0, 100, (a.batch,), device="cuda:0")
+    x = torch.randn(a.batch, 3, a.image, a.image, device=dev.name)
+    y = torch.randint(0, 100, (a.batch,), device=dev.name)
 
     def make(kind):
-        model = googlenet(100).cuda()
+        torch.manual_seed(0)
+        model = googlenet(100).to(dev.name)
         if kind == "hvdtorch":
             model = hvd.DistributedModel(model)
         elif kind == "ddp":
@@ -187,23 +249,26 @@ def googlenet_worker(a) -> None:
     for rnd in range(a.rounds + 1):  # round 0 warms up
         for k in kinds:
             model, opt = setups[k]
-            torch.cuda.synchronize()
+            dev.sync()
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(a.steps):
                 opt.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 opt.step()
-            torch.cuda.synchronize()
+            dev.sync()
             if rnd:
                 rates[k].append(a.steps * a.batch * n / (time.perf_counter() - t0))
     if me == 0:
         ref = "bare" if n == 1 else "ddp"
-        print(f"\nGoogLeNet, batch {a.batch} per rank, {n} rank(s) on cuda:0; images/s (median, min-max)")
+        print(
+            f"\nGoogLeNet ({googlenet_source()}), batch {a.batch} per rank, {a.image} px, {n} rank(s) on {dev.name}; "
+            f"images/s, median (min-max) of {a.rounds} rounds of {a.steps} steps"
+        )
         rows = []
         for k in kinds:
             med, lo, hi = median_spread(rates[k])
-            ratio = statistics.median(rates[k]) / statistics.median(rates[ref])
+            ratio = med / statistics.median(rates[ref])
             print(f"  {k:<14} {med:9.1f} ({lo:.1f}-{hi:.1f})  {ratio:.3f}x {ref}")
             rows.append(
                 {"ranks": n, "kind": k, "median_ips": med, "min_ips": lo, "max_ips": hi, f"ratio_to_{ref}": ratio}
@@ -221,9 +286,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["allreduce", "googlenet"])
     p.add_argument("--ranks", default="1,2")
-    p.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("1G"))
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("256M"))
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--image", type=int, default=224)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu"))
@@ -234,9 +301,11 @@ def main() -> None:
         return
     passthrough = [
         a.what,
+        f"--device={a.device}",
         f"--max-bytes={a.max_bytes}",
         f"--reps={a.reps}",
         f"--batch={a.batch}",
+        f"--image={a.image}",
         f"--steps={a.steps}",
         f"--rounds={a.rounds}",
         f"--out={a.out}",

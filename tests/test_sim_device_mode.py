@@ -29,8 +29,10 @@ CASES = [
     ("tests.workers.zero:check_training", ["quick"], 2, None, {}),
     ("tests.workers.zero:check_join", [], 3, None, {}),
     # The GPU tests' own checks, on CPU tensors (they run on CUDA tensors in make gpu-check).
+    ("tests.workers.gpu:check_collectives", ["cpu"], 1, None, {}),
     ("tests.workers.gpu:check_collectives", ["cpu"], 2, None, {}),
     ("tests.workers.gpu:check_distributed_model", ["cpu"], 2, None, {}),
+    ("tests.workers.gpu:check_sharded_optimizer", ["cpu"], 2, None, {}),
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {}),
     # Interprocess devices: the `ring` cases take the device ring (`auto` the device group, Gloo here).
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {"HVDTORCH_SIM_INTERPROCESS": "1"}),
@@ -40,7 +42,8 @@ CASES = [
 def _id(case):
     module, function = case[0].split(":")
     interprocess = "-interprocess" if case[4].get("HVDTORCH_SIM_INTERPROCESS") else ""
-    return f"{module.rsplit('.', 1)[1]}.{function}{interprocess}"
+    one_rank = "-1rank" if case[2] == 1 else ""
+    return f"{module.rsplit('.', 1)[1]}.{function}{interprocess}{one_rank}"
 
 
 @pytest.mark.parametrize("target,args,nranks,hosts,env", CASES, ids=[_id(c) for c in CASES])
@@ -61,7 +64,7 @@ def test_the_device_ring(nranks):
     env = {
         **SIM,
         "HVDTORCH_SIM_INTERPROCESS": "1",
-        "HVDTORCH_RING_SEGMENT_BYTES": "256",
+        "HVDTORCH_DEVICE_RING_SLOT_BYTES": "256",
         "HVDTORCH_SIM_MAX_DELAY_US": "400",
     }
     run_ranks("tests.workers.sim_device:device_path", nranks, args=["ring"], timeout=240, env=env)
@@ -74,7 +77,7 @@ def test_the_device_ring_across_hosts(hosts, interprocess):
     env = {
         **SIM,
         "HVDTORCH_SIM_INTERPROCESS": interprocess,
-        "HVDTORCH_RING_SEGMENT_BYTES": "256",
+        "HVDTORCH_DEVICE_RING_SLOT_BYTES": "256",
         "HVDTORCH_SIM_MAX_DELAY_US": "400",
     }
     run_ranks(

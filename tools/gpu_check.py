@@ -1,107 +1,409 @@
-"""Everything that needs a GPU, in one command for the GPU machine
-(`make gpu-check OUT=<dir>`): build against the machine's torch, the device
-contract and engine suites on cuda:0 (under compute-sanitizer where it is
-installed), the gpu-marked tests at 1, 2 and 4 processes sharing cuda:0, the
-simulated-device tests, and the GPU benchmarks. Each step's output goes to
-<OUT>/<step>.log and is echoed; a failed step does not stop the later ones;
-the exit status is 1 if any step failed. Uses the interpreter that runs it
-(the machine's python3, which holds torch) and needs no package registry:
-without pytest, the GPU tests run through tests/harness.py directly.
+"""Everything that needs a GPU, as one command for the GPU machine, in two
+phases that each fit a few minutes:
+
+    make gpu-check PHASE=tests OUT=<dir>     # build, hvdtorch.check, the CUDA device and engine
+                                             # suites, compute-sanitizer memcheck on both, the gpu
+                                             # tests at 1-4 processes sharing cuda:0
+    make gpu-check PHASE=bench OUT=<dir>     # all-reduce per route, GoogLeNet (BENCHMARKS.md "GPU")
+    make gpu-check PHASE=tests ONLY=gpu_tests,engine_cuda OUT=<dir>   # some steps again
+
+Each step has a timeout, and the phase a budget (BUDGET seconds: a step that
+would start after it is reported as not run); steps that do not share the
+GPU's timing run side by side. Every step writes its log under
+build/gpu-check/<phase>/; OUT receives two files per phase:
+summary-<phase>.txt (each step's outcome and time) and
+gpu-check-<phase>.tar.gz (the logs, the machine's description, the
+benchmarks' CSV and plots). The console shows each step's start and end, the
+tail of a failed step's log, the benchmark tables and the summary.
+
+Where no GPU is visible, every step that needs one prints "no GPU: skipped"
+and everything else runs for real (the build with this interpreter, the
+check, the logs and the tarball), so the script itself is rehearsed on any
+machine; REHEARSE=1 also runs the benchmark scripts on the CPU at small sizes.
+
+REUSE_BUILD=1 takes the extension and the CUDA suites already built in this
+tree for this interpreter (hvdtorch/_C and build/cmake-gpu) when they import,
+and then, in PHASE=tests, builds once more into build/gpu-check/build beside
+the GPU steps, so the phase still shows that this machine's torch builds it.
+
+Uses the interpreter that runs it (the GPU machine's python3 holds torch),
+and no package registry. Exit status 1 if any step that ran failed.
 """
 
 import argparse
+import datetime
+import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import sysconfig
+import tarfile
+import threading
 import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build", "cmake-gpu")
+WORK = os.path.join(ROOT, "build", "gpu-check")
+PY = sys.executable
 
 
-def step(out: str, name: str, cmd, env=None, timeout=900) -> bool:
-    print(f"\n==== {name}: {' '.join(cmd)}", flush=True)
-    t0 = time.time()
-    with open(os.path.join(out, f"{name}.log"), "w") as log:
-        try:
-            p = subprocess.Popen(
-                cmd,
-                cwd=ROOT,
-                env={**os.environ, **(env or {})},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for line in p.stdout:
-                sys.stdout.write(line)
-                log.write(line)
-            rc = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = "timeout"
-    ok = rc == 0
-    print(f"==== {name}: {'ok' if ok else f'FAILED ({rc})'} in {time.time() - t0:.0f} s", flush=True)
-    return ok
+@dataclass
+class Step:
+    name: str
+    cmd: List[str]
+    timeout: int
+    needs_gpu: bool = False
+    env: Dict[str, str] = field(default_factory=dict)
+    cwd: str = ROOT
+    # Where REHEARSE=1 runs it on a machine without a GPU (the benchmarks on the CPU).
+    rehearsal: Optional[List[str]] = None
+    # Why it cannot run here (a tool missing), decided before the phase starts.
+    unavailable: Optional[str] = None
 
 
-def gpu_tests_command():
+class Runner:
+    """Runs groups of steps: the steps of one group one after another, the
+    groups side by side; records each outcome."""
+
+    def __init__(self, logs: str, budget: float, gpu: bool, rehearse: bool, only: Optional[List[str]]):
+        self.logs, self.gpu, self.rehearse, self.only = logs, gpu, rehearse, only
+        self.deadline = time.monotonic() + budget
+        self.results: Dict[str, str] = {}
+        self.seconds: Dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            print(text, flush=True)
+
+    def record(self, step: Step, outcome: str, seconds: float = 0.0) -> None:
+        with self.lock:
+            self.results[step.name] = outcome
+            self.seconds[step.name] = seconds
+
+    def run_step(self, step: Step, always: bool = False) -> bool:
+        if not always and self.only is not None and step.name not in self.only:
+            return True
+        if step.unavailable:
+            self.say(f"---- {step.name}: {step.unavailable}: skipped")
+            self.record(step, f"skipped ({step.unavailable})")
+            return True
+        cmd = step.cmd
+        if step.needs_gpu and not self.gpu:
+            if not (self.rehearse and step.rehearsal):
+                self.say(f"---- {step.name}: no GPU: skipped")
+                self.record(step, "skipped (no GPU)")
+                return True
+            cmd = step.rehearsal
+        left = self.deadline - time.monotonic()
+        if left < 5:
+            self.say(f"---- {step.name}: not run: the phase's budget is spent")
+            self.record(step, "not run (budget)")
+            return False
+        timeout = min(step.timeout, left)
+        log_path = os.path.join(self.logs, f"{step.name}.log")
+        self.say(f"---- {step.name}: start ({' '.join(cmd)}), timeout {timeout:.0f} s")
+        t0 = time.monotonic()
+        with open(log_path, "w") as log:
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            try:
+                p = subprocess.Popen(
+                    cmd,
+                    cwd=step.cwd,
+                    # A crash shows the Python stack it happened under.
+                    env={**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1", **step.env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # a timeout kills its whole process group (torchrun's ranks too)
+                )
+            except OSError as e:
+                log.write(f"cannot start: {e}\n")
+                rc = f"cannot start: {e}"
+            else:
+                try:
+                    rc = p.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                    rc = f"timed out after {timeout:.0f} s"
+        took = time.monotonic() - t0
+        ok = rc == 0
+        outcome = "ok" if ok else (f"FAILED (exit {rc})" if isinstance(rc, int) else f"FAILED ({rc})")
+        if not ok:
+            with open(log_path, errors="replace") as f:
+                tail = f.readlines()[-40:]
+            self.say(f"---- {step.name}: {outcome} in {took:.0f} s; its log ends:\n" + "".join(tail).rstrip())
+        else:
+            self.say(f"---- {step.name}: ok in {took:.0f} s")
+        self.record(step, outcome, took)
+        return ok
+
+    def run_group(self, steps: List[Step], stop_on_failure: bool = False, always: bool = False) -> bool:
+        ok = True
+        for step in steps:
+            ok = self.run_step(step, always) and ok
+            if not ok and stop_on_failure:
+                break
+        return ok
+
+    def run_groups(self, groups: List[List[Step]]) -> None:
+        threads = [threading.Thread(target=self.run_group, args=(g,)) for g in groups if g]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+def gpu_visible() -> bool:
+    """Whether torch sees a CUDA GPU (asked in a child: this process stays off the GPU)."""
     try:
-        import pytest  # noqa: F401
-
-        return [sys.executable, "-m", "pytest", "-q", "-rs", "tests/test_gpu.py", "tests/test_sim_device_mode.py"]
-    except ImportError:
-        code = (
-            "from tests.harness import run_ranks\n"
-            "for n in (1, 2, 4):\n"
-            "    run_ranks('tests.workers.gpu:check_collectives', n, timeout=280); print('collectives', n, 'ok')\n"
-            "for n in (1, 2):\n"
-            "    run_ranks('tests.workers.gpu:check_distributed_model', n, timeout=200); print('model', n, 'ok')\n"
+        out = subprocess.run(
+            [PY, "-c", "import torch; print(torch.cuda.device_count())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
-        return [sys.executable, "-c", code]
+        return out.returncode == 0 and int(out.stdout.strip().splitlines()[-1]) > 0
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return False
+
+
+def describe_machine(path: str) -> str:
+    """The facts a GPU result is quoted with: date, GPU, driver, torch, CUDA, tools. Returns the headline."""
+
+    def output(cmd) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "(not available)"
+
+    torch_facts = output(
+        [
+            PY,
+            "-c",
+            "import torch; print(torch.__version__, 'cuda', torch.version.cuda, 'nccl', "
+            "'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-')",
+        ]
+    )
+    gpu = output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    lines = [
+        f"date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
+        f"python: {sys.version.split()[0]} ({PY})",
+        f"torch: {torch_facts}",
+        f"GPU (name, driver, memory): {gpu or '(none)'}",
+        f"nvcc: {output([cuda_tool('nvcc') or 'nvcc', '--version']).splitlines()[-1:] or '(not found)'}",
+        f"compute-sanitizer: {shutil.which('compute-sanitizer') or sanitizer_path() or '(not found)'}",
+        f"CPUs: {os.cpu_count()}",
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n\n" + output(["nvidia-smi"]) + "\n")
+    return "; ".join(lines[:4])
+
+
+def cuda_tool(name: str) -> Optional[str]:
+    """A CUDA toolkit program: on the PATH, or in the toolkit's usual folders."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for p in (f"/usr/local/cuda/bin/{name}", *sorted(glob.glob(f"/usr/local/cuda-*/bin/{name}"))):
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def sanitizer_path() -> Optional[str]:
+    return cuda_tool("compute-sanitizer")
+
+
+def extension_path() -> str:
+    return os.path.join(ROOT, "hvdtorch", "_C" + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def suite(name: str) -> str:
+    return os.path.join(BUILD, name)
+
+
+def build_steps(jobs: int, reuse: bool) -> Tuple[List[Step], bool]:
+    """The build of the extension and the CUDA suites against this
+    interpreter's torch, and whether it takes the tree's build as it is."""
+    targets = "hvdtorch_ext" + (" test_cuda_device test_engine_cuda" if cuda_tool("nvcc") else "")
+    env = {"HVDTORCH_BUILD_DIR": BUILD, "HVDTORCH_BUILD_TESTS": "1", "MAX_JOBS": str(jobs)}
+    built = os.path.exists(extension_path()) and os.path.exists(suite("test_engine_cuda"))
+    if reuse and built:
+        # Taken as built: it must import with this torch, and say what it holds.
+        probe = (
+            "import hvdtorch, torch; "
+            "print(hvdtorch._C.__file__, 'cuda_built', hvdtorch.cuda_built(), torch.__version__)"
+        )
+        return [Step("build", [PY, "-c", probe], 120)], True
+    return [
+        Step(
+            "build",
+            [PY, "setup.py", "build_ext", "--inplace"],
+            420,
+            env={**env, "HVDTORCH_BUILD_TARGETS": targets},
+        )
+    ], False
+
+
+# One all-reduce of a CPU tensor and, where a GPU is visible, of a CUDA tensor, in one process.
+FIRST_OPS = (
+    'import torch, hvdtorch as hvd; hvd.init(); print("built here:", hvd._C.__file__); '
+    'assert hvd.allreduce(torch.ones(4), name="cpu").eq(1).all(); '
+    'assert not torch.cuda.is_available() or hvd.allreduce(torch.ones(4, device="cuda"), name="gpu").eq(1).all(); '
+    'hvd.shutdown(); print("first all-reduces ok")'
+)
+
+
+def rebuild_step(jobs: int) -> Step:
+    """REUSE_BUILD=1: a fresh build of the package into build/gpu-check/build
+    (its own CMake folder and lib folder), then hvdtorch.check importing that
+    build from outside the tree, and its first all-reduces."""
+    base = os.path.join(WORK, "build")
+    script = (
+        f"set -e; rm -rf {base}; "
+        f"HVDTORCH_BUILD_DIR={base}/cmake HVDTORCH_BUILD_TARGETS=hvdtorch_ext MAX_JOBS={jobs} "
+        f"{PY} setup.py -q build --build-base {base}; "
+        f"lib=$(ls -d {base}/lib.*); cd /tmp && PYTHONPATH=$lib {PY} -m hvdtorch.check && "
+        f"PYTHONPATH=$lib {PY} -c '{FIRST_OPS}'"
+    )
+    return Step("build_on_this_machine", ["bash", "-c", script], 420)
+
+
+CUDA_BUILT = (
+    "import torch, hvdtorch; assert torch.cuda.is_available(), 'torch sees no GPU'; "
+    "assert hvdtorch.cuda_built(), 'this build of hvdtorch has no CUDA device'; print('CUDA device built and visible')"
+)
+
+
+def test_steps() -> List[List[Step]]:
+    """PHASE=tests, after the build: groups that run side by side."""
+    sanitizer = sanitizer_path()
+    missing = None if sanitizer else "compute-sanitizer is not installed"
+
+    def memcheck(name: str) -> Step:
+        cmd = [sanitizer or "compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", suite(name)]
+        return Step(f"memcheck_{name}", cmd, 180, needs_gpu=True, unavailable=missing)
+
+    try:
+        import xdist  # noqa: F401
+
+        parallel = ["-n", "4"]
+    except ImportError:
+        parallel = []
+    pytest_cmd = [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *parallel, "tests/test_gpu.py"]
+    return [
+        [
+            Step("check", [PY, "-m", "hvdtorch.check"], 120),
+            # A build without the CUDA device would let every gpu test skip: on a GPU that fails.
+            Step("cuda_built", [PY, "-c", CUDA_BUILT], 60, needs_gpu=True),
+            Step("cuda_device", [suite("test_cuda_device")], 150, needs_gpu=True),
+            Step("engine_cuda", [suite("test_engine_cuda")], 200, needs_gpu=True),
+            memcheck("test_cuda_device"),
+        ],
+        [memcheck("test_engine_cuda")],
+        [Step("gpu_tests", pytest_cmd, 330, needs_gpu=True, env={"PYTHONPATH": ROOT})],
+    ]
+
+
+def bench_steps(results: str) -> List[Step]:
+    """PHASE=bench: one after another (they time the GPU)."""
+    env = {"PYTHONPATH": ROOT}
+    bench = [PY, "benchmarks/gpu.py"]
+    small = ["--device", "cpu", "--max-bytes", "1M", "--reps", "3", "--steps", "2", "--rounds", "2", "--batch", "4"]
+    return [
+        Step(
+            "bench_allreduce",
+            [*bench, "allreduce", "--ranks", "1,2", "--max-bytes", "256M", "--out", results],
+            240,
+            needs_gpu=True,
+            env=env,
+            rehearsal=[*bench, "allreduce", "--ranks", "1,2", *small, "--out", results],
+        ),
+        Step(
+            "bench_googlenet",
+            [*bench, "googlenet", "--ranks", "1,2", "--out", results],
+            240,
+            needs_gpu=True,
+            env=env,
+            rehearsal=[*bench, "googlenet", "--ranks", "1,2", *small, "--image", "32", "--out", results],
+        ),
+    ]
+
+
+def report_tables(logs: str) -> None:
+    """The benchmarks' own tables (from their logs), for the console."""
+    for name in ("bench_allreduce", "bench_googlenet"):
+        path = os.path.join(logs, f"{name}.log")
+        if not os.path.exists(path):
+            continue
+        with open(path, errors="replace") as f:
+            lines = [ln.rstrip() for ln in f if ln.startswith(("  ", "all-reduce", "GoogLeNet", "auto", "\n"))]
+        table = [ln for ln in lines if ln.strip()]
+        if table:
+            print(f"\n==== {name}\n" + "\n".join(table[-60:]))
 
 
 def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--jobs", default=str(os.cpu_count() or 2))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="where the summary and the tarball of the logs go")
+    p.add_argument("--phase", choices=["tests", "bench"], required=True)
+    p.add_argument("--only", default="", help="comma-separated step names: run only these (the build always runs)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compile jobs (default: every core)")
+    p.add_argument("--budget", type=float, default=330, help="seconds the phase may take; later steps are not run")
+    p.add_argument("--reuse-build", action="store_true", help="take the tree's build when it imports (see above)")
+    p.add_argument("--rehearse", action="store_true", help="without a GPU, run the benchmarks on the CPU, small")
     a = p.parse_args()
+
     out = os.path.abspath(a.out)
+    nvcc = cuda_tool("nvcc")
+    if nvcc and not shutil.which("nvcc"):  # CMake and setup.py look for it on the PATH
+        os.environ["PATH"] = os.path.dirname(nvcc) + os.pathsep + os.environ["PATH"]
+    logs = os.path.join(WORK, a.phase)
+    shutil.rmtree(logs, ignore_errors=True)
+    os.makedirs(logs)
     os.makedirs(out, exist_ok=True)
-    results = {}
-    build_env = {"HVDTORCH_BUILD_DIR": BUILD, "HVDTORCH_BUILD_TESTS": "1", "MAX_JOBS": a.jobs}
-    results["build"] = step(out, "build", [sys.executable, "setup.py", "build_ext", "--inplace"], build_env)
-    if not results["build"]:
-        print("build failed: nothing else can run")
-        return 1
-    results["check"] = step(out, "check", [sys.executable, "-m", "hvdtorch.check"])
-    results["ctest"] = step(
-        out, "ctest", ["ctest", "--test-dir", BUILD, "--output-on-failure", "-R", "cuda|sim|device"]
-    )
-    sanitizer = shutil.which("compute-sanitizer") or (
-        "/usr/local/cuda/bin/compute-sanitizer" if os.path.exists("/usr/local/cuda/bin/compute-sanitizer") else None
-    )
-    if sanitizer:
-        for t in ("test_cuda_device", "test_engine_cuda"):
-            results[f"sanitizer_{t}"] = step(
-                out,
-                f"sanitizer_{t}",
-                [sanitizer, "--tool", "memcheck", "--error-exitcode", "1", os.path.join(BUILD, t)],
-            )
+    t0 = time.monotonic()
+    print(f"==== gpu-check, phase {a.phase}: {describe_machine(os.path.join(logs, 'machine.txt'))}", flush=True)
+    gpu = gpu_visible()
+    if not gpu:
+        print("==== no GPU visible to torch here: the steps that need one are skipped", flush=True)
+    only = [s for s in a.only.split(",") if s] or None
+    runner = Runner(logs, a.budget, gpu, a.rehearse, only)
+
+    build, reused = build_steps(a.jobs, a.reuse_build)
+    if a.phase == "tests":
+        groups = test_steps() + ([[rebuild_step(max(2, a.jobs // 2))]] if reused else [])
     else:
-        print("compute-sanitizer: not installed here; skipped")
-    env = {"PYTHONPATH": ROOT}
-    results["gpu_tests"] = step(out, "gpu_tests", gpu_tests_command(), env, timeout=1200)
-    results["bench_allreduce"] = step(
-        out, "bench_allreduce", [sys.executable, "benchmarks/gpu.py", "allreduce", "--ranks", "1,2", "--out", out], env
-    )
-    results["bench_googlenet"] = step(
-        out, "bench_googlenet", [sys.executable, "benchmarks/gpu.py", "googlenet", "--ranks", "1,2", "--out", out], env
-    )
-    print("\n==== summary")
-    for name, ok in results.items():
-        print(f"  {name:<28} {'ok' if ok else 'FAILED'}")
-    return 0 if all(results.values()) else 1
+        groups = [bench_steps(os.path.join(logs, "results"))]
+    if not runner.run_group(build, stop_on_failure=True, always=True):
+        print("==== the build failed: nothing else can run", flush=True)
+    elif a.phase == "tests":
+        runner.run_groups(groups)
+    else:
+        runner.run_group(groups[0])
+        report_tables(logs)
+
+    summary = [f"gpu-check phase {a.phase}, {time.monotonic() - t0:.0f} s"]
+    order = [s.name for s in build] + [s.name for g in groups for s in g]
+    summary += [
+        f"  {name:<28} {runner.results[name]:<46} {runner.seconds[name]:5.0f} s"
+        for name in order
+        if name in runner.results
+    ]
+    with open(os.path.join(out, f"summary-{a.phase}.txt"), "w") as f:
+        f.write("\n".join(summary) + "\n")
+    with tarfile.open(os.path.join(out, f"gpu-check-{a.phase}.tar.gz"), "w:gz") as tar:
+        tar.add(logs, arcname=f"gpu-check-{a.phase}")
+    print("\n==== summary\n" + "\n".join(summary), flush=True)
+    failed = [n for n, o in runner.results.items() if o.startswith(("FAILED", "not run"))]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

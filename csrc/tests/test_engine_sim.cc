@@ -279,6 +279,63 @@ TEST(allreduce_every_reducer_dtype_and_op_on_sim_tensors) {
   CHECK_MSG(ran >= 2 * 5 * 3, "only %d reducer/dtype/op combinations ran", ran);
 }
 
+TEST(one_rank_keeps_device_tensors_on_the_device) {
+  // A job of one rank exchanges nothing: every reducer reduces device tensors
+  // on the device (never staged through the host), in place or not, single or
+  // fused, scales applied. Element i: (2 + i) * prescale 3 * postscale 0.5.
+  Cluster c(1, testConfig());
+  c.onEveryRank([&](int, Engine& eng) {
+    Caller caller(deviceOf(0));
+    int units = 0;
+    const uint64_t before = ops::oneRankDeviceAllreduces();
+    for (const ReducerEntry& info : reducerRegistry()) {
+      if (info.name == std::string("native")) continue;  // asked for by name, it runs the backend (none here)
+      for (bool in_place : {true, false}) {
+        ops::AllreduceOptions o;
+        o.name = strCat("alone.", info.name, ".", in_place);
+        o.op = ReduceOp::kAverage;
+        o.prescale = 3.0;
+        o.postscale = 0.5;
+        o.reducer = info.name;
+        for (int64_t n : {4, 9}) {
+          auto in = caller.upload(DataType::kFloat32, {n}, hostValues(DataType::kFloat32, {n}, [](size_t i) {
+                                    return 2.0 + static_cast<double>(i);
+                                  }));
+          o.inputs.push_back(in);
+          o.outputs.push_back(in_place ? in
+                                       : std::make_shared<DeviceTensor>(deviceFor(deviceOf(0)), DataType::kFloat32,
+                                                                        std::vector<int64_t>{n}));
+        }
+        const std::vector<TensorPtr> outs = o.outputs;
+        int64_t h;
+        try {
+          h = ops::allreduce(eng, std::move(o));
+        } catch (const InvalidArgument&) {
+          continue;  // this reducer cannot run here (the node reducer without shared memory)
+        }
+        const std::string error = waitFor(eng, h);
+        CHECK_MSG(error.empty(), "%s: %s", info.name, error.c_str());
+        if (!error.empty()) continue;
+        ++units;
+        for (const auto& out : outs) {
+          const auto got = caller.download(*eng.state(h), *out);
+          for (int64_t i = 0; i < out->numel(); ++i) {
+            const double want = (2.0 + static_cast<double>(i)) * 1.5;
+            CHECK_MSG(valueAt(DataType::kFloat32, got, static_cast<size_t>(i)) == want, "%s in_place=%d [%lld]: %g",
+                      info.name, in_place, static_cast<long long>(i), valueAt(DataType::kFloat32, got, i));
+          }
+        }
+        eng.release(h);
+      }
+    }
+    CHECK_MSG(units >= 4, "only %d one-rank all-reduces ran", units);
+    // At least a unit per op (Adasum reduces each tensor of an op as a unit of its own).
+    CHECK_MSG(ops::oneRankDeviceAllreduces() - before >= static_cast<uint64_t>(units),
+              "%llu units stayed on the device for %d all-reduces at one rank",
+              static_cast<unsigned long long>(ops::oneRankDeviceAllreduces() - before), units);
+  });
+}
+
 TEST(staged_allreduce_runs_by_segments) {
   // A fused unit of three tensors staged through the host by segments of
   // 4 KiB (HVDTORCH_STAGING_SEGMENT_BYTES), boundaries falling inside the

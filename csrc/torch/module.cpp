@@ -481,6 +481,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_ring_runs", &DeviceRing::runs);
   // All-reduces this process ran through the device group (c10d_device_collectives.h), for tests.
   m.def("device_native_runs", &C10dDeviceCollectives::runs);
+  // All-reduces of device tensors this process ran alone (a set of one rank), on the device (ops/allreduce.h).
+  m.def("device_one_rank_runs", &ops::oneRankDeviceAllreduces);
   // Device calibrations this process ran for reducer=auto, and the last one's times (ops/allreduce_routes.h).
   m.def("device_calibrations", &ops::deviceCalibrations);
   m.def("last_device_calibration", &ops::lastDeviceCalibration);

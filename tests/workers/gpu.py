@@ -48,7 +48,7 @@ def written_late(cpu_values: torch.Tensor, side) -> torch.Tensor:
     return out
 
 
-def check_collectives(device: str = "cuda", reducers: str = "auto,ring,central,native"):
+def check_collectives(device: str = "cuda", reducers: str = "auto,ring,node,central,native"):
     hvd.init()
     cuda = device == "cuda"
     if cuda:
@@ -109,14 +109,24 @@ def check_collectives(device: str = "cuda", reducers: str = "auto,ring,central,n
         assert got.device.type == kind and torch.equal(got.cpu().double(), full[start : start + rows[r]]), (
             f"reducescatter {dtype}"
         )
-    if n > 1 and "native" in reducers.split(","):
-        from hvdtorch import _C
+    check_adasum(side, kind, case)
+    from hvdtorch import _C
 
+    if n > 1 and "native" in reducers.split(","):
         ran = _C.device_native_runs()
         if cuda:
             assert ran == 0, f"rank {r}: {ran} NCCL all-reduces with every rank on cuda:0"
         elif _C.sim_device_mode():
             assert ran > 0, f"rank {r}: reducer='native' never took the device group on the simulated device"
+    if (cuda or _C.sim_device_mode()) and n == 1:
+        # One rank: reducer="native" (by name) runs the backend's device collective (NCCL), at the
+        # GPU's speed; every other reducer reduces on the device, never staging through the host.
+        if "native" in reducers.split(","):
+            assert _C.device_native_runs() > 0, "reducer='native' at one rank never ran the device group"
+        assert _C.device_one_rank_runs() > 0, "device tensors at one rank were staged through the host"
+    if cuda and n > 1 and "ring" in reducers.split(","):
+        # Ranks sharing the GPU: reducer="ring" is the device ring over CUDA IPC.
+        assert _C.device_ring_runs() > 0, f"rank {r}: reducer='ring' never ran the device ring"
     if cuda and n > 1:
         # A host tensor on one rank and a device tensor on another: an error on every rank naming both.
         t = torch.ones(3, device="cuda:0") if r == 0 else torch.ones(3)
@@ -126,6 +136,26 @@ def check_collectives(device: str = "cuda", reducers: str = "auto,ring,central,n
         except hvd.HvdError as e:
             assert "device cuda vs cpu" in str(e) or "device cpu vs cuda" in str(e), str(e)
     hvd.shutdown()
+
+
+def check_adasum(side, kind: str, case: int) -> None:
+    """Adasum of a float32 tensor larger than one staging segment (8 MiB by
+    default: the staged all-reduce works segment by segment, which Adasum,
+    whose coefficients depend on the whole vector, must not), against the
+    float64 reference of tests/workers/adasum.py."""
+    from tests.workers.adasum import gradient_of, reference
+
+    r, n = hvd.rank(), hvd.size()
+    for numel in (6, 3 << 20):
+        case += 1
+        inputs = [gradient_of(k, (numel,), case, torch.float32) for k in range(n)]
+        x = written_late(inputs[r], side)
+        with on_stream(side):
+            h = hvd.allreduce_async(x, op=hvd.Adasum, name=f"adasum.{numel}")
+        got = hvd.synchronize(h)
+        assert got.device.type == kind
+        want = reference(inputs).float()
+        torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4, msg=lambda m: f"Adasum of {numel}: {m}")
 
 
 class Net(torch.nn.Module):
@@ -170,4 +200,43 @@ def check_distributed_model(device: str = "cuda", steps: str = "4"):
     for (name, a), b in zip(model.module.named_parameters(), ref.parameters()):
         assert a.device == dev
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"parameter {name}")
+    hvd.shutdown()
+
+
+def check_sharded_optimizer(device: str = "cuda", steps: str = "4"):
+    """The sharded optimizer (shard=1 and shard=2, Adam) over a DistributedModel
+    on cuda:0: parameters equal one process's Adam on the whole global batch."""
+    hvd.init()
+    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    r, n = hvd.rank(), hvd.size()
+    per = 4
+    for shard in (1, 2):
+        torch.manual_seed(0)
+        # No BatchNorm here: behind it a bias has a gradient of rounding noise only, which Adam
+        # scales up to full steps, so the order of any sum (3 ranks against one process) shows.
+        base = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10)
+        ).to(dev)
+        ref = copy.deepcopy(base)
+        net = copy.deepcopy(base)
+        model = hvd.DistributedModel(net)
+        opt = hvd.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=1e-2), shard=shard)
+        ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+        for step in range(int(steps)):
+            g = torch.Generator().manual_seed(step)
+            x = torch.randn(per * n, 3, 8, 8, generator=g).to(dev)
+            y = torch.randint(0, 10, (per * n,), generator=g).to(dev)
+            opt.zero_grad()
+            F.cross_entropy(model(x[r * per : (r + 1) * per]), y[r * per : (r + 1) * per]).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            losses = [F.cross_entropy(ref(x[k * per : (k + 1) * per]), y[k * per : (k + 1) * per]) for k in range(n)]
+            (sum(losses) / n).backward()
+            ref_opt.step()
+        opt.wait_parameters()
+        for (name, a), b in zip(net.named_parameters(), ref.parameters()):
+            assert a.device == dev
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m: f"shard={shard} {name}: {m}")
     hvd.shutdown()

@@ -25,7 +25,7 @@ def device_path(reducer: str) -> None:
     with scales, and async handles waited out of order. reducer="ring": the
     device ring (device memory, interprocess links under
     HVDTORCH_SIM_INTERPROCESS=1; unequal chunks, many segments when
-    HVDTORCH_RING_SEGMENT_BYTES is small). reducer="native": the backend's
+    HVDTORCH_DEVICE_RING_SLOT_BYTES is small). reducer="native": the backend's
     device collectives (the device group: Gloo standing in for NCCL), which
     a broadcast, an all-gather, a reduce-scatter and an alltoall take too,
     and a process set through device groups of its own (with "ring": a

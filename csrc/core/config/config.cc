@@ -25,13 +25,17 @@ const std::vector<Config::Knob>& Config::knobs() {
        "default all-reduce algorithm: auto, ring, node, central, native, adasum (adasum makes every Average/Sum "
        "all-reduce Adasum)"},
       {"SHM", "1", "use shared memory between ranks on the same host; 0 forces the c10d link"},
-      {"RING_SEGMENT_BYTES", "1048576",
-       "bytes per pipelined segment of the ring (on device tensors: the device ring's slot size)"},
+      {"RING_SEGMENT_BYTES", "1048576", "bytes per pipelined segment of the ring on host memory"},
       {"RING_WINDOW", "4", "ring segments in flight at once"},
       {"DEVICE_RING", "1",
        "device tensors may take the device ring (GPU memory shared between the processes of a host through CUDA "
        "IPC); 0: never (where the processes cannot share GPU memory, as in containers without a shared IPC "
        "namespace); must be the same on every rank"},
+      {"DEVICE_RING_SLOT_BYTES", "33554432",
+       "bytes of each of the device ring's two slots per rank (GPU memory; a link to another host also pins four "
+       "host slots): each slot costs the ranks one handshake, so small slots leave the ring waiting on them (two "
+       "ranks sharing an H200 all-reduced 256 MiB at 6 GB/s bus bandwidth with 1 MiB slots, 96 GB/s with 32 MiB); "
+       "must be the same on every rank"},
       {"STAGING_SEGMENT_BYTES", "8388608",
        "bytes per segment of an all-reduce of device tensors staged through host memory: the copies of each "
        "segment to and from the GPU overlap the host reduction of the others; 0: the whole unit at once; must be "
@@ -121,6 +125,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     ring_segment_bytes = std::max<size_t>(64, static_cast<size_t>(toNumber(key, v)));
   } else if (key == "DEVICE_RING") {
     device_ring = toBool(key, v);
+  } else if (key == "DEVICE_RING_SLOT_BYTES") {
+    device_ring_slot_bytes = std::max<size_t>(64, static_cast<size_t>(toNumber(key, v)));
   } else if (key == "STAGING_SEGMENT_BYTES") {
     staging_segment_bytes = static_cast<size_t>(toNumber(key, v));
   } else if (key == "DEVICE_CALIBRATION_BYTES") {

@@ -20,7 +20,7 @@ namespace {
 // segments, the device calibration), alike for every set's executor.
 ExecutorOptions executorOptions(const Config& config) {
   ExecutorOptions o;
-  o.device_ring = {config.device_ring, config.ring_segment_bytes};
+  o.device_ring = {config.device_ring, config.device_ring_slot_bytes};
   o.staging_segment_bytes = config.staging_segment_bytes;
   o.device_calibration_bytes = config.device_calibration_bytes;
   return o;

@@ -1,6 +1,7 @@
 #include "ops/allreduce.h"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <map>
 
@@ -150,7 +151,48 @@ void allreduceStaged(Executor& ex, WorkUnit& unit, Reducer& reducer, DataType dt
   for (const auto& p : unit.pieces) ex.finishPiece(p);
 }
 
+std::atomic<uint64_t> one_rank_device_runs{0};
+
+// One rank: there is nothing to exchange, so device tensors stay on their
+// device (staging would move every byte through the host twice for nothing):
+// each output is its input prescaled, averaged over one rank and postscaled,
+// on the engine stream; an in-place all-reduce with no scaling enqueues
+// nothing. Completes like allreduceOnDevice: the caller's stream waits on `done`.
+void allreduceOneRank(Executor& ex, WorkUnit& unit, DataType dtype) {
+  const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
+  const int64_t divisor = ex.averageDivisor(args.op);
+  std::map<Device*, std::shared_ptr<Event>> done;
+  ex.mark(unit, "ALLREDUCE:one rank(device)", true);
+  for (const auto& p : unit.pieces) {
+    TensorBuffer& in = *p.entry->inputs[p.tensor];
+    TensorBuffer& out = *p.entry->outputs[p.tensor];
+    Device& d = deviceFor(in.device());
+    waitReady(d, {p.entry->inputs[p.tensor], p.entry->outputs[p.tensor]});
+    const size_t n = static_cast<size_t>(in.numel());
+    if (out.data() != in.data() || args.prescale != 1.0)
+      d.copyScaled(out.data(), in.data(), n, dtype, args.prescale, nullptr);
+    if (divisor != 1 || args.postscale != 1.0)
+      d.copyAveraged(out.data(), out.data(), n, dtype, divisor, args.postscale, nullptr);
+    done[&d] = nullptr;
+  }
+  ex.mark(unit, "ALLREDUCE:one rank(device)", false);
+  for (auto& [d, event] : done) {
+    event = d->newEvent();
+    d->record(*event, nullptr);
+  }
+  for (const auto& p : unit.pieces) {
+    Device& d = deviceFor(p.entry->inputs[p.tensor]->device());
+    p.entry->state->device = d.id();
+    p.entry->state->completion = done.at(&d);
+    ex.holdUntil(d, done.at(&d), p.entry);
+  }
+  one_rank_device_runs.fetch_add(1);
+  for (const auto& p : unit.pieces) ex.finishPiece(p);
+}
+
 }  // namespace
+
+uint64_t oneRankDeviceAllreduces() { return one_rank_device_runs.load(); }
 
 void executeAllreduce(Executor& ex, WorkUnit& unit) {
   const Request& req = unit.pieces.front().entry->request;
@@ -161,7 +203,10 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   const ReduceOp op = Executor::reducedOp(args.op);
-  if (on_device && ex.ctx().size() > 1 && hasDeviceRoutes(args.reducer)) {
+  static const ReducerId native = parseReducer("native");
+  const bool one_rank = ex.ctx().size() == 1;
+  // At one rank only reducer="native", asked for by name, still runs the backend's device collective (NCCL).
+  if (on_device && hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
     Device& d = unitDevice(unit, args.reducer);
     // The first `auto` all-reduce of a device may time its routes
     // (allreduce_routes.h): a phase of this op on the timeline.
@@ -171,6 +216,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", false);
     if (path.device) return allreduceOnDevice(ex, unit, path, dtype, count);
   }
+  if (on_device && one_rank) return allreduceOneRank(ex, unit, dtype);
   Reducer& reducer = ex.reducers().pick(args.reducer, ex.ctx(), count * dtypeSize(dtype), dtype, op);
   if (on_device) return allreduceStaged(ex, unit, reducer, dtype, count);
 

@@ -2,6 +2,7 @@
 // (grouped_allreduce).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,12 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts);
 // throws), builds the request and submits it; returns the handle.
 int64_t allreduce(Engine& engine, AllreduceOptions opts);
 
-// Its row's execute (engine/op_spec.h).
+// Its row's execute (engine/op_spec.h). Device tensors of a set of one rank
+// never leave their device (only reducer="native" still calls the backend).
 void executeAllreduce(Executor& ex, WorkUnit& unit);
+
+// All-reduce units of device tensors this process ran at one rank, on the
+// device (for tests).
+uint64_t oneRankDeviceAllreduces();
 
 }  // namespace hvdtorch::ops
