@@ -17,8 +17,8 @@ min-max, algbw = bytes / time, busbw = algbw * 2(n-1)/n (at one rank:
 algbw), and busbw over the copy's bandwidth (bytes / copy time). Every
 route's result is checked once per size before its times count. Which route
 auto took at each size is read off the engine's counters (device ring runs,
-NCCL runs; neither: staged) and set beside the fastest measured route; rank
-0 also prints auto's calibration. CSV (and a PNG where matplotlib imports)
+NCCL runs; neither: staged) in the last round and set beside the fastest
+measured route; rank 0 also prints auto's calibration. CSV (and a PNG where matplotlib imports)
 under --out.
 
 googlenet: torchvision's GoogLeNet (benchmarks/workloads), batch 128 per
@@ -138,7 +138,8 @@ def allreduce_worker(a) -> None:
                 if rep == 0 and how is not None:
                     lo, hi = float(x.min()), float(x.max())
                     assert lo == hi == n, f"{label} at {size} B: the sum is {lo}..{hi}, not {n}"
-                if rep == 0 and how == ("hvd", "auto"):
+                if rep == reps and how == ("hvd", "auto"):
+                    # The last round: the first may hold the calibration, which runs every route.
                     ring, native = _C.device_ring_runs() - counters[0], _C.device_native_runs() - counters[1]
                     auto_routes[size] = "device ring" if ring else "NCCL" if native else "staged"
                 if rep:
