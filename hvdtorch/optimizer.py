@@ -202,6 +202,7 @@ def DistributedOptimizer(
     reducer=None,
     shard=0,
     model=None,
+    overlap_gathers=False,
 ):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
@@ -214,9 +215,13 @@ def DistributedOptimizer(
     rank steps locally and the change is combined with Adasum; groups,
     sparse_as_dense, fusion_bytes and reducer do not apply to it.
     shard=1 or 2: ZeRO stage 1 (optimizer state sharded) or 2 (gradients
-    too): a ShardedOptimizer (sharded_optimizer.py); model= names the module
-    whose forward then waits for the all-gathered parameters (found by
-    itself on a DistributedModel's parameters)."""
+    too): a ShardedOptimizer (sharded_optimizer.py). Its step() returns with
+    every parameter updated. overlap_gathers=True lets step() return before
+    the parameters are all-gathered, each submodule's forward waiting for its
+    own: faster, but any other read of a parameter before
+    opt.wait_parameters() (an EMA, a norm) may see it half gathered. model=
+    names the module whose forward waits (found by itself on a
+    DistributedModel's parameters)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
     if shard:
         unsupported = [
@@ -245,7 +250,10 @@ def DistributedOptimizer(
             process_set=process_set,
             fusion_bytes=fusion_bytes,
             model=model,
+            overlap_gathers=overlap_gathers,
         )
+    if overlap_gathers:
+        raise ValueError("hvdtorch: overlap_gathers=True applies to a sharded optimizer (shard=1 or 2) only")
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
     if num_groups != 0:

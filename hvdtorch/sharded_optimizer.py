@@ -21,13 +21,17 @@ How:
     the reduction over from the model (DistributedModel.hand_gradients_to),
     so that every gradient it steps on comes through its own collectives.
   * step() then steps the shards and starts one all-gather per bucket into
-    the flat buckets, the bucket forward needs first first. Without a
-    module to hook, step() waits for them. With one (model=, or the
-    DistributedModel), step() returns at once and each submodule's forward
-    waits for the buckets of its own parameters; state_dict() and
-    load_state_dict() of the module, the next step() and wait_parameters()
-    wait for every bucket. A parameter read outside its own module's
-    forward before then may be stale: call wait_parameters() first.
+    the flat buckets, the bucket forward needs first first, and waits for
+    them: when step() returns, every parameter holds its new value, so an
+    EMA, a norm for the log or a checkpoint reads what one process would.
+    overlap_gathers=True (with a module to hook: model=, or the
+    DistributedModel) lets step() return at once instead, and each
+    submodule's forward waits for the buckets of its own parameters;
+    state_dict() and load_state_dict() of the module, the next step() and
+    wait_parameters() wait for every bucket. The hazard of that opt-in: a
+    parameter read anywhere else before then (an EMA or AveragedModel
+    update, a norm, a weight shared with another module) may be half
+    gathered; call wait_parameters() first.
   * The wrapper is a torch Optimizer: param_groups are the caller's groups
     (model parameters and hyper-parameters; learning-rate schedulers work
     on them), copied into the inner groups at every step.
@@ -125,6 +129,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         fusion_bytes: int = 25 << 20,
         first_bucket_bytes: int = 1 << 20,
         model: Optional[torch.nn.Module] = None,
+        overlap_gathers: bool = False,
     ):
         if shard not in (1, 2):
             raise ValueError(f"hvdtorch: shard must be 1 (optimizer state) or 2 (state and gradients), got {shard!r}")
@@ -166,6 +171,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
             compression, op, process_set = g["compression"], g["op"], g["process_set"]
             gradient_predivide_factor, backward_passes_per_step = g["postscale"], g["backward_passes_per_step"]
         module = dm.module if dm is not None else model
+        if overlap_gathers and module is None:
+            raise ValueError(
+                "hvdtorch: overlap_gathers=True needs the module whose forward waits for its parameters: pass "
+                "model=, or shard the optimizer of a DistributedModel"
+            )
 
         ps = process_set or ops.global_process_set
         set_id(ps)  # a set this rank is in (DistributedOptimizer hands others the plain optimizer)
@@ -237,8 +247,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
         self._synchronized = False  # gradients reduced since the last step()
         self._should_synchronize = True
-        self._overlap = module is not None and self._size > 1
-        if module is not None:
+        # Whether step() returns before the parameters are gathered (the opt-in; see the top).
+        self._overlap = bool(overlap_gathers) and self._size > 1
+        if self._overlap:
             self._hook(module)
         self._announcer = None
         self._joined = False  # inside join(): running the phases the others announce

@@ -12,6 +12,11 @@ def test_training_equals_single_process_and_state_bytes_per_rank(nranks):
     run_ranks("tests.workers.zero:check_training", nranks, args=["quick" if nranks in (1, 4) else "all"], timeout=120)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_parameters_are_updated_when_step_returns(nranks):
+    run_ranks("tests.workers.zero:check_parameters_after_step", nranks, timeout=120)
+
+
 def test_training_with_the_all_gather():
     # Without shared memory there is no registered memory: parameters come back by all-gather, not in place.
     run_ranks("tests.workers.zero:check_training", 2, args=["quick"], timeout=120, env={"HVDTORCH_SHM": "0"})

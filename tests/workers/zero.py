@@ -163,6 +163,69 @@ def check_training(configs="all"):
     hvd.shutdown()
 
 
+def check_parameters_after_step():
+    """When step() returns every parameter holds its new value: read right
+    after each step, and averaged by torch's own AveragedModel (an EMA),
+    they equal one process's, for shard 1 and 2, with and without a
+    DistributedModel. overlap_gathers=True (the opt-in) returns with the
+    gathers in flight, each forward waits for its own, and after
+    wait_parameters() training equals one process too."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    base = Net()
+    for shard, path, overlap in [(s, p, False) for s in (1, 2) for p in ("model", "optimizer")] + [
+        (2, "model", True),
+        (1, "optimizer", True),
+    ]:
+        what = f"shard={shard} {path} path{' overlap_gathers' if overlap else ''}, {n} ranks"
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt("adam", ref)
+        ref_ema = AveragedModel(ref, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+        model, net, opt = sharded("adam", base, shard, path, overlap_gathers=overlap)
+        ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+        in_flight = 0
+        for s in range(STEPS):
+            opt.zero_grad()
+            local_loss(model, s, r, n).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            global_loss(ref, s, n).backward()
+            ref_opt.step()
+            ref_ema.update_parameters(ref)
+            if overlap:
+                in_flight += len(opt._gathers)
+                continue  # the opt-in's reads wait first (the next forward does)
+            ema.update_parameters(net)
+            for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+                torch.testing.assert_close(
+                    p.detach(), q.detach(), atol=TOL["adam"], rtol=1e-4, msg=lambda m: f"{what}, step {s}: {name}: {m}"
+                )
+        if overlap:
+            assert n == 1 or in_flight > 0, f"{what}: step() waited for every all-gather"
+            opt.wait_parameters()
+            assert_params_close(net, ref, what, TOL["adam"])
+            continue
+        for (name, p), q in zip(ema.module.named_parameters(), ref_ema.module.parameters()):
+            torch.testing.assert_close(
+                p.detach(), q.detach(), atol=TOL["adam"], rtol=1e-4, msg=lambda m: f"{what}: EMA of {name}: {m}"
+            )
+    # The opt-in needs a module to hook, and a sharded optimizer.
+    for kw in ({"shard": 1}, {}):
+        try:
+            net = copy.deepcopy(base)
+            hvd.DistributedOptimizer(
+                make_opt("sgd", net), named_parameters=net.named_parameters(), overlap_gathers=True, **kw
+            )
+        except ValueError as e:
+            assert "overlap_gathers" in str(e), e
+        else:
+            raise AssertionError(f"overlap_gathers=True accepted with {kw or 'no shard'} and no module")
+    hvd.shutdown()
+
+
 def check_state_bytes():
     """Optimizer state per rank <= 1/N of the unsharded state + 1% (Adam)."""
     n = hvd.size()
