@@ -198,7 +198,7 @@ def describe_machine(path: str) -> str:
         f"torch: {torch_facts}",
         f"GPU (name, driver, memory): {gpu or '(none)'}",
         f"nvcc: {output([cuda_tool('nvcc') or 'nvcc', '--version']).splitlines()[-1:] or '(not found)'}",
-        f"compute-sanitizer: {shutil.which('compute-sanitizer') or sanitizer_path() or '(not found)'}",
+        f"compute-sanitizer: {cuda_tool('compute-sanitizer') or '(not found)'}",
         f"CPUs: {os.cpu_count()}",
     ]
     with open(path, "w") as f:
@@ -215,10 +215,6 @@ def cuda_tool(name: str) -> Optional[str]:
         if os.path.exists(p):
             return p
     return None
-
-
-def sanitizer_path() -> Optional[str]:
-    return cuda_tool("compute-sanitizer")
 
 
 def extension_path() -> str:
@@ -284,7 +280,7 @@ CUDA_BUILT = (
 
 def test_steps() -> List[List[Step]]:
     """PHASE=tests, after the build: groups that run side by side."""
-    sanitizer = sanitizer_path()
+    sanitizer = cuda_tool("compute-sanitizer")
     missing = None if sanitizer else "compute-sanitizer is not installed"
 
     def memcheck(name: str) -> Step:

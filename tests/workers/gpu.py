@@ -169,21 +169,14 @@ class Net(torch.nn.Module):
         return self.fc(F.relu(self.bn(self.conv(x))).flatten(1))
 
 
-def check_distributed_model(device: str = "cuda", steps: str = "4"):
-    """DistributedModel on cuda:0 equals one process on the whole global batch."""
-    hvd.init()
-    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
-    if device == "cuda":
-        torch.cuda.set_device(0)
+def train_against_one_process(model, opt, ref, ref_opt, dev, steps: int) -> None:
+    """`steps` steps of each rank on its 4 samples of a global batch, and of
+    `ref` in this process on the whole batch, its loss the mean of the
+    shards' means: the same gradient as the average of the ranks' gradients
+    (BatchNorm normalises per shard, as the ranks do)."""
     r, n = hvd.rank(), hvd.size()
-    torch.manual_seed(0)
-    base = Net().to(dev)
-    ref = copy.deepcopy(base)
-    model = hvd.DistributedModel(copy.deepcopy(base))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     per = 4
-    for step in range(int(steps)):
+    for step in range(steps):
         g = torch.Generator().manual_seed(step)
         x = torch.randn(per * n, 3, 8, 8, generator=g).to(dev)
         y = torch.randint(0, 10, (per * n,), generator=g).to(dev)
@@ -191,12 +184,24 @@ def check_distributed_model(device: str = "cuda", steps: str = "4"):
         F.cross_entropy(model(x[r * per : (r + 1) * per]), y[r * per : (r + 1) * per]).backward()
         opt.step()
         ref_opt.zero_grad()
-        # The global-batch loss as the mean of the shards' means: the same
-        # gradient as the average of the ranks' gradients (BatchNorm
-        # normalises per shard, as the ranks do).
         losses = [F.cross_entropy(ref(x[k * per : (k + 1) * per]), y[k * per : (k + 1) * per]) for k in range(n)]
         (sum(losses) / n).backward()
         ref_opt.step()
+
+
+def check_distributed_model(device: str = "cuda", steps: str = "4"):
+    """DistributedModel on cuda:0 equals one process on the whole global batch."""
+    hvd.init()
+    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    base = Net().to(dev)
+    ref = copy.deepcopy(base)
+    model = hvd.DistributedModel(copy.deepcopy(base))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    train_against_one_process(model, opt, ref, ref_opt, dev, int(steps))
     for (name, a), b in zip(model.module.named_parameters(), ref.parameters()):
         assert a.device == dev
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"parameter {name}")
@@ -205,13 +210,12 @@ def check_distributed_model(device: str = "cuda", steps: str = "4"):
 
 def check_sharded_optimizer(device: str = "cuda", steps: str = "4"):
     """The sharded optimizer (shard=1 and shard=2, Adam) over a DistributedModel
-    on cuda:0: parameters equal one process's Adam on the whole global batch."""
+    on cuda:0: once step() has returned, parameters equal one process's Adam
+    on the whole global batch."""
     hvd.init()
     dev = torch.device("cuda:0" if device == "cuda" else "cpu")
     if device == "cuda":
         torch.cuda.set_device(0)
-    r, n = hvd.rank(), hvd.size()
-    per = 4
     for shard in (1, 2):
         torch.manual_seed(0)
         # No BatchNorm here: behind it a bias has a gradient of rounding noise only, which Adam
@@ -224,18 +228,7 @@ def check_sharded_optimizer(device: str = "cuda", steps: str = "4"):
         model = hvd.DistributedModel(net)
         opt = hvd.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=1e-2), shard=shard)
         ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
-        for step in range(int(steps)):
-            g = torch.Generator().manual_seed(step)
-            x = torch.randn(per * n, 3, 8, 8, generator=g).to(dev)
-            y = torch.randint(0, 10, (per * n,), generator=g).to(dev)
-            opt.zero_grad()
-            F.cross_entropy(model(x[r * per : (r + 1) * per]), y[r * per : (r + 1) * per]).backward()
-            opt.step()
-            ref_opt.zero_grad()
-            losses = [F.cross_entropy(ref(x[k * per : (k + 1) * per]), y[k * per : (k + 1) * per]) for k in range(n)]
-            (sum(losses) / n).backward()
-            ref_opt.step()
-        opt.wait_parameters()
+        train_against_one_process(model, opt, ref, ref_opt, dev, int(steps))
         for (name, a), b in zip(net.named_parameters(), ref.parameters()):
             assert a.device == dev
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m: f"shard={shard} {name}: {m}")
