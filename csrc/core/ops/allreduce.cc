@@ -80,10 +80,30 @@ Device& unitDevice(const WorkUnit& unit, ReducerId asked) {
   return deviceFor(id);
 }
 
+// Finishes every piece of `unit` without the host waiting for its device:
+// one completion event per device, recorded on its engine stream after what
+// the op enqueued there, which the caller's stream waits on; the entries are
+// held until it has passed.
+void finishOnDevices(Executor& ex, WorkUnit& unit) {
+  std::map<Device*, std::shared_ptr<Event>> done;
+  for (const auto& p : unit.pieces) {
+    Device& d = deviceFor(p.entry->inputs[p.tensor]->device());
+    std::shared_ptr<Event>& event = done[&d];
+    if (!event) {
+      event = d.newEvent();
+      d.record(*event, nullptr);
+    }
+    p.entry->state->device = d.id();
+    p.entry->state->completion = event;
+    ex.holdUntil(d, event, p.entry);
+  }
+  for (const auto& p : unit.pieces) ex.finishPiece(p);
+}
+
 // Device memory only: pack (prescaled) into the engine's device fusion buffer
 // (a lone tensor is reduced in its output), reduce, unpack (averaged,
 // postscaled), all on the engine stream; the op completes without the host
-// waiting for the device, the caller's stream waiting on `done` instead.
+// waiting for the device (finishOnDevices).
 void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, DataType dtype, size_t count) {
   Device& d = *path.device;
   const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
@@ -117,14 +137,7 @@ void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, Dat
                    nullptr);
     off += static_cast<size_t>(out.numel());
   }
-  std::shared_ptr<Event> done = d.newEvent();
-  d.record(*done, nullptr);
-  for (const auto& p : unit.pieces) {
-    p.entry->state->device = d.id();
-    p.entry->state->completion = done;
-    ex.holdUntil(d, done, p.entry);
-  }
-  for (const auto& p : unit.pieces) ex.finishPiece(p);
+  finishOnDevices(ex, unit);
 }
 
 // Device pieces staged through the pinned fusion buffer (reduceStaged,
@@ -157,11 +170,10 @@ std::atomic<uint64_t> one_rank_device_runs{0};
 // device (staging would move every byte through the host twice for nothing):
 // each output is its input prescaled, averaged over one rank and postscaled,
 // on the engine stream; an in-place all-reduce with no scaling enqueues
-// nothing. Completes like allreduceOnDevice: the caller's stream waits on `done`.
+// nothing. Completes as allreduceOnDevice does (finishOnDevices).
 void allreduceOneRank(Executor& ex, WorkUnit& unit, DataType dtype) {
   const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
   const int64_t divisor = ex.averageDivisor(args.op);
-  std::map<Device*, std::shared_ptr<Event>> done;
   ex.mark(unit, "ALLREDUCE:one rank(device)", true);
   for (const auto& p : unit.pieces) {
     TensorBuffer& in = *p.entry->inputs[p.tensor];
@@ -173,21 +185,10 @@ void allreduceOneRank(Executor& ex, WorkUnit& unit, DataType dtype) {
       d.copyScaled(out.data(), in.data(), n, dtype, args.prescale, nullptr);
     if (divisor != 1 || args.postscale != 1.0)
       d.copyAveraged(out.data(), out.data(), n, dtype, divisor, args.postscale, nullptr);
-    done[&d] = nullptr;
   }
   ex.mark(unit, "ALLREDUCE:one rank(device)", false);
-  for (auto& [d, event] : done) {
-    event = d->newEvent();
-    d->record(*event, nullptr);
-  }
-  for (const auto& p : unit.pieces) {
-    Device& d = deviceFor(p.entry->inputs[p.tensor]->device());
-    p.entry->state->device = d.id();
-    p.entry->state->completion = done.at(&d);
-    ex.holdUntil(d, done.at(&d), p.entry);
-  }
   one_rank_device_runs.fetch_add(1);
-  for (const auto& p : unit.pieces) ex.finishPiece(p);
+  finishOnDevices(ex, unit);
 }
 
 }  // namespace
