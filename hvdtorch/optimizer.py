@@ -218,8 +218,10 @@ def DistributedOptimizer(
     too): a ShardedOptimizer (sharded_optimizer.py). Its step() returns with
     every parameter updated. overlap_gathers=True lets step() return before
     the parameters are all-gathered, each submodule's forward waiting for its
-    own: faster, but any other read of a parameter before
-    opt.wait_parameters() (an EMA, a norm) may see it half gathered. model=
+    own: faster; parameters(), named_parameters() and state_dict() of the
+    module wait for the gathers, but a read through a tensor kept from
+    before (the optimizer's param_groups, a weight held elsewhere) before
+    opt.wait_parameters() may see it half gathered. model=
     names the module whose forward waits (found by itself on a
     DistributedModel's parameters)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally

@@ -26,12 +26,15 @@ How:
     EMA, a norm for the log or a checkpoint reads what one process would.
     overlap_gathers=True (with a module to hook: model=, or the
     DistributedModel) lets step() return at once instead, and each
-    submodule's forward waits for the buckets of its own parameters;
-    state_dict() and load_state_dict() of the module, the next step() and
-    wait_parameters() wait for every bucket. The hazard of that opt-in: a
-    parameter read anywhere else before then (an EMA or AveragedModel
-    update, a norm, a weight shared with another module) may be half
-    gathered; call wait_parameters() first.
+    submodule's forward waits for the buckets of its own parameters; the
+    module's (and the DistributedModel's) state_dict(), load_state_dict(),
+    parameters() and named_parameters() wait for every bucket, and so do
+    what reads through them (AveragedModel.update_parameters, checkpoints,
+    hvd.broadcast_parameters, elastic state), the next step() and
+    wait_parameters(). The hazard of that opt-in: a parameter read through
+    a reference kept from before (a tensor held by the caller, the
+    optimizer's param_groups, a weight shared with another module) may be
+    half gathered; call wait_parameters() first.
   * The wrapper is a torch Optimizer: param_groups are the caller's groups
     (model parameters and hyper-parameters; learning-rate schedulers work
     on them), copied into the inner groups at every step.
@@ -105,6 +108,46 @@ def _wait(opt_ref, buckets) -> None:
 def _remove_hooks(handles) -> None:
     for h in handles:
         h.remove()
+
+
+class _WaitForGathers:
+    """A module hook (forward, state_dict and load_state_dict pre-hooks) that
+    waits for the all-gathers of some buckets (None: of all). A copy or a
+    pickle of the module gets one that waits for nothing."""
+
+    def __init__(self, opt_ref=None, buckets=None):
+        self._opt_ref, self._buckets = opt_ref, buckets
+
+    def __call__(self, *_) -> None:
+        if self._opt_ref is not None:
+            _wait(self._opt_ref, self._buckets)
+
+    def __reduce__(self):
+        return (_WaitForGathers, ())
+
+
+class _ReadAfterGathers:
+    """Stands in, as an instance attribute, for parameters() or
+    named_parameters() of a module whose parameters a sharded optimizer
+    gathers behind step() (overlap_gathers=True): waits for the gathers,
+    then calls the class's method. A copy or a pickle of the module (an
+    AveragedModel deep-copies it) gets a plain forwarder bound to the copy,
+    which waits for nothing: the copy's parameters are its own."""
+
+    def __init__(self, module: torch.nn.Module, method: str, opt_ref=None):
+        self._module, self._method, self._opt_ref = module, method, opt_ref
+
+    def __call__(self, *args, **kwargs):
+        if self._opt_ref is not None:
+            _wait(self._opt_ref, None)
+        return getattr(type(self._module), self._method)(self._module, *args, **kwargs)
+
+    def __reduce__(self):
+        return (_ReadAfterGathers, (self._module, self._method))
+
+    def remove(self) -> None:
+        if self._module.__dict__.get(self._method) is self:
+            del self._module.__dict__[self._method]
 
 
 def _check_same(what: str, given, default, model_value) -> None:
@@ -250,7 +293,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Whether step() returns before the parameters are gathered (the opt-in; see the top).
         self._overlap = bool(overlap_gathers) and self._size > 1
         if self._overlap:
-            self._hook(module)
+            self._hook(module, [module] if dm is None else [dm, module])
         self._announcer = None
         self._joined = False  # inside join(): running the phases the others announce
         if self._size > 1:
@@ -278,8 +321,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
             )
         return len({host for _, host, _ in every}) == 1 and all(registered for _, _, registered in every)
 
-    def _hook(self, module: torch.nn.Module) -> None:
-        """Forward pre-hooks that wait for the all-gathers of each module's own parameters."""
+    def _hook(self, module: torch.nn.Module, readers) -> None:
+        """Forward pre-hooks that wait for the all-gathers of each module's own
+        parameters; every read through ``readers`` (the module, and the
+        DistributedModel around it) waits for all of them."""
         bucket_of = {i: j for j, b in enumerate(self._buckets) for i in b.params}
         index = {id(p): i for i, p in enumerate(self._all_params)}
         me = weakref.ref(self)  # the module's hooks must not keep the optimizer alive
@@ -289,9 +334,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 {bucket_of[index[id(p)]] for p in m.parameters(recurse=False) if index.get(id(p)) in bucket_of}
             )
             if mine:
-                handles.append(m.register_forward_pre_hook(lambda _m, _args, js=mine: _wait(me, js)))
-        handles.append(module.register_state_dict_pre_hook(lambda *_: _wait(me, None)))
-        handles.append(module.register_load_state_dict_pre_hook(lambda *_: _wait(me, None)))
+                handles.append(m.register_forward_pre_hook(_WaitForGathers(me, mine)))
+        for m in readers:
+            handles.append(m.register_state_dict_pre_hook(_WaitForGathers(me)))
+            handles.append(m.register_load_state_dict_pre_hook(_WaitForGathers(me)))
+            for method in ("parameters", "named_parameters"):
+                read = _ReadAfterGathers(m, method, me)
+                object.__setattr__(m, method, read)  # an instance attribute shadows the class's method
+                handles.append(read)
         weakref.finalize(self, _remove_hooks, handles)
 
     def add_param_group(self, param_group) -> None:

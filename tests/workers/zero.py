@@ -9,6 +9,7 @@ a branch some ranks leave unused in some steps.
 
 import copy
 import os
+import pickle
 
 import torch
 import torch.nn.functional as F
@@ -168,8 +169,10 @@ def check_parameters_after_step():
     after each step, and averaged by torch's own AveragedModel (an EMA),
     they equal one process's, for shard 1 and 2, with and without a
     DistributedModel. overlap_gathers=True (the opt-in) returns with the
-    gathers in flight, each forward waits for its own, and after
-    wait_parameters() training equals one process too."""
+    gathers in flight, and every read it can see waits for them: the same
+    direct reads through parameters()/named_parameters() of the module and
+    of the DistributedModel, the AveragedModel and state_dict() equal one
+    process's too."""
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     hvd.init()
@@ -197,7 +200,16 @@ def check_parameters_after_step():
             ref_ema.update_parameters(ref)
             if overlap:
                 in_flight += len(opt._gathers)
-                continue  # the opt-in's reads wait first (the next forward does)
+                # Each step reads through another of the module's or the model's readers first.
+                reads = [
+                    lambda: [p for _, p in net.named_parameters()],
+                    lambda: list(model.parameters()),
+                    lambda: list(net.state_dict(keep_vars=True).values()),
+                ]
+                read = reads[s % len(reads)]()
+                assert not opt._gathers, f"{what}, step {s}: a read did not wait for the all-gathers"
+                for p, q in zip(read, ref.parameters()):
+                    torch.testing.assert_close(p.detach(), q.detach(), atol=TOL["adam"], rtol=1e-4)
             ema.update_parameters(net)
             for (name, p), q in zip(net.named_parameters(), ref.parameters()):
                 torch.testing.assert_close(
@@ -205,9 +217,12 @@ def check_parameters_after_step():
                 )
         if overlap:
             assert n == 1 or in_flight > 0, f"{what}: step() waited for every all-gather"
-            opt.wait_parameters()
-            assert_params_close(net, ref, what, TOL["adam"])
-            continue
+            # A copy of the module (the AveragedModel's) reads its own parameters, and waits for nothing.
+            assert all(p.data_ptr() != q.data_ptr() for p, q in zip(ema.module.parameters(), net.parameters()))
+            # So does a pickled module (torch.save of the whole module).
+            again = pickle.loads(pickle.dumps(net))
+            for p, q in zip(again.parameters(), net.parameters()):
+                assert p.data_ptr() != q.data_ptr() and torch.equal(p, q), what
         for (name, p), q in zip(ema.module.named_parameters(), ref_ema.module.parameters()):
             torch.testing.assert_close(
                 p.detach(), q.detach(), atol=TOL["adam"], rtol=1e-4, msg=lambda m: f"{what}: EMA of {name}: {m}"
