@@ -19,6 +19,7 @@ Environment (all optional):
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -89,7 +90,14 @@ class CMakeBuild(build_ext):
 
         check_torch_release(torch.__version__)
         target = os.path.abspath(self.get_ext_fullpath(ext.name))
-        out_dir, filename = os.path.split(target)
+        filename = os.path.basename(target)
+        # An editable install (make build) and build_ext --inplace import the extension from the
+        # source tree: CMake writes it there, so that a plain `cmake --build` of the build folder
+        # updates what `import hvdtorch` loads. A wheel's build (pip install .) writes into pip's
+        # temporary folder, gone after the install: there a later `cmake --build` would update
+        # nothing anyone imports, so CMake refuses it (HVDTORCH_EXT_FOR_WHEEL).
+        in_tree = bool(self.inplace or getattr(self, "editable_mode", False))
+        out_dir = os.path.join(ROOT, *ext.name.split(".")[:-1]) if in_tree else os.path.dirname(target)
         build_dir = os.environ.get("HVDTORCH_BUILD_DIR", os.path.join(ROOT, "build", "cmake"))
         os.makedirs(build_dir, exist_ok=True)
         include_dirs = cpp_extension.include_paths()
@@ -107,6 +115,7 @@ class CMakeBuild(build_ext):
             "-DHVDTORCH_CXX11_ABI=" + str(int(torch._C._GLIBCXX_USE_CXX11_ABI)),
             "-DHVDTORCH_EXT_OUTPUT_DIR=" + out_dir,
             "-DHVDTORCH_EXT_FILENAME=" + filename,
+            "-DHVDTORCH_EXT_FOR_WHEEL=" + ("OFF" if in_tree else "ON"),
             "-DHVDTORCH_WITH_CUDA=" + ("ON" if with_cuda else "OFF"),
             # The CUDA device is compiled where torch can hand it CUDA tensors.
             "-DHVDTORCH_CUDA=" + ("ON" if with_cuda and _env_flag("HVDTORCH_CUDA", True) else "OFF"),
@@ -123,7 +132,13 @@ class CMakeBuild(build_ext):
         jobs = os.environ.get("MAX_JOBS", "2")
         targets = os.environ.get("HVDTORCH_BUILD_TARGETS", "").split()
         target_args = ["--target", *targets] if targets else []
-        subprocess.check_call(["cmake", "--build", build_dir, *target_args, "--", "-j" + jobs])
+        env = dict(os.environ, HVDTORCH_SETUP_BUILD="1")  # this build is setup.py's own (see CMakeLists.txt)
+        subprocess.check_call(["cmake", "--build", build_dir, *target_args, "--", "-j" + jobs], env=env)
+        built = os.path.join(out_dir, filename)
+        if not targets or "hvdtorch_ext" in targets:
+            if os.path.abspath(built) != target:  # an editable install: setuptools copies it from target
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copy2(built, target)
 
 
 # Name, version, dependencies and the rest of the metadata: [project] in

@@ -26,8 +26,9 @@ buckets of the shard layout):
     into the bucket in place. Reduce-scatter then drops each parameter's
     .grad (only the shard's average comes back); all-reduce makes each .grad
     a view of the reduced flat bucket.
-  * Compression.fp16 flattens floating-point buckets into float16 (the wire
-    dtype) and converts the result back to the parameters' dtype.
+  * Compression.fp16 flattens float32/float64 buckets into float16 (the wire
+    dtype) and converts the result back to the parameters' dtype; 16-bit
+    floats go as they are (compression.fp16_wire).
   * Sparse gradients are refused (ValueError naming the parameter): a flat
     bucket is dense.
 """
@@ -39,7 +40,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from . import ops, reducescatter, runtime
-from .compression import Compression
+from .compression import Compression, fp16_wire
 from .shard_layout import Bucket
 
 
@@ -166,7 +167,7 @@ class BucketGradients:
         flat = self._flats[j]
         if flat is None:
             wire = b.dtype
-            if self._compression is Compression.fp16 and b.dtype.is_floating_point:
+            if self._compression is Compression.fp16 and fp16_wire(b.dtype):
                 wire = torch.float16
             device = self._params[b.params[0]].device
             if not self._scatter and device.type == "cpu" and self._size > 1:

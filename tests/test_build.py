@@ -2,7 +2,8 @@
 the C++ standard its headers demand, the CUDA device compiled and linked where
 torch is a CUDA build and nvcc exists, never the driver library (import must
 work on a machine without a GPU driver), and cuda_built()/nccl_built() telling
-the truth. `make test` checks the CPU build, `make test-cuda-build` the CUDA one."""
+the truth, and a rebuild of the build folder updating the extension Python
+imports. `make test` checks the CPU build, `make test-cuda-build` the CUDA one."""
 
 import os
 import re
@@ -66,3 +67,21 @@ def test_visible_gpus_agree_with_torch_and_none_comes_with_a_reason():
     assert info["cuda_devices_visible"] == torch.cuda.device_count()
     if info["cuda_devices_visible"] == 0:
         assert info["cuda_devices_why_none"]  # CUDA's own words, e.g. no driver
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_build_folder_writes_the_extension_python_imports():
+    """An editable install (make build) imports _C from the source tree, and
+    its CMake build folder writes there: `cmake --build build/cmake` after an
+    edit updates what the tests import. (A wheel's build folder refuses such a
+    rebuild instead: tests/test_sdist.py.)"""
+    if os.path.dirname(os.path.abspath(_C.__file__)) != os.path.join(ROOT, "hvdtorch"):
+        pytest.skip(f"hvdtorch is installed, not editable from this tree ({_C.__file__})")
+    cache = os.path.join(os.environ.get("HVDTORCH_BUILD_DIR", os.path.join(ROOT, "build", "cmake")), "CMakeCache.txt")
+    with open(cache) as f:
+        out = re.search(r"^HVDTORCH_EXT_OUTPUT_DIR:\w+=(.*)$", f.read(), re.M)
+    assert out and os.path.realpath(out.group(1)) == os.path.realpath(os.path.dirname(_C.__file__)), (
+        f"{cache} builds the extension into {out and out.group(1)}, but Python imports {_C.__file__}"
+    )

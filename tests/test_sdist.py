@@ -3,7 +3,8 @@ sdist is made from this tree, checked to hold the CMake project and every
 C++/CUDA source, built into a fresh venv that holds only the pinned torch (and
 what installing needs), imported from outside the tree, and run as a 2-rank job
 (`python -m hvdtorch.check` under torchrun all-reduces with every reducer and
-checks the sums).
+checks the sums); a later `cmake --build` of its build folder, which would
+update nothing Python imports, fails instead.
 
 The sdist is unpacked under build/sdist-check/ and installed from there (what
 `pip install hvdtorch-X.tar.gz` does in a temporary folder): a fixed place lets
@@ -75,4 +76,15 @@ def test_sdist_holds_the_sources_and_installs_into_a_fresh_venv():
         env=dict(env, OMP_NUM_THREADS="1", HVDTORCH_TIMEOUT="60"),
     )
     assert "job: 2 ranks" in out and "\nOK" in out, out
+
+    # The install's build folder wrote into pip's temporary folder: a later rebuild of it would update
+    # nothing Python imports, so it fails, saying so.
+    os.utime(os.path.join(source, "csrc", "torch", "build_info.cpp"))
+    rebuild = subprocess.run(
+        ["cmake", "--build", os.path.join(source, "build", "cmake"), "--target", "hvdtorch_ext"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rebuild.returncode != 0 and "cmake cannot update" in rebuild.stdout + rebuild.stderr, rebuild
     shutil.rmtree(WORK)

@@ -86,8 +86,10 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     if (members.empty()) continue;
     Bucket b;
     const at::ScalarType dtype = params_[members[0]].scalar_type();
-    const bool floating = at::isFloatingType(dtype);
-    const at::ScalarType bucket_dtype = (opts_.wire_dtype && floating) ? *opts_.wire_dtype : dtype;
+    // The wire dtype (float16) applies to 32- and 64-bit floats only; 16-bit floats go as they are, as in
+    // hvdtorch/compression.py's fp16_wire.
+    const bool compressible = at::isFloatingType(dtype) && c10::elementSize(dtype) > 2;
+    const at::ScalarType bucket_dtype = (opts_.wire_dtype && compressible) ? *opts_.wire_dtype : dtype;
     b.views = bucket_dtype == dtype;
     int64_t total = 0;
     for (int64_t idx : members) {

@@ -56,8 +56,8 @@ struct GradReducerOptions {
   bool fuse = true;  // let the engine fuse buckets ready together
   int backward_passes_per_step = 1;
   int32_t process_set_id = 0;  // the set whose members average these gradients
-  // Dtype of the buckets for floating-point params (fp16 compression);
-  // Undefined = the parameter's own dtype (gradients become bucket views).
+  // Dtype of the buckets for 32- and 64-bit floating-point params (fp16 compression; 16-bit floats keep
+  // their own); undefined = the parameter's own dtype (gradients become bucket views).
   c10::optional<at::ScalarType> wire_dtype;
 };
 

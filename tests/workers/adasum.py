@@ -68,6 +68,15 @@ def values():
     assert torch.equal(hvd.allreduce(e, op=hvd.Adasum), torch.arange(1.0, n + 1, dtype=torch.float64))
     same = torch.tensor([3.0, -1.5, 0.25], dtype=torch.float64)
     assert torch.equal(hvd.allreduce(same, op=hvd.Adasum), same)
+    # An all-zero vector (a frozen or unused part of a model) contributes nothing and divides by nothing:
+    # on one rank, on every rank but the last, and on every rank the result is the reference's, finite.
+    for case, zero_ranks in enumerate([{0}, set(range(n - 1)), set(range(n))]):
+        inputs = [
+            torch.zeros(11, dtype=torch.float64) if k in zero_ranks else gradient_of(k, (11,), 60) for k in range(n)
+        ]
+        got = hvd.allreduce(inputs[r], op=hvd.Adasum, name=f"zero{case}")
+        assert torch.isfinite(got).all(), f"all-zero vectors on ranks {sorted(zero_ranks)}: {got.tolist()}"
+        torch.testing.assert_close(got, reference(inputs), atol=1e-12, rtol=1e-12)
     hvd.shutdown()
 
 

@@ -1,7 +1,9 @@
 """Rank side of tests/test_compression.py: fp16 compression of allreduce and
 grouped_allreduce, on the job and inside a process set. Integers and float16
 pass through unchanged (exact sums); float32/float64 come back in their own
-dtype within float16's precision; gradients flow through compression."""
+dtype within float16's precision; gradients flow through compression. The
+gradient paths (DistributedModel, DistributedOptimizer, the sharded optimizer)
+send float32 buckets as float16, exactly, and bfloat16 ones as they are."""
 
 import torch
 
@@ -37,6 +39,63 @@ def _check(process_set, members):
     torch.testing.assert_close(
         x.grad, torch.full((7,), sum(k + 1 for k in members) / len(members), dtype=torch.float64), atol=2e-3, rtol=1e-3
     )
+
+
+class _TwoDtypes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w32 = torch.nn.Parameter(torch.zeros(32))
+        self.w16 = torch.nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))
+
+    def forward(self, r):
+        # d/dw32: integers 1 mod 4 in 257..509, times 2**-11: float16 holds each value and every sum
+        # of up to 3 ranks exactly (11 significant bits); bfloat16 (8 bits) rounds each one down by
+        # 2**-11, on every rank alike, so the errors add up instead of cancelling. d/dw16: 2**17,
+        # above float16's largest value (65504), a power of two bfloat16 holds.
+        g32 = (257 + 4 * torch.arange(32) + 64 * r).float() * 2.0**-11
+        return (self.w32 * g32).sum() + (self.w16.float() * 2.0**17).sum()
+
+
+def _gradient_paths():
+    fp16, sgd = hvd.Compression.fp16, torch.optim.SGD
+    for what in ("DistributedModel", "DistributedOptimizer", "shard=1", "shard=2"):
+        net = _TwoDtypes()
+        if what == "DistributedModel":
+            model = hvd.DistributedModel(net, op=hvd.Sum, compression=fp16, name=f"fp16wire.{what}")
+            yield what, net, model, sgd(net.parameters(), lr=1.0)
+            continue
+        shard = {"shard=1": 1, "shard=2": 2}.get(what, 0)
+        opt = hvd.DistributedOptimizer(
+            sgd(net.parameters(), lr=1.0),
+            named_parameters=[(f"fp16wire.{what}.{n}", p) for n, p in net.named_parameters()],
+            op=hvd.Sum,
+            compression=fp16,
+            shard=shard,
+        )
+        yield what, net, net, opt
+
+
+def check_gradients_on_the_wire():
+    """One SGD step (lr 1, op Sum) from zero leaves minus the sum of the
+    ranks' gradients: exact for the float32 weights only if their wire is
+    float16 (not bfloat16), finite for the bfloat16 ones only if they are
+    not converted to float16."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    want32 = -sum((257 + 4 * torch.arange(32) + 64 * k).float() for k in range(n)) * 2.0**-11
+    want16 = torch.full((8,), -(2.0**17) * n, dtype=torch.bfloat16)
+    for what, net, model, opt in _gradient_paths():
+        opt.zero_grad()
+        model(r).backward()
+        opt.step()
+        with torch.no_grad():
+            assert torch.equal(net.w16, want16), f"{what}: bfloat16 weights {net.w16.tolist()}, want {want16.tolist()}"
+            wrong = (net.w32 != want32).nonzero().flatten().tolist()
+            assert not wrong, (
+                f"{what}: {len(wrong)} float32 weights are not the float16 sums, e.g. {wrong[:3]}: "
+                f"{net.w32[wrong[:3]].tolist()} want {want32[wrong[:3]].tolist()}"
+            )
+    hvd.shutdown()
 
 
 def check_fp16_compression():
