@@ -7,8 +7,10 @@
 //    same order relative to other collectives on the same Context.
 //  * `data` holds this rank's contribution on entry and the reduction of all
 //    ranks' contributions on return, bit-identical on every rank.
-//  * op is Sum, Min, Max or Product; Average is Sum plus a postscale applied
-//    by the caller (fused with the copy out of the fusion buffer).
+//  * op is Sum, Min, Max or Product, and kAdasum for the reducers whose
+//    supports() says so (the adasum reducer); Average is Sum plus a
+//    postscale applied by the caller (fused with the copy out of the fusion
+//    buffer).
 //  * Any count is valid, 0 and count < size included.
 //  * Failures (peer died, deadline) throw CollectiveError; the buffer is then
 //    undefined.
