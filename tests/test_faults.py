@@ -11,7 +11,14 @@ The workers are in tests/workers/faults.py.
 import os
 import re
 import signal
+import subprocess
+import sys
+import threading
 import time
+
+import pytest
+
+from tests.harness import ROOT, free_port
 
 TIMEOUT = 6.0  # HVDTORCH_TIMEOUT of the jobs below
 BOUND = TIMEOUT + 2.0  # the promise: every survivor raises within this many seconds of the fault
@@ -174,3 +181,55 @@ def test_delay_and_loss_make_the_job_slower_not_wrong(netns_hosts, tmp_path):
         # Every round needs the other host's contribution, which crosses the
         # cable after the round began: at least one delay per round.
         assert float(impaired) >= rounds * delay_s, (rank, clean, impaired)
+
+
+# ---- the dead rank named, whatever order the closes and the words arrive in ----------------------
+
+ROUNDS = 3  # jobs per launcher: in each, rank 0 waits for rank 2, which closes on learning of rank 3's death
+
+
+def _kill_job(launcher):
+    """One job of tests.workers.faults:allreduce_until_killed (4 ranks, 2
+    emulated hosts) under `launcher`; returns {rank: (seconds after the
+    death, error)} of the survivors. A job that does not finish in time is
+    killed and fails the test with its output."""
+    env = dict(os.environ, HVDTORCH_TIMEOUT=str(TIMEOUT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    target = ["-m", "tests.rank_main", "tests.workers.faults:allreduce_until_killed", "32", "80"]
+    if launcher == "torchrun":
+        # The agent would stop the survivors soon after the death: let them report first.
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--monitor-interval=120"]
+        cmd += [f"--master_port={free_port()}", *target]
+    else:
+        # Without --enable-recovery mpirun kills the whole job when a rank dies.
+        cmd = ["mpirun", "--oversubscribe", "--enable-recovery", "-np", "4", sys.executable, *target]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    pump = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    pump.start()
+    deadline = time.monotonic() + 120
+    while sum("SURVIVOR" in x for x in list(lines)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    pump.join(timeout=5)
+    text = "".join(lines)
+    died = _field(r"VICTIM pid=\d+ at=([0-9.]+)", text, "victim line")
+    out = {}
+    for m in re.finditer(r"SURVIVOR rank=(\d) at=([0-9.]+) type=\w+ error=(.*)", text):
+        out[int(m.group(1))] = (float(m.group(2)) - float(died.group(1)), m.group(3))
+    assert sorted(out) == [0, 1, 2], f"{launcher}: survivors {sorted(out)} reported:\n{text[-8000:]}"
+    return out
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_every_survivor_names_the_killed_rank_not_the_rank_that_told_it(launcher):
+    """Rank 3 dies in the middle of an all-reduce; rank 2 (its host-mate)
+    learns first and closes its links, and rank 0, waiting for rank 2, may
+    see that close before rank 2's word. Every survivor must name rank 3,
+    within the bound, in every one of ROUNDS jobs."""
+    for i in range(ROUNDS):
+        for r, (after, error) in sorted(_kill_job(launcher).items()):
+            assert 3 in _named_ranks(error, r), f"{launcher} job {i}: rank {r} does not name rank 3: {error}"
+            assert after < BOUND, f"{launcher} job {i}: rank {r} raised {after:.2f} s after the death: {error}"

@@ -4,6 +4,8 @@
 // transport failures hands out broken ones; turn calibration off then, it
 // runs over the data links). `native`, when given, is each rank's backend
 // collectives (the engine does not own them; they must outlive the cluster).
+// `control_wrap`, when given, wraps each control link (a test that delays
+// or drops the control traffic of a rank).
 #pragma once
 
 #include <functional>
@@ -19,8 +21,10 @@ namespace hvdtorch::test {
 struct Cluster {
   using LinkMaker = std::function<std::unique_ptr<Link>(int self, int peer)>;
   using NativeOf = std::function<NativeCollectives*(int rank)>;
+  using LinkWrap = std::function<std::unique_ptr<Link>(int self, int peer, std::unique_ptr<Link> inner)>;
 
-  explicit Cluster(int p, Config cfg = {}, LinkMaker data_links = nullptr, NativeOf native = nullptr)
+  explicit Cluster(int p, Config cfg = {}, LinkMaker data_links = nullptr, NativeOf native = nullptr,
+                   LinkWrap control_wrap = nullptr)
       : control(p), data(p) {
     cfg.cycle_time = std::chrono::microseconds(200);
     cfg.timeout = std::chrono::milliseconds(5000);
@@ -29,10 +33,12 @@ struct Cluster {
     engines.resize(p);
     std::vector<std::thread> ts;
     for (int r = 0; r < p; ++r) {
-      ts.emplace_back([this, r, p, cfg, data_links, native] {
+      ts.emplace_back([this, r, p, cfg, data_links, native, control_wrap] {
         Engine::Transports t;
         if (native) t.native = native(r);
-        t.control = [this, r](int peer) { return control.link(r, peer); };
+        t.control = [this, r, control_wrap](int peer) {
+          return control_wrap ? control_wrap(r, peer, control.link(r, peer)) : control.link(r, peer);
+        };
         t.data = [this, r, data_links](int peer) { return data_links ? data_links(r, peer) : data.link(r, peer); };
         engines[r] = std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t);
       });

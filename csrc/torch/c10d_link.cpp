@@ -28,7 +28,11 @@ class WorkRequest : public LinkRequest {
       work_->wait(std::max(deadline.remaining(), std::chrono::milliseconds(1)));
     } catch (const std::exception& e) {
       work_.reset();
-      throw CollectiveError(strCat(what_, " rank ", peer_, " failed: ", e.what()));
+      const std::string why = strCat(what_, " rank ", peer_, " failed: ", e.what());
+      if (deadline.expired()) throw TimeoutError(why);
+      // Gloo says "connection closed" alike for a peer that died and one
+      // that closed its links on purpose (link.h).
+      throw PeerClosed(why);
     }
     work_.reset();
   }
@@ -74,7 +78,7 @@ std::unique_ptr<LinkRequest> C10dLink::isend(const void* data, size_t bytes) {
   try {
     return std::make_unique<WorkRequest>(pg_->send(t, peer_, tag), t[0], peer_, "send to");
   } catch (const std::exception& e) {
-    throw CollectiveError(strCat("send to rank ", peer_, " failed: ", e.what()));
+    throw PeerClosed(strCat("send to rank ", peer_, " failed: ", e.what()));
   }
 }
 
@@ -85,7 +89,7 @@ std::unique_ptr<LinkRequest> C10dLink::irecv(void* data, size_t bytes) {
   try {
     return std::make_unique<WorkRequest>(pg_->recv(t, peer_, tag), t[0], peer_, "receive from");
   } catch (const std::exception& e) {
-    throw CollectiveError(strCat("receive from rank ", peer_, " failed: ", e.what()));
+    throw PeerClosed(strCat("receive from rank ", peer_, " failed: ", e.what()));
   }
 }
 

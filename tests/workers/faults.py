@@ -10,6 +10,7 @@ Every rank prints one line per event, which the test parses:
 """
 
 import os
+import signal
 import time
 
 import torch
@@ -185,3 +186,33 @@ def rounds_before_and_after_impairment(rounds: str, kib: str, flag: str):
     impaired = _rounds("impaired", rounds, count)
     _say(f"ROUNDS-OK rank={r} clean={clean:.3f} impaired={impaired:.3f}")
     hvd.shutdown()
+
+
+def allreduce_until_killed(mib: str = "16", delay_ms: str = "10"):
+    """The kill scenario on one machine, lighter than namespaced hosts: two
+    emulated hosts of two ranks (HVDTORCH_HOSTNAME) run all-reduces of `mib`
+    MiB with the node reducer (shared memory inside a host, then rank 0
+    with rank 2 and rank 1 with rank 3 across hosts). In round 3, rank 3
+    submits its part and kills itself `delay_ms` later, in the middle of the
+    all-reduce: rank 2 learns of the death first (through shared memory) and
+    closes its link to rank 0, which is waiting for it and may see the close
+    before rank 2's word. Launched by torchrun or mpirun."""
+    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    os.environ["HVDTORCH_HOSTNAME"] = f"emulated-host-{rank // 2}"
+    hvd.init()
+    r = hvd.rank()
+    count = int(mib) * (1 << 20) // 4
+    try:
+        for i in range(100000):
+            t = torch.full((count,), float(r + 1))
+            if r == 3 and i == 3:
+                hvd.allreduce_async(t, op=hvd.Sum, name=f"until.killed.{i}", reducer="node")
+                time.sleep(int(delay_ms) / 1000)
+                _say(f"VICTIM pid={os.getpid()} at={time.time():.3f}")
+                os.kill(os.getpid(), signal.SIGKILL)
+            hvd.allreduce(t, op=hvd.Sum, name=f"until.killed.{i}", reducer="node")
+    except hvd.HvdError as e:
+        _say(f"SURVIVOR rank={r} at={time.time():.3f} type={type(e).__name__} error={e}")
+        hvd.shutdown()
+        return
+    raise AssertionError(f"rank {r}: all-reduces went on although rank 3 was killed")

@@ -21,6 +21,16 @@ class TimeoutError : public CollectiveError {
   using CollectiveError::CollectiveError;
 };
 
+// A link's connection closed (or broke) and the transport cannot tell why:
+// the peer died, or it closed its links on purpose after learning of a
+// failure elsewhere. In the second case the peer says why over the control
+// plane, so the engine waits a short while for that reason before it blames
+// the peer (Engine::reasonGrace()).
+class PeerClosed : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
 // The caller passed something the library cannot serve (bad dtype for the
 // op, duplicate name, ...). Raised locally, before anything is sent.
 class InvalidArgument : public std::invalid_argument {

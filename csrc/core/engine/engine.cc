@@ -269,6 +269,7 @@ void Engine::shutdown() {
   }
   exec_cv_.notify_all();
   if (executor_thread_.joinable()) executor_thread_.join();
+  settleHeld();  // both threads are gone: nothing can bring a cause any more
   timeline_.close();
   // After a last word, keep the control links open a little: a peer that
   // was about to exchange with this rank reads the last word (and learns
@@ -342,9 +343,51 @@ void Engine::controlLoop() {
           strCat("rank ", control_ctx_.rank(), ": lost contact with the other ranks during negotiation: ", e.what()));
       stop = true;
     }
+    settleHeld();
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stopped_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  settleHeld();  // no cause can come any more
+}
+
+std::chrono::milliseconds Engine::reasonGrace() const {
+  return std::min<std::chrono::milliseconds>(config_.timeout / 4, std::chrono::seconds(1));
+}
+
+void Engine::settleHeld() {
+  std::vector<HeldUnit> held;
+  std::string cause;
+  bool own = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_.empty()) return;
+    if (failure_.empty()) {
+      if (!stopped_ && std::chrono::steady_clock::now() < held_until_) return;
+      // No cause came: the peer closed without a word (it died, most
+      // likely). Blame it, as the first held unit saw it.
+      failure_ = held_.front().failed + held_.front().seen;
+      own = true;
+    }
+    cause = failure_;
+    held.swap(held_);
+  }
+  if (own) {
+    failEverything(cause);
+    incoming_cv_.notify_all();  // the control thread tells the other ranks
+  }
+  for (auto& h : held) {
+    for (auto& p : h.item.unit.pieces) {
+      if (h.seen.empty()) {
+        p.entry->state->fail(strCat(p.entry->request.describe(), ": ", cause));
+      } else if (own) {
+        p.entry->state->fail(h.failed + h.seen);
+      } else {
+        p.entry->state->fail(strCat(h.failed, cause, " (then: ", h.seen, ")"));
+      }
+    }
+  }
 }
 
 void Engine::onNegotiationFailure(const std::string& why) {
@@ -363,8 +406,7 @@ void Engine::onNegotiationFailure(const std::string& why) {
   constexpr size_t kMaxReason = 3000;  // the last word is one control frame
   last.shutdown_reason = reason.size() > kMaxReason ? reason.substr(0, kMaxReason) + " [...]" : reason;
   control_.sendLastWord(last.serialize());
-  linger_until_ = std::chrono::steady_clock::now() +
-                  std::min<std::chrono::milliseconds>(config_.timeout / 4, std::chrono::seconds(1));
+  linger_until_ = std::chrono::steady_clock::now() + reasonGrace();
 }
 
 void Engine::prepareMessage(ProcessSet& ps, RankMessage& msg) {
@@ -677,7 +719,17 @@ void Engine::executorLoop() {
     QueuedUnit item;
     {
       std::unique_lock<std::mutex> lock(exec_mu_);
-      exec_cv_.wait(lock, [&] { return !exec_queue_.empty() || exec_stop_ || close_device_rings_; });
+      const auto woken = [&] { return !exec_queue_.empty() || exec_stop_ || close_device_rings_; };
+      if (settle_at_ == std::chrono::steady_clock::time_point::max()) {
+        exec_cv_.wait(lock, woken);
+      } else if (!exec_cv_.wait_until(lock, settle_at_, woken)) {
+        // Units are held and their grace ended (the control thread may be
+        // stuck in an exchange): settle them.
+        settle_at_ = std::chrono::steady_clock::time_point::max();
+        lock.unlock();
+        settleHeld();
+        continue;
+      }
       if (exec_queue_.empty() && close_device_rings_) {
         // Every rank stopped in the same cycle, after queueing the same units:
         // all ran, unless one failed here (then the links may be out of step).
@@ -710,6 +762,12 @@ void Engine::runUnit(QueuedUnit& item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     failure = failure_;
+    if (failure.empty() && !held_.empty()) {
+      // A link closed under an earlier unit: this one would fail or stall
+      // on it. It fails with that unit's cause.
+      held_.push_back({std::move(item), "", ""});
+      return;
+    }
   }
   const Request& req = unit.pieces.front().entry->request;
   const int me = data_ctx_.rank();
@@ -725,8 +783,33 @@ void Engine::runUnit(QueuedUnit& item) {
     for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", me, ": ", e.what()));
   } catch (const std::exception& e) {
     const std::string in_set = item.set->id == 0 ? "" : " in " + item.set->describe();
-    const std::string why =
-        strCat("rank ", me, ": ", opTypeName(unit.type), " '", req.name, "'", in_set, " failed: ", e.what());
+    const std::string failed =
+        strCat("rank ", me, ": ", opTypeName(unit.type), " '", req.name, "'", in_set, " failed: ");
+    std::string cause;
+    std::chrono::steady_clock::time_point settle_at{};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cause = failure_;
+      if (cause.empty() && !stopped_ && dynamic_cast<const PeerClosed*>(&e) != nullptr) {
+        // The peer may have closed because it learned of a failure
+        // elsewhere, and its reason may still be on its way: hold the
+        // unit until the control thread knows (settleHeld()).
+        if (held_.empty()) held_until_ = std::chrono::steady_clock::now() + reasonGrace();
+        settle_at = held_until_;
+        held_.push_back({std::move(item), failed, e.what()});
+      }
+    }
+    if (settle_at != std::chrono::steady_clock::time_point{}) {
+      {
+        std::lock_guard<std::mutex> lock(exec_mu_);
+        settle_at_ = settle_at;
+      }
+      exec_cv_.notify_all();
+      incoming_cv_.notify_all();  // an idle control thread cycles now, and hears sooner
+      return;
+    }
+    // A cause the control thread already knows leads; what this unit saw follows.
+    const std::string why = cause.empty() ? failed + e.what() : strCat(failed, cause, " (then: ", e.what(), ")");
     for (auto& p : unit.pieces) p.entry->state->fail(why);
     failEverything(why);
     incoming_cv_.notify_all();  // the control thread tells the other ranks

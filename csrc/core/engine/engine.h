@@ -38,7 +38,12 @@
 // negotiation) fails that op on every rank and the engine goes on. A
 // transport failure (peer died, deadline on a link) leaves ranks in unknown
 // states, so it fails every pending op and every later submit with the
-// original message, naming the rank that saw it.
+// original message, naming the rank that saw it. A rank that stops on a
+// failure tells the others why (its last word on the control links, or the
+// shutdown the coordinator sends everyone) before it closes its links; so a
+// link that merely closed (PeerClosed) is not reported at once: its op waits
+// up to reasonGrace() for the control thread to learn the cause, and names
+// it, and only blames the closing peer itself when no cause comes.
 #pragma once
 
 #include <atomic>
@@ -208,6 +213,20 @@ class Engine {
   void equipSet(ProcessSet& ps);
   std::shared_ptr<ProcessSet> findSet(int32_t id) const;
   void failEverything(const std::string& why);
+  // How long a rank that closes its links after its last word keeps them
+  // open first (shutdown()), and how long a unit whose link closed waits
+  // for the cause (settleHeld()): a quarter of the timeout, at most 1 s.
+  // The peer's reason was posted at least this long before its links
+  // closed, so a receiver has twice this long to read it.
+  std::chrono::milliseconds reasonGrace() const;
+  // Finishes the held units (runUnit) once the cause is known: the
+  // failure the control thread recorded meanwhile (a peer's last word or
+  // shutdown, or its own lost contact) leads their error, what their link
+  // said follows. When reasonGrace() passed or the control thread stopped
+  // without one, the first held unit's own error becomes this rank's
+  // failure (the closing peer is blamed). Called by the control thread
+  // after every cycle, by the executor when the grace ends, and at shutdown.
+  void settleHeld();
   void warn(const std::string& msg);
   static ReducerEnv reducerEnv(const Config& config, const std::string& shm_token, int32_t set_id,
                                std::shared_ptr<RegisteredMemory> registered);
@@ -261,8 +280,17 @@ class Engine {
     WorkUnit unit;
   };
   // Runs one unit and finishes its ops; a transport error fails everything.
-  // Called by exactly one thread at a time: whoever set exec_busy_.
+  // A unit whose link closed (PeerClosed), and every unit after it, is held
+  // instead (held_) until settleHeld() knows the cause; `item` is moved
+  // from then. Called by exactly one thread at a time: whoever set exec_busy_.
   void runUnit(QueuedUnit& item);
+  struct HeldUnit {
+    QueuedUnit item;
+    std::string failed;  // "rank R: <op> '<name>' failed: "
+    std::string seen;    // what its link said; empty: it never ran
+  };
+  std::vector<HeldUnit> held_;                          // under mu_
+  std::chrono::steady_clock::time_point held_until_{};  // under mu_: when settleHeld() stops waiting
   // Units up to this size run on the control thread when the executor is
   // idle (queueUnits): for them the hand-off costs more than the work.
   static constexpr size_t kInlineUnitBytes = size_t(64) << 10;
@@ -280,6 +308,9 @@ class Engine {
   // Set when every rank stops cleanly (stopOnShutdown): the executor closes
   // its device rings (a collective) once the units already queued have run.
   bool close_device_rings_ = false;
+  // held_until_ while units are held, for the executor to wake and settle
+  // them; time_point::max() otherwise.
+  std::chrono::steady_clock::time_point settle_at_ = std::chrono::steady_clock::time_point::max();
 
   std::thread control_thread_;
   std::thread executor_thread_;

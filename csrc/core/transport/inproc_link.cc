@@ -31,7 +31,7 @@ class InProcRecv : public LinkRequest {
     if (done_) return;
     std::unique_lock<std::mutex> lock(mu_);
     while (arrived_.count(seq_) == 0) {
-      if (*closed_) throw CollectiveError(strCat("rank ", self_, ": link to rank ", peer_, " closed"));
+      if (*closed_) throw PeerClosed(strCat("rank ", self_, ": link to rank ", peer_, " closed"));
       if (cv_.wait_until(lock, deadline.at()) == std::cv_status::timeout && arrived_.count(seq_) == 0)
         throw TimeoutError(strCat("rank ", self_, ": timed out receiving from rank ", peer_));
     }

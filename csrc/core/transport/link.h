@@ -9,7 +9,10 @@
 //    buffer is reused or freed.
 //  * wait() either returns with the transfer complete, or throws
 //    TimeoutError when the deadline passes, or CollectiveError when the peer
-//    is gone. It never blocks past the deadline.
+//    is gone: PeerClosed when all the transport knows is that the connection
+//    closed (the peer may be alive and have closed on purpose), plain
+//    CollectiveError when it knows the peer died. It never blocks past the
+//    deadline.
 //  * A link is used by one thread at a time (the engine's executor or the
 //    control thread), so implementations need no internal locking for posts.
 #pragma once

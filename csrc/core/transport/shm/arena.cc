@@ -93,7 +93,7 @@ void ShmArena::barrier(Deadline deadline, const char* what) {
   const int self = local_ranks_[local_rank_];
   shmWait(
       control()->barrier, deadline, [&] { return allArrived(n); },
-      [&]() -> std::string {
+      [&]() -> ShmGone {
         for (int j = 0; j < localSize(); ++j) {
           if (j == local_rank_ || arrivals(j).load(std::memory_order_acquire) >= n) continue;
           switch (seg_.peer(j)) {
@@ -101,12 +101,14 @@ void ShmArena::barrier(Deadline deadline, const char* what) {
               return strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j, ", pid ", seg_.pidOf(j),
                             ") died; node barrier ", what, " cannot complete");
             case ShmSegment::Peer::kDetached:
-              return strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j,
-                            ") left the node arena ", seg_.name(), "; node barrier ", what, " cannot complete");
+              // It left on purpose (a failure elsewhere stopped it): it says why on the control plane.
+              return {strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j,
+                             ") left the node arena ", seg_.name(), "; node barrier ", what, " cannot complete"),
+                      true};
             default: break;
           }
         }
-        return "";
+        return {};
       },
       [&](std::chrono::milliseconds waited) {
         return strCat("rank ", self, ": timed out after ", waited.count(), " ms in node barrier ", what, " (segment ",

@@ -71,13 +71,28 @@ struct ShmWaitTuning {
   static constexpr std::chrono::milliseconds kProbeInterval{100};
 };
 
+// Why an awaited peer will never deliver (empty while it still may).
+// `closed`: it left on purpose rather than died, so it may say why on the
+// control plane; thrown as PeerClosed then (common/error.h).
+struct ShmGone {
+  ShmGone() = default;
+  ShmGone(std::string w, bool c = false) : why(std::move(w)), closed(c) {}  // NOLINT(google-explicit-constructor)
+  bool empty() const { return why.empty(); }
+  [[noreturn]] void raise() const {
+    if (closed) throw PeerClosed(why);
+    throw CollectiveError(why);
+  }
+  std::string why;
+  bool closed = false;
+};
+
 // Blocks until ready() returns true.
 //  * ready(): cheap check of the condition (atomic loads only).
 //  * probe(): called every kProbeInterval while waiting; returns an empty
 //    string while the awaited party may still deliver, otherwise the reason
-//    it never will ("rank 0: peer rank 1 (pid 42) died"), which is thrown as
-//    CollectiveError unless ready() has become true meanwhile (a peer may
-//    finish its part and then exit).
+//    it never will ("rank 0: peer rank 1 (pid 42) died", a ShmGone), which
+//    is thrown (ShmGone::raise) unless ready() has become true meanwhile (a
+//    peer may finish its part and then exit).
 //  * describe(waited): the TimeoutError message when the deadline passes.
 template <typename Ready, typename Probe, typename Describe>
 void shmWait(ShmSignal& sig, Deadline deadline, Ready&& ready, Probe&& probe, Describe&& describe) {
@@ -114,17 +129,17 @@ void shmWait(ShmSignal& sig, Deadline deadline, Ready&& ready, Probe&& probe, De
     const auto now = Clock::now();
     if (now >= next_probe) {
       next_probe = now + ShmWaitTuning::kProbeInterval;
-      const std::string gone = probe();
+      const ShmGone gone = probe();
       if (!gone.empty()) {
         if (ready()) return;
-        throw CollectiveError(gone);
+        gone.raise();
       }
     }
     if (deadline.expired()) {
       if (ready()) return;
       // A dead peer is the better explanation of a timeout: say so if it is.
-      const std::string gone = probe();
-      if (!gone.empty()) throw CollectiveError(gone);
+      const ShmGone gone = probe();
+      if (!gone.empty()) gone.raise();
       throw TimeoutError(describe(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)));
     }
   }
