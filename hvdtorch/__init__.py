@@ -103,7 +103,12 @@ _PYTHON_KNOBS = [
         "0",
         "tests: 1 hands every CPU tensor to the engine as simulated-device memory (the GPU code paths on a CPU)",
     ),
-    ("HVDTORCH_SIM_SEED", "1", "simulated device (tests): seed of its streams' random delays"),
+    (
+        "HVDTORCH_SIM_SEED",
+        "1",
+        "simulated device (tests): base seed of its streams' random delays; each rank mixes in its rank, so ranks "
+        "sleep different delays; the test harness draws it at random per job when unset and names it in a failure",
+    ),
     ("HVDTORCH_SIM_MAX_DELAY_US", "200", "simulated device (tests): longest random delay of one operation, in us"),
     ("HVDTORCH_SIM_INTERPROCESS", "0", "simulated device (tests): 1 keeps its memory and events in shared memory"),
     ("HVDTORCH_SIM_HOST_COPY_US", "0", "simulated device (tests): extra cost of each copy to or from the host, in us"),

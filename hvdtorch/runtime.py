@@ -272,6 +272,9 @@ def init(comm=None, process_sets=None, **options) -> None:
         _C.remove_dead_shm_segments()
         launch.remove_stale_file_stores()
 
+        # Simulated devices made from now on seed their streams with the rank
+        # too: the ranks of a job share HVDTORCH_SIM_SEED, not its delays.
+        _C.set_sim_rank(rank)
         device = _device_group(timeout)
         engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token, device)
         topo = engine.topology()

@@ -7,9 +7,15 @@ MASTER_PORT (a free port), a short HVDTORCH_TIMEOUT, and optionally its own
 HVDTORCH_HOSTNAME to emulate several hosts. The whole job has a deadline: if
 it passes, every rank is killed and the test fails with each rank's output,
 so a hang is a clear failure, never a stuck CI.
+
+The simulated device's seed (HVDTORCH_SIM_SEED, which each rank mixes with
+its rank) is the caller's or the environment's if set, else drawn at random
+for each job, so that every run of the suite tries other stream delays; a
+failure names it, and setting it reruns the job with the same delays.
 """
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -48,6 +54,7 @@ def run_ranks(
     *,
     hosts: Optional[Sequence[str]] = None,
     env: Optional[Dict] = None,
+    rank_env: Optional[Dict[int, Dict]] = None,
     timeout: float = 90.0,
     args: Sequence[str] = (),
     expect_success: bool = True,
@@ -58,13 +65,17 @@ def run_ranks(
     """Starts `target` ("module:function") on `nranks` processes and waits.
 
     hosts[i] becomes rank i's HVDTORCH_HOSTNAME; ranks with equal names form
-    one emulated host, and LOCAL_RANK/LOCAL_WORLD_SIZE follow. With
+    one emulated host, and LOCAL_RANK/LOCAL_WORLD_SIZE follow. `env` goes
+    to every rank, and rank_env[i] (over it) to rank i alone. With
     `kill_rank`, that rank is sent SIGKILL once its output contains
     `kill_after` (`kill_signal`: SIGSTOP freezes it instead; it is killed
     when the others are done).
     """
     port = free_port()
     hosts = list(hosts) if hosts else ["localhost"] * nranks
+    sim_seed = (
+        (env or {}).get("HVDTORCH_SIM_SEED") or os.environ.get("HVDTORCH_SIM_SEED") or random.randrange(1, 1 << 31)
+    )
     procs = []
     for rank in range(nranks):
         same = [i for i, h in enumerate(hosts) if h == hosts[rank]]
@@ -79,6 +90,7 @@ def run_ranks(
                 "MASTER_PORT": str(port),
                 "HVDTORCH_HOSTNAME": hosts[rank],
                 "HVDTORCH_TIMEOUT": e.get("HVDTORCH_TEST_TIMEOUT", "20"),
+                "HVDTORCH_SIM_SEED": str(sim_seed),
                 "OMP_NUM_THREADS": "1",
                 "PYTHONPATH": ROOT + os.pathsep + e.get("PYTHONPATH", ""),
                 "PYTHONUNBUFFERED": "1",
@@ -86,8 +98,9 @@ def run_ranks(
         )
         for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
             e.pop(k, None)
-        if env:
-            e.update({k: str(v) for k, v in env.items()})
+        for extra in (env, (rank_env or {}).get(rank)):
+            if extra:
+                e.update({k: str(v) for k, v in extra.items()})
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.rank_main", target, *args],
@@ -131,11 +144,14 @@ def run_ranks(
     for t in pumps:
         t.join(timeout=5)
     results = [RankResult(i, p.returncode, "".join(outputs[i])) for i, p in enumerate(procs)]
+    rerun = f"(HVDTORCH_SIM_SEED={sim_seed} reruns it with the same simulated-device delays)"
     if hung:
-        raise RanksFailed(f"ranks {hung} of {target} did not finish within {timeout} s (killed)\n" + _format(results))
+        raise RanksFailed(
+            f"ranks {hung} of {target} did not finish within {timeout} s (killed) {rerun}\n" + _format(results)
+        )
     if expect_success and any(r.returncode != 0 for r in results):
         raise RanksFailed(
-            f"{target} failed on ranks {[r.rank for r in results if r.returncode != 0]}\n" + _format(results)
+            f"{target} failed on ranks {[r.rank for r in results if r.returncode != 0]} {rerun}\n" + _format(results)
         )
     return results
 

@@ -5,9 +5,11 @@ DistributedModel training and the sharded optimizer, with every tensor on the si
 (ready and completion events, staging through pinned memory) with the device
 streams' random delays, and must give the CPU results exactly."""
 
+import re
+
 import pytest
 
-from tests.harness import run_ranks
+from tests.harness import RanksFailed, run_ranks
 
 # Device calibration off: `auto` takes its rule's route, the same in every run.
 # The calibration, which picks routes by measured time, has tests of its own.
@@ -68,6 +70,49 @@ def test_the_device_ring(nranks):
         "HVDTORCH_SIM_MAX_DELAY_US": "400",
     }
     run_ranks("tests.workers.sim_device:device_path", nranks, args=["ring"], timeout=240, env=env)
+
+
+def test_the_device_ring_back_to_back():
+    # Twelve all-reduces run back to back (submitted at once, fusion off)
+    # while rank 1's device is 15 times slower than its peers': rank 0 ends
+    # each all-reduce and starts writing the next into rank 1's slots while
+    # rank 1 may still be reading the last segments of the one before, so
+    # the result is right only if the slots are reused after rank 1's
+    # "consumed" events (the drain at the end of each all-reduce). With
+    # equal devices that interleaving almost never happens.
+    env = {
+        **SIM,
+        "HVDTORCH_SIM_INTERPROCESS": "1",
+        "HVDTORCH_DEVICE_RING_SLOT_BYTES": "256",
+        "HVDTORCH_SIM_MAX_DELAY_US": "400",
+        "HVDTORCH_FUSION_THRESHOLD": "0",
+    }
+    slow = {1: {"HVDTORCH_SIM_MAX_DELAY_US": "6000"}}
+    run_ranks("tests.workers.sim_device:back_to_back", 3, args=["12", "300"], timeout=240, env=env, rank_env=slow)
+
+
+def test_each_rank_seeds_its_device_apart():
+    run_ranks("tests.workers.sim_device:seeds_apart", 3, timeout=120, env=SIM)
+
+
+def test_the_harness_draws_the_seed_and_names_it(monkeypatch):
+    # Unset, HVDTORCH_SIM_SEED is drawn for each job (every run tries other
+    # delays), and a failure names it so that the run can be repeated.
+    monkeypatch.delenv("HVDTORCH_SIM_SEED", raising=False)
+    seeds = []
+    for _ in range(2):
+        with pytest.raises(RanksFailed) as failed:
+            run_ranks("tests.workers.sim_device:fails_naming_its_seed", 2, timeout=60)
+        started = re.findall(r"started with HVDTORCH_SIM_SEED=(\d+)", str(failed.value))
+        assert len(started) == 2 and started[0] == started[1], f"the ranks of one job got seeds {started}"
+        assert f"HVDTORCH_SIM_SEED={started[0]} reruns it" in str(failed.value), str(failed.value)[:300]
+        seeds.append(started[0])
+    assert seeds[0] != seeds[1], f"two jobs got the same seed {seeds[0]}"
+    # Set, it is every job's.
+    monkeypatch.setenv("HVDTORCH_SIM_SEED", "77")
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks("tests.workers.sim_device:fails_naming_its_seed", 1, timeout=60)
+    assert "started with HVDTORCH_SIM_SEED=77" in str(failed.value)
 
 
 @pytest.mark.parametrize("hosts,interprocess", [("aab", "1"), ("ab", "0")], ids=["aab-mapped-and-staged", "ab-staged"])

@@ -3,7 +3,9 @@
 // dies with SIGSEGV; a missing wait between two streams is visible (stale
 // data, or a ThreadSanitizer report in a TSan build) while the same with the
 // wait is always right; interprocess memory and events across two
-// processes; nothing left behind (threads, /dev/shm); bad pointers named.
+// processes; a release of memory a peer still has open counted; stream
+// seeds apart per rank; nothing left behind (threads, /dev/shm); bad
+// pointers named.
 //
 // Children are forked while this process runs no stream thread (every
 // device of an earlier test is destroyed by then), so they may start their
@@ -298,6 +300,73 @@ TEST(sim_interprocess_memory_and_events) {
   CHECK(shmLeft(child).empty());
 }
 
+// The detector the device ring's teardown tests rely on: releasing
+// interprocess memory that a peer process still has open is counted (CUDA
+// IPC leaves it undefined), and releasing it after the peer closed it is not.
+TEST(sim_release_while_a_peer_has_it_open_is_counted) {
+  int p2c[2], c2p[2];
+  CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    // For each of two handles: open it, say so, wait for the word to close it
+    // ('c': now; 'r': the parent released it already), close it, say so.
+    close(p2c[1]);
+    close(c2p[0]);
+    int rc = 0;
+    try {
+      auto d = makeSimDevice(options(9, true));
+      for (int k = 0; k < 2 && rc == 0; ++k) {
+        IpcMemoryHandle h;
+        char word = 0;
+        if (!readAll(p2c[0], &h, sizeof(h), 30)) _exit(2);
+        void* x = d->openMemory(h);
+        const char opened = 'o', closed = 'c';
+        if (!writeAll(c2p[1], &opened, 1) || !readAll(p2c[0], &word, 1, 30)) rc = 3;
+        d->closeMemory(x);
+        if (!writeAll(c2p[1], &closed, 1)) rc = 3;
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+      rc = 4;
+    }
+    _exit(rc);
+  }
+  close(p2c[0]);
+  close(c2p[1]);
+  {
+    auto d = makeSimDevice(options(10, true));
+    char word = 0;
+    // Released while the child has it open: counted.
+    void* x = d->allocate(4096);
+    const IpcMemoryHandle hx = d->exportMemory(x);
+    CHECK(writeAll(p2c[1], &hx, sizeof(hx)));
+    CHECK_MSG(readAll(c2p[0], &word, 1, 60) && word == 'o', "the child did not open the first allocation");
+    const uint64_t before = simReleasedWhileOpen();
+    d->release(x);
+    CHECK_MSG(simReleasedWhileOpen() == before + 1, "released while a peer had it open: counted %llu, want %llu",
+              static_cast<unsigned long long>(simReleasedWhileOpen()), static_cast<unsigned long long>(before + 1));
+    const char released = 'r';
+    CHECK(writeAll(p2c[1], &released, 1));
+    CHECK_MSG(readAll(c2p[0], &word, 1, 60) && word == 'c', "the child did not close the first allocation");
+    // Released after the child closed it: not counted.
+    void* y = d->allocate(4096);
+    const IpcMemoryHandle hy = d->exportMemory(y);
+    CHECK(writeAll(p2c[1], &hy, sizeof(hy)));
+    CHECK_MSG(readAll(c2p[0], &word, 1, 60) && word == 'o', "the child did not open the second allocation");
+    const char close_it = 'c';
+    CHECK(writeAll(p2c[1], &close_it, 1));
+    CHECK_MSG(readAll(c2p[0], &word, 1, 60) && word == 'c', "the child did not close the second allocation");
+    d->release(y);
+    CHECK_MSG(simReleasedWhileOpen() == before + 1, "released after the peer closed it: counted %llu, want %llu",
+              static_cast<unsigned long long>(simReleasedWhileOpen()), static_cast<unsigned long long>(before + 1));
+  }
+  const int status = reap(child, 60);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d (3: pipe, 4: an exception)", status);
+  close(p2c[1]);
+  close(c2p[0]);
+}
+
 TEST(sim_leaves_nothing_behind) {
   const int threads_before = threadCount();
   {
@@ -359,6 +428,31 @@ TEST(sim_wrapped_stream_is_the_same_queue) {
   CHECK(seen == 2);
   finish(*d, engine.get());
   d->release(x);
+}
+
+// The ranks of a job share HVDTORCH_SIM_SEED but not their delays: every
+// stream's seed depends on the rank, and on nothing else besides the seed
+// and the stream's number (a rerun with the same seed repeats the delays).
+TEST(sim_stream_seeds_differ_by_rank) {
+  std::vector<uint64_t> seen;
+  for (int rank = 0; rank < 4; ++rank) {
+    SimOptions o = options(42);
+    o.rank = rank;
+    for (uint64_t stream = 0; stream < 4; ++stream) {
+      const uint64_t seed = simStreamSeed(o, stream);
+      for (uint64_t other : seen)
+        CHECK_MSG(seed != other, "rank %d stream %llu repeats a seed", rank, static_cast<unsigned long long>(stream));
+      seen.push_back(seed);
+      CHECK(simStreamSeed(o, stream) == seed);
+    }
+  }
+  SimOptions a = options(42), b = options(43);
+  CHECK(simStreamSeed(a, 0) != simStreamSeed(b, 0));
+  // fromEnv reports the rank given to setSimRank.
+  setSimRank(3);
+  CHECK(SimOptions::fromEnv().rank == 3);
+  setSimRank(0);
+  CHECK(SimOptions::fromEnv().rank == 0);
 }
 
 TEST(sim_options_from_environment) {

@@ -477,6 +477,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sim_unpinned_engine_copies", [] { return simUnpinnedEngineCopies(deviceFor(DeviceId{DeviceKind::kSim, 0})); });
   // Interprocess simulated memory this process freed while a peer still had it open (none should be).
   m.def("sim_released_while_open", &simReleasedWhileOpen);
+  // hvd.init() gives simulated devices the rank to seed their streams with; tests read the seeds.
+  m.def("set_sim_rank", &setSimRank);
+  m.def("sim_stream_seed", [](uint64_t stream) { return simStreamSeed(SimOptions::fromEnv(), stream); });
   // All-reduces this process ran on the device ring (algorithms/device_ring.h), for tests.
   m.def("device_ring_runs", &DeviceRing::runs);
   // All-reduces this process ran through the device group (c10d_device_collectives.h), for tests.

@@ -222,3 +222,55 @@ def device_ring_turned_off() -> None:
     assert torch.equal(got, torch.full((1000,), float(n * (n + 1) / 2))), f"rank {r}: {got[:4]}"
     assert _C.device_ring_runs() == before, f"rank {r}: the device ring ran with HVDTORCH_DEVICE_RING=0"
     hvd.shutdown()
+
+
+def back_to_back(units: str, count: str) -> None:
+    """`units` device-ring all-reduces submitted at once (fusion off: one
+    unit each), so the executor runs them back to back while the host never
+    waits for the device: a rank starts writing the next all-reduce into its
+    neighbour's slots while that neighbour's stream may still be reading
+    the last segments of the one before (the test makes one rank's device
+    slow, so that it does). Each all-reduce has values of its own, so a
+    slot overwritten before its last read shows as a wrong result, and all
+    of them are named."""
+    import torch
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    before = _C.device_ring_runs()
+    count = int(count)
+    handles = [
+        hvd.allreduce_async(
+            torch.arange(count, dtype=torch.float32) + 1000 * k + r, op=hvd.Sum, name=f"b2b.{k}", reducer="ring"
+        )
+        for k in range(int(units))
+    ]
+    wrong = {}
+    for k, h in enumerate(handles):
+        got = hvd.synchronize(h)
+        want = n * (torch.arange(count, dtype=torch.float32) + 1000 * k) + n * (n - 1) / 2
+        bad = (got != want).nonzero().flatten()
+        if bad.numel():
+            wrong[k] = f"{bad.numel()} elements from [{int(bad[0])}] ({got[bad[0]]}, want {want[bad[0]]})"
+    assert not wrong, f"rank {r}: wrong all-reduces {wrong}"
+    assert _C.device_ring_runs() - before == int(units), f"rank {r}: {_C.device_ring_runs() - before} device ring runs"
+    hvd.shutdown()
+
+
+def seeds_apart() -> None:
+    """Every rank's simulated device seeds its streams differently, though
+    the job has one HVDTORCH_SIM_SEED: no two ranks sleep the same delays."""
+    import torch
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    mine = torch.tensor([_C.sim_stream_seed(s) & ((1 << 62) - 1) for s in range(3)], dtype=torch.int64)
+    seeds = hvd.allgather(mine.unsqueeze(0), name="seeds")
+    assert len({int(x) for x in seeds.flatten()}) == 3 * n, f"rank {r}: streams of two ranks share a seed: {seeds}"
+    hvd.shutdown()
+
+
+def fails_naming_its_seed() -> None:
+    """Prints the HVDTORCH_SIM_SEED this rank was started with, and fails."""
+    print(f"started with HVDTORCH_SIM_SEED={os.environ.get('HVDTORCH_SIM_SEED')}", flush=True)
+    raise SystemExit(3)

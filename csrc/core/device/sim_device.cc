@@ -231,6 +231,7 @@ std::string nextShmName(char kind) {
 }
 
 std::atomic<uint64_t> g_released_while_open{0};
+std::atomic<int> g_sim_rank{0};  // setSimRank
 
 size_t pageSize() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 
@@ -307,7 +308,7 @@ class SharedEvent : public SimEvent {
 class SimDevice : public Device {
  public:
   explicit SimDevice(const SimOptions& o) : opt_(o) {
-    engine_ = std::make_shared<Worker>(splitmix(opt_.seed), opt_.max_delay_us);
+    engine_ = std::make_shared<Worker>(simStreamSeed(opt_, 0), opt_.max_delay_us);
     workers_.push_back(engine_);
   }
 
@@ -432,7 +433,7 @@ class SimDevice : public Device {
 
   std::unique_ptr<Stream> newStream() override {
     std::lock_guard<std::mutex> lk(mu_);
-    auto w = std::make_shared<Worker>(splitmix(opt_.seed + ++streams_made_), opt_.max_delay_us);
+    auto w = std::make_shared<Worker>(simStreamSeed(opt_, ++streams_made_), opt_.max_delay_us);
     workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](auto& x) { return x.expired(); }),
                    workers_.end());
     workers_.push_back(w);
@@ -707,7 +708,15 @@ SimOptions SimOptions::fromEnv() {
   o.interprocess = envInt("HVDTORCH_SIM_INTERPROCESS", o.interprocess ? 1 : 0, 0, 1) != 0;
   o.host_copy_us = static_cast<int>(envInt("HVDTORCH_SIM_HOST_COPY_US", o.host_copy_us, 0, 1000000));
   o.kernel_us = static_cast<int>(envInt("HVDTORCH_SIM_KERNEL_US", o.kernel_us, 0, 1000000));
+  o.rank = g_sim_rank.load();
   return o;
+}
+
+void setSimRank(int rank) { g_sim_rank.store(rank); }
+
+uint64_t simStreamSeed(const SimOptions& options, uint64_t stream) {
+  const uint64_t rank = static_cast<uint64_t>(options.rank);
+  return splitmix((splitmix(options.seed) ^ splitmix(~rank)) + stream);
 }
 
 uint64_t simUnpinnedEngineCopies(Device& device) {

@@ -28,9 +28,13 @@
 //    counters in shared memory, so exportMemory/openMemory and
 //    exportEvent/openEvent work across processes as CUDA IPC does.
 //
-// The seed is SimOptions::seed, or HVDTORCH_SIM_SEED from the environment
-// (SimOptions::fromEnv); it is printed nowhere, so tests that want a failure
-// to reproduce print the seed they used.
+// The delays are seeded by SimOptions::seed (HVDTORCH_SIM_SEED from the
+// environment, SimOptions::fromEnv) and SimOptions::rank together
+// (simStreamSeed): the processes of one job share the seed, and their streams
+// still sleep different delays, so one rank's stream runs ahead of or behind
+// its peer's as on real GPUs. The seed is printed nowhere: tests that want a
+// failure to reproduce print the seed they used (tests/harness.py picks one
+// at random when HVDTORCH_SIM_SEED is unset and names it in a failure).
 //
 // Destruction waits for every stream's queued work, joins the threads,
 // unmaps every mapping and unlinks every segment this device created.
@@ -48,7 +52,8 @@ namespace hvdtorch {
 
 struct SimOptions {
   int index = 0;           // DeviceId index: "sim:<index>"
-  uint64_t seed = 1;       // seeds every stream's delays
+  uint64_t seed = 1;       // seeds every stream's delays, with `rank`
+  int rank = 0;            // the process's rank in its job (simStreamSeed)
   int max_delay_us = 200;  // each operation waits uniformly in [0, max_delay_us]
   bool interprocess = false;
   // What the device's operations cost beyond their work, as a sleep on the
@@ -61,9 +66,21 @@ struct SimOptions {
   // Defaults overridden by HVDTORCH_SIM_SEED, HVDTORCH_SIM_MAX_DELAY_US,
   // HVDTORCH_SIM_INTERPROCESS (0/1), HVDTORCH_SIM_HOST_COPY_US and
   // HVDTORCH_SIM_KERNEL_US; a malformed value throws InvalidArgument naming
-  // the variable.
+  // the variable. `rank` is the one last given to setSimRank (0 before).
   static SimOptions fromEnv();
 };
+
+// The rank SimOptions::fromEnv reports from now on, so that devices made
+// afterwards (deviceFor makes them on first use) seed their streams apart
+// from their peers' in other processes. hvd.init() sets it, before the
+// first device tensor reaches the engine.
+void setSimRank(int rank);
+
+// The seed of stream number `stream` (0: the engine stream, then each
+// newStream in order) of a device made with `options`: a function of seed,
+// rank and stream, different for each rank (the same seed on two ranks
+// gives unrelated delays), the same in every run with the same three.
+uint64_t simStreamSeed(const SimOptions& options, uint64_t stream);
 
 std::unique_ptr<Device> makeSimDevice(const SimOptions& options = SimOptions());
 
