@@ -4,6 +4,7 @@ DistributedModel, torch DDP and DDP + torch's ZeroRedundancyOptimizer, in
 the same job.
 
     python benchmarks/zero.py --ranks 2 --settings comm,compute --rounds 7 --iters 10
+    python benchmarks/zero.py --memory-only --settings comm --memory-rounds 5   # peak RSS only
     python benchmarks/zero.py --plot benchmarks/results/zero      # the plot of earlier runs
 
 Configurations (all with torch.optim.Adam, lr 1e-4):
@@ -28,12 +29,22 @@ once, then runs --rounds rounds of interleaved windows (A B C D E, A B C D E,
 ...), each window --warmup untimed steps then --iters timed steps between two
 barriers on a Gloo group of its own (benchmarks/googlenet.py's measure_window);
 img/s = ranks x batch x iters / the longest rank's window; median [min-max]
-over rounds. Memory: one short torchrun job per configuration (peak RSS is a
-process's high-water mark, so configurations cannot share a process): the
-bytes of optimizer state on each rank after the first step, and each rank's
-peak RSS (ru_maxrss) after --iters steps; the largest rank's is reported.
+over rounds. Memory: one short torchrun job per configuration and round
+(peak RSS is a process's high-water mark, so configurations cannot share a
+process), --memory-rounds rounds interleaved (A B C D E, A B C D E, ...):
+the bytes of optimizer state on each rank after the first step, and each
+rank's peak RSS (ru_maxrss) after --iters steps, the largest rank's; median
+[min-max] over rounds. RSS counts a shared page in every process that maps
+it: a rank that reads its peers' registered buffers in place (the node
+reducer's zero-copy path: DistributedModel's buckets, the sharded
+optimizer's buckets) counts the pages it read. PSS after the last step
+(/proc/self/smaps_rollup: shared pages split between the processes mapping
+them) is reported beside it. "of state saved": (dm's peak RSS - this
+configuration's) / (dm's state - this configuration's), the part of the
+optimizer state a rank no longer holds that the peak RSS follows down.
 Rows go to --out/<setting>.jsonl (one per configuration, throughput and
-memory together) and the plot to --out/zero.png.
+memory together; --memory-only: memory alone) and the plot to
+--out/zero.png.
 """
 
 import argparse
@@ -136,14 +147,26 @@ def worker_memory(args):
     every = [torch.zeros(1, dtype=torch.float64) for _ in range(size)]
     dist.all_gather(every, per_rank, group=group)
     train_steps(cfg, data, args.iters)
-    (rss_kib,) = _max_over_ranks([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss], group)
+    rss_kib, pss_kib = _max_over_ranks([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, _pss_kib()], group)
     params = sum(p.numel() for p in cfg.model.parameters())
     if hvd.rank() == 0:
         with open(args.rows, "w") as f:
             row = dict(config=args.configs, state_bytes_per_rank=[int(t.item()) for t in every])
-            row.update(peak_rss_mib=rss_kib / 1024, parameters=params)
+            row.update(peak_rss_mib=rss_kib / 1024, pss_mib=pss_kib / 1024, parameters=params)
             f.write(json.dumps(row) + "\n")
     hvd.shutdown()
+
+
+def _pss_kib() -> float:
+    """This process's proportional set size now (0 where the kernel does not say)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
 
 
 def free_port() -> int:
@@ -166,21 +189,58 @@ def torchrun(args, mode, configs, rows):
 def run_setting(args):
     configs = args.configs.split(",")
     tmp = os.path.join(args.out, f".rows-{os.getpid()}")
-    rows = {r["config"]: r for r in torchrun(args, "throughput", args.configs, tmp)}
-    for name in configs:
-        (mem,) = torchrun(args, "memory", name, tmp)
-        rows[name].update(mem)
+    rows = {name: {"config": name} for name in configs}
+    if not args.memory_only:
+        rows = {r["config"]: r for r in torchrun(args, "throughput", args.configs, tmp)}
+    runs = {name: [] for name in configs}
+    for rnd in range(args.memory_rounds):
+        for name in configs:
+            (mem,) = torchrun(args, "memory", name, tmp)
+            runs[name].append(mem)
+            print(f"memory round {rnd + 1} {name}: peak RSS {mem['peak_rss_mib']:.0f} MiB", file=sys.stderr)
     os.remove(tmp)
     out = []
     for name in configs:
         r = rows[name]
+        peaks = [m["peak_rss_mib"] for m in runs[name]]
+        r.update(runs[name][0])
+        r.update(peak_rss_mib=statistics.median(peaks), peak_rss_mib_min=min(peaks), peak_rss_mib_max=max(peaks))
+        r.update(peak_rss_mib_rounds=peaks, pss_mib=statistics.median(m["pss_mib"] for m in runs[name]))
         r.update(setting=args.setting, ranks=args.ranks, rounds=args.rounds, iters=args.iters, cores=os.cpu_count())
+        r.update(memory_rounds=args.memory_rounds)
         out.append(r)
     with open(os.path.join(args.out, f"{args.setting}.jsonl"), "a") as f:
         for r in out:
             f.write(json.dumps(r) + "\n")
-    print_table(out)
+    if not args.memory_only:
+        print_table(out)
+    print_memory_table(out)
     return out
+
+
+def print_memory_table(rows):
+    by = {r["config"]: r for r in rows}
+    first = rows[0]
+    print(
+        f"\n{first['setting']}, {first['ranks']} ranks, Adam, {first['iters']} steps: peak RSS per rank (the largest "
+        f"rank's) median [min-max] of {first['memory_rounds']} rounds"
+    )
+    print("  config      state MiB/rank  peak RSS MiB            PSS MiB  vs dm MiB  of state saved  vs zero-ddp MiB")
+    for r in rows:
+        state = max(r["state_bytes_per_rank"]) / 2**20
+        line = (
+            f"  {r['config']:<11} {state:8.1f}       {r['peak_rss_mib']:6.0f} [{r['peak_rss_mib_min']:.0f}-"
+            f"{r['peak_rss_mib_max']:.0f}]   {r['pss_mib']:7.0f}"
+        )
+        if "dm" in by and r["config"] != "dm":
+            dm = by["dm"]
+            saved_rss = dm["peak_rss_mib"] - r["peak_rss_mib"]
+            saved_state = max(dm["state_bytes_per_rank"]) / 2**20 - state
+            ratio = f"{saved_rss / saved_state:.2f}" if saved_state > 0 else "-"
+            line += f"  {-saved_rss:+9.0f}  {ratio:>14}"
+        if "zero-ddp" in by and r["config"] != "zero-ddp":
+            line += f"  {r['peak_rss_mib'] - by['zero-ddp']['peak_rss_mib']:+15.0f}"
+        print(line)
 
 
 def print_table(rows):
@@ -211,14 +271,16 @@ def plot(folder):
     for k, setting in enumerate(settings):
         with open(os.path.join(folder, f"{setting}.jsonl")) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        latest = {}
-        for r in rows:  # the last run of each configuration
+        latest, timed = {}, {}
+        for r in rows:  # the last run of each configuration (with throughput: the last timed one)
             latest[r["config"]] = r
+            if "img_per_s" in r:
+                timed[r["config"]] = r
         names = [c for c in CONFIGS + OPT_IN if c in latest]
         xs = [i + k * width for i in range(len(names))]
-        med = [latest[c]["img_per_s"] for c in names]
-        err = [[m - latest[c]["img_per_s_min"] for m, c in zip(med, names)]]
-        err.append([latest[c]["img_per_s_max"] - m for m, c in zip(med, names)])
+        med = [timed[c]["img_per_s"] if c in timed else 0.0 for c in names]
+        err = [[m - timed[c]["img_per_s_min"] if c in timed else 0.0 for m, c in zip(med, names)]]
+        err.append([timed[c]["img_per_s_max"] - m if c in timed else 0.0 for m, c in zip(med, names)])
         axes[0].bar(xs, med, width, yerr=err, capsize=3, label=setting)
         axes[1].bar(xs, [max(latest[c]["state_bytes_per_rank"]) / 2**20 for c in names], width, label=setting)
         axes[2].bar(xs, [latest[c]["peak_rss_mib"] for c in names], width, label=setting)
@@ -246,6 +308,8 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--memory-rounds", type=int, default=1, help="memory jobs per configuration")
+    p.add_argument("--memory-only", action="store_true", help="measure memory alone, no throughput")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "zero"))
     p.add_argument("--plot", metavar="FOLDER", help="only plot the rows in FOLDER")
     p.add_argument("--worker", choices=["throughput", "memory"], help=argparse.SUPPRESS)

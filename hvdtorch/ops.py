@@ -33,6 +33,10 @@ Min = 3
 Max = 4
 Product = 5
 
+# The reducer of tensors in registered memory: the node reducer reduces them
+# in place (DistributedModel's buckets pick it in C++, registeredReducer()).
+REGISTERED_REDUCER = "node"
+
 
 def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
     """Horovod's deprecated ``average=`` mapped onto ``op`` (the core checks the op itself)."""
@@ -61,6 +65,7 @@ def _allreduce_submit(
     postscale_factor: float,
     reducer: Optional[str],
     psid: int = 0,
+    fuse: bool = True,
 ) -> int:
     return engine().allreduce(
         list(inputs),
@@ -71,6 +76,7 @@ def _allreduce_submit(
         float(postscale_factor),
         reducer or "",
         process_set_id=psid,
+        fuse=fuse,
     )
 
 
@@ -99,6 +105,23 @@ def allreduce_async_(
     if buf is tensor:
         return register(h, lambda _outs: tensor)
     return register(h, lambda _outs: tensor.copy_(buf))
+
+
+def registered_allreduce_async_(tensor, name, op, process_set=None, prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Starts an in-place all-reduce of a tensor in registered memory
+    (engine.registered_zeros) by the node reducer, never fused: the node
+    reducer reads the peers' registered buffers and writes each reduced
+    slice straight into them, so no byte goes through a buffer of the
+    engine's (a fused unit would be packed into the fusion buffer, which
+    grows to the size of the largest unit and stays). What DistributedModel's
+    buckets and the sharded optimizer's buffers are reduced with."""
+    psid = check_process_set(process_set)
+    name = op_name("allreduce", name, psid)
+    buf = contiguous(tensor, "registered_allreduce_async_")
+    if buf is not tensor:
+        raise ValueError("hvdtorch: registered_allreduce_async_ needs a contiguous tensor (one in registered memory)")
+    h = _allreduce_submit([buf], [buf], name, op, prescale_factor, postscale_factor, REGISTERED_REDUCER, psid, False)
+    return register(h, lambda _outs: tensor)
 
 
 def allreduce_(

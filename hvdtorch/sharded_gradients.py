@@ -1,7 +1,8 @@
 """How a sharded optimizer's gradients travel: flat buckets reduced while
-backward runs, by reduce-scatter (shard=2: each rank receives only its
-shard's averaged gradient) or by all-reduce (shard=1: every rank receives
-the whole average, as unsharded training does).
+backward runs, for shard=2 into each rank's shard's averaged gradient only
+(by reduce-scatter, or in place: see in_place below), for shard=1 by
+all-reduce (every rank receives the whole average, as unsharded training
+does).
 
 Contract (Horovod's DistributedOptimizer contract, gradient_sync.py, with
 buckets of the shard layout):
@@ -23,9 +24,20 @@ buckets of the shard layout):
   * Each bucket has a persistent flat buffer that is reduced: a .grad is
     copied into it, unless it already is a view of its slot (the optimizer's
     zero_grad() makes it one: view_gradients), so that backward accumulates
-    into the bucket in place. Reduce-scatter then drops each parameter's
-    .grad (only the shard's average comes back); all-reduce makes each .grad
-    a view of the reduced flat bucket.
+    into the bucket in place. shard=2 then drops each parameter's .grad
+    (only the shard's average comes back); all-reduce makes each .grad a
+    view of the reduced flat bucket.
+  * in_place (every rank on one host, registered memory: the optimizer
+    decides, alike on every rank): the flat buffers live in registered
+    memory and are all-reduced in place by the node reducer, which reads
+    the peers' buffers and writes each reduced slice straight back (no copy
+    in or out, nothing allocated per step); shard=2 then returns a view of
+    this rank's range of the reduced bucket. The buffer is all the memory
+    it takes, where the engine's reduce-scatter copies the bucket into its
+    fusion buffer (which keeps the size of the largest bucket), through the
+    node arena, and into an output it allocates each step. Otherwise
+    shard=2 reduce-scatters (between hosts it moves half the bytes of an
+    all-reduce).
   * Compression.fp16 flattens float32/float64 buckets into float16 (the wire
     dtype) and converts the result back to the parameters' dtype; 16-bit
     floats go as they are (compression.fp16_wire).
@@ -75,9 +87,11 @@ class BucketGradients:
         compression,
         backward_passes_per_step: int,
         process_set,
+        in_place: bool = False,
     ):
         """``params[i]`` is the parameter numbered i in the buckets' ``params``
-        (None for parameters no bucket holds)."""
+        (None for parameters no bucket holds). ``in_place``: see the top; the
+        same on every rank."""
         if int(backward_passes_per_step) < 1:
             raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self._params = params
@@ -90,6 +104,7 @@ class BucketGradients:
         self._passes_per_step = int(backward_passes_per_step)
         self._process_set = process_set
         self._size = process_set.size()
+        self._in_place = bool(in_place) and self._size > 1
         self._bucket_of = {i: j for j, b in enumerate(self._buckets) for i in b.params}
         self._passes = 0  # counted backward passes since the last synchronize()
         self._in_pass = False
@@ -170,9 +185,10 @@ class BucketGradients:
             if self._compression is Compression.fp16 and fp16_wire(b.dtype):
                 wire = torch.float16
             device = self._params[b.params[0]].device
-            if not self._scatter and device.type == "cpu" and self._size > 1:
+            if (self._in_place or not self._scatter) and device.type == "cpu" and self._size > 1:
                 # An all-reduced bucket in registered memory takes the engine's zero-copy path, as
-                # DistributedModel's buckets do (a reduce-scatter gains nothing from it).
+                # DistributedModel's buckets do (the engine's reduce-scatter copies its input into
+                # the fusion buffer whatever memory it is in).
                 flat = runtime.state().engine.registered_zeros(b.numel, wire)
             else:
                 flat = torch.zeros(b.numel, dtype=wire, device=device)
@@ -208,10 +224,13 @@ class BucketGradients:
         if self._size == 1:
             self._started[j] = (None, flat)
             return
-        name = f"{self._name}.{'reducescatter' if self._scatter else 'allreduce'}.{j}"
+        scatter = self._scatter and not self._in_place
+        name = f"{self._name}.{'reducescatter' if scatter else 'allreduce'}.{j}"
         common = dict(op=self._op, prescale_factor=self._prescale, postscale_factor=self._postscale)
-        if self._scatter:
+        if scatter:
             h = reducescatter.reducescatter_async(flat, name=name, process_set=self._process_set, **common)
+        elif self._in_place:
+            h = ops.registered_allreduce_async_(flat, name, process_set=self._process_set, **common)
         else:
             h = ops.allreduce_async_(flat, name=name, process_set=self._process_set, **common)
         self._started[j] = (h, flat)
@@ -225,6 +244,9 @@ class BucketGradients:
         else:
             out = ops.synchronize(handle)
         b = self._buckets[j]
+        if self._scatter and self._in_place:
+            start, end = b.shard_range(self._process_set.rank(), self._size)
+            out = out[start:end]  # a view: this rank's shard of the reduced bucket
         out = out.to(b.dtype)
         if not self._scatter:
             for i, offset, shape in zip(b.params, b.offsets, b.shapes):
@@ -239,8 +261,9 @@ class BucketGradients:
         return self._passes > 0
 
     def synchronize(self) -> List[torch.Tensor]:
-        """Every bucket's reduced gradient: this rank's shard (reduce-scatter)
-        or the whole flat bucket (all-reduce), in the parameters' dtype."""
+        """Every bucket's reduced gradient: this rank's shard (shard=2; a view
+        of the flat buffer when in place) or the whole flat bucket (shard=1),
+        in the parameters' dtype."""
         if not (self._passes == self._passes_per_step and all(s is not None for s in self._started)):
             for j in range(len(self._buckets)):
                 if self._started[j] is None:

@@ -4,7 +4,7 @@ parameters only, steps that shard, and all-gathers the updated parameters.
 
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters()),
                                    named_parameters=model.named_parameters(), shard=2)
-    loss.backward()   # buckets are reduce-scattered while backward runs
+    loss.backward()   # buckets are reduced while backward runs
     opt.step()        # this rank's shard steps; parameters are all-gathered
 
 How:
@@ -13,13 +13,18 @@ How:
     bucket is one contiguous range of it. The wrapped optimizer is rebuilt
     (same class, same hyper-parameters, group by group) over the shards:
     one flat tensor per bucket, so its state exists for the shard only.
-  * Gradients (sharded_gradients.py): shard=2 reduce-scatters each bucket
-    while backward runs, so each rank receives its shard's average only and
+  * Gradients (sharded_gradients.py): shard=2 reduces each bucket while
+    backward runs so that each rank steps on its shard's average only, and
     .grad is freed; shard=1 all-reduces each bucket (every rank holds the
     whole average in .grad, as unsharded training) and the step takes the
-    shard's part. On a DistributedModel's parameters, the optimizer takes
-    the reduction over from the model (DistributedModel.hand_gradients_to),
-    so that every gradient it steps on comes through its own collectives.
+    shard's part. Each bucket's gradients live in one persistent flat
+    buffer, and the shard's gradient is a view of its range: on one host
+    with registered memory both stages reduce that buffer in place, by the
+    node reducer (no copy, nothing allocated per step); elsewhere shard=2
+    reduce-scatters it, and the engine allocates the shard it returns. On
+    a DistributedModel's parameters, the optimizer takes the reduction over
+    from the model (DistributedModel.hand_gradients_to), so that every
+    gradient it steps on comes through its own collectives.
   * step() then steps the shards and starts one all-gather per bucket into
     the flat buckets, the bucket forward needs first first, and waits for
     them: when step() returns, every parameter holds its new value, so an
@@ -284,11 +289,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             compression,
             backward_passes_per_step,
             ps,
+            in_place=self._gather_in_place,
         )
         if dm is not None:
             dm.hand_gradients_to(self)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
         self._synchronized = False  # gradients reduced since the last step()
+        self._reduced: List[Optional[torch.Tensor]] = [None] * len(buckets)  # shard=1: the last reduced buckets
         self._should_synchronize = True
         # Whether step() returns before the parameters are gathered (the opt-in; see the top).
         self._overlap = bool(overlap_gathers) and self._size > 1
@@ -357,7 +364,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         In place (every rank on one host, flats in registered memory): each
         rank zeroes its flat outside its own range and the flats are summed
         by an all-reduce in place, which on one host is the engine's zero-copy
-        path (each rank reads its peers' registered buffers): exact, since
+        path (each rank reads its peers' registered buffers; never fused, so
+        no bucket is copied into the engine's fusion buffer): exact, since
         only one rank adds anything but zero to an element, and several times
         faster here than the all-gather, which copies through the links into
         an output it allocates each time. A rank that has joined takes part
@@ -373,7 +381,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 with torch.no_grad():
                     flat[:start].zero_()
                     flat[end:].zero_()
-                self._gathers[j] = ops.allreduce_async_(flat, op=ops.Sum, name=name, process_set=self._process_set)
+                self._gathers[j] = ops.registered_allreduce_async_(flat, name, ops.Sum, process_set=self._process_set)
             else:
                 self._gathers[j] = ops.allgather_async(self._shards[j], name=name, process_set=self._process_set)
         if not self._overlap:
@@ -419,6 +427,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._stage == 2:
             for shard, grad in zip(self._shards, results):
                 shard.grad = grad
+        else:
+            self._reduced = results  # the flat buckets the .grad are views of
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -439,10 +449,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def set_backward_passes_per_step(self, passes: int) -> None:
         self._grads.reset(passes)
 
-    def _shard_gradients_from_grad(self) -> None:
-        """shard=1: each shard's gradient is its range of the parameters' .grad."""
-        for b, shard in zip(self._buckets, self._shards):
+    def _shard_gradients_from_grad(self, reduced: List[torch.Tensor]) -> None:
+        """shard=1: each shard's gradient is its range of the parameters'
+        .grad: a view of ``reduced`` (the all-reduced flat buckets) while
+        every .grad in the range is still the view of it that synchronize()
+        made (no copy, nothing allocated per step), else a copy of them."""
+        for b, shard, flat in zip(self._buckets, self._shards, reduced):
             start, end = b.shard_range(self._rank, self._size)
+            if flat is not None and self._grads_view(b, flat, start, end):
+                shard.grad = flat[start:end]
+                continue
             pieces = []
             for i, offset in zip(b.params, b.offsets):
                 p = self._all_params[i]
@@ -455,6 +471,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         else g.reshape(-1)[lo - offset : hi - offset]
                     )
             shard.grad = torch.cat(pieces) if pieces else torch.zeros_like(shard)
+
+    def _grads_view(self, b, flat: torch.Tensor, start: int, end: int) -> bool:
+        """Whether every .grad of bucket ``b`` that overlaps [start, end) is its slot of ``flat``."""
+        for i, offset in zip(b.params, b.offsets):
+            p = self._all_params[i]
+            if max(start, offset) >= min(end, offset + p.numel()):
+                continue
+            g = p.grad
+            slot = flat[offset : offset + p.numel()]
+            if g is None or g.dtype != flat.dtype or not g.is_contiguous() or g.data_ptr() != slot.data_ptr():
+                return False
+        return True
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
         """torch.nn.utils.clip_grad_norm_ over every parameter of the job's
@@ -507,7 +535,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._should_synchronize and not self._synchronized:
             self._synchronize()
         if self._stage == 1:
-            self._shard_gradients_from_grad()
+            self._shard_gradients_from_grad(self._reduced)
         for outer, inner in zip(self.param_groups, self.optim.param_groups):
             inner.update({k: v for k, v in outer.items() if k not in ("params", "param_names")})
         self.optim.step()

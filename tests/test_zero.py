@@ -22,6 +22,15 @@ def test_training_with_the_all_gather():
     run_ranks("tests.workers.zero:check_training", 2, args=["quick"], timeout=120, env={"HVDTORCH_SHM": "0"})
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_memory_held_per_rank(nranks):
+    run_ranks("tests.workers.zero:check_memory_held", nranks, timeout=60)
+
+
+def test_memory_held_per_rank_without_registered_memory():
+    run_ranks("tests.workers.zero:check_memory_held", 2, timeout=60, env={"HVDTORCH_SHM": "0"})
+
+
 @pytest.mark.parametrize("nranks", [1, 3])
 def test_accumulation_clipping_compression_uneven_data(nranks):
     run_ranks("tests.workers.zero:check_accumulation_clipping_compression", nranks, timeout=120)

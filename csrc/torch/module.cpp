@@ -64,9 +64,10 @@ class PyEngine {
 
   int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                     const std::string& name, int op, double prescale, double postscale, const std::string& reducer,
-                    int32_t process_set_id) {
+                    int32_t process_set_id, bool fuse) {
     const auto bound = OpTimes::now();
     ops::AllreduceOptions o;
+    o.fuse = fuse;
     o.process_set_id = process_set_id;
     OpBinding b(opWhere(rank(), "allreduce", name));
     o.inputs = b.bindAll(inputs);
@@ -375,7 +376,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            // (a user's watchdog, a timer) must be able to run meanwhile.
            py::call_guard<py::gil_scoped_release>())
       .def("allreduce", &PyEngine::allreduce, py::arg("inputs"), py::arg("outputs"), py::arg("name"), py::arg("op"),
-           py::arg("prescale"), py::arg("postscale"), py::arg("reducer"), py::arg("process_set_id") = 0)
+           py::arg("prescale"), py::arg("postscale"), py::arg("reducer"), py::arg("process_set_id") = 0,
+           py::arg("fuse") = true)
       .def("allgather", &PyEngine::allgather, py::arg("inputs"), py::arg("name"), py::arg("process_set_id") = 0)
       .def("broadcast", &PyEngine::broadcast, py::arg("input"), py::arg("output"), py::arg("root"), py::arg("name"),
            py::arg("process_set_id") = 0)
@@ -421,6 +423,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              const auto& r = e.engine()->registered();
              return r ? std::make_pair(r->ownBuffers(), r->peerMappings()) : std::make_pair(size_t(0), size_t(0));
            })
+      .def("fusion_buffer_bytes", [](PyEngine& e) { return e.engine()->fusionBufferBytes(); })
       .def("latency_phases", &PyEngine::latencyPhases, py::arg("clear") = false);
 
   py::class_<GradientReducer>(m, "GradientReducer")

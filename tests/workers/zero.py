@@ -269,6 +269,67 @@ def check_state_bytes():
             print(f"state bytes shard={shard}: per rank {every}, unsharded {unsharded}", flush=True)
 
 
+def _bytes_of_storages(tensors) -> int:
+    """Bytes of the distinct storages under ``tensors`` (views count once)."""
+    storages = {}
+    for t in tensors:
+        if t is not None:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def check_memory_held():
+    """What one rank holds while training with Adam, counted as distinct
+    storages: the parameters (P bytes, views of the flat buckets), the
+    gradients (one persistent flat buffer per bucket, P bytes; the shard's
+    gradient a view of it, nothing allocated per step) and this rank's
+    optimizer state. Unsharded training holds P + P + Adam's 2P; sharded at
+    most P + P + the state of a shard, the saving the state promises. On
+    one host with registered memory the engine makes no copy of a bucket
+    either: its fusion buffer stays smaller than any bucket (a bucket packed
+    into it would grow it to that size for good). Without registered memory
+    shard=2 reduce-scatters, and the engine allocates this rank's shard of
+    the gradient at each step: one shard more."""
+    hvd.init()
+    n = hvd.size()
+    engine = hvd.runtime.state().engine
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(301, 299), torch.nn.ReLU(), torch.nn.Linear(299, 97))
+    params = sum(p.numel() * p.element_size() for p in base.parameters())
+    for shard in (1, 2):
+        net = copy.deepcopy(base)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.Adam(net.parameters()),
+            named_parameters=net.named_parameters(),
+            shard=shard,
+            fusion_bytes=1 << 18,
+        )
+        for step in range(3):
+            opt.zero_grad()
+            net(torch.randn(4, 301, generator=torch.Generator().manual_seed(step))).sum().backward()
+            opt.step()
+            grads = [p.grad for p in net.parameters()] + [s.grad for s in opt._shards] + opt._grads._flats
+            state = [v for st in opt.optim.state.values() for v in st.values() if torch.is_tensor(v)]
+            held = _bytes_of_storages(list(net.parameters()) + grads + state)
+            limit = 2 * params + opt.state_bytes()
+            what = f"shard={shard}, {n} ranks, step {step}"
+            if shard == 2 and not opt._gather_in_place:
+                limit += sum(opt.bucket_bytes()) // n + 4 * len(opt.bucket_bytes())  # the reduce-scatters' outputs
+            assert held <= limit, (
+                f"{what}: {held} bytes held, at most {limit}: parameters {params} + gradient buffers {params} + "
+                f"state {opt.state_bytes()} (unsharded: {4 * params} and more)"
+            )
+            if opt._gather_in_place:
+                fusion = engine.fusion_buffer_bytes()
+                assert fusion < min(opt.bucket_bytes()), (
+                    f"{what}: the engine's fusion buffer holds {fusion} bytes, buckets {opt.bucket_bytes()}: "
+                    "a bucket went through it"
+                )
+        if hvd.rank() == 0:
+            print(f"shard={shard}: {held} bytes held per rank, parameters {params}", flush=True)
+    hvd.shutdown()
+
+
 def check_accumulation_clipping_compression():
     hvd.init()
     r, n = hvd.rank(), hvd.size()

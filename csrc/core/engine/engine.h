@@ -159,6 +159,9 @@ class Engine {
   // This rank's registered buffers (DistributedModel's buckets allocate
   // there); null when shared memory is off or the job has no token.
   const std::shared_ptr<RegisteredMemory>& registered() const { return registered_; }
+  // Bytes of the host fusion buffer, which grows to the largest fused unit
+  // (or reduce-scatter) so far and stays; any thread may ask.
+  size_t fusionBufferBytes() const { return executor_.fusionBytes(); }
 
  private:
   void controlLoop();

@@ -65,6 +65,7 @@ class Executor {
   Context& ctx() { return ctx_; }
   ReducerSet& reducers() { return reducers_; }
   FusionBuffer& fusion() { return fusion_; }
+  size_t fusionBytes() const { return fusion_.capacity(); }
   // Completes the piece's entry when it was the entry's last piece.
   void finishPiece(const WorkUnit::Piece& piece);
   // Completes the entry with its outputs (copied back to the device first

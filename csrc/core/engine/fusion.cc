@@ -60,7 +60,7 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
 
 void* FusionBuffer::reserve(size_t bytes, Device* pin_for) {
   if (bytes > capacity_) {
-    const size_t cap = std::max(bytes, capacity_ * 2);
+    const size_t cap = std::max(bytes, capacity_.load() * 2);
     pinning_.unpinAll();
     storage_.reset();  // the old buffer goes before the new one is made
     capacity_ = 0;
@@ -78,7 +78,7 @@ void* FusionBuffer::reserve(size_t bytes, Device* pin_for) {
     }
     capacity_ = cap;
   }
-  if (pin_for != nullptr) pinning_.pin(storage_.get(), capacity_, *pin_for);
+  if (pin_for != nullptr) pinning_.pin(storage_.get(), capacity_.load(), *pin_for);
   return storage_.get();
 }
 

@@ -8,6 +8,7 @@
 // unit then costs one collective instead of one per tensor.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -37,12 +38,13 @@ class FusionBuffer {
   explicit FusionBuffer(std::shared_ptr<RegisteredMemory> registered = nullptr) : registered_(std::move(registered)) {}
   ~FusionBuffer() { pinning_.unpinAll(); }  // before storage_ goes
   void* reserve(size_t bytes, Device* pin_for = nullptr);
-  size_t capacity() const { return capacity_; }
+  // Bytes of the buffer now; any thread may ask (the executor's thread grows it).
+  size_t capacity() const { return capacity_.load(std::memory_order_relaxed); }
 
  private:
   std::shared_ptr<RegisteredMemory> registered_;
   std::shared_ptr<void> storage_;
-  size_t capacity_ = 0;
+  std::atomic<size_t> capacity_{0};
   HostPinning pinning_;
 };
 

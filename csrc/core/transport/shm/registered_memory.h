@@ -1,9 +1,9 @@
 // Registered buffers: memory a rank allocates once, inside shared memory,
-// for buffers that live for the whole job (DistributedModel's buckets, the
-// engine's fusion buffer), so that the node reducer of its host can read the
-// buffer in place and write reduced slices straight into it -- no copy into
-// the node arena, no copy out ("register once", as Gloo+ and PFN's study
-// argue for).
+// for buffers that live for the whole job (DistributedModel's buckets, a
+// sharded optimizer's, the engine's fusion buffer), so that the node
+// reducer of its host can read the buffer in place and write reduced slices
+// straight into it -- no copy into the node arena, no copy out ("register
+// once", as Gloo+ and PFN's study argue for).
 //
 // Each buffer is a ShmSegment of its own, named
 // "<prefix>-g<owner rank>-<id>", created by its owner with one party per rank
