@@ -175,9 +175,8 @@ class BucketGradients:
 
     # ---- launching and waiting ------------------------------------------------
 
-    def _flatten(self, j: int) -> torch.Tensor:
-        """Bucket j's gradients in its persistent flat buffer (a .grad that is
-        already a view of its slot is there: nothing to copy)."""
+    def _flat(self, j: int) -> torch.Tensor:
+        """Bucket j's persistent flat buffer, allocated on first use."""
         b = self._buckets[j]
         flat = self._flats[j]
         if flat is None:
@@ -193,6 +192,13 @@ class BucketGradients:
             else:
                 flat = torch.zeros(b.numel, dtype=wire, device=device)
             self._flats[j] = flat
+        return flat
+
+    def _flatten(self, j: int) -> torch.Tensor:
+        """Bucket j's gradients in its persistent flat buffer (a .grad that is
+        already a view of its slot is there: nothing to copy)."""
+        b = self._buckets[j]
+        flat = self._flat(j)
         for i, offset in zip(b.params, b.offsets):
             p = self._params[i]
             piece = flat[offset : offset + p.numel()]
@@ -204,6 +210,19 @@ class BucketGradients:
             if self._scatter:
                 p.grad = None  # its average comes back as part of this rank's shard only
         return flat
+
+    def view_gradients_from_the_start(self) -> None:
+        """Before the first backward (no parameter has a .grad yet): allocates
+        every bucket's buffer and makes each .grad a view of its slot, so
+        that the first backward, too, accumulates in place. Otherwise it
+        allocates every gradient beside the buckets, and shard=1, which keeps
+        them until the buckets are reduced, peaks a model's gradients higher
+        in its first step."""
+        if any(self._params[i].grad is not None for b in self._buckets for i in b.params):
+            return
+        for j in range(len(self._buckets)):
+            self._flat(j)
+        self.view_gradients()
 
     def view_gradients(self) -> None:
         """Zeroes the buckets and makes every .grad a view of its slot, so that

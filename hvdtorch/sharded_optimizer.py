@@ -293,6 +293,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         )
         if dm is not None:
             dm.hand_gradients_to(self)
+        self._grads.view_gradients_from_the_start()
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
         self._synchronized = False  # gradients reduced since the last step()
         self._reduced: List[Optional[torch.Tensor]] = [None] * len(buckets)  # shard=1: the last reduced buckets

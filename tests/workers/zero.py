@@ -307,6 +307,11 @@ def check_memory_held():
         for step in range(3):
             opt.zero_grad()
             net(torch.randn(4, 301, generator=torch.Generator().manual_seed(step))).sum().backward()
+            # Backward accumulated into the buckets, the first one too: no gradient beside them.
+            during = _bytes_of_storages(list(net.parameters()) + [p.grad for p in net.parameters()] + opt._grads._flats)
+            assert during <= 2 * params, (
+                f"shard={shard}, step {step}: {during} bytes after backward, at most {2 * params}"
+            )
             opt.step()
             grads = [p.grad for p in net.parameters()] + [s.grad for s in opt._shards] + opt._grads._flats
             state = [v for st in opt.optim.state.values() for v in st.values() if torch.is_tensor(v)]
