@@ -242,7 +242,7 @@ def job_probe(reducer_names: List[str], timeout_s: float = 30.0) -> Dict[str, ob
     engine = hvd.runtime.state().engine
     mine = {
         "rank": hvd.rank(),
-        "host": os.environ.get("HVDTORCH_HOSTNAME") or platform.node(),
+        "host": hvd.launch.hostname(),
         "local_rank": hvd.local_rank(),
         "local_size": hvd.local_size(),
         "cross_rank": hvd.cross_rank(),

@@ -12,14 +12,15 @@ hosts sharing one directory (NFS) never remove each other's work in progress.
 """
 
 import os
-import socket
 from typing import Any, Optional
 
 import torch
 
+from ..launch import hostname
+
 
 def _host() -> str:
-    name = os.environ.get("HVDTORCH_HOSTNAME") or socket.gethostname()
+    name = hostname()
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 

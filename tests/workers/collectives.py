@@ -4,11 +4,10 @@ Every rank can compute every other rank's input (inputs are a function of
 rank and case), so each rank checks the full result by itself.
 """
 
-import os
-
 import torch
 
 import hvdtorch as hvd
+from tests.workers.common import available_reducers
 
 DTYPES = [
     torch.float16,
@@ -189,12 +188,7 @@ def check_reducers():
     hvd.init()
     global DTYPES
     DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
-    reducers = (
-        ("ring", "central", "native", "node")
-        if os.environ.get("HVDTORCH_SHM", "1") != "0"
-        else ("ring", "central", "native")
-    )
-    check_allreduce(reducers=reducers)
+    check_allreduce(reducers=available_reducers(hvd.runtime.state().engine))
     hvd.shutdown()
 
 

@@ -1,5 +1,20 @@
 """Helpers shared by the rank-side workers."""
 
+from hvdtorch import _C
+
+
+def registered_reducers(own_op: bool = False):
+    """The reducers of the registry (algorithms/reducer_registry.h), in its
+    order: those that reduce the standard ops, and with ``own_op`` also
+    those that define an op of their own (adasum). Tests name reducers
+    through this, so a reducer added to the registry is tested too."""
+    return [r["name"] for r in _C.reducer_registry() if own_op or r["own_op"] is None]
+
+
+def available_reducers(engine):
+    """registered_reducers() that ``engine``'s ranks can run (node needs shared memory)."""
+    return [name for name in registered_reducers() if name in engine.cost_model()]
+
 
 def expect(exc_type, words, call, r):
     """Runs `call`, which must raise `exc_type` with each of `words` in its

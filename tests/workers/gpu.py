@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdtorch as hvd
+from tests.workers.common import registered_reducers
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 SLEEP_CYCLES = 20_000_000  # ~10 ms on an H100: longer than the engine's whole negotiation cycle
@@ -48,7 +49,8 @@ def written_late(cpu_values: torch.Tensor, side) -> torch.Tensor:
     return out
 
 
-def check_collectives(device: str = "cuda", reducers: str = "auto,ring,node,central,native"):
+def check_collectives(device: str = "cuda", reducers: str = ""):
+    """``reducers``: a comma list; empty: auto and every registered reducer."""
     hvd.init()
     cuda = device == "cuda"
     if cuda:
@@ -57,6 +59,7 @@ def check_collectives(device: str = "cuda", reducers: str = "auto,ring,node,cent
     side = torch.cuda.Stream() if cuda else None
     kind = "cuda" if cuda else "cpu"
     case = 0
+    reducers = reducers or ",".join(["auto", *registered_reducers()])
     for reducer in reducers.split(","):
         for dtype in DTYPES:
             for op, name in [(hvd.Sum, "Sum"), (hvd.Max, "Max")] + (

@@ -8,8 +8,9 @@ import torch
 
 import hvdtorch as hvd
 from tests.workers.collectives import assert_equal, reference, value
+from tests.workers.common import registered_reducers
 
-REDUCERS = ("ring", "node", "central", "native", "auto")
+REDUCERS = (*registered_reducers(), "auto")
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.uint8)
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdtorch as hvd
+from tests.workers.common import registered_reducers
 
 STEPS = 4
 PER_RANK = 3
@@ -83,7 +84,7 @@ def check_distributed_model(configs="all"):
         "P+F": (True, 1 << 20),
         "P+F small buckets": (True, 600),
     }
-    reducers = ["auto", "ring", "central", "native"]
+    reducers = ["auto", *registered_reducers()]
     cases = [(red, mode, "sgd") for red in reducers for mode in modes] + [("auto", "P+F", "adam")]
     if configs == "quick":
         cases = [("auto", "P+F", "sgd"), ("ring", "none", "adam")]
