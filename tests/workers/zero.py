@@ -241,24 +241,32 @@ def check_parameters_after_step():
     hvd.shutdown()
 
 
+def _mlp() -> torch.nn.Module:
+    """A model of a few buckets at fusion_bytes=1 << 18, for the memory checks."""
+    return torch.nn.Sequential(torch.nn.Linear(301, 299), torch.nn.ReLU(), torch.nn.Linear(299, 97))
+
+
+def _sharded_adam(base, shard):
+    """(a copy of ``base``, Adam over it sharded with ``shard``), as the memory checks train them."""
+    net = copy.deepcopy(base)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.Adam(net.parameters()), named_parameters=net.named_parameters(), shard=shard, fusion_bytes=1 << 18
+    )
+    return net, opt
+
+
 def check_state_bytes():
     """Optimizer state per rank <= 1/N of the unsharded state + 1% (Adam)."""
     n = hvd.size()
     torch.manual_seed(0)
-    base = torch.nn.Sequential(torch.nn.Linear(301, 299), torch.nn.ReLU(), torch.nn.Linear(299, 97))
+    base = _mlp()
     ref = copy.deepcopy(base)
     ref_opt = torch.optim.Adam(ref.parameters())
     ref(torch.randn(2, 301)).sum().backward()
     ref_opt.step()
     unsharded = sum(v.numel() * v.element_size() for st in ref_opt.state.values() for v in st.values())
     for shard in (1, 2):
-        net = copy.deepcopy(base)
-        opt = hvd.DistributedOptimizer(
-            torch.optim.Adam(net.parameters()),
-            named_parameters=net.named_parameters(),
-            shard=shard,
-            fusion_bytes=1 << 18,
-        )
+        net, opt = _sharded_adam(base, shard)
         net(torch.randn(2, 301)).sum().backward()
         opt.step()
         every = hvd.allgather_object(opt.state_bytes())
@@ -294,16 +302,10 @@ def check_memory_held():
     n = hvd.size()
     engine = hvd.runtime.state().engine
     torch.manual_seed(0)
-    base = torch.nn.Sequential(torch.nn.Linear(301, 299), torch.nn.ReLU(), torch.nn.Linear(299, 97))
+    base = _mlp()
     params = sum(p.numel() * p.element_size() for p in base.parameters())
     for shard in (1, 2):
-        net = copy.deepcopy(base)
-        opt = hvd.DistributedOptimizer(
-            torch.optim.Adam(net.parameters()),
-            named_parameters=net.named_parameters(),
-            shard=shard,
-            fusion_bytes=1 << 18,
-        )
+        net, opt = _sharded_adam(base, shard)
         for step in range(3):
             opt.zero_grad()
             net(torch.randn(4, 301, generator=torch.Generator().manual_seed(step))).sum().backward()
