@@ -82,6 +82,33 @@ int threadCount() {
   return n;
 }
 
+// A forked child and a pipe each way. Each side holds its own ends: `in`
+// reads what the other side writes to its `out` (the other ends are closed).
+struct Forked {
+  pid_t pid;
+  int in, out;
+  void closePipes() const {
+    close(in);
+    close(out);
+  }
+};
+
+Forked forkWithPipes() {
+  int p2c[2], c2p[2];
+  CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
+  std::fflush(nullptr);  // buffered output would be written by both processes
+  const pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    close(p2c[1]);
+    close(c2p[0]);
+    return {0, p2c[0], c2p[1]};
+  }
+  close(p2c[0]);
+  close(c2p[1]);
+  return {pid, c2p[0], p2c[1]};
+}
+
 // Waits for the child, killing it after `seconds`; returns its wait status.
 int reap(pid_t child, int seconds) {
   int status = 0;
@@ -217,16 +244,12 @@ TEST(sim_missing_wait_is_caught) {
 // the waits, each side would read well before the other's writes ran.
 TEST(sim_interprocess_memory_and_events) {
   const size_t n = 1 << 14;
-  int p2c[2], c2p[2];
-  CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
-  std::fflush(nullptr);
-  const pid_t child = fork();
+  const Forked f = forkWithPipes();
+  const pid_t child = f.pid;
   if (child == 0) {
-    close(p2c[1]);
-    close(c2p[0]);
     IpcMemoryHandle mh;
     IpcEventHandle eh;
-    if (!readAll(p2c[0], &mh, sizeof(mh), 30) || !readAll(p2c[0], &eh, sizeof(eh), 30)) _exit(2);
+    if (!readAll(f.in, &mh, sizeof(mh), 30) || !readAll(f.in, &eh, sizeof(eh), 30)) _exit(2);
     int rc = 0;
     try {
       SimOptions o = options(7, true);
@@ -247,7 +270,7 @@ TEST(sim_interprocess_memory_and_events) {
       for (int k = 0; k < 5; ++k) d->reduceInto(x, y, n, DataType::kInt32, ReduceOp::kSum, s.get());
       d->record(*ready, s.get());
       const char go = 'r';
-      if (!writeAll(c2p[1], &go, 1)) rc = 4;
+      if (!writeAll(f.out, &go, 1)) rc = 4;
       finish(*d, s.get());
       d->release(y);
       d->closeMemory(x);
@@ -257,8 +280,6 @@ TEST(sim_interprocess_memory_and_events) {
     }
     _exit(rc);
   }
-  close(p2c[0]);
-  close(c2p[1]);
   {
     SimOptions o = options(8, true);
     o.max_delay_us = 20000;
@@ -278,9 +299,9 @@ TEST(sim_interprocess_memory_and_events) {
     CHECK_THROWS(d->openMemory(d->exportMemory(x)), InvalidArgument);  // a process cannot open its own handle
     const IpcMemoryHandle mh = d->exportMemory(x);
     const IpcEventHandle eh = d->exportEvent(*ready);
-    CHECK(writeAll(p2c[1], &mh, sizeof(mh)) && writeAll(p2c[1], &eh, sizeof(eh)));
+    CHECK(writeAll(f.out, &mh, sizeof(mh)) && writeAll(f.out, &eh, sizeof(eh)));
     char go = 0;
-    CHECK_MSG(readAll(c2p[0], &go, 1, 60) && go == 'r', "the child never recorded the event");
+    CHECK_MSG(readAll(f.in, &go, 1, 60) && go == 'r', "the child never recorded the event");
     d->wait(nullptr, *ready);  // binds to the child's record
     std::vector<int32_t> out(n, -1);
     d->copyToHost(out.data(), x, n * 4, nullptr);
@@ -294,8 +315,7 @@ TEST(sim_interprocess_memory_and_events) {
     d->release(x);
     d->release(ones);
   }
-  close(p2c[1]);
-  close(c2p[0]);
+  f.closePipes();
   CHECK(shmLeft(getpid()).empty());
   CHECK(shmLeft(child).empty());
 }
@@ -304,27 +324,23 @@ TEST(sim_interprocess_memory_and_events) {
 // interprocess memory that a peer process still has open is counted (CUDA
 // IPC leaves it undefined), and releasing it after the peer closed it is not.
 TEST(sim_release_while_a_peer_has_it_open_is_counted) {
-  int p2c[2], c2p[2];
-  CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
-  std::fflush(nullptr);
-  const pid_t child = fork();
+  const Forked f = forkWithPipes();
+  const pid_t child = f.pid;
   if (child == 0) {
     // For each of two handles: open it, say so, wait for the word to close it
     // ('c': now; 'r': the parent released it already), close it, say so.
-    close(p2c[1]);
-    close(c2p[0]);
     int rc = 0;
     try {
       auto d = makeSimDevice(options(9, true));
       for (int k = 0; k < 2 && rc == 0; ++k) {
         IpcMemoryHandle h;
         char word = 0;
-        if (!readAll(p2c[0], &h, sizeof(h), 30)) _exit(2);
+        if (!readAll(f.in, &h, sizeof(h), 30)) _exit(2);
         void* x = d->openMemory(h);
         const char opened = 'o', closed = 'c';
-        if (!writeAll(c2p[1], &opened, 1) || !readAll(p2c[0], &word, 1, 30)) rc = 3;
+        if (!writeAll(f.out, &opened, 1) || !readAll(f.in, &word, 1, 30)) rc = 3;
         d->closeMemory(x);
-        if (!writeAll(c2p[1], &closed, 1)) rc = 3;
+        if (!writeAll(f.out, &closed, 1)) rc = 3;
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "child: %s\n", e.what());
@@ -332,39 +348,36 @@ TEST(sim_release_while_a_peer_has_it_open_is_counted) {
     }
     _exit(rc);
   }
-  close(p2c[0]);
-  close(c2p[1]);
   {
     auto d = makeSimDevice(options(10, true));
     char word = 0;
     // Released while the child has it open: counted.
     void* x = d->allocate(4096);
     const IpcMemoryHandle hx = d->exportMemory(x);
-    CHECK(writeAll(p2c[1], &hx, sizeof(hx)));
-    CHECK_MSG(readAll(c2p[0], &word, 1, 60) && word == 'o', "the child did not open the first allocation");
+    CHECK(writeAll(f.out, &hx, sizeof(hx)));
+    CHECK_MSG(readAll(f.in, &word, 1, 60) && word == 'o', "the child did not open the first allocation");
     const uint64_t before = simReleasedWhileOpen();
     d->release(x);
     CHECK_MSG(simReleasedWhileOpen() == before + 1, "released while a peer had it open: counted %llu, want %llu",
               static_cast<unsigned long long>(simReleasedWhileOpen()), static_cast<unsigned long long>(before + 1));
     const char released = 'r';
-    CHECK(writeAll(p2c[1], &released, 1));
-    CHECK_MSG(readAll(c2p[0], &word, 1, 60) && word == 'c', "the child did not close the first allocation");
+    CHECK(writeAll(f.out, &released, 1));
+    CHECK_MSG(readAll(f.in, &word, 1, 60) && word == 'c', "the child did not close the first allocation");
     // Released after the child closed it: not counted.
     void* y = d->allocate(4096);
     const IpcMemoryHandle hy = d->exportMemory(y);
-    CHECK(writeAll(p2c[1], &hy, sizeof(hy)));
-    CHECK_MSG(readAll(c2p[0], &word, 1, 60) && word == 'o', "the child did not open the second allocation");
+    CHECK(writeAll(f.out, &hy, sizeof(hy)));
+    CHECK_MSG(readAll(f.in, &word, 1, 60) && word == 'o', "the child did not open the second allocation");
     const char close_it = 'c';
-    CHECK(writeAll(p2c[1], &close_it, 1));
-    CHECK_MSG(readAll(c2p[0], &word, 1, 60) && word == 'c', "the child did not close the second allocation");
+    CHECK(writeAll(f.out, &close_it, 1));
+    CHECK_MSG(readAll(f.in, &word, 1, 60) && word == 'c', "the child did not close the second allocation");
     d->release(y);
     CHECK_MSG(simReleasedWhileOpen() == before + 1, "released after the peer closed it: counted %llu, want %llu",
               static_cast<unsigned long long>(simReleasedWhileOpen()), static_cast<unsigned long long>(before + 1));
   }
   const int status = reap(child, 60);
   CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d (3: pipe, 4: an exception)", status);
-  close(p2c[1]);
-  close(c2p[0]);
+  f.closePipes();
 }
 
 TEST(sim_leaves_nothing_behind) {
