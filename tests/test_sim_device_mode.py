@@ -33,6 +33,8 @@ CASES = [
     # The GPU tests' own checks, on CPU tensors (they run on CUDA tensors in make gpu-check).
     ("tests.workers.gpu:check_collectives", ["cpu"], 1, None, {}),
     ("tests.workers.gpu:check_collectives", ["cpu"], 2, None, {}),
+    # With the device ring there (and no calibration, so `auto` takes its rule): Adasum must still be staged.
+    ("tests.workers.gpu:check_collectives", ["cpu"], 2, None, {"HVDTORCH_SIM_INTERPROCESS": "1"}),
     ("tests.workers.gpu:check_distributed_model", ["cpu"], 2, None, {}),
     ("tests.workers.gpu:check_sharded_optimizer", ["cpu"], 2, None, {}),
     ("tests.workers.training:check_distributed_model", ["quick"], 2, None, {}),

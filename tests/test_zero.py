@@ -31,6 +31,10 @@ def test_memory_held_per_rank_without_registered_memory():
     run_ranks("tests.workers.zero:check_memory_held", 2, timeout=60, env={"HVDTORCH_SHM": "0"})
 
 
+def test_step_returns_freed_memory():
+    run_ranks("tests.workers.zero:check_step_returns_freed_memory", 2, timeout=60)
+
+
 @pytest.mark.parametrize("nranks", [1, 3])
 def test_accumulation_clipping_compression_uneven_data(nranks):
     run_ranks("tests.workers.zero:check_accumulation_clipping_compression", nranks, timeout=120)

@@ -200,6 +200,16 @@ def auto_calibrated(expect: str) -> None:
     if expect == "ring":
         assert took_ring == 2, f"rank {r}: {took_ring} of 2 auto all-reduces took the device ring ({described})"
         assert _C.device_native_runs() == native, f"rank {r}: auto took the device group ({described})"
+        # Adasum's coefficients need whole vectors: staged, although the ring wins for element-wise ops.
+        # Orthogonal inputs: Adasum is their sum.
+        ring = _C.device_ring_runs()
+        x = torch.zeros(1000)
+        x[r] = r + 1
+        got = hvd.allreduce(x, op=hvd.Adasum, name="adasum")
+        want = torch.zeros(1000)
+        want[:n] = torch.arange(1, n + 1, dtype=torch.float32)
+        torch.testing.assert_close(got, want, msg=lambda m: f"rank {r}: Adasum with the ring calibrated fastest: {m}")
+        assert _C.device_ring_runs() == ring, f"rank {r}: auto ran Adasum on the device ring"
     else:
         assert took_ring == 0, f"rank {r}: auto took the device ring with slow kernels ({described})"
     hvd.shutdown()

@@ -337,6 +337,43 @@ def check_memory_held():
     hvd.shutdown()
 
 
+def _rss_anon_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError("/proc/self/status has no RssAnon")
+
+
+def check_step_returns_freed_memory():
+    """After step() on CPU shards, the C heap holds no freed pages that a
+    malloc_trim could still return: the inner optimizer's temporaries (Adam
+    frees a few the size of each shard) are given back, not kept under the
+    next forward and backward (sharded_optimizer.release_freed_host_memory).
+    Buckets of unequal sizes, so that glibc's mmap threshold, raised by the
+    largest block freed, leaves the smaller shards' temporaries on the heap."""
+    import ctypes
+
+    hvd.init()
+    trim = ctypes.CDLL(None).malloc_trim
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 512), torch.nn.Linear(512, 256))
+    for shard in (1, 2):
+        model = copy.deepcopy(net)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.Adam(model.parameters()), named_parameters=model.named_parameters(), shard=shard, fusion_bytes=1
+        )
+        for step in range(4):
+            opt.zero_grad()
+            model(torch.randn(2, 1024)).sum().backward()
+            opt.step()
+            before = _rss_anon_kib()
+            trim(0)
+            left = before - _rss_anon_kib()
+            assert left < 1024, f"shard={shard}, step {step}: step() kept {left} KiB of freed heap memory"
+    hvd.shutdown()
+
+
 def check_accumulation_clipping_compression():
     hvd.init()
     r, n = hvd.rank(), hvd.size()

@@ -140,17 +140,22 @@ DevicePath devicePath(Executor& ex, Device& d, ReducerId asked, DataType dtype, 
     routes.calibrated = true;
   }
 
+  // The device ring combines segments element by element (Device::reduceInto);
+  // Adasum's coefficients need whole vectors, so it is staged, where the
+  // host reducer that owns the op sees each tensor whole. `op` is the same
+  // on every rank, so every rank skips the ring's first-use check alike.
+  const bool elementwise = op != ReduceOp::kAdasum;
   DeviceRouteMask serves{};
   serves[static_cast<int>(DeviceRoute::kNative)] = backend && backend->reducesOnDevice(d, dtype, op);
   serves[static_cast<int>(DeviceRoute::kStaged)] = true;
   DeviceRoute rule = DeviceRoute::kStaged;
   if (serves[static_cast<int>(DeviceRoute::kNative)]) {
     rule = DeviceRoute::kNative;
-  } else if (DeviceRing::oneHost(ex.ctx()) && ex.deviceRing(d)) {
+  } else if (elementwise && DeviceRing::oneHost(ex.ctx()) && ex.deviceRing(d)) {
     rule = DeviceRoute::kRing;
   }
   // Where calibration ran, the ring already exists (or is known not to).
-  if (routes.model) serves[static_cast<int>(DeviceRoute::kRing)] = ex.deviceRing(d) != nullptr;
+  if (routes.model) serves[static_cast<int>(DeviceRoute::kRing)] = elementwise && ex.deviceRing(d) != nullptr;
   const DeviceRoute route = routes.model ? routes.model->choose(bytes, serves, rule) : rule;
   switch (route) {
     case DeviceRoute::kNative: return {&d, false};
