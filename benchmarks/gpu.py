@@ -17,7 +17,7 @@ min-max, algbw = bytes / time, busbw = algbw * 2(n-1)/n (at one rank:
 algbw), and busbw over the copy's bandwidth (bytes / copy time). Every
 route's result is checked once per size before its times count. Which route
 auto took at each size is read off the engine's counters (device ring runs,
-NCCL runs; neither: staged) in the last round and set beside the fastest
+NCCL runs, one-rank runs kept on the device; none: staged) in the last round and set beside the fastest
 measured route; rank 0 also prints auto's calibration. CSV (and a PNG where matplotlib imports)
 under --out.
 
@@ -125,7 +125,7 @@ def allreduce_worker(a) -> None:
                 x.fill_(1.0)
                 dev.sync()
                 dist.barrier()
-                counters = (_C.device_ring_runs(), _C.device_native_runs())
+                counters = (_C.device_ring_runs(), _C.device_native_runs(), _C.device_one_rank_runs())
                 t0 = time.perf_counter()
                 if how is None:
                     dst.copy_(x)
@@ -141,7 +141,9 @@ def allreduce_worker(a) -> None:
                 if rep == reps and how == ("hvd", "auto"):
                     # The last round: the first may hold the calibration, which runs every route.
                     ring, native = _C.device_ring_runs() - counters[0], _C.device_native_runs() - counters[1]
-                    auto_routes[size] = "device ring" if ring else "NCCL" if native else "staged"
+                    kept = _C.device_one_rank_runs() - counters[2]
+                    route = "device ring" if ring else "NCCL" if native else "on the device" if kept else "staged"
+                    auto_routes[size] = route
                 if rep:
                     times[label].append(took)
         copy_median = statistics.median(times[COPY])
