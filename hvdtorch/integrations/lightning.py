@@ -55,7 +55,7 @@ except ImportError as error:
 
 import hvdtorch as hvd
 
-from . import launch
+from .. import launch
 
 _OPS = {
     "mean": hvd.Average,
