@@ -8,18 +8,20 @@
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
 
 The package by layer, bottom-up (tools/import_graph.py holds the rule):
-  launch, exceptions, runtime   the launcher's environment, errors, the process's engine
+  launch, exceptions, runtime   the launcher's environment, the errors, the process's engine
   collectives/                  the ops (all-reduce ... alltoall), their handles, process sets
-  training/                     DistributedModel, DistributedOptimizer, SyncBatchNorm, autotune
+  timeline/                     the engine's timeline; ``python -m hvdtorch.timeline``
+  autotune                      HVDTORCH_AUTOTUNE: the wrappers' fusion size, the engine's cycle
+  training/                     DistributedModel, DistributedOptimizer, SyncBatchNorm
   zero/                         ShardedOptimizer: optimizer state and gradients sharded (ZeRO-1/2)
-  elastic/, timeline/           elastic training; the timeline and its summary CLI
+  elastic/                      hvd.elastic: Horovod's elastic training on torchrun's agent
   integrations/                 the Lightning strategy
   mpi_ops, functions            horovod.torch's module names, re-exported
   check                         ``python -m hvdtorch.check``
-Every name above is also here, as ``hvd.<name>``. The modules' dotted names from
-before the subpackages (``hvdtorch.ops``, ``hvdtorch.sharded_optimizer``, and
-Horovod's ``hvdtorch.compression``, ``.optimizer``, ``.sync_batch_norm``) are
-aliases of the new modules (_aliases.py).
+The public names are re-exported here (``hvd.allreduce``, ``hvd.DistributedModel``,
+...). The modules' dotted names from before the subpackages (``hvdtorch.ops``,
+``hvdtorch.sharded_optimizer``, and Horovod's ``hvdtorch.compression``,
+``.optimizer``, ``.sync_batch_norm``) are aliases of the moved modules (_aliases.py).
 """
 
 try:

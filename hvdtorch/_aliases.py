@@ -44,7 +44,6 @@ ALIASES = {
     "hvdtorch.buckets": "hvdtorch.training.buckets",
     "hvdtorch.parameter_names": "hvdtorch.training.parameter_names",
     "hvdtorch.step_marks": "hvdtorch.training.step_marks",
-    "hvdtorch.autotune": "hvdtorch.training.autotune",
     # ZeRO sharding, once spelled shard_* and sharded_*.
     "hvdtorch.shard_layout": "hvdtorch.zero.layout",
     "hvdtorch.shard_state": "hvdtorch.zero.state",

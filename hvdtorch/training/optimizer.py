@@ -17,11 +17,11 @@ import warnings
 
 import torch
 
+from .. import autotune
 from ..collectives import ops
 from ..collectives.compression import Compression
 from ..collectives.process_sets import set_id
 from ..zero.optimizer import ShardedOptimizer
-from . import autotune
 from .adasum_optimizer import _DistributedAdasumOptimizer
 from .buckets import plan_buckets
 from .gradient_sync import GradientSync
