@@ -1,5 +1,5 @@
-"""The modules' old dotted names, kept importable after the move into
-subpackages (collectives/, training/, zero/, integrations/).
+"""The modules' dotted names from before the subpackages (collectives/,
+training/, zero/, integrations/), kept importable.
 
 Contract: ``import hvdtorch.<old>`` and ``from hvdtorch.<old> import x``
 give the very module object of the new path -- not a copy, not a re-export

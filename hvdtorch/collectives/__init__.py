@@ -1,4 +1,4 @@
-"""The collectives: the ops with Horovod's names and semantics, and what they share.
+"""The collectives with Horovod's names and semantics, and what every op shares.
 
 handles.py (the handle table, below every op), ops.py (all-reduce, all-gather,
 broadcast, join, with their autograd), alltoall.py, reducescatter.py,

@@ -1,5 +1,5 @@
-"""The training wrappers built on the collectives: DistributedModel, Horovod's
-DistributedOptimizer (with its Adasum variant), SyncBatchNorm.
+"""The training wrappers built on the collectives (DistributedModel, Horovod's
+DistributedOptimizer with its Adasum variant, SyncBatchNorm).
 
 distributed_model.py and optimizer.py are the entry points; gradient_sync.py
 (DistributedOptimizer's gradient contract), adasum_optimizer.py, buckets.py,

@@ -1,5 +1,5 @@
-"""ZeRO sharding: ShardedOptimizer keeps each rank's share of the optimizer
-state (shard=1) and of the gradients (shard=2).
+"""ZeRO sharding, where ShardedOptimizer keeps each rank's share of the
+optimizer state (shard=1) and of the gradients (shard=2).
 
 optimizer.py (ShardedOptimizer) on top of layout.py (the flat buckets and
 who owns what), state.py (optimizer state sharded or whole), gradients.py
