@@ -5,7 +5,7 @@ Formats:
   shard  ``{"state": {bucket: state}, "param_groups": [...], "hvdtorch_shard":
          {"rank", "size", "buckets"}}``: this rank's shard of every bucket,
          the caller's groups (hyper-parameters, parameter numbers) and the
-         layout it was cut from (shard_layout.signature), which is all it
+         layout it was cut from (signature in zero/layout.py), which is all it
          takes to put the shards of every rank back together anywhere.
   full   torch's format over the caller's parameters, as the unsharded
          optimizer's state_dict() holds it (zero/state.py): what
