@@ -4,15 +4,20 @@ training/, zero/, integrations/), kept importable.
 Contract: ``import hvdtorch.<old>`` and ``from hvdtorch.<old> import x``
 give the very module object of the new path -- not a copy, not a re-export
 -- so monkeypatching, isinstance checks and module-level state behave as
-before. An alias is resolved on first import, never ahead of it: importing
-hvdtorch does not import ``integrations.lightning`` (which needs the
-optional ``lightning``). Horovod's module names that moved (``compression``,
-``optimizer``, ``sync_batch_norm``) are served here too; ``mpi_ops``,
-``functions`` and ``elastic`` did not move.
+before. Horovod's module names that moved (``compression``, ``optimizer``,
+``sync_batch_norm``) are served here too; ``mpi_ops``, ``functions`` and
+``elastic`` did not move.
 
-install() puts one finder on sys.meta_path; the package's __getattr__
-(hvdtorch/__init__.py) answers ``hvdtorch.<old>`` attribute lookups with
-attribute(). tests/test_package_layout.py checks every name below.
+install(), at the end of hvdtorch/__init__.py, enters the old name of every
+moved module already loaded into sys.modules, as the old modules stood there
+after ``import hvdtorch``. That is what keeps ``hvd.broadcast``,
+``hvd.alltoall`` and ``hvd.reducescatter`` the functions: an import that
+loads a submodule sets it as an attribute of its package, which would replace
+the function of the same name, while one found in sys.modules sets nothing.
+The rest (the Lightning integration, which needs the optional ``lightning``)
+a finder on sys.meta_path resolves on first import, never ahead of it. The
+package's __getattr__ answers ``hvd.<old>`` with attribute().
+tests/test_package_layout.py checks every name below.
 """
 
 import importlib
@@ -87,6 +92,9 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Idempotent: one finder however often hvdtorch is imported or reloaded."""
+    for old_name, new_name in ALIASES.items():
+        if new_name in sys.modules:
+            sys.modules.setdefault(old_name, sys.modules[new_name])
     if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
         sys.meta_path.append(_AliasFinder())
 

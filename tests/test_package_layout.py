@@ -116,9 +116,27 @@ def test_hvd_dot_an_old_module_is_the_new_module():
     for old, new in _aliases().items():
         name = old.split(".", 1)[1]
         if name == "lightning":
-            continue  # an attribute only once imported, as before (next test)
+            continue  # an attribute only once imported, as before (a test below)
+        if name in PUBLIC_NAMES:
+            continue  # hvd.broadcast, hvd.alltoall, hvd.reducescatter: the functions, as before
         assert getattr(hvd, name) is importlib.import_module(new), old
     assert not hasattr(hvd, "no_such_module")
+
+
+def test_importing_an_old_module_keeps_the_function_of_its_name():
+    # hvd.broadcast, hvd.alltoall and hvd.reducescatter are functions named like modules of old.
+    code = (
+        "import hvdtorch.broadcast, hvdtorch.alltoall, hvdtorch.reducescatter\n"
+        "from hvdtorch.broadcast import broadcast_object\n"
+        "import hvdtorch as hvd\n"
+        "from hvdtorch.collectives import ops, alltoall, reducescatter\n"
+        "assert hvd.broadcast is ops.broadcast and hvd.alltoall is alltoall.alltoall\n"
+        "assert hvd.reducescatter is reducescatter.reducescatter\n"
+        "assert broadcast_object is hvd.broadcast_object\n"
+        "print('ok')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
 
 
 def test_importing_hvdtorch_does_not_import_lightning():
