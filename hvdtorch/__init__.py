@@ -6,6 +6,22 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
 A script written for ``horovod.torch`` runs with ``import hvdtorch as hvd``.
+
+The package by layer, bottom-up (tools/import_graph.py holds the rule):
+  launch, exceptions, runtime   the launcher's environment, the errors, the process's engine
+  collectives/                  the ops (all-reduce ... alltoall), their handles, process sets
+  timeline/                     the engine's timeline; ``python -m hvdtorch.timeline``
+  autotune                      HVDTORCH_AUTOTUNE: the wrappers' fusion size, the engine's cycle
+  training/                     DistributedModel, DistributedOptimizer, SyncBatchNorm
+  zero/                         ShardedOptimizer: optimizer state and gradients sharded (ZeRO-1/2)
+  elastic/                      hvd.elastic: Horovod's elastic training on torchrun's agent
+  integrations/                 the Lightning strategy
+  mpi_ops, functions            horovod.torch's module names, re-exported
+  check                         ``python -m hvdtorch.check``
+The public names are re-exported here (``hvd.allreduce``, ``hvd.DistributedModel``,
+...). The modules' dotted names from before the subpackages (``hvdtorch.ops``,
+``hvdtorch.sharded_optimizer``, and Horovod's ``hvdtorch.compression``,
+``.optimizer``, ``.sync_batch_norm``) are aliases of the moved modules (_aliases.py).
 """
 
 try:
@@ -21,12 +37,12 @@ from . import (  # noqa: F401  (horovod.torch's submodules, for scripts importin
     functions,
     mpi_ops,
 )
-from .alltoall import alltoall, alltoall_async
-from .broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
-from .compression import Compression
-from .distributed_model import DistributedModel
-from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, InvalidArgumentError
-from .ops import (
+from ._aliases import attribute as _alias_attribute
+from ._aliases import install as _install_aliases
+from .collectives.alltoall import alltoall, alltoall_async
+from .collectives.broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .collectives.compression import Compression
+from .collectives.ops import (
     Adasum,
     Average,
     HvdError,
@@ -55,10 +71,16 @@ from .ops import (
     poll,
     synchronize,
 )
-from .optimizer import DistributedOptimizer
-from .process_set_table import add_process_set, remove_process_set
-from .process_sets import ProcessSet, global_process_set
-from .reducescatter import grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async
+from .collectives.process_set_table import add_process_set, remove_process_set
+from .collectives.process_sets import ProcessSet, global_process_set
+from .collectives.reducescatter import (
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+)
+from .collectives.sparse import sparse_allreduce_async
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, InvalidArgumentError
 from .runtime import (
     ccl_built,
     cross_rank,
@@ -81,12 +103,23 @@ from .runtime import (
     shutdown,
     size,
 )
-from .sharded_optimizer import ShardedOptimizer
-from .sparse import sparse_allreduce_async
-from .sync_batch_norm import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
+from .training.distributed_model import DistributedModel
+from .training.optimizer import DistributedOptimizer
+from .training.sync_batch_norm import SyncBatchNorm
+from .zero.optimizer import ShardedOptimizer
 
 __version__ = "0.1.0"
+
+_install_aliases()
+
+
+def __getattr__(name):
+    """``hvd.ops``, ``hvd.sharded_optimizer``, ...: the old submodule attributes (_aliases.py)."""
+    module = _alias_attribute(name)
+    if module is None:
+        raise AttributeError(f"module 'hvdtorch' has no attribute '{name}'")
+    return module
 
 
 # Knobs outside the engine's Config (whose knobs _C.knobs() lists): read in Python, by the

@@ -70,7 +70,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from . import _C, ops, runtime
+from . import _C, runtime
+from .collectives import ops
 
 MiB = 1 << 20
 # The grid. Fusion sizes span "no fusion" to the engine's default

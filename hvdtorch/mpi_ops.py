@@ -3,10 +3,9 @@ there (``from horovod.torch.mpi_ops import synchronize`` becomes
 ``from hvdtorch.mpi_ops import synchronize``). The same objects as
 ``hvdtorch.<name>``; nothing is defined here."""
 
-from .alltoall import alltoall, alltoall_async  # noqa: F401
-from .compression import Compression  # noqa: F401
-from .exceptions import HorovodInternalError  # noqa: F401
-from .ops import (  # noqa: F401
+from .collectives.alltoall import alltoall, alltoall_async  # noqa: F401
+from .collectives.compression import Compression  # noqa: F401
+from .collectives.ops import (  # noqa: F401
     Adasum,
     Average,
     Max,
@@ -34,14 +33,16 @@ from .ops import (  # noqa: F401
     poll,
     synchronize,
 )
-from .process_set_table import add_process_set, remove_process_set  # noqa: F401
-from .process_sets import ProcessSet, global_process_set  # noqa: F401
-from .reducescatter import (  # noqa: F401
+from .collectives.process_set_table import add_process_set, remove_process_set  # noqa: F401
+from .collectives.process_sets import ProcessSet, global_process_set  # noqa: F401
+from .collectives.reducescatter import (  # noqa: F401
     grouped_reducescatter,
     grouped_reducescatter_async,
     reducescatter,
     reducescatter_async,
 )
+from .collectives.sparse import sparse_allreduce_async  # noqa: F401
+from .exceptions import HorovodInternalError  # noqa: F401
 from .runtime import (  # noqa: F401
     ccl_built,
     cross_rank,
@@ -64,5 +65,4 @@ from .runtime import (  # noqa: F401
     shutdown,
     size,
 )
-from .sparse import sparse_allreduce_async  # noqa: F401
 from .timeline import start_timeline, stop_timeline  # noqa: F401

@@ -22,17 +22,19 @@ def test_no_import_cycle_and_no_upward_import():
 def test_the_check_sees_an_import_hidden_in_a_function(tmp_path):
     # A package shaped like ours where runtime imports ops inside a function: upward, and a cycle.
     pkg = tmp_path / "hvdtorch"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("from . import ops\n")
-    (pkg / "runtime.py").write_text("def init():\n    from . import ops\n    return ops\n")
-    (pkg / "ops.py").write_text("from . import _C, runtime\n")
+    (pkg / "collectives").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .collectives import ops\n")
+    (pkg / "runtime.py").write_text("def init():\n    from .collectives import ops\n    return ops\n")
+    (pkg / "collectives" / "__init__.py").write_text("")
+    (pkg / "collectives" / "ops.py").write_text("from .. import _C, runtime\n")
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:
         import import_graph
     finally:
         sys.path.pop(0)
     edges = import_graph.graph(str(pkg))
-    assert edges["hvdtorch.runtime"] == {"hvdtorch.ops"} and edges["hvdtorch.ops"] == {"hvdtorch.runtime"}
+    ops = "hvdtorch.collectives.ops"
+    assert edges["hvdtorch.runtime"] == {ops} and edges[ops] == {"hvdtorch.runtime"}
     found = import_graph.problems(edges)
-    assert "upward import: hvdtorch.runtime (layer 1) imports hvdtorch.ops (layer 4)" in found
-    assert "import cycle: hvdtorch.ops -> hvdtorch.runtime" in found
+    assert f"upward import: hvdtorch.runtime (layer 1) imports {ops} (layer 4)" in found
+    assert f"import cycle: {ops} -> hvdtorch.runtime" in found

@@ -1,4 +1,4 @@
-"""Lightning's Trainer with strategy="hvdtorch" (hvdtorch/lightning.py)."""
+"""Lightning's Trainer with strategy="hvdtorch" (hvdtorch/integrations/lightning.py)."""
 
 import pytest
 
@@ -26,16 +26,16 @@ def test_checkpoint_save_and_resume(tmp_path):
 def test_strategy_name_registered():
     import lightning as L
 
-    import hvdtorch.lightning
+    import hvdtorch.integrations.lightning
 
     trainer = L.Trainer(strategy="hvdtorch", accelerator="cpu", logger=False, enable_progress_bar=False)
-    assert isinstance(trainer.strategy, hvdtorch.lightning.HvdtorchStrategy)
+    assert isinstance(trainer.strategy, hvdtorch.integrations.lightning.HvdtorchStrategy)
 
 
 def test_each_process_takes_the_device_of_its_local_rank(monkeypatch):
     import torch
 
-    from hvdtorch.lightning import device_of_process
+    from hvdtorch.integrations.lightning import device_of_process
 
     cpu, gpus = [torch.device("cpu")], [torch.device("cuda", i) for i in range(4)]
     assert device_of_process(None, 1, 2) == torch.device("cpu")

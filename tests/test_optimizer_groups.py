@@ -3,7 +3,7 @@ reduced too, each in a group of its own (as Horovod does)."""
 
 import torch
 
-from hvdtorch.optimizer import _layout
+from hvdtorch.training.optimizer import _layout
 from tests.harness import run_ranks
 
 

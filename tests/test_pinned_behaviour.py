@@ -6,7 +6,7 @@ parameter unused in a pass contributes when gradients accumulate."""
 
 import torch
 
-from hvdtorch.buckets import complete_order, plan_buckets
+from hvdtorch.training.buckets import complete_order, plan_buckets
 from tests.harness import run_ranks
 
 

@@ -23,24 +23,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "hvdtorch")
 
 # Bottom-up. 0: leaves that know no hvdtorch state; 1: process state and hooks; 2: what a process set is;
-# 3: the handle table and what every op shares; 4-5: the ops; FEATURES: what is built on the ops.
+# 3: the handle table and what every op shares; 4-5: the ops (collectives/); FEATURES: what is built on
+# the ops (collectives/process_set_table, training/, zero/, elastic/, integrations/).
 LAYERS = {
+    "hvdtorch._aliases": 0,
     "hvdtorch.launch": 0,
     "hvdtorch.exceptions": 0,
-    "hvdtorch.compression": 0,
-    "hvdtorch.parameter_names": 0,
-    "hvdtorch.buckets": 0,
-    "hvdtorch.step_marks": 0,
+    "hvdtorch.collectives.compression": 0,
+    "hvdtorch.training.parameter_names": 0,
+    "hvdtorch.training.buckets": 0,
+    "hvdtorch.training.step_marks": 0,
     "hvdtorch.timeline.summary": 0,
     "hvdtorch.timeline.plot": 0,
     "hvdtorch.runtime": 1,
-    "hvdtorch.process_sets": 2,
-    "hvdtorch.handles": 3,
-    "hvdtorch.ops": 4,
-    "hvdtorch.alltoall": 5,
-    "hvdtorch.reducescatter": 5,
-    "hvdtorch.broadcast": 5,
-    "hvdtorch.sparse": 5,
+    "hvdtorch.collectives.process_sets": 2,
+    "hvdtorch.collectives.handles": 3,
+    "hvdtorch.collectives.ops": 4,
+    "hvdtorch.collectives.alltoall": 5,
+    "hvdtorch.collectives.reducescatter": 5,
+    "hvdtorch.collectives.broadcast": 5,
+    "hvdtorch.collectives.sparse": 5,
     "hvdtorch.timeline": 5,
 }
 FEATURES = 6
@@ -50,7 +52,7 @@ TOP_MODULES = {
     "hvdtorch.mpi_ops",
     "hvdtorch.functions",
     "hvdtorch.check",
-    "hvdtorch.lightning",
+    "hvdtorch.integrations.lightning",
     "hvdtorch.timeline.__main__",
 }
 

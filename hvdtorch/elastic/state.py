@@ -25,8 +25,9 @@ import copy
 import os
 from typing import Callable, Dict, List, Optional
 
-from .. import broadcast, ops, runtime
-from ..sharded_optimizer import ShardedOptimizer
+from .. import runtime
+from ..collectives import broadcast, ops
+from ..zero.optimizer import ShardedOptimizer
 from . import persist
 from .sampler import ElasticSampler
 

@@ -7,7 +7,7 @@ A trace (see csrc/core/timeline/timeline.h) has one trace "process" per op
 name and, for every op, begin/end pairs of its phases: NEGOTIATE, QUEUE,
 MEMCPY_IN_FUSION, ALLREDUCE:<reducer> (or ALLGATHER, BROADCAST, ALLTOALL,
 REDUCESCATTER), MEMCPY_OUT_FUSION. A DistributedModel adds FORWARD and BACKWARD under its own
-name (hvdtorch/step_marks.py). From these the summary gives, per rank:
+name (hvdtorch/training/step_marks.py). From these the summary gives, per rank:
 
 * per phase: how often, total time, time per step, and the share of the
   busy time of communication;

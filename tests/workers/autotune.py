@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import hvdtorch as hvd
 from hvdtorch import autotune
-from hvdtorch.buckets import plan_buckets
+from hvdtorch.training.buckets import plan_buckets
 from tests.workers.training import Net, assert_params_close, batch, make_opt, shard, train_reference
 
 # Small enough that each candidate gives this small net a different layout.

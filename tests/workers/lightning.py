@@ -14,7 +14,7 @@ SAMPLES = 64
 def _lightning():
     import lightning as L
 
-    import hvdtorch.lightning  # noqa: F401  (registers "hvdtorch")
+    import hvdtorch.integrations.lightning  # noqa: F401  (registers "hvdtorch")
 
     return L
 

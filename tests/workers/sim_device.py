@@ -8,7 +8,8 @@ import os
 import time
 
 import hvdtorch as hvd
-from hvdtorch import _C, process_sets, runtime
+from hvdtorch import _C, runtime
+from hvdtorch.collectives import process_sets
 
 
 def through_device(target: str, *args: str) -> None:

@@ -112,14 +112,14 @@ def train_reference(model, n, passes_per_step=1, mode=""):
 def count_sparse_gathers():
     """Counts the all-gathers of the sparse path (name '<optimizer>.sparse.<i>.indices')."""
     calls = []
-    original = hvd.ops.allgather_async
+    original = hvd.collectives.ops.allgather_async
 
     def spy(tensor, name=None, process_set=None):
         if name and ".sparse." in name and name.endswith(".indices"):
             calls.append(name)
         return original(tensor, name=name, process_set=process_set)
 
-    hvd.ops.allgather_async = spy
+    hvd.collectives.ops.allgather_async = spy
     return calls
 
 

@@ -6,7 +6,8 @@ from typing import Any, List
 
 import torch
 
-from . import ops, runtime
+from .. import runtime
+from . import ops
 from .handles import check_process_set, op_name
 
 

@@ -7,7 +7,7 @@ applies gradients averaged across ranks.
 
 Gradient hooks start each bucket's all-reduce during backward; step() (or
 synchronize()) waits for them. Dense gradients go through the same C++
-gradient reducer as DistributedModel; gradient_sync.py holds Horovod's
+gradient reducer as DistributedModel; training/gradient_sync.py holds Horovod's
 contract (backward_passes_per_step, sparse gradients, misuse errors).
 """
 
@@ -17,14 +17,15 @@ import warnings
 
 import torch
 
-from . import autotune, ops
+from .. import autotune
+from ..collectives import ops
+from ..collectives.compression import Compression
+from ..collectives.process_sets import set_id
+from ..zero.optimizer import ShardedOptimizer
 from .adasum_optimizer import _DistributedAdasumOptimizer
 from .buckets import plan_buckets
-from .compression import Compression
 from .gradient_sync import GradientSync
 from .parameter_names import names_by_id
-from .process_sets import set_id
-from .sharded_optimizer import ShardedOptimizer
 
 _instance_ids = itertools.count()
 
@@ -211,11 +212,11 @@ def DistributedOptimizer(
     of ``fusion_bytes``. sparse_as_dense: reduce sparse gradients densely
     (all-reduce) instead of by all-gather. process_set: gradients are
     averaged over its ranks; on ranks outside it this is the plain optimizer.
-    op=hvd.Adasum: Horovod's delta optimizer (adasum_optimizer.py): each
+    op=hvd.Adasum: Horovod's delta optimizer (training/adasum_optimizer.py): each
     rank steps locally and the change is combined with Adasum; groups,
     sparse_as_dense, fusion_bytes and reducer do not apply to it.
     shard=1 or 2: ZeRO stage 1 (optimizer state sharded) or 2 (gradients
-    too): a ShardedOptimizer (sharded_optimizer.py). Its step() returns with
+    too): a ShardedOptimizer (zero/optimizer.py). Its step() returns with
     every parameter updated. overlap_gathers=True lets step() return before
     the parameters are all-gathered, each submodule's forward waiting for its
     own: faster; parameters(), named_parameters() and state_dict() of the

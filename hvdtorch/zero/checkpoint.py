@@ -5,10 +5,10 @@ Formats:
   shard  ``{"state": {bucket: state}, "param_groups": [...], "hvdtorch_shard":
          {"rank", "size", "buckets"}}``: this rank's shard of every bucket,
          the caller's groups (hyper-parameters, parameter numbers) and the
-         layout it was cut from (shard_layout.signature), which is all it
+         layout it was cut from (signature in zero/layout.py), which is all it
          takes to put the shards of every rank back together anywhere.
   full   torch's format over the caller's parameters, as the unsharded
-         optimizer's state_dict() holds it (shard_state.py): what
+         optimizer's state_dict() holds it (zero/state.py): what
          consolidate_state_dict() returns and what a plain optimizer loads.
 
 Loading a full state (or the list of every rank's shards, merged into one)
@@ -21,11 +21,11 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import ops
-from .alltoall import alltoall_async
-from .broadcast import allgather_object
-from .shard_layout import Bucket, signature
-from .shard_state import full_of_bucket, is_elementwise_flat, merge_shards, shard_of_full
+from ..collectives import ops
+from ..collectives.alltoall import alltoall_async
+from ..collectives.broadcast import allgather_object
+from .layout import Bucket, signature
+from .state import full_of_bucket, is_elementwise_flat, merge_shards, shard_of_full
 
 _HYPER_SKIP = ("params", "param_names")
 

@@ -13,8 +13,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from . import runtime
-from .exceptions import InvalidArgumentError
+from .. import runtime
+from ..exceptions import InvalidArgumentError
 from .process_sets import set_id
 
 # handle -> function turning the engine's outputs into the user's result

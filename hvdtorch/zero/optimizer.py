@@ -8,12 +8,12 @@ parameters only, steps that shard, and all-gathers the updated parameters.
     opt.step()        # this rank's shard steps; parameters are all-gathered
 
 How:
-  * The trainable parameters are laid out in flat buckets (shard_layout.py);
+  * The trainable parameters are laid out in flat buckets (zero/layout.py);
     every parameter becomes a view of its bucket, and rank r's shard of a
     bucket is one contiguous range of it. The wrapped optimizer is rebuilt
     (same class, same hyper-parameters, group by group) over the shards:
     one flat tensor per bucket, so its state exists for the shard only.
-  * Gradients (sharded_gradients.py): shard=2 reduces each bucket while
+  * Gradients (zero/gradients.py): shard=2 reduces each bucket while
     backward runs so that each rank steps on its shard's average only, and
     .grad is freed; shard=1 all-reduces each bucket (every rank holds the
     whole average in .grad, as unsharded training) and the step takes the
@@ -44,11 +44,11 @@ How:
     (model parameters and hyper-parameters; learning-rate schedulers work
     on them), copied into the inner groups at every step.
   * Only optimizers whose update is element-wise can step a flat shard
-    exactly as they would step the parameters (shard_state.py); others are
+    exactly as they would step the parameters (zero/state.py); others are
     refused with the reason (check_shardable).
   * Uneven data, hvd.join(): a joined rank goes on stepping its shard with
-    the others, on zero gradients of its own (shard_join.py).
-  * Checkpoints: sharded_checkpoint.py.
+    the others, on zero gradients of its own (zero/join.py).
+  * Checkpoints: zero/checkpoint.py.
 """
 
 import contextlib
@@ -61,14 +61,19 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import ops, runtime, shard_join, sharded_checkpoint
-from .broadcast import allgather_object, broadcast_object
-from .compression import Compression
-from .distributed_model import DistributedModel, owner_of
-from .parameter_names import names_by_id
-from .process_sets import set_id
-from .shard_layout import plan, signature
-from .sharded_gradients import BucketGradients
+from .. import runtime
+from ..collectives import ops
+from ..collectives.broadcast import allgather_object, broadcast_object
+from ..collectives.compression import Compression
+from ..collectives.process_sets import set_id
+from ..training.distributed_model import DistributedModel, owner_of
+from ..training.parameter_names import names_by_id
+
+# Imported under these names so the code reads which module each call goes to.
+from . import checkpoint as sharded_checkpoint
+from . import join as shard_join
+from .gradients import BucketGradients
+from .layout import plan, signature
 
 _instance_ids = itertools.count()
 
@@ -259,7 +264,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._process_set = ps
         self._size, self._rank = ps.size(), ps.rank()
         self._stage = shard
-        # A joined rank takes part in every collective of the optimizer (shard_join.py).
+        # A joined rank takes part in every collective of the optimizer (zero/join.py).
         self._name = f"{shard_join.NO_STAND_IN_PREFIX}sharded{next(_instance_ids)}"
         first = min(int(first_bucket_bytes), int(fusion_bytes)) if fusion_bytes > 0 else 0
         buckets = plan(numbered, int(fusion_bytes), first)
@@ -400,7 +405,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         faster here than the all-gather, which copies through the links into
         an output it allocates each time. A rank that has joined takes part
         with its own shard too (the names keep the engine from standing in
-        for it with zeros, shard_join.py). Otherwise: an all-gather, whose
+        for it with zeros, zero/join.py). Otherwise: an all-gather, whose
         output becomes the parameters' storage."""
         if self._size == 1:
             return
@@ -442,7 +447,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     # ---- gradients ------------------------------------------------------------
 
     def _announce(self, phase: int, clip=(0.0, 0.0, False)) -> None:
-        """Tells ranks that have joined what this step does next (shard_join.py)."""
+        """Tells ranks that have joined what this step does next (zero/join.py)."""
         if self._announcer is not None and not self._joined:
             self._announcer.announce(phase, clip)
 
@@ -575,7 +580,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             release_freed_host_memory()
         return loss
 
-    # ---- after hvd.join() (shard_join.py) ------------------------------------------
+    # ---- after hvd.join() (zero/join.py) ------------------------------------------
 
     def listen_while_joined(self) -> int:
         """Inside hvd.join(): starts waiting for what the others do next."""
@@ -638,7 +643,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def bucket_bytes(self) -> List[int]:
         return [b.numel * torch.empty((), dtype=b.dtype).element_size() for b in self._buckets]
 
-    # ---- checkpoints (sharded_checkpoint.py) ------------------------------------
+    # ---- checkpoints (zero/checkpoint.py) ------------------------------------
 
     def state_dict(self):
         """This rank's shard of the optimizer state (local; load it back with

@@ -15,8 +15,8 @@ from typing import List
 
 import torch
 
+from ..exceptions import InvalidArgumentError
 from .compression import Compression
-from .exceptions import InvalidArgumentError
 from .handles import check_process_set, contiguous, engine, op_name, register, synchronize
 from .ops import Average, Sum, allgather_async, grouped_allgather_async
 from .process_sets import global_process_set

@@ -12,8 +12,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from . import ops, runtime
-from .exceptions import InvalidArgumentError
+from .. import runtime
+from ..exceptions import InvalidArgumentError
+from . import ops
 from .handles import check_process_set, op_name
 
 

@@ -1,6 +1,6 @@
 """A Lightning strategy: Lightning's Trainer, hvdtorch's all-reduce.
 
-    import hvdtorch.lightning  # registers the strategy name "hvdtorch"
+    import hvdtorch.integrations.lightning  # registers the strategy name "hvdtorch"
     trainer = lightning.Trainer(strategy="hvdtorch", accelerator="cpu", max_epochs=3)
     trainer.fit(model, train_loader, val_loader)
 
@@ -49,13 +49,13 @@ try:
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 except ImportError as error:
     raise ImportError(
-        f"hvdtorch.lightning needs Lightning 2.6 ({error}): pip install --no-deps -r "
+        f"hvdtorch.integrations.lightning needs Lightning 2.6 ({error}): pip install --no-deps -r "
         "requirements-lightning.txt (lightning==2.6.6 and its pinned pure-Python dependencies)"
     ) from error
 
 import hvdtorch as hvd
 
-from . import launch
+from .. import launch
 
 _OPS = {
     "mean": hvd.Average,

@@ -16,8 +16,8 @@ from typing import List
 
 import torch
 
-from . import runtime
-from .exceptions import InvalidArgumentError
+from .. import runtime
+from ..exceptions import InvalidArgumentError
 from .handles import check_process_set, contiguous, engine, op_name, register, synchronize
 
 

@@ -13,14 +13,14 @@ exp_avg, SGD's momentum_buffer) when it is a tensor of its parameter's shape
 and its name is not one of SCALAR_KEYS; every other value (a step count, a
 learning-rate factor) is per parameter and the same for every parameter of a
 bucket, since a bucket's shard steps as one tensor. Only optimizers whose
-state is all of these kinds can be sharded (sharded_optimizer.py checks).
+state is all of these kinds can be sharded (zero/optimizer.py checks).
 """
 
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .shard_layout import Bucket
+from .layout import Bucket
 
 # Per-tensor counters of torch's element-wise optimizers (Adam's step, ASGD's eta
 # and mu): 0-dimensional, like a 0-dimensional parameter's element-wise state.

@@ -19,10 +19,11 @@ from typing import Optional
 
 import torch
 
-from . import _C, autotune, ops, runtime
+from .. import _C, autotune, runtime
+from ..collectives import ops
+from ..collectives.compression import Compression
+from ..collectives.handles import check_process_set
 from .buckets import complete_order, plan_buckets
-from .compression import Compression
-from .handles import check_process_set
 from .step_marks import StepMarks
 
 _instance_ids = itertools.count()
@@ -151,7 +152,7 @@ class DistributedModel(torch.nn.Module):
             rebuild_buckets and self._fusion_bytes > 0 and self._process_set.size() > 1 and len(params) > 1
         )
         self._marks = StepMarks(st.engine, self._name)
-        # HVDTORCH_AUTOTUNE: tunes this model's bucket cap (autotune.py).
+        # HVDTORCH_AUTOTUNE: tunes this model's bucket cap (hvdtorch/autotune.py).
         self._autotune = (
             autotune.attach(self._name, params, self._set_fusion_bytes, process_set)
             if self._fusion_bytes > 0 and params

@@ -28,7 +28,8 @@ import weakref
 
 import torch
 
-from . import ops, runtime
+from .. import runtime
+from ..collectives import ops
 from .parameter_names import names_by_parameter
 
 

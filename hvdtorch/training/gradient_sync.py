@@ -13,7 +13,7 @@ Contract (the same as Horovod's DistributedOptimizer):
   * zero_grad() after a backward pass and before synchronize() raises
     AssertionError: it would discard gradients other ranks are reducing.
   * Sparse gradients (nn.Embedding(sparse=True)) are reduced at
-    synchronize() by all-gathering indices and values (sparse.py); with
+    synchronize() by all-gathering indices and values (collectives/sparse.py); with
     sparse_as_dense they are densified as they arrive, reduced with the dense
     ones, and made sparse again afterwards.
 
@@ -42,9 +42,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from . import _C, ops, runtime, sparse
-from .compression import Compression
-from .handles import check_process_set
+from .. import _C, runtime
+from ..collectives import ops, sparse
+from ..collectives.compression import Compression
+from ..collectives.handles import check_process_set
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:

@@ -15,7 +15,7 @@ While no timeline is written, marking costs one call that returns False.
 
 import torch
 
-from . import _C
+from .. import _C
 
 
 def _first_tensor_needing_grad(out):

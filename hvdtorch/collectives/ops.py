@@ -18,10 +18,10 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from . import runtime
-from ._C import HvdError  # noqa: F401  (re-exported)
+from .. import runtime
+from .._C import HvdError  # noqa: F401  (re-exported)
+from ..exceptions import InvalidArgumentError
 from .compression import Compression
-from .exceptions import InvalidArgumentError
 from .handles import check_process_set, contiguous, engine, op_name, poll, register, synchronize  # noqa: F401
 from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 

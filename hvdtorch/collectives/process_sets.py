@@ -16,13 +16,13 @@ is a rank's position inside the set (useful to pick its rows of an allgather).
 
 This module is what a set *is* (the class, the global set, the ids the ops
 resolve); adding and removing sets, which run collectives, is
-process_set_table.py, above the ops.
+collectives/process_set_table.py, above the ops.
 """
 
 from typing import Dict, Iterable, List, Optional
 
-from . import runtime
-from .exceptions import InvalidArgumentError
+from .. import runtime
+from ..exceptions import InvalidArgumentError
 
 # id -> the ProcessSet object every rank registered under it
 _registry: Dict[int, "ProcessSet"] = {}

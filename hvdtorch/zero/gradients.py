@@ -4,7 +4,7 @@ backward runs, for shard=2 into each rank's shard's averaged gradient only
 all-reduce (every rank receives the whole average, as unsharded training
 does).
 
-Contract (Horovod's DistributedOptimizer contract, gradient_sync.py, with
+Contract (Horovod's DistributedOptimizer contract, training/gradient_sync.py, with
 buckets of the shard layout):
   * Gradients are reduced once every ``backward_passes_per_step`` (k)
     counted backward passes; the passes in between, and every pass inside
@@ -51,9 +51,10 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from . import ops, reducescatter, runtime
-from .compression import Compression, fp16_wire
-from .shard_layout import Bucket
+from .. import runtime
+from ..collectives import ops, reducescatter
+from ..collectives.compression import Compression, fp16_wire
+from .layout import Bucket
 
 
 def _on_pre(owner_ref, index: int, grads) -> None:

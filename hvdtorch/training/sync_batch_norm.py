@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from . import ops, runtime
+from .. import runtime
+from ..collectives import ops
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -28,7 +28,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from . import _C, ops
+from .. import _C
+from ..collectives import ops
 
 NO_STAND_IN_PREFIX = _C.NO_STAND_IN_PREFIX
 

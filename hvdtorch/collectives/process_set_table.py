@@ -1,5 +1,5 @@
 """Adding and removing process sets: collectives over every rank, which give
-each set the same id everywhere (process_sets.py says what a set is).
+each set the same id everywhere (collectives/process_sets.py says what a set is).
 
 Every rank calls them with the same ranks in the same order. ``hvd.init(process_sets=[...])``
 adds the listed sets through the init hook registered below, and ``shutdown()``
@@ -8,9 +8,10 @@ makes every set forget its id.
 
 from typing import Iterable, Union
 
-from . import ops, process_sets, runtime
+from .. import runtime
+from ..exceptions import InvalidArgumentError
+from . import ops, process_sets
 from .broadcast import allgather_object
-from .exceptions import InvalidArgumentError
 
 
 def add_process_set(process_set: Union[process_sets.ProcessSet, Iterable[int]]) -> process_sets.ProcessSet:
