@@ -349,7 +349,7 @@ def check_step_returns_freed_memory():
     """After step() on CPU shards, the C heap holds no freed pages that a
     malloc_trim could still return: the inner optimizer's temporaries (Adam
     frees a few the size of each shard) are given back, not kept under the
-    next forward and backward (sharded_optimizer.release_freed_host_memory).
+    next forward and backward (hvdtorch/zero/optimizer.py, release_freed_host_memory).
     Buckets of unequal sizes, so that glibc's mmap threshold, raised by the
     largest block freed, leaves the smaller shards' temporaries on the heap."""
     import ctypes
