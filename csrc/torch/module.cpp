@@ -268,12 +268,9 @@ class PyEngine {
     py::dict d;
     const ReducerSet& set = engine_->reducers();
     const CostModel model = set.model();
-    const size_t lo = SizeBands::bytes(0), hi = SizeBands::bytes(SizeBands::kCount - 1);
-    for (size_t i = 0; i < set.size(); ++i) {
-      const auto id = static_cast<ReducerId>(i);
-      if (!set.available(id) || !reducerRegistry()[i].automatic) continue;
-      const double beta = (model.estimate(id, hi) - model.estimate(id, lo)) / static_cast<double>(hi - lo);
-      d[reducerName(id)] = py::make_tuple(model.estimate(id, lo) - beta * static_cast<double>(lo), beta);
+    for (const ReducerId id : set.automatic()) {
+      const auto [alpha, beta] = model.line(id);
+      d[reducerName(id)] = py::make_tuple(alpha, beta);
     }
     return d;
   }
@@ -290,9 +287,7 @@ class PyEngine {
       py::dict row, est, samples;
       row["bytes"] = SizeBands::bytes(band);
       row["choice"] = reducerName(set.choose(ctx, SizeBands::bytes(band), DataType::kFloat32, ReduceOp::kSum));
-      for (size_t i = 0; i < set.size(); ++i) {
-        const auto id = static_cast<ReducerId>(i);
-        if (!set.available(id) || !reducerRegistry()[i].automatic) continue;
+      for (const ReducerId id : set.automatic()) {
         const double m = model.measured(band, id);
         est[reducerName(id)] = m < 0 ? py::object(py::none()) : py::object(py::float_(m));
         samples[reducerName(id)] = model.samples(band, id);

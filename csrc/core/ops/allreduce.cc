@@ -41,6 +41,14 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
   return args;
 }
 
+std::string bucketReducer(const Engine& engine, const std::string& asked, ReduceOp op, bool host_memory) {
+  const std::string& name = asked.empty() ? engine.config().reducer : asked;
+  if (parseReducer(name) == kAutoReducer && op != ReduceOp::kAdasum && host_memory &&
+      engine.reducers().available(registeredReducer()))
+    return reducerName(registeredReducer());
+  return asked;
+}
+
 int64_t allreduce(Engine& engine, AllreduceOptions opts) {
   const OpWhere where{engine, OpType::kAllreduce, opts.name};
   checkProcessSet(where, opts.process_set_id);
