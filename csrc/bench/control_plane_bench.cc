@@ -31,11 +31,11 @@
 #include <thread>
 #include <vector>
 
-#include "engine/bit_allreduce.h"
-#include "engine/control_plane.h"
-#include "engine/coordinator.h"
+#include "engine/negotiation/bit_allreduce.h"
+#include "engine/negotiation/control_plane.h"
+#include "engine/negotiation/coordinator.h"
+#include "engine/negotiation/response_cache.h"
 #include "engine/request.h"
-#include "engine/response_cache.h"
 #include "transport/context.h"
 #include "transport/inproc_link.h"
 

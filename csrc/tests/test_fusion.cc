@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "check.h"
-#include "engine/fusion.h"
+#include "engine/execution/fusion.h"
 
 using namespace hvdtorch;
 

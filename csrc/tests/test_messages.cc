@@ -8,7 +8,7 @@
 #include "algorithms/reducer_registry.h"
 #include "check.h"
 #include "common/error.h"
-#include "engine/coordinator.h"
+#include "engine/negotiation/coordinator.h"
 #include "engine/request.h"
 #include "requests.h"
 

@@ -18,8 +18,8 @@
 #include "config/config.h"
 #include "device/devices.h"
 #include "device/sim_device.h"
-#include "engine/coordinator.h"
 #include "engine/engine.h"
+#include "engine/negotiation/coordinator.h"
 #include "grad_reducer.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
@@ -446,7 +446,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return rows;
   });
   // Ops named with this prefix are never stood in for by joined ranks
-  // (engine/coordinator.h): a joined rank submits them itself.
+  // (engine/negotiation/coordinator.h): a joined rank submits them itself.
   m.attr("NO_STAND_IN_PREFIX") = std::string(kNoStandInPrefix);
   m.def("knobs", [] {
     std::vector<std::tuple<std::string, std::string, std::string>> out;

@@ -5,9 +5,9 @@
 
 #include "common/error.h"
 #include "device/devices.h"
-#include "engine/control_frame.h"
-#include "engine/device_tensor.h"
-#include "engine/fusion.h"
+#include "engine/execution/device_tensor.h"
+#include "engine/execution/fusion.h"
+#include "engine/negotiation/control_frame.h"
 #include "transport/shm/link.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/wait.h"

@@ -56,7 +56,7 @@ enum class Outputs : uint8_t {
 };
 
 // How an op's device tensors (CUDA, simulated) reach the reducers, which
-// work on host memory (engine/host_staging.h).
+// work on host memory (engine/execution/host_staging.h).
 enum class Staging : uint8_t {
   kByExecutor,  // the executor swaps the entry's buffers for pinned host copies around execute
   kByOp,        // execute stages them itself, or not at all where a device path takes them
@@ -84,7 +84,7 @@ struct OpSpec {
   // runs from the response cache (one bit per rank instead of the request).
   bool cacheable;
   // Consecutive ops of this type may share one unit, one piece per tensor
-  // (engine/fusion.h; the op carries ReduceArgs).
+  // (engine/execution/fusion.h; the op carries ReduceArgs).
   bool fuses;
   InlineRun inline_run;
   WhileJoined while_joined;

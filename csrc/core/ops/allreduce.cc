@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "device/devices.h"
 #include "device/reduce_kernels.h"
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 #include "ops/allreduce_routes.h"
 #include "ops/allreduce_staged.h"
 #include "ops/op_common.h"
@@ -208,7 +208,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   const ReduceArgs& args = req.reduce();
   const TensorSpec& spec = req.tensors[unit.pieces.front().tensor];
   const DataType dtype = spec.dtype;
-  const bool on_device = spec.device != DeviceKind::kCpu;  // the same for every piece (fusion.h)
+  const bool on_device = spec.device != DeviceKind::kCpu;  // the same for every piece (engine/execution/fusion.h)
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   const ReduceOp op = Executor::reducedOp(args.op);
