@@ -29,6 +29,7 @@
 #include "ops/broadcast.h"
 #include "ops/join.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 #include "ops/reducescatter.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
@@ -59,7 +60,8 @@ class PyEngine {
     t.data = [data_pg](int peer) { return std::make_unique<C10dLink>(data_pg, peer); };
     t.native = native_.get();
     t.shm_token = shm_token;
-    engine_ = std::make_shared<Engine>(Config::load(options), Topology::build(rank, host_of_rank), std::move(t));
+    engine_ = std::make_shared<Engine>(Config::load(options), Topology::build(rank, host_of_rank), std::move(t),
+                                       ops::opTable());
   }
 
   int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,

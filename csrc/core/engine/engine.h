@@ -85,7 +85,9 @@ class Engine {
     std::string shm_token;
   };
 
-  Engine(Config config, const Topology& topo, const Transports& transports);
+  // `ops`: the op table, ops' (ops/op_table.h) outside tests; it becomes the
+  // process's table in use (useOpTable, engine/op_spec.h).
+  Engine(Config config, const Topology& topo, const Transports& transports, const std::vector<OpSpec>& ops);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
