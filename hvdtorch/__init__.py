@@ -122,30 +122,13 @@ def __getattr__(name):
     return module
 
 
-# Knobs outside the engine's Config (whose knobs _C.knobs() lists): read in Python, by the
-# torch adapter (csrc/torch/tensor_binding.h), or by the simulated device
-# (csrc/core/device/sim_device.h, SimOptions::fromEnv).
+# Knobs outside the engine's Config (whose knobs _C.knobs() lists): read in Python only.
 _PYTHON_KNOBS = [
     (
         "HVDTORCH_ELASTIC_DIR",
         "",
         "where hvd.elastic states commit (TorchState(commit_dir=...) overrides); empty: commits in memory only",
     ),
-    (
-        "HVDTORCH_SIM_DEVICE",
-        "0",
-        "tests: 1 hands every CPU tensor to the engine as simulated-device memory (the GPU code paths on a CPU)",
-    ),
-    (
-        "HVDTORCH_SIM_SEED",
-        "1",
-        "simulated device (tests): base seed of its streams' random delays; each rank mixes in its rank, so ranks "
-        "sleep different delays; the test harness draws it at random per job when unset and names it in a failure",
-    ),
-    ("HVDTORCH_SIM_MAX_DELAY_US", "200", "simulated device (tests): longest random delay of one operation, in us"),
-    ("HVDTORCH_SIM_INTERPROCESS", "0", "simulated device (tests): 1 keeps its memory and events in shared memory"),
-    ("HVDTORCH_SIM_HOST_COPY_US", "0", "simulated device (tests): extra cost of each copy to or from the host, in us"),
-    ("HVDTORCH_SIM_KERNEL_US", "0", "simulated device (tests): extra cost of each reduction kernel, in us"),
 ]
 
 

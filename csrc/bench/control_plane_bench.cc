@@ -31,11 +31,12 @@
 #include <thread>
 #include <vector>
 
-#include "engine/bit_allreduce.h"
-#include "engine/control_plane.h"
-#include "engine/coordinator.h"
+#include "engine/negotiation/bit_allreduce.h"
+#include "engine/negotiation/control_plane.h"
+#include "engine/negotiation/coordinator.h"
+#include "engine/negotiation/response_cache.h"
 #include "engine/request.h"
-#include "engine/response_cache.h"
+#include "ops/op_table.h"
 #include "transport/context.h"
 #include "transport/inproc_link.h"
 
@@ -181,6 +182,7 @@ Result run(int n, Path path, int cycles, int uncached_every) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  useOpTable(ops::opTable());  // no Engine here to hand it over (engine/op_spec.h)
   const int max_ranks = argc > 1 ? std::atoi(argv[1]) : 256;
   const int cycles = argc > 2 ? std::atoi(argv[2]) : 200;
   std::printf(

@@ -11,10 +11,10 @@
 #include <cstdlib>
 #include <vector>
 
-#include "engine/control_plane.h"
-#include "engine/coordinator.h"
+#include "engine/negotiation/control_plane.h"
+#include "engine/negotiation/coordinator.h"
+#include "engine/negotiation/response_cache.h"
 #include "engine/request.h"
-#include "engine/response_cache.h"
 #include "fuzz_support.h"
 #include "transport/context.h"
 

@@ -11,9 +11,14 @@
 #include <memory>
 
 #include "common/error.h"
+#include "ops/op_table.h"
 #include "transport/link.h"
 
 namespace hvdtorch::fuzz {
+
+// The decoders read the op table in use (engine/op_spec.h), which an Engine
+// would otherwise install: ops' table, from the start.
+[[maybe_unused]] inline const bool kOpTableInUse = (useOpTable(ops::opTable()), true);
 
 enum Target : uint8_t {
   kRankMessage = 0,    // RankMessage::parse

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/op_table.h"
 #include "transport/inproc_link.h"
 
 namespace hvdtorch::test {
@@ -40,7 +41,7 @@ struct Cluster {
           return control_wrap ? control_wrap(r, peer, control.link(r, peer)) : control.link(r, peer);
         };
         t.data = [this, r, data_links](int peer) { return data_links ? data_links(r, peer) : data.link(r, peer); };
-        engines[r] = std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t);
+        engines[r] = std::make_unique<Engine>(cfg, Topology::build(r, std::vector<int>(p, 0)), t, ops::opTable());
       });
     }
     for (auto& t : ts) t.join();

@@ -8,8 +8,14 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::test {
+
+// Tests build and read requests without an Engine, which would otherwise
+// hand ops' table to the engine (engine/op_spec.h): every test binary that
+// includes this header uses ops' table from the start.
+[[maybe_unused]] inline const bool kOpTableInUse = (useOpTable(ops::opTable()), true);
 
 template <size_t... I>
 OpArgs defaultArgs(size_t index, std::index_sequence<I...>) {

@@ -12,7 +12,7 @@
 
 #include "device/devices.h"
 #include "device/sim_device.h"
-#include "engine/device_tensor.h"
+#include "engine/execution/device_tensor.h"
 #include "engine/op_state.h"
 
 namespace hvdtorch::test {

@@ -8,8 +8,8 @@
 
 #include "check.h"
 #include "common/error.h"
-#include "engine/bit_allreduce.h"
-#include "engine/control_frame.h"
+#include "engine/negotiation/bit_allreduce.h"
+#include "engine/negotiation/control_frame.h"
 #include "engine/request.h"
 #include "ranks.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "check.h"
-#include "engine/coordinator.h"
+#include "engine/negotiation/coordinator.h"
 #include "requests.h"
 
 using namespace hvdtorch;

@@ -1,5 +1,5 @@
 // Every op, reducer and dtype through the engine on device tensors
-// (sim_tensors.h): the executor's staging (host_staging.h) and the
+// (sim_tensors.h): the executor's staging (engine/execution/host_staging.h) and the
 // all-reduce's staging through the fusion buffer, with the ready and
 // completion events a framework relies on. Ranks are in-process engines
 // (cluster.h). Built twice: test_engine_sim gives each rank its own

@@ -8,11 +8,16 @@
 #include <vector>
 
 #include "check.h"
-#include "engine/fusion.h"
+#include "engine/execution/fusion.h"
+#include "ops/op_table.h"
 
 using namespace hvdtorch;
 
 namespace {
+
+// Fusion planning reads the op table in use, which an Engine would hand
+// over (engine/op_spec.h); these tests plan without one.
+[[maybe_unused]] const bool kOpTableInUse = (useOpTable(ops::opTable()), true);
 
 // An all-reduce of `n` float32 (4n bytes) with its ready response.
 ReadyOp op(const std::string& name, int64_t n, ReduceOp rop = ReduceOp::kSum) {

@@ -8,8 +8,9 @@
 #include "algorithms/reducer_registry.h"
 #include "check.h"
 #include "common/error.h"
-#include "engine/coordinator.h"
+#include "engine/negotiation/coordinator.h"
 #include "engine/request.h"
+#include "ops/op_table.h"
 #include "requests.h"
 
 using namespace hvdtorch;
@@ -174,6 +175,24 @@ TEST(op_table_is_in_enum_order_and_bounds_the_wire_check) {
     error = e.what();
   }
   CHECK_MSG(error.find("op type") != std::string::npos, "got '%s'", error.c_str());
+}
+
+// The engine reads the table ops hand it (useOpTable, engine/op_spec.h):
+// ops' table is the one in use here (requests.h hands it over), handing it
+// again is fine, and a table out of enum order, short of a row, or another
+// table once one is in use is refused.
+TEST(op_table_is_handed_over_by_ops) {
+  CHECK(&opTable() == &ops::opTable());
+  useOpTable(ops::opTable());
+  std::vector<OpSpec> swapped = ops::opTable();
+  std::swap(swapped[0], swapped[1]);
+  CHECK_THROWS(useOpTable(swapped), InvalidArgument);
+  std::vector<OpSpec> short_of_one = ops::opTable();
+  short_of_one.pop_back();
+  CHECK_THROWS(useOpTable(short_of_one), InvalidArgument);
+  const std::vector<OpSpec> copy = ops::opTable();
+  CHECK_THROWS(useOpTable(copy), InvalidArgument);
+  CHECK(&opTable() == &ops::opTable());
 }
 
 TEST(coordinator_plans_payload_ops) {

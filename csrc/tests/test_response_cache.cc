@@ -7,7 +7,7 @@
 
 #include "check.h"
 #include "cluster.h"
-#include "engine/response_cache.h"
+#include "engine/negotiation/response_cache.h"
 #include "requests.h"
 
 using namespace hvdtorch;

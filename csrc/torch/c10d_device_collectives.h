@@ -24,7 +24,7 @@
 #include <memory>
 
 #include "device/device.h"
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 
 namespace hvdtorch {
 

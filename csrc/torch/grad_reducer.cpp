@@ -25,17 +25,8 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
   allreduce_.op = opts_.op;
   allreduce_.prescale = opts_.prescale;
   allreduce_.postscale = opts_.postscale;
-  allreduce_.reducer = opts_.reducer;
-  // CPU buckets live in registered memory (see rebuild), which the node
-  // reducer reduces in place with no copy on the host -- better than any
-  // other reducer there, and between hosts it runs the ring. So `auto`
-  // means node when node can run; that depends on HVDTORCH_SHM alone, the
-  // same on every rank, so all ranks pick the same reducer.
-  const std::string& asked = opts_.reducer.empty() ? engine_->config().reducer : opts_.reducer;
   const bool cpu = params_.empty() || params_.front().device().is_cpu();
-  if (parseReducer(asked) == kAutoReducer && opts_.op != ReduceOp::kAdasum && cpu &&
-      engine_->reducers().available(registeredReducer()))
-    allreduce_.reducer = reducerName(registeredReducer());
+  allreduce_.reducer = ops::bucketReducer(*engine_, opts_.reducer, opts_.op, cpu);
   allreduce_.fuse = opts_.fuse;
   allreduce_.process_set_id = opts_.process_set_id;
   const auto set = engine_->processSet(opts_.process_set_id);

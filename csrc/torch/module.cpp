@@ -18,8 +18,8 @@
 #include "config/config.h"
 #include "device/devices.h"
 #include "device/sim_device.h"
-#include "engine/coordinator.h"
 #include "engine/engine.h"
+#include "engine/negotiation/coordinator.h"
 #include "grad_reducer.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
@@ -29,6 +29,7 @@
 #include "ops/broadcast.h"
 #include "ops/join.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 #include "ops/reducescatter.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
@@ -59,7 +60,8 @@ class PyEngine {
     t.data = [data_pg](int peer) { return std::make_unique<C10dLink>(data_pg, peer); };
     t.native = native_.get();
     t.shm_token = shm_token;
-    engine_ = std::make_shared<Engine>(Config::load(options), Topology::build(rank, host_of_rank), std::move(t));
+    engine_ = std::make_shared<Engine>(Config::load(options), Topology::build(rank, host_of_rank), std::move(t),
+                                       ops::opTable());
   }
 
   int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
@@ -268,12 +270,9 @@ class PyEngine {
     py::dict d;
     const ReducerSet& set = engine_->reducers();
     const CostModel model = set.model();
-    const size_t lo = SizeBands::bytes(0), hi = SizeBands::bytes(SizeBands::kCount - 1);
-    for (size_t i = 0; i < set.size(); ++i) {
-      const auto id = static_cast<ReducerId>(i);
-      if (!set.available(id) || !reducerRegistry()[i].automatic) continue;
-      const double beta = (model.estimate(id, hi) - model.estimate(id, lo)) / static_cast<double>(hi - lo);
-      d[reducerName(id)] = py::make_tuple(model.estimate(id, lo) - beta * static_cast<double>(lo), beta);
+    for (const ReducerId id : set.automatic()) {
+      const auto [alpha, beta] = model.line(id);
+      d[reducerName(id)] = py::make_tuple(alpha, beta);
     }
     return d;
   }
@@ -290,9 +289,7 @@ class PyEngine {
       py::dict row, est, samples;
       row["bytes"] = SizeBands::bytes(band);
       row["choice"] = reducerName(set.choose(ctx, SizeBands::bytes(band), DataType::kFloat32, ReduceOp::kSum));
-      for (size_t i = 0; i < set.size(); ++i) {
-        const auto id = static_cast<ReducerId>(i);
-        if (!set.available(id) || !reducerRegistry()[i].automatic) continue;
+      for (const ReducerId id : set.automatic()) {
         const double m = model.measured(band, id);
         est[reducerName(id)] = m < 0 ? py::object(py::none()) : py::object(py::float_(m));
         samples[reducerName(id)] = model.samples(band, id);
@@ -451,7 +448,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return rows;
   });
   // Ops named with this prefix are never stood in for by joined ranks
-  // (engine/coordinator.h): a joined rank submits them itself.
+  // (engine/negotiation/coordinator.h): a joined rank submits them itself.
   m.attr("NO_STAND_IN_PREFIX") = std::string(kNoStandInPrefix);
   m.def("knobs", [] {
     std::vector<std::tuple<std::string, std::string, std::string>> out;

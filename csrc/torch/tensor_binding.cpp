@@ -2,10 +2,10 @@
 
 #include <ATen/ops/empty.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
+#include "config/config.h"
 #include "device/devices.h"
 #include "torch_tensor.h"
 
@@ -60,12 +60,7 @@ void syncSimCaller() {
   dev.synchronize(*done);
 }
 
-bool readSimMode() {
-  const char* v = std::getenv("HVDTORCH_SIM_DEVICE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  throw InvalidArgument(strCat("HVDTORCH_SIM_DEVICE=", v, ": expected 0 or 1"));
-}
+bool readSimMode() { return Config::loadFromEnvironment({"SIM_DEVICE"}).sim_device; }
 
 DeviceId deviceOf(const at::Tensor& t) {
   if (t.is_cuda()) return DeviceId{DeviceKind::kCuda, t.get_device()};

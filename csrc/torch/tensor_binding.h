@@ -9,7 +9,7 @@
 //    (they were made on the engine stream, which writes them first). Inputs
 //    need no recordStream: the engine holds every tensor of an op until the
 //    device work that uses it has run (a staged op drains the engine stream
-//    before it completes, engine/host_staging.h; a device-native one is held
+//    before it completes, engine/execution/host_staging.h; a device-native one is held
 //    until its completion event, Executor::holdUntil).
 //  * HVDTORCH_SIM_DEVICE=1 (tests): CPU tensors are copied to the simulated
 //    device "sim:0" on a stream standing for the caller's current stream

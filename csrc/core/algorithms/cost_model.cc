@@ -59,6 +59,12 @@ double CostModel::estimate(ReducerId id, size_t bytes) const {
   return m < 0 ? prior(id, bytes) : m * shape(bytes) / shape(SizeBands::bytes(band));
 }
 
+std::pair<double, double> CostModel::line(ReducerId id) const {
+  const size_t lo = SizeBands::bytes(0), hi = SizeBands::bytes(SizeBands::kCount - 1);
+  const double beta = (estimate(id, hi) - estimate(id, lo)) / static_cast<double>(hi - lo);
+  return {estimate(id, lo) - beta * static_cast<double>(lo), beta};
+}
+
 ReducerId CostModel::choose(size_t bytes, const std::vector<bool>& candidates, const std::vector<bool>& anchors) const {
   const ReducerId inc = incumbent(SizeBands::of(bytes), anchors);
   if (inc != kAutoReducer && inc < candidates.size() && candidates[inc]) return inc;

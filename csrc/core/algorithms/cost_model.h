@@ -62,6 +62,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "algorithms/reducer.h"
@@ -107,6 +108,10 @@ class CostModel {
   // Estimated seconds of `id` for `bytes`: the agreed estimate of the band,
   // scaled from the band's size to `bytes`, or the prior where unmeasured.
   double estimate(ReducerId id, size_t bytes) const;
+  // The line through estimate(id, ...) at the smallest and the largest
+  // band's size: {seconds, seconds per byte}. A summary for people
+  // (hvdtorch's cost_model()); the model itself is per size band.
+  std::pair<double, double> line(ReducerId id) const;
   // The agreed estimate at the band's size; < 0: not measured yet.
   double measured(int band, ReducerId id) const { return agreed_[cell(band, id)]; }
   double prior(ReducerId id, size_t bytes) const { return alpha_[id] + beta_[id] * static_cast<double>(bytes); }

@@ -34,6 +34,13 @@ Reducer& ReducerSet::get(ReducerId id) {
   return *reducers_[id];
 }
 
+std::vector<ReducerId> ReducerSet::automatic() const {
+  std::vector<ReducerId> out;
+  for (size_t i = 0; i < reducers_.size(); ++i)
+    if (reducers_[i] != nullptr && reducerRegistry()[i].automatic) out.push_back(static_cast<ReducerId>(i));
+  return out;
+}
+
 std::vector<bool> ReducerSet::candidates(const Context& ctx, DataType dtype, ReduceOp op) const {
   std::vector<bool> c(reducers_.size(), false);
   for (size_t i = 0; i < reducers_.size(); ++i)

@@ -44,6 +44,9 @@ class ReducerSet {
 
   size_t size() const { return reducers_.size(); }
   bool available(ReducerId id) const { return id < reducers_.size() && reducers_[id] != nullptr; }
+  // The reducers `auto` may run in this job: available here and marked
+  // automatic in the registry, in ReducerId order.
+  std::vector<ReducerId> automatic() const;
   // Throws InvalidArgument (the registry's reason) for an unavailable one.
   Reducer& get(ReducerId id);
   // Throws InvalidArgument when `id` (auto included) cannot serve dtype/op

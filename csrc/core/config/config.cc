@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <limits>
 
 #include "common/error.h"
 
@@ -71,6 +73,16 @@ const std::vector<Config::Knob>& Config::knobs() {
       {"AUTOTUNE_ROUNDS", "2",
        "autotune trials per candidate, in alternating order (A B C, C B A) so that a drift in load favours none; "
        "a candidate scores the median of its trials"},
+      {"SIM_DEVICE", "0",
+       "tests: 1 hands every CPU tensor to the engine as simulated-device memory (the GPU code paths on a CPU)", true},
+      {"SIM_SEED", "1",
+       "simulated device (tests): base seed of its streams' random delays; each rank mixes in its rank, so ranks "
+       "sleep different delays; the test harness draws it at random per job when unset and names it in a failure",
+       true},
+      {"SIM_MAX_DELAY_US", "200", "simulated device (tests): longest random delay of one operation, in us", true},
+      {"SIM_INTERPROCESS", "0", "simulated device (tests): 1 keeps its memory and events in shared memory", true},
+      {"SIM_HOST_COPY_US", "0", "simulated device (tests): extra cost of each copy to or from the host, in us", true},
+      {"SIM_KERNEL_US", "0", "simulated device (tests): extra cost of each reduction kernel, in us", true},
   };
   return k;
 }
@@ -88,6 +100,16 @@ double toNumber(const std::string& key, const std::string& v) {
   if (v.empty() || end == v.c_str() || *end != '\0' || d < 0)
     throw InvalidArgument(strCat("HVDTORCH_", key, "='", v, "' is not a non-negative number"));
   return d;
+}
+
+// An integer in [lo, hi], written in decimal.
+int64_t toInt(const std::string& key, const std::string& v, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || errno != 0 || *end != '\0' || x < lo || x > hi)
+    throw InvalidArgument(strCat("HVDTORCH_", key, "=", v, ": expected an integer in [", lo, ", ", hi, "]"));
+  return x;
 }
 
 bool toBool(const std::string& key, const std::string& v) {
@@ -152,6 +174,24 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     autotune_rounds = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "CENTRAL_SHARDS") {
     central_shards = std::max(1, static_cast<int>(toNumber(key, v)));
+  } else if (key == "SIM_DEVICE") {
+    if (v.empty() || v == "0") {
+      sim_device = false;
+    } else if (v == "1") {
+      sim_device = true;
+    } else {
+      throw InvalidArgument(strCat("HVDTORCH_SIM_DEVICE=", v, ": expected 0 or 1"));
+    }
+  } else if (key == "SIM_SEED") {
+    sim_seed = static_cast<uint64_t>(toInt(key, v, 0, std::numeric_limits<int64_t>::max()));
+  } else if (key == "SIM_MAX_DELAY_US") {
+    sim_max_delay_us = static_cast<int>(toInt(key, v, 0, 1000000));
+  } else if (key == "SIM_INTERPROCESS") {
+    sim_interprocess = toInt(key, v, 0, 1) != 0;
+  } else if (key == "SIM_HOST_COPY_US") {
+    sim_host_copy_us = static_cast<int>(toInt(key, v, 0, 1000000));
+  } else if (key == "SIM_KERNEL_US") {
+    sim_kernel_us = static_cast<int>(toInt(key, v, 0, 1000000));
   } else {
     std::string names;
     for (const auto& k : knobs()) names += (names.empty() ? "" : ", ") + k.name;
@@ -165,7 +205,24 @@ Config Config::load(const std::map<std::string, std::string>& overrides) {
     const char* env = std::getenv(("HVDTORCH_" + k.name).c_str());
     if (env != nullptr && *env != '\0') c.set(k.name, env);
   }
-  for (const auto& [key, value] : overrides) c.set(key, value);
+  for (const auto& [key, value] : overrides) {
+    std::string name = upper(key);
+    if (name.rfind("HVDTORCH_", 0) == 0) name = name.substr(9);
+    for (const auto& k : knobs())
+      if (k.name == name && k.environment_only)
+        throw InvalidArgument(
+            strCat("hvdtorch option '", key, "' is read from the environment only (HVDTORCH_", name, ")"));
+    c.set(key, value);
+  }
+  return c;
+}
+
+Config Config::loadFromEnvironment(const std::vector<std::string>& names) {
+  Config c;
+  for (const auto& name : names) {
+    const char* env = std::getenv(("HVDTORCH_" + name).c_str());
+    if (env != nullptr && *env != '\0') c.set(name, env);
+  }
   return c;
 }
 

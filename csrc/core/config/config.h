@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -37,11 +38,23 @@ struct Config {
   int autotune_warmup_steps = 1;     // HVDTORCH_AUTOTUNE_WARMUP_STEPS
   int autotune_steps_per_trial = 5;  // HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL
   int autotune_rounds = 2;           // HVDTORCH_AUTOTUNE_ROUNDS
+  // The simulated device (tests; device/sim_device.h). Environment only
+  // (Knob::environment_only): read when the adapter first binds a tensor
+  // (sim_device, tensor_binding.cpp) and when a simulated device is made
+  // (the others, SimOptions::fromEnv), both of which may precede hvd.init().
+  bool sim_device = false;        // HVDTORCH_SIM_DEVICE
+  uint64_t sim_seed = 1;          // HVDTORCH_SIM_SEED
+  int sim_max_delay_us = 200;     // HVDTORCH_SIM_MAX_DELAY_US
+  bool sim_interprocess = false;  // HVDTORCH_SIM_INTERPROCESS
+  int sim_host_copy_us = 0;       // HVDTORCH_SIM_HOST_COPY_US
+  int sim_kernel_us = 0;          // HVDTORCH_SIM_KERNEL_US
 
   struct Knob {
     std::string name;  // without the HVDTORCH_ prefix
     std::string default_value;
     std::string help;
+    // Set only from the environment: load() refuses it among `overrides`.
+    bool environment_only = false;
   };
   static const std::vector<Knob>& knobs();
 
@@ -49,6 +62,10 @@ struct Config {
   // (keys as in knobs(), lower or upper case). Bad values throw
   // InvalidArgument naming the variable.
   static Config load(const std::map<std::string, std::string>& overrides = {});
+  // Defaults, then only the knobs `names` (as in knobs()) from the
+  // environment: for code that reads its own few knobs without an engine
+  // (the simulated device), so a bad value of another knob is not its error.
+  static Config loadFromEnvironment(const std::vector<std::string>& names);
   void set(const std::string& key, const std::string& value);
 };
 

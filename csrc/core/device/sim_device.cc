@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "config/config.h"
 #include "device/reduce_kernels.h"
 
 namespace hvdtorch {
@@ -32,17 +33,6 @@ namespace hvdtorch {
 namespace {
 
 // ---- options -------------------------------------------------------------------
-
-int64_t envInt(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v, &end, 10);
-  if (errno != 0 || *end != '\0' || x < lo || x > hi)
-    throw InvalidArgument(strCat(name, "=", v, ": expected an integer in [", lo, ", ", hi, "]"));
-  return x;
-}
 
 // An operation's simulated cost beyond its work (SimOptions::host_copy_us,
 // kernel_us): the stream's thread sleeps, taking no CPU.
@@ -702,12 +692,14 @@ class SimDevice : public Device {
 }  // namespace
 
 SimOptions SimOptions::fromEnv() {
+  const Config c = Config::loadFromEnvironment(
+      {"SIM_SEED", "SIM_MAX_DELAY_US", "SIM_INTERPROCESS", "SIM_HOST_COPY_US", "SIM_KERNEL_US"});
   SimOptions o;
-  o.seed = static_cast<uint64_t>(envInt("HVDTORCH_SIM_SEED", static_cast<int64_t>(o.seed), 0, INT64_MAX));
-  o.max_delay_us = static_cast<int>(envInt("HVDTORCH_SIM_MAX_DELAY_US", o.max_delay_us, 0, 1000000));
-  o.interprocess = envInt("HVDTORCH_SIM_INTERPROCESS", o.interprocess ? 1 : 0, 0, 1) != 0;
-  o.host_copy_us = static_cast<int>(envInt("HVDTORCH_SIM_HOST_COPY_US", o.host_copy_us, 0, 1000000));
-  o.kernel_us = static_cast<int>(envInt("HVDTORCH_SIM_KERNEL_US", o.kernel_us, 0, 1000000));
+  o.seed = c.sim_seed;
+  o.max_delay_us = c.sim_max_delay_us;
+  o.interprocess = c.sim_interprocess;
+  o.host_copy_us = c.sim_host_copy_us;
+  o.kernel_us = c.sim_kernel_us;
   o.rank = g_sim_rank.load();
   return o;
 }

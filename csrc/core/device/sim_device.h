@@ -65,8 +65,8 @@ struct SimOptions {
 
   // Defaults overridden by HVDTORCH_SIM_SEED, HVDTORCH_SIM_MAX_DELAY_US,
   // HVDTORCH_SIM_INTERPROCESS (0/1), HVDTORCH_SIM_HOST_COPY_US and
-  // HVDTORCH_SIM_KERNEL_US; a malformed value throws InvalidArgument naming
-  // the variable. `rank` is the one last given to setSimRank (0 before).
+  // HVDTORCH_SIM_KERNEL_US, parsed by Config (config/config.h); a malformed
+  // value throws InvalidArgument naming the variable. `rank` is the one last given to setSimRank (0 before).
   static SimOptions fromEnv();
 };
 

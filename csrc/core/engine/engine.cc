@@ -5,9 +5,9 @@
 
 #include "common/error.h"
 #include "device/devices.h"
-#include "engine/control_frame.h"
-#include "engine/device_tensor.h"
-#include "engine/fusion.h"
+#include "engine/execution/device_tensor.h"
+#include "engine/execution/fusion.h"
+#include "engine/negotiation/control_frame.h"
 #include "transport/shm/link.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/wait.h"
@@ -28,7 +28,7 @@ ExecutorOptions executorOptions(const Config& config) {
 
 }  // namespace
 
-Engine::Engine(Config config, const Topology& topo, const Transports& transports)
+Engine::Engine(Config config, const Topology& topo, const Transports& transports, const std::vector<OpSpec>& ops)
     : config_(std::move(config)),
       timeline_(config_.timeline, topo.rank),
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
@@ -38,6 +38,7 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       executor_(data_ctx_, reducers_, timeline_, registered_, executorOptions(config_)),
       control_(control_ctx_),
       shm_token_(transports.shm_token) {
+  useOpTable(ops);
   std::vector<int> everyone(topo.size);
   for (int r = 0; r < topo.size; ++r) everyone[r] = r;
   global_ = newSet(0, std::move(everyone), topo.rank);

@@ -61,13 +61,13 @@
 
 #include "algorithms/reducer_set.h"
 #include "config/config.h"
-#include "engine/control_plane.h"
-#include "engine/coordinator.h"
-#include "engine/entry.h"
-#include "engine/executor.h"
+#include "engine/execution/entry.h"
+#include "engine/execution/executor.h"
+#include "engine/negotiation/control_plane.h"
+#include "engine/negotiation/coordinator.h"
+#include "engine/negotiation/response_cache.h"
 #include "engine/op_timing.h"
 #include "engine/process_set.h"
-#include "engine/response_cache.h"
 #include "timeline/timeline.h"
 #include "transport/context.h"
 
@@ -85,7 +85,9 @@ class Engine {
     std::string shm_token;
   };
 
-  Engine(Config config, const Topology& topo, const Transports& transports);
+  // `ops`: the op table, ops' (ops/op_table.h) outside tests; it becomes the
+  // process's table in use (useOpTable, engine/op_spec.h).
+  Engine(Config config, const Topology& topo, const Transports& transports, const std::vector<OpSpec>& ops);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

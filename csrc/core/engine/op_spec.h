@@ -1,9 +1,10 @@
 // The table of ops: one row per collective says everything the engine needs
 // to know about it, so that the engine's code (wire format, signatures,
 // coordinator, cache, fusion, inline runs, joined ranks, executor) reads the
-// row instead of switching on the op. The rows are in ops/op_table.cc; each
-// op's entry function, planning and execution live in its own
-// ops/<op>.{h,cc}.
+// row instead of switching on the op. The rows are ops' (ops/op_table.h),
+// handed to the Engine's constructor, which makes them the table in use
+// (useOpTable): the engine neither includes nor links ops/. Each op's entry
+// function, planning and execution live in its own ops/<op>.{h,cc}.
 //
 // Adding a collective: its OpType value below, its files ops/<op>.{h,cc}
 // (options and entry function; plan and execute functions when it has
@@ -11,10 +12,10 @@
 // does -- its payload type in engine/op_payloads.h. The wire check (which op
 // values a control message may carry) follows from the table.
 //
-// Contract: opTable() lists every OpType exactly once, in enum order, so
-// that opTable()[v].type == v (checked by test_ops). A tensor's device kind
-// is part of the signature (TensorSpec); how device memory is staged for the
-// reducers is the row's `staging`.
+// Contract: the table lists every OpType exactly once, in enum order, so
+// that opTable()[v].type == v, each row with an execute function (useOpTable
+// checks it). A tensor's device kind is part of the signature (TensorSpec);
+// how device memory is staged for the reducers is the row's `staging`.
 #pragma once
 
 #include <cstddef>
@@ -56,7 +57,7 @@ enum class Outputs : uint8_t {
 };
 
 // How an op's device tensors (CUDA, simulated) reach the reducers, which
-// work on host memory (engine/host_staging.h).
+// work on host memory (engine/execution/host_staging.h).
 enum class Staging : uint8_t {
   kByExecutor,  // the executor swaps the entry's buffers for pinned host copies around execute
   kByOp,        // execute stages them itself, or not at all where a device path takes them
@@ -84,7 +85,7 @@ struct OpSpec {
   // runs from the response cache (one bit per rank instead of the request).
   bool cacheable;
   // Consecutive ops of this type may share one unit, one piece per tensor
-  // (engine/fusion.h; the op carries ReduceArgs).
+  // (engine/execution/fusion.h; the op carries ReduceArgs).
   bool fuses;
   InlineRun inline_run;
   WhileJoined while_joined;
@@ -104,12 +105,21 @@ constexpr size_t planIndex() {
   return AlternativeIndex<Plan, OpPlan>::value;
 }
 
-// Every op, in OpType order (ops/op_table.cc).
+// Makes `table` the op table in use in this process, after checking the
+// contract above (InvalidArgument). Requests are built, read and compared
+// outside any one Engine (control frames, the response cache), so the table
+// is the process's: every Engine's constructor calls this with the table it
+// is handed, and code that handles requests without an Engine (tests,
+// fuzzers, benchmarks) calls it first. The table must outlive its use (ops'
+// is static); handing a different table later throws InvalidArgument.
+void useOpTable(const std::vector<OpSpec>& table);
+// The table in use; InvalidArgument when none is yet.
 const std::vector<OpSpec>& opTable();
 const OpSpec& opSpec(OpType type);
 // The row of the op a control message names by `value`; null when no op has
 // that value (a corrupt message).
 const OpSpec* findOpSpec(uint8_t value);
+// "unknown" for a value not in the table, or before any table is in use.
 const char* opTypeName(OpType type);
 
 }  // namespace hvdtorch

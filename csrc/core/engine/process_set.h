@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "algorithms/reducer_set.h"
-#include "engine/control_plane.h"
-#include "engine/coordinator.h"
-#include "engine/entry.h"
-#include "engine/executor.h"
-#include "engine/response_cache.h"
+#include "engine/execution/entry.h"
+#include "engine/execution/executor.h"
+#include "engine/negotiation/control_plane.h"
+#include "engine/negotiation/coordinator.h"
+#include "engine/negotiation/response_cache.h"
 #include "transport/context.h"
 
 namespace hvdtorch {

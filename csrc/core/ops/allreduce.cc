@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "device/devices.h"
 #include "device/reduce_kernels.h"
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 #include "ops/allreduce_routes.h"
 #include "ops/allreduce_staged.h"
 #include "ops/op_common.h"
@@ -39,6 +39,14 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
   // Adasum's dot products are per tensor: never fuse it with other tensors.
   args.fuse = opts.fuse && args.op != ReduceOp::kAdasum;
   return args;
+}
+
+std::string bucketReducer(const Engine& engine, const std::string& asked, ReduceOp op, bool host_memory) {
+  const std::string& name = asked.empty() ? engine.config().reducer : asked;
+  if (parseReducer(name) == kAutoReducer && op != ReduceOp::kAdasum && host_memory &&
+      engine.reducers().available(registeredReducer()))
+    return reducerName(registeredReducer());
+  return asked;
 }
 
 int64_t allreduce(Engine& engine, AllreduceOptions opts) {
@@ -200,7 +208,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   const ReduceArgs& args = req.reduce();
   const TensorSpec& spec = req.tensors[unit.pieces.front().tensor];
   const DataType dtype = spec.dtype;
-  const bool on_device = spec.device != DeviceKind::kCpu;  // the same for every piece (fusion.h)
+  const bool on_device = spec.device != DeviceKind::kCpu;  // the same for every piece (engine/execution/fusion.h)
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   const ReduceOp op = Executor::reducedOp(args.op);

@@ -9,7 +9,7 @@
 
 #include "algorithms/reducer_registry.h"
 #include "algorithms/ring_allreduce.h"
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 #include "ops/allreduce_staged.h"
 
 namespace hvdtorch::ops {

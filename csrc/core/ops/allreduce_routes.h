@@ -25,7 +25,7 @@
 
 #include "algorithms/device_routes.h"
 #include "algorithms/reducer.h"
-#include "engine/executor.h"
+#include "engine/execution/executor.h"
 
 namespace hvdtorch::ops {
 

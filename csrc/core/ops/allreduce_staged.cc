@@ -4,7 +4,7 @@
 
 #include "device/devices.h"
 #include "device/reduce_kernels.h"
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 
 namespace hvdtorch::ops {
 

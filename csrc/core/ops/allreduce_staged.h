@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/executor.h"
+#include "engine/execution/executor.h"
 
 namespace hvdtorch::ops {
 

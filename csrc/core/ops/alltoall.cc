@@ -6,7 +6,7 @@
 #include "algorithms/alltoall.h"
 #include "common/error.h"
 #include "device/devices.h"
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 #include "ops/op_common.h"
 
 namespace hvdtorch::ops {

@@ -1,6 +1,5 @@
-// The op table (engine/op_spec.h says what each column means): the one
-// place that lists the collectives. Rows in OpType order.
-#include "engine/op_spec.h"
+#include "ops/op_table.h"
+
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
 #include "ops/alltoall.h"
@@ -9,10 +8,9 @@
 #include "ops/join.h"
 #include "ops/reducescatter.h"
 
-namespace hvdtorch {
+namespace hvdtorch::ops {
 
 const std::vector<OpSpec>& opTable() {
-  using namespace ops;
   // clang-format off
   static const std::vector<OpSpec> table = {
     // type                  name             args payload                 plan payload                     first_dim_free cacheable fuses inline_run         while_joined               outputs               staging              make_plan          execute
@@ -28,20 +26,4 @@ const std::vector<OpSpec>& opTable() {
   return table;
 }
 
-const OpSpec* findOpSpec(uint8_t value) {
-  const auto& table = opTable();
-  return value < table.size() ? &table[value] : nullptr;
-}
-
-const OpSpec& opSpec(OpType type) {
-  const OpSpec* spec = findOpSpec(static_cast<uint8_t>(type));
-  if (!spec) throw InvalidArgument(strCat("op type ", unsigned(static_cast<uint8_t>(type)), " is not in the op table"));
-  return *spec;
-}
-
-const char* opTypeName(OpType type) {
-  const OpSpec* spec = findOpSpec(static_cast<uint8_t>(type));
-  return spec ? spec->name : "unknown";
-}
-
-}  // namespace hvdtorch
+}  // namespace hvdtorch::ops

@@ -5,7 +5,7 @@
 #include "common/error.h"
 #include "device/devices.h"
 #include "device/reduce_kernels.h"
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 #include "ops/op_common.h"
 
 namespace hvdtorch::ops {

@@ -1,4 +1,4 @@
-#include "engine/executor.h"
+#include "engine/execution/executor.h"
 
 #include <algorithm>
 #include <cstdio>

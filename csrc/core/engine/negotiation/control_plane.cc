@@ -1,11 +1,11 @@
-#include "engine/control_plane.h"
+#include "engine/negotiation/control_plane.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "common/error.h"
-#include "engine/control_frame.h"
+#include "engine/negotiation/control_frame.h"
 
 namespace hvdtorch {
 

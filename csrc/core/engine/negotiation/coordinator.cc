@@ -1,4 +1,4 @@
-#include "engine/coordinator.h"
+#include "engine/negotiation/coordinator.h"
 
 #include <algorithm>
 #include <sstream>

@@ -1,4 +1,4 @@
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 #include "device/devices.h"
-#include "engine/entry.h"
+#include "engine/execution/entry.h"
 
 namespace hvdtorch {
 

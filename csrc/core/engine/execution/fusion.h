@@ -13,8 +13,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/entry.h"
-#include "engine/host_staging.h"
+#include "engine/execution/entry.h"
+#include "engine/execution/host_staging.h"
 #include "engine/request.h"
 #include "transport/shm/registered_memory.h"
 

@@ -21,9 +21,9 @@
 #include "algorithms/device_ring.h"
 #include "algorithms/device_routes.h"
 #include "algorithms/reducer_set.h"
-#include "engine/entry.h"
-#include "engine/fusion.h"
-#include "engine/host_staging.h"
+#include "engine/execution/entry.h"
+#include "engine/execution/fusion.h"
+#include "engine/execution/host_staging.h"
 #include "timeline/timeline.h"
 #include "transport/context.h"
 

@@ -1,10 +1,10 @@
-#include "engine/bit_allreduce.h"
+#include "engine/negotiation/bit_allreduce.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
-#include "engine/control_frame.h"
+#include "engine/negotiation/control_frame.h"
 
 namespace hvdtorch {
 

@@ -1,4 +1,4 @@
-#include "engine/device_tensor.h"
+#include "engine/execution/device_tensor.h"
 
 namespace hvdtorch {
 

@@ -1,4 +1,4 @@
-#include "engine/fusion.h"
+#include "engine/execution/fusion.h"
 
 #include <cstdlib>
 #include <new>

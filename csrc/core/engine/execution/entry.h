@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/host_staging.h"
+#include "engine/execution/host_staging.h"
 #include "engine/op_state.h"
 #include "engine/request.h"
 #include "engine/tensor.h"

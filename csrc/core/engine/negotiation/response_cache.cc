@@ -1,4 +1,4 @@
-#include "engine/response_cache.h"
+#include "engine/negotiation/response_cache.h"
 
 #include "common/error.h"
 

@@ -5,7 +5,7 @@
 // engine stream waits on the tensors' ready events, copies them to pinned
 // host memory here, the op runs on the host copies exactly as it runs on
 // CPU tensors, and its outputs are copied back to device memory before the
-// op completes (engine/executor.h: Executor::complete).
+// op completes (engine/execution/executor.h: Executor::complete).
 //
 // Pinning: staging memory is registered with the device once, when it is
 // made (cudaHostRegister is slow: never per op), and unregistered before it

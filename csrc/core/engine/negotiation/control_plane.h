@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/bit_allreduce.h"
+#include "engine/negotiation/bit_allreduce.h"
 #include "transport/context.h"
 
 namespace hvdtorch {

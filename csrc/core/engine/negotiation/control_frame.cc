@@ -1,4 +1,4 @@
-#include "engine/control_frame.h"
+#include "engine/negotiation/control_frame.h"
 
 #include <algorithm>
 #include <cstring>

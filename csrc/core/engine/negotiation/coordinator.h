@@ -42,8 +42,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/negotiation/response_cache.h"
 #include "engine/request.h"
-#include "engine/response_cache.h"
 
 namespace hvdtorch {
 
