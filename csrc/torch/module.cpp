@@ -486,9 +486,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_native_runs", &C10dDeviceCollectives::runs);
   // All-reduces of device tensors this process ran alone (a set of one rank), on the device (ops/allreduce.h).
   m.def("device_one_rank_runs", &ops::oneRankDeviceAllreduces);
-  // Device calibrations this process ran for reducer=auto, and the last one's times (ops/allreduce_routes.h).
-  m.def("device_calibrations", &ops::deviceCalibrations);
-  m.def("last_device_calibration", &ops::lastDeviceCalibration);
+  // Device calibrations this process ran for reducer=auto, and the last one's times (algorithms/device_router.h).
+  m.def("device_calibrations", &deviceCalibrations);
+  m.def("last_device_calibration", &lastDeviceCalibration);
   // Removes what killed jobs left in /dev/shm (segments of hvdtorch jobs whose creator is dead); init() calls it.
   m.def("remove_dead_shm_segments", [] { return ShmSegment::removeDeadJobSegments(); });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

@@ -77,7 +77,7 @@ int64_t allreduce(Engine& engine, AllreduceOptions opts) {
 namespace {
 
 // The device all-reduce routes need every piece on one device (the
-// route itself is chosen in allreduce_routes.cc).
+// route itself is chosen by the router, algorithms/device_router.h).
 Device& unitDevice(const WorkUnit& unit, ReducerId asked) {
   const DeviceId id = unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device();
   for (const auto& p : unit.pieces)
@@ -132,7 +132,7 @@ void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, Dat
   const ReduceOp op = Executor::reducedOp(args.op);
   ex.mark(unit, phase, true);
   if (path.ring) {
-    ex.deviceRing(d)->allreduce(fused, count, dtype, op);
+    ex.router().ring(d)->allreduce(fused, count, dtype, op);
   } else {
     ex.ctx().native()->allreduceOnDevice(d, fused, count, dtype, op);
   }
@@ -215,11 +215,11 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   static const ReducerId native = parseReducer("native");
   const bool one_rank = ex.ctx().size() == 1;
   // At one rank only reducer="native", asked for by name, still runs the backend's device collective (NCCL).
-  if (on_device && hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
+  if (on_device && DeviceRouter::hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
     Device& d = unitDevice(unit, args.reducer);
     // The first `auto` all-reduce of a device may time its routes
-    // (allreduce_routes.h): a phase of this op on the timeline.
-    const bool deciding = calibratesNext(ex, d, args.reducer);
+    // (algorithms/device_router.h): a phase of this op on the timeline.
+    const bool deciding = ex.router().calibratesNext(d, args.reducer);
     if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", true);
     const DevicePath path = devicePath(ex, d, args.reducer, dtype, op, count * dtypeSize(dtype));
     if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", false);
