@@ -322,6 +322,31 @@ class Hosts:
             timeout=20,
         )
 
+    def shape(self, rate: Optional[str], latency: str = "50ms") -> None:
+        """Limits every host's cable to `rate` (tc's spelling: "100mbit",
+        "1gbit", "10gbit") in both directions with a token bucket (tbf): on
+        the host's eth0 (what it sends) and on the hub's h<i> (what it
+        receives). A packet between two hosts passes two buckets of the same
+        rate, so the path runs at `rate`. `latency` bounds the queue each
+        bucket holds (tbf drops beyond it). Replaces an earlier shaping;
+        rate None removes it. The burst is 4 ms at the rate (at least 64 KiB):
+        tbf needs one at least rate / HZ to reach its rate."""
+        if self.link != "veth":
+            raise RuntimeError("Hosts.shape: only the veth link can be shaped")
+        for i, ns in enumerate(self.names):
+            for where, dev in ((ns, "eth0"), (self.hub, f"h{i}")):
+                if rate is None:
+                    subprocess.run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+                    continue
+                burst = max(64 << 10, int(rate_bits(rate) / 8 * 0.004))
+                spec = ["tbf", "rate", rate, "burst", str(burst), "latency", latency]
+                subprocess.run(
+                    ["tc", "-n", where, "qdisc", "replace", "dev", dev, "root", *spec],
+                    check=True,
+                    capture_output=True,
+                    timeout=20,
+                )
+
     def torchrun(
         self,
         script: str,
@@ -332,14 +357,16 @@ class Hosts:
         port: int = 29400,
         elastic: Optional[str] = None,
         rdzv_conf: str = "",
+        python: Optional[str] = None,
     ) -> Job:
         """Starts one torchrun agent per host: --nnodes=n with the static
         rendezvous at host 0, or with elastic="MIN:MAX" --nnodes=MIN:MAX and
         the c10d rendezvous (endpoint on host 0, `rdzv_conf` its --rdzv-conf).
         Host 0's agent is told to host the rendezvous store (is_host): torchrun
         recognises its own address by the machine's host name, which resolves
-        to no address inside a namespace."""
-        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        to no address inside a namespace. `python`: the interpreter whose
+        torchrun runs the agents and ranks (default: this one)."""
+        torchrun = os.path.join(os.path.dirname(python or sys.executable), "torchrun")
         procs, logs = [], []
         for i, ns in enumerate(self.names):
             e = clean_env()
@@ -398,6 +425,15 @@ class Hosts:
     def kill_host(self, i: int) -> None:
         """The host leaves: every process on it is SIGKILLed at once."""
         _kill_all_in(self.names[i])
+
+
+def rate_bits(rate: str) -> float:
+    """Bits per second of a tc rate ("100mbit", "1gbit", "10gbit", "500kbit")."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.lower().endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    raise ValueError(f"rate {rate!r}: expected a number and kbit, mbit or gbit (tc's units)")
 
 
 def clean_env() -> Dict[str, str]:
