@@ -41,6 +41,11 @@ environment horovod.runner.gloo_run builds (create_slot_env_vars,
 create_run_env_vars) before horovod.torch.init(). With Horovod the ranks run
 build/horovod-venv's Python (the same torch pin) with this tree on
 PYTHONPATH, which is how benchmarks/googlenet.py runs it under mpirun.
+Inside each host the machine's host name resolves to that host's address, as
+on a real host (Hosts(own_hostname=True)): Horovod 0.28.1 builds the Gloo
+device of its process sets (the global one included) without the interface
+it was given (GlooContext::InitializeForProcessSet reads the process set's
+own, empty, gloo_iface_), so it binds to the address of the host name.
 
 Model: benchmarks/workloads' FCHeavyNet, 32 px images, 25 classes: 12.7 M
 parameters, 51 MB of fp32 gradients per step; a small batch (--batch 4 per
@@ -326,9 +331,8 @@ def horovod_python(mode):
     """build/horovod-venv's Python when Horovod is to run (mode auto/on/off), else None."""
     if mode == "off":
         return None
-    ok = os.path.exists(HOROVOD_PYTHON) and (
-        subprocess.run([HOROVOD_PYTHON, "-c", "import horovod.torch as h; assert h.gloo_built()"], capture_output=True)
-    ).returncode == 0
+    probe = [HOROVOD_PYTHON, "-c", "import horovod.torch as h; assert h.gloo_built()"]
+    ok = os.path.exists(HOROVOD_PYTHON) and subprocess.run(probe, capture_output=True).returncode == 0
     if not ok and mode == "on":
         raise SystemExit(f"--horovod on needs {HOROVOD_PYTHON} with Gloo: run benchmarks/peers/build_horovod.sh")
     if not ok:
@@ -351,6 +355,7 @@ def run(args):
     if "horovod" in configs.split(",") and python is None:
         raise SystemExit("cluster.py: config 'horovod' needs build/horovod-venv (benchmarks/peers/build_horovod.sh)")
     os.makedirs(args.out, exist_ok=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also where a shell started it ignoring SIGINT
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     env = {
@@ -359,7 +364,10 @@ def run(args):
         "PYTHONPATH": ROOT,  # hvdtorch from this tree, also for horovod-venv's Python
     }
     out_rows = []
-    with tempfile.TemporaryDirectory(prefix="hvdt-cluster-") as logdir, netns.Hosts(args.hosts, logdir) as hosts:
+    with (
+        tempfile.TemporaryDirectory(prefix="hvdt-cluster-") as logdir,
+        netns.Hosts(args.hosts, logdir, own_hostname=True) as hosts,
+    ):
         for rate in args.rates.split(","):
             hosts.shape(None if rate == "none" else rate)
             rows_path = os.path.join(logdir, f"rows-{rate}.jsonl")
