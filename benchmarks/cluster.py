@@ -307,7 +307,8 @@ def plot(folder):
         axes[1].hlines(fl / 1e6, i - width / 2, i + 0.8 - width / 2, colors="k", linestyles="--")
     any_row = next(iter(latest.values()))
     shape = f"{any_row['hosts']} hosts x {any_row['ranks_per_host']} ranks"
-    axes[0].set_ylabel(f"images / s ({shape}, median, min-max)")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel(f"images / s ({shape}, median, min-max; log)")
     axes[1].set_ylabel("MB sent per host per step (dashed: hierarchical floor)")
     for ax in axes:
         ax.set_xticks([i + width * (len(configs) - 1) / 2 for i in range(len(rates))], rates)
@@ -338,6 +339,20 @@ def horovod_python(mode):
     if not ok:
         print(f"horovod: left out ({HOROVOD_PYTHON} missing or without Gloo; benchmarks/peers/build_horovod.sh)")
     return HOROVOD_PYTHON if ok else None
+
+
+def follow(job, timeout):
+    """Job.wait, echoing rank 0's progress lines (host 0's agent) as they come."""
+    deadline = time.monotonic() + timeout
+    shown = 0
+    while job.running() and time.monotonic() < deadline:
+        lines = job.outputs()[0].split("\n")[:-1]  # whole lines only
+        for line in lines[shown:]:
+            if line.startswith("primed ") or " round " in line:
+                print(f"  {line}", flush=True)
+        shown = len(lines)
+        time.sleep(1)
+    job.wait(timeout=max(1.0, deadline - time.monotonic()))
 
 
 def _terminate(signum, frame):
@@ -380,7 +395,7 @@ def run(args):
                 os.path.abspath(__file__), *worker_args, nproc=args.ranks_per_host, env=env, python=python
             )
             try:
-                job.wait(timeout=args.job_timeout)
+                follow(job, args.job_timeout)
             finally:
                 if args.verbose:
                     print(job.output())
