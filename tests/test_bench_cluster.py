@@ -36,7 +36,21 @@ def test_one_round_counts_the_bytes_and_removes_the_hosts(tmp_path):
     """The rows say what the window measured: the node reducer's hosts each
     sent about the hierarchical floor (one rank per host: the whole exchange
     is on the wire), the ceiling's nearly nothing."""
-    p = start(tmp_path, "--rates", "1gbit", "--configs", "solo,dm:node", "--rounds", "1", "--iters", "1")
+    p = start(
+        tmp_path,
+        "--rates",
+        "1gbit",
+        "--configs",
+        "solo,dm:node",
+        "--rounds",
+        "1",
+        "--iters",
+        "1",
+        "--prime",
+        "0",
+        "--warmup",
+        "0",
+    )
     out, _ = p.communicate(timeout=240)
     assert p.returncode == 0, out
     assert leftovers(p.pid) == []
