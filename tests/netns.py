@@ -33,8 +33,9 @@ Cleanup, also when a test fails or times out: every process inside the
 namespaces is SIGKILLed (torchrun starts its workers in sessions of their own,
 so a process-group kill of the agent would miss them: `ip netns pids` finds
 them all), then the namespaces are deleted, which deletes the bridge and the
-veth pairs with them, and their /etc/netns files. Namespaces left by a run that was itself SIGKILLed are
-swept at the next start (their names carry the creating pid).
+veth pairs with them, and so are their /etc/netns files. Namespaces left by a
+run that was itself SIGKILLed are swept at the next start (their names carry
+the creating pid).
 """
 
 import itertools
