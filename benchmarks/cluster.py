@@ -3,7 +3,7 @@ registered reducer) against torch DDP (Gloo), DDP with torch's PowerSGD hook,
 Horovod 0.28.1 (Gloo) and the no-communication ceiling, on network
 namespaces whose links are shaped to a given rate.
 
-    make bench-cluster                                   # the defaults below
+    make bench-cluster          # the defaults: 2 hosts x 2 ranks, 10gbit,1gbit,100mbit, 3 rounds (~20 min on 2 cores)
     python benchmarks/cluster.py --hosts 2 --ranks-per-host 2 --rates 1gbit,100mbit --rounds 3
     python benchmarks/cluster.py --rates 10gbit --rounds 7 --iters 6      # longer
     python benchmarks/cluster.py --plot benchmarks/results/cluster         # only the plot of earlier rows
