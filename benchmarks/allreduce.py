@@ -43,6 +43,7 @@ def hvd_reducers():
 
     return [row["name"] for row in _C.reducer_registry() if row["own_op"] is None] + ["auto"]
 
+
 HOROVOD_PYTHON = os.path.join(ROOT, "build", "horovod-venv", "bin", "python")
 
 

@@ -41,7 +41,6 @@ def fixed_reducers():
     return [row["name"] for row in _C.reducer_registry() if row["own_op"] is None]
 
 
-
 def parse_bytes(s: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)

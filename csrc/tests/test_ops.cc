@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/reducer_registry.h"
 #include "check.h"
 #include "cluster.h"
-#include "algorithms/reducer_registry.h"
 #include "common/error.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"

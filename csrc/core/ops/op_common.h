@@ -84,8 +84,8 @@ class OpEntry {
   // Runs submit()'s checks (above), builds the entry -- the request (type,
   // set, name, one TensorSpec per input, `args`) and its tensors and
   // allocator -- and submits it to the engine; returns the handle.
-  int64_t submit(std::vector<TensorPtr> inputs, std::vector<TensorPtr> outputs = {},
-                 OutputAllocator allocate = nullptr, OpArgs args = NoArgs{});
+  int64_t submit(std::vector<TensorPtr> inputs, std::vector<TensorPtr> outputs = {}, OutputAllocator allocate = nullptr,
+                 OpArgs args = NoArgs{});
 
  private:
   Engine& engine_;
