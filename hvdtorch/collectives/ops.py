@@ -22,7 +22,7 @@ from .. import _C, runtime
 from .._C import HvdError  # noqa: F401  (re-exported)
 from ..exceptions import InvalidArgumentError
 from .compression import Compression
-from .handles import check_process_set, contiguous, engine, op_name, poll, register, submit, synchronize  # noqa: F401
+from .handles import check_process_set, contiguous, op_name, poll, register, submit, synchronize  # noqa: F401
 from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 
 # Reduce ops, with Horovod's values.
