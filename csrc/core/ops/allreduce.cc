@@ -50,28 +50,16 @@ std::string bucketReducer(const Engine& engine, const std::string& asked, Reduce
 }
 
 int64_t allreduce(Engine& engine, AllreduceOptions opts) {
-  const OpWhere where{engine, OpType::kAllreduce, opts.name};
-  checkProcessSet(where, opts.process_set_id);
+  OpEntry op(engine, AllreduceOptions::kType, opts.name, opts.process_set_id);
   if (opts.inputs.empty() || opts.inputs.size() != opts.outputs.size())
-    throw InvalidArgument(strCat(where.str(), ": needs as many outputs as inputs, and at least one"));
-  checkOneDevice(where, opts.inputs, opts.outputs);
-  auto e = std::make_shared<Entry>();
-  Request& q = e->request;
-  q.type = OpType::kAllreduce;
-  q.process_set_id = opts.process_set_id;
-  q.tensors.reserve(opts.inputs.size());
+    op.fail("needs as many outputs as inputs, and at least one");
   for (size_t i = 0; i < opts.inputs.size(); ++i) {
     const TensorBuffer& in = *opts.inputs[i];
     const TensorBuffer& out = *opts.outputs[i];
-    if (in.numel() != out.numel() || in.dtype() != out.dtype())
-      throw InvalidArgument(strCat(where.str(), ": output ", i, " does not match its input"));
-    q.tensors.push_back(specOf(in));
+    if (in.numel() != out.numel() || in.dtype() != out.dtype()) op.fail("output ", i, " does not match its input");
   }
-  q.args = allreduceArgs(engine, opts);
-  q.name = std::move(opts.name);
-  e->inputs = std::move(opts.inputs);
-  e->outputs = std::move(opts.outputs);
-  return engine.submit(std::move(e));
+  ReduceArgs args = allreduceArgs(engine, opts);
+  return op.submit(std::move(opts.inputs), std::move(opts.outputs), nullptr, args);
 }
 
 namespace {
