@@ -326,6 +326,8 @@ def main():
     unknown = set(args.configs.split(",")) - set(CONFIGS + OPT_IN)
     if unknown:
         p.error(f"unknown configs {sorted(unknown)}; choose from {CONFIGS + OPT_IN}")
+    if args.memory_rounds < 1:
+        p.error("--memory-rounds must be at least 1: the tables give each configuration's state and peak RSS")
     os.makedirs(args.out, exist_ok=True)
     for setting in args.settings.split(","):
         args.setting = setting
