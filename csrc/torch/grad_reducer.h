@@ -24,7 +24,9 @@
 //    for all buckets, so optimizer.step() sees averaged gradients; in
 //    "explicit" mode finalize() does the wait.
 //  * Passes where reduction is off (no_sync(), or all but every
-//    backward_passes_per_step-th pass) only accumulate locally.
+//    backward_passes_per_step-th pass) only accumulate locally. Which pass
+//    reduces is the shared PassCounter's decision (gradients/pass_counter.h),
+//    counting cyclically: DistributedModel never raises on an extra pass.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "gradients/pass_counter.h"
 #include "ops/allreduce.h"
 
 namespace hvdtorch {
@@ -120,8 +123,7 @@ class GradientReducer {
   bool pass_active_ = false;
   bool pass_ended_ = false;  // backward finished, results not yet waited for
   bool reduce_this_pass_ = false;
-  bool sync_enabled_ = true;
-  int64_t passes_ = 0;
+  PassCounter passes_;  // cyclic; setSyncEnabled(false) makes passes local (uncounted)
 
   // Hooks are removed in the destructor; holding the accumulators keeps the
   // nodes (and so the hooks) alive as long as this reducer.
