@@ -26,6 +26,17 @@ PassCounter cyclicCounter(int passes_per_step, int rank) {
 
 }  // namespace
 
+at::ScalarType wireScalarType(WireCodec codec, at::ScalarType dtype) {
+  if (codec == WireCodec::kNone) return dtype;
+  DataType t{};
+  try {
+    t = toDataType(dtype, "wire dtype");
+  } catch (const InvalidArgument&) {
+    return dtype;  // a dtype hvdtorch does not carry (complex, say): as it is
+  }
+  return toScalarType(wireDtype(codec, t));
+}
+
 GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at::Tensor> params,
                                  std::vector<std::vector<int64_t>> buckets, GradReducerOptions options)
     : engine_(std::move(engine)),
@@ -90,10 +101,7 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     if (members.empty()) continue;
     Bucket b;
     const at::ScalarType dtype = params_[members[0]].scalar_type();
-    // The wire dtype (float16) applies to 32- and 64-bit floats only; 16-bit floats go as they are, as in
-    // hvdtorch/compression.py's fp16_wire.
-    const bool compressible = at::isFloatingType(dtype) && c10::elementSize(dtype) > 2;
-    const at::ScalarType bucket_dtype = (opts_.wire_dtype && compressible) ? *opts_.wire_dtype : dtype;
+    const at::ScalarType bucket_dtype = wireScalarType(opts_.codec, dtype);
     b.views = bucket_dtype == dtype;
     int64_t total = 0;
     for (int64_t idx : members) {

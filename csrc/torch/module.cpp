@@ -335,7 +335,7 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
   o.sync_on_backward = sync_on_backward;
   o.fuse = fuse;
   o.backward_passes_per_step = backward_passes_per_step;
-  if (fp16_wire) o.wire_dtype = at::kHalf;
+  o.codec = fp16_wire ? WireCodec::kFp16 : WireCodec::kNone;
   for (const auto& p : params) OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedModel", name));
   return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), o);
 }
@@ -436,6 +436,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
       .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
       .def("bucket_bytes", &GradientReducer::bucketBytes);
+
+  // The codec seam (gradients/wire_codec.h): the dtype a tensor travels in;
+  // hvdtorch.Compression and the sharded optimizer's buckets ask here.
+  m.def(
+      "wire_dtype",
+      [](const std::string& codec, at::ScalarType dtype) { return wireScalarType(wireCodecFromName(codec), dtype); },
+      py::arg("codec"), py::arg("dtype"));
 
   // The one backward-pass counter (gradients/pass_counter.h) of the Python
   // gradient paths; its beginPass() raises AssertionError on an extra pass.

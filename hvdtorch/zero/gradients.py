@@ -42,7 +42,7 @@ counter, _C.PassCounter, as on every gradient path):
   * Compression.fp16 flattens float32/float64 buckets into float16 (the wire
     dtype) and converts the result back to the parameters' dtype; 16-bit
     floats go as they are (the gradient core's codec rule,
-    compression.fp16_wire).
+    compression.wire_dtype).
   * Sparse gradients are refused (ValueError naming the parameter): a flat
     bucket is dense.
 """
@@ -55,7 +55,7 @@ import torch
 
 from .. import _C, runtime
 from ..collectives import ops, reducescatter
-from ..collectives.compression import Compression, fp16_wire
+from ..collectives.compression import Compression, wire_dtype
 from .layout import Bucket
 
 
@@ -173,9 +173,8 @@ class BucketGradients:
         b = self._buckets[j]
         flat = self._flats[j]
         if flat is None:
-            wire = b.dtype
-            if self._compression is Compression.fp16 and fp16_wire(b.dtype):
-                wire = torch.float16
+            # The codec's wire dtype (the gradient core's one rule, csrc/core/gradients/wire_codec.h).
+            wire = wire_dtype("fp16", b.dtype) if self._compression is Compression.fp16 else b.dtype
             device = self._params[b.params[0]].device
             if (self._in_place or not self._scatter) and device.type == "cpu" and self._size > 1:
                 # An all-reduced bucket in registered memory takes the engine's zero-copy path, as
