@@ -7,6 +7,7 @@
 # make fuzz     long fuzzing: many seeds of op sequences, and the control-plane decoder for FUZZ_SECONDS
 # make soak     20,000 DistributedModel steps and 1,000 init()/shutdown() cycles, nothing may grow
 # make bench-training  hvdtorch vs Horovod 0.28.1, DDP and solo, training img/s under mpirun and torchrun (not part of make test)
+# make bench-cluster   the same across emulated hosts (network namespaces, links shaped by tc; root), CLUSTER_ARGS for options
 # make test-cuda-build  the CUDA build against torch 2.14.1 in .venv-cuda (no GPU needed), then its checks and tests
 # make gpu-check PHASE=tests|bench OUT=<dir>  on a GPU machine: build, CUDA suites and memcheck, GPU tests; GPU benchmarks
 
@@ -37,7 +38,7 @@ CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -n
 TIDY_JOBS ?= $(MAX_JOBS)
 
 .PHONY: cuda-build test-cuda-build gpu-check
-.PHONY: all build test test-cpp test-py test-fuzz-wire demo bench-training mutants sanitize fuzz soak scale test-asan test-tsan test-asan-py clean system-deps lint \
+.PHONY: all build test test-cpp test-py test-fuzz-wire demo bench-training bench-cluster mutants sanitize fuzz soak scale test-asan test-tsan test-asan-py clean system-deps lint \
         format docs lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
 all: build
@@ -210,6 +211,14 @@ BENCH_ITERS ?= 12
 bench-training: build
 	benchmarks/peers/build_horovod.sh
 	benchmarks/run_training.sh --rounds $(BENCH_ROUNDS) --iters $(BENCH_ITERS)
+
+# Across emulated hosts (benchmarks/cluster.py: 2 hosts x 2 ranks, 10gbit, 1gbit and
+# 100mbit links by default; about 15 minutes on 2 cores). Horovod is built first where
+# it can be (cached); where it cannot, the benchmark leaves it out and says so.
+CLUSTER_ARGS ?=
+bench-cluster: build
+	benchmarks/peers/build_horovod.sh || echo "bench-cluster: Horovod could not be built; it is left out"
+	$(PY) benchmarks/cluster.py $(CLUSTER_ARGS)
 
 # Builds its own copy of the tree under build/mutants (ccache keeps that cheap);
 # MUTANTS_ARGS takes mutation ids or options, e.g. MUTANTS_ARGS="-j2 ring-*".

@@ -35,7 +35,15 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HVD_REDUCERS = ["ring", "node", "central", "native", "auto"]
+
+
+def hvd_reducers():
+    """The registry's reducers of the standard ops (csrc/core/algorithms/reducer_registry.h), then auto."""
+    from hvdtorch import _C
+
+    return [row["name"] for row in _C.reducer_registry() if row["own_op"] is None] + ["auto"]
+
+
 HOROVOD_PYTHON = os.path.join(ROOT, "build", "horovod-venv", "bin", "python")
 
 
@@ -149,7 +157,7 @@ def worker(args):
         reps = args.reps if nbytes <= (16 << 20) else max(3, args.reps // 2)
         impls = {
             f"hvdtorch-{r}": functools.partial(hvd.allreduce_, x, op=hvd.Sum, name=f"bench.{r}.{nbytes}", reducer=r)
-            for r in HVD_REDUCERS
+            for r in hvd_reducers()
         }
         impls["gloo"] = functools.partial(dist.all_reduce, x)
         impls["mpi"] = functools.partial(comm.Allreduce, MPI.IN_PLACE, x.numpy(), op=MPI.SUM)
@@ -276,7 +284,7 @@ def main():
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    impls = [f"hvdtorch-{r}" for r in HVD_REDUCERS] + ["gloo", "mpi"] + (["horovod"] if args.horovod else [])
+    impls = [f"hvdtorch-{r}" for r in hvd_reducers()] + ["gloo", "mpi"] + (["horovod"] if args.horovod else [])
     for n in sorted({r["ranks"] for r in rows}):
         print(f"\n{n} ranks: median time (us) / busbw (GB/s) / busbw ratio to gloo")
         print(f"{'bytes':>10} " + " ".join(f"{i.replace('hvdtorch-', 'hvd-'):>23}" for i in impls))

@@ -31,7 +31,14 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXED = ["ring", "node", "central", "native"]
+
+
+def fixed_reducers():
+    """The registry's reducers of the standard ops (csrc/core/algorithms/reducer_registry.h), each timed
+    against auto."""
+    from hvdtorch import _C
+
+    return [row["name"] for row in _C.reducer_registry() if row["own_op"] is None]
 
 
 def parse_bytes(s: str) -> int:
@@ -79,7 +86,7 @@ def worker(args):
         hvd.init()
         init_s = time.perf_counter() - t0
         engine = hvd.runtime.state().engine
-        fixed = [r for r in FIXED if r in engine.cost_model()]
+        fixed = [r for r in fixed_reducers() if r in engine.cost_model()]
         tables = {"init": choices(engine, byte_sizes)}
         bufs = {n: torch.ones(n // 4) for n in byte_sizes}
         for n in byte_sizes:
@@ -141,7 +148,7 @@ def report(rows, byte_sizes):
             stable += same
             print(f"  {human(n):>5}  {' '.join(f'{p:<7}' for p in picks)}  {'same' if same else 'DIFFERS'}")
         print(f"  sizes with the same choice in {runs} of {runs} cycles: {stable} of {len(byte_sizes)}")
-    impls = ["auto"] + [i for i in FIXED if f"{byte_sizes[0]}:{i}" in rows[0]["times_s"]]
+    impls = ["auto"] + [i for i in fixed_reducers() if f"{byte_sizes[0]}:{i}" in rows[0]["times_s"]]
     print(f"\nms: median (min-max) over {runs} cycles of each cycle's median; auto / best fixed by median:")
     print(f"{'size':>6} " + " ".join(f"{i:>22}" for i in impls) + "   auto/best")
     for n in byte_sizes:

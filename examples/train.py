@@ -40,7 +40,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--reducer", default="auto", choices=["auto", "ring", "node", "central", "native"])
+    # auto, or a reducer of the registry that serves the standard ops (hvdtorch/check.py lists them with their costs).
+    reducers = ["auto"] + [row["name"] for row in hvd._C.reducer_registry() if row["own_op"] is None]
+    p.add_argument("--reducer", default="auto", choices=reducers)
     p.add_argument("--fusion-bytes", type=int, default=25 << 20)
     p.add_argument("--no-pipeline", action="store_true")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")

@@ -39,47 +39,7 @@ from . import (  # noqa: F401  (horovod.torch's submodules, for scripts importin
 )
 from ._aliases import attribute as _alias_attribute
 from ._aliases import install as _install_aliases
-from .collectives.alltoall import alltoall, alltoall_async
-from .collectives.broadcast import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
-from .collectives.compression import Compression
-from .collectives.ops import (
-    Adasum,
-    Average,
-    HvdError,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allgather_async,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    grouped_allgather,
-    grouped_allgather_async,
-    grouped_allreduce,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    join,
-    poll,
-    synchronize,
-)
-from .collectives.process_set_table import add_process_set, remove_process_set
-from .collectives.process_sets import ProcessSet, global_process_set
-from .collectives.reducescatter import (
-    grouped_reducescatter,
-    grouped_reducescatter_async,
-    reducescatter,
-    reducescatter_async,
-)
-from .collectives.sparse import sparse_allreduce_async
+from .collectives.api import *  # noqa: F403  (the collectives' public names, listed there)
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, InvalidArgumentError
 from .runtime import (
     ccl_built,

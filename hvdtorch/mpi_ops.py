@@ -1,47 +1,11 @@
 """``horovod.torch.mpi_ops``'s public names, for scripts that import them from
 there (``from horovod.torch.mpi_ops import synchronize`` becomes
 ``from hvdtorch.mpi_ops import synchronize``). The same objects as
-``hvdtorch.<name>``; nothing is defined here."""
+``hvdtorch.<name>``; nothing is defined here: the collectives come from the
+one list of their public names (collectives/api.py), the rest from runtime,
+timeline and exceptions."""
 
-from .collectives.alltoall import alltoall, alltoall_async  # noqa: F401
-from .collectives.compression import Compression  # noqa: F401
-from .collectives.ops import (  # noqa: F401
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allgather_async,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    grouped_allgather,
-    grouped_allgather_async,
-    grouped_allreduce,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    join,
-    poll,
-    synchronize,
-)
-from .collectives.process_set_table import add_process_set, remove_process_set  # noqa: F401
-from .collectives.process_sets import ProcessSet, global_process_set  # noqa: F401
-from .collectives.reducescatter import (  # noqa: F401
-    grouped_reducescatter,
-    grouped_reducescatter_async,
-    reducescatter,
-    reducescatter_async,
-)
-from .collectives.sparse import sparse_allreduce_async  # noqa: F401
+from .collectives.api import *  # noqa: F401,F403  (the collectives' public names, as hvdtorch has them)
 from .exceptions import HorovodInternalError  # noqa: F401
 from .runtime import (  # noqa: F401
     ccl_built,

@@ -23,12 +23,19 @@ i's cable with `tc netem`. Kernels without netem (sch_netem) get the same
 through tests/net_relay.py, a user-space hub between TAP devices, when the
 hosts are made with impairable=True.
 
+Bandwidth: `shape(rate)` limits every host's cable to a rate in both
+directions with a token bucket (`tc tbf`, which every kernel here has), for
+benchmarks/cluster.py. `Hosts(n, ..., own_hostname=True)` makes the machine's
+host name resolve to each host's own address inside it (for peers that bind
+to that address, as Horovod's Gloo does).
+
 Cleanup, also when a test fails or times out: every process inside the
 namespaces is SIGKILLed (torchrun starts its workers in sessions of their own,
 so a process-group kill of the agent would miss them: `ip netns pids` finds
 them all), then the namespaces are deleted, which deletes the bridge and the
-veth pairs with them. Namespaces left by a run that was itself SIGKILLed are
-swept at the next start (their names carry the creating pid).
+veth pairs with them, and so are their /etc/netns files. Namespaces left by a
+run that was itself SIGKILLed are swept at the next start (their names carry
+the creating pid).
 """
 
 import itertools
@@ -36,6 +43,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +53,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUBNET = "10.213.77"
+NETNS_ETC = "/etc/netns"  # per-namespace files `ip netns exec` mounts over /etc
 PREFIX = "hvdt-"
 _seq = itertools.count()
 _probe: Optional[str] = None
@@ -117,13 +126,15 @@ def _kill_all_in(ns: str, within: float = 15.0) -> None:
 def _delete(ns: str) -> None:
     _kill_all_in(ns)
     _ip("netns", "del", ns, check=False)
+    shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)  # Hosts(own_hostname=True)'s /etc/hosts
 
 
 def sweep_stale() -> None:
-    """Deletes namespaces left by earlier runs whose creating process is gone."""
+    """Deletes namespaces (and their /etc/netns files) left by earlier runs whose creating process is gone."""
     r = _ip("netns", "list", check=False)
-    for line in r.stdout.splitlines():
-        ns = line.split()[0] if line.split() else ""
+    names = [line.split()[0] for line in r.stdout.splitlines() if line.split()]
+    names += os.listdir(NETNS_ETC) if os.path.isdir(NETNS_ETC) else []
+    for ns in dict.fromkeys(names):
         if not ns.startswith(PREFIX):
             continue
         try:
@@ -197,15 +208,20 @@ class Job:
 class Hosts:
     """`n` namespaced hosts on one bridge. Use as a context manager (or the netns_hosts fixture)."""
 
-    def __init__(self, n: int, logdir: str, link: str = "veth"):
+    def __init__(self, n: int, logdir: str, link: str = "veth", own_hostname: bool = False):
         """link: "veth" (a bridge; netem impairs it where the kernel has netem) or
-        "relay" (TAP devices joined by tests/net_relay.py, which impairs in user space)."""
+        "relay" (TAP devices joined by tests/net_relay.py, which impairs in user space).
+        own_hostname: inside each host the machine's host name resolves to
+        that host's address, as on a real host (an /etc/hosts of its own,
+        /etc/netns/<ns>/hosts, which `ip netns exec` mounts over /etc/hosts);
+        else it resolves as on the machine (to loopback here)."""
         if not 1 <= n <= 8:
             raise ValueError(f"Hosts: 1 to 8 hosts, not {n}")
         if link not in ("veth", "relay"):
             raise ValueError(f"Hosts: link must be 'veth' or 'relay', not {link!r}")
         self.n = n
         self.link = link
+        self.own_hostname = own_hostname
         self.relay: Optional[subprocess.Popen] = None
         self.logdir = logdir
         tag = f"{PREFIX}{os.getpid()}-{next(_seq)}"
@@ -234,6 +250,11 @@ class Hosts:
             _ip("netns", "add", ns)
             self._created.append(ns)
             _ip("-n", ns, "link", "set", "lo", "up")
+        if self.own_hostname:
+            for i, ns in enumerate(self.names):
+                os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
+                with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
+                    f.write(f"127.0.0.1 localhost\n{self.addr(i)} {socket.gethostname()}\n")
         if self.link == "relay":
             self._start_relay()
             for i, ns in enumerate(self.names):
@@ -322,6 +343,31 @@ class Hosts:
             timeout=20,
         )
 
+    def shape(self, rate: Optional[str], latency: str = "50ms") -> None:
+        """Limits every host's cable to `rate` (tc's spelling: "100mbit",
+        "1gbit", "10gbit") in both directions with a token bucket (tbf): on
+        the host's eth0 (what it sends) and on the hub's h<i> (what it
+        receives). A packet between two hosts passes two buckets of the same
+        rate, so the path runs at `rate`. `latency` bounds the queue each
+        bucket holds (tbf drops beyond it). Replaces an earlier shaping;
+        rate None removes it. The burst is 4 ms at the rate (at least 64 KiB):
+        tbf needs one at least rate / HZ to reach its rate."""
+        if self.link != "veth":
+            raise RuntimeError("Hosts.shape: only the veth link can be shaped")
+        for i, ns in enumerate(self.names):
+            for where, dev in ((ns, "eth0"), (self.hub, f"h{i}")):
+                if rate is None:
+                    subprocess.run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+                    continue
+                burst = max(64 << 10, int(rate_bits(rate) / 8 * 0.004))
+                spec = ["tbf", "rate", rate, "burst", str(burst), "latency", latency]
+                subprocess.run(
+                    ["tc", "-n", where, "qdisc", "replace", "dev", dev, "root", *spec],
+                    check=True,
+                    capture_output=True,
+                    timeout=20,
+                )
+
     def torchrun(
         self,
         script: str,
@@ -332,14 +378,16 @@ class Hosts:
         port: int = 29400,
         elastic: Optional[str] = None,
         rdzv_conf: str = "",
+        python: Optional[str] = None,
     ) -> Job:
         """Starts one torchrun agent per host: --nnodes=n with the static
         rendezvous at host 0, or with elastic="MIN:MAX" --nnodes=MIN:MAX and
         the c10d rendezvous (endpoint on host 0, `rdzv_conf` its --rdzv-conf).
         Host 0's agent is told to host the rendezvous store (is_host): torchrun
         recognises its own address by the machine's host name, which resolves
-        to no address inside a namespace."""
-        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        to no address inside a namespace. `python`: the interpreter whose
+        torchrun runs the agents and ranks (default: this one)."""
+        torchrun = os.path.join(os.path.dirname(python or sys.executable), "torchrun")
         procs, logs = [], []
         for i, ns in enumerate(self.names):
             e = clean_env()
@@ -398,6 +446,15 @@ class Hosts:
     def kill_host(self, i: int) -> None:
         """The host leaves: every process on it is SIGKILLed at once."""
         _kill_all_in(self.names[i])
+
+
+def rate_bits(rate: str) -> float:
+    """Bits per second of a tc rate ("100mbit", "1gbit", "10gbit", "500kbit")."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.lower().endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    raise ValueError(f"rate {rate!r}: expected a number and kbit, mbit or gbit (tc's units)")
 
 
 def clean_env() -> Dict[str, str]:

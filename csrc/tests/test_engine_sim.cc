@@ -719,7 +719,7 @@ TEST(auto_calibrates_its_device_routes_once) {
   Config config = testConfig();
   config.device_calibration_bytes = 64 << 10;
   Cluster c(p, config, nullptr, [&](int r) { return backend.of(r); });
-  const int calibrations = ops::deviceCalibrations();
+  const int calibrations = deviceCalibrations();
   for (int round = 0; round < 2; ++round) {
     std::vector<std::string> errors(p);
     c.onEveryRank([&](int r, Engine& eng) {
@@ -742,10 +742,10 @@ TEST(auto_calibrates_its_device_routes_once) {
       eng.release(h);
     });
     for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "round %d, rank %d: %s", round, r, errors[r].c_str());
-    CHECK_MSG(ops::deviceCalibrations() == calibrations + p, "round %d: %d calibrations, want %d (one per rank)", round,
-              ops::deviceCalibrations() - calibrations, p);
+    CHECK_MSG(deviceCalibrations() == calibrations + p, "round %d: %d calibrations, want %d (one per rank)", round,
+              deviceCalibrations() - calibrations, p);
   }
-  const std::string described = ops::lastDeviceCalibration();
+  const std::string described = lastDeviceCalibration();
   CHECK_MSG(described.find("native") != std::string::npos && described.find("staged") != std::string::npos &&
                 described.find("ring") == std::string::npos,
             "%s", described.c_str());

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/reducer_registry.h"
 #include "check.h"
 #include "cluster.h"
 #include "common/error.h"
@@ -214,10 +215,26 @@ TEST(local_checks_name_rank_and_op_and_send_nothing) {
       o.process_set_id = set;
       ops::allreduce(eng, std::move(o));
     };
-    expectInvalid([&] { ar("bogus", 0); }, {me + "allreduce 'z'", "unknown reducer 'bogus'", "ring, node"});
-    expectInvalid([&] { ar("node", 0); }, {me + "allreduce 'z'", "needs shared memory"});
+    std::vector<std::string> unknown = {me + "allreduce 'z'", "unknown reducer 'bogus'"};
+    for (const ReducerEntry& e : reducerRegistry()) unknown.emplace_back(e.name);  // the message lists them all
+    expectInvalid([&] { ar("bogus", 0); }, unknown);
+    // A reducer this job cannot run (the cluster has no shared memory): the registry's reason.
+    for (const ReducerEntry& e : reducerRegistry())
+      if (*e.unavailable != '\0') expectInvalid([&] { ar(e.name, 0); }, {me + "allreduce 'z'", e.unavailable});
     expectInvalid([&] { ar("", 3); }, {me, "process set 3"});
     expectInvalid([] { ops::toReduceOp(6); }, {"unknown reduce op 6"});
+
+    // The entry builder's checks (ops/op_common.h): a list of row blocks
+    // needs a tensor, an op whose row allocates its outputs an allocator.
+    auto ag = [&](bool tensor, bool allocate) {
+      ops::AllgatherOptions o;
+      o.name = "v";
+      if (tensor) o.inputs = {floats({2}, [](int64_t) { return 0.f; })};
+      if (allocate) o.allocate = hostAllocator();
+      ops::allgather(eng, std::move(o));
+    };
+    expectInvalid([&] { ag(false, true); }, {me + "allgather 'v'", "needs at least one tensor"});
+    expectInvalid([&] { ag(true, false); }, {me + "allgather 'v'", "needs an output allocator"});
 
     ops::BroadcastOptions b;
     b.name = "w";

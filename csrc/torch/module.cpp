@@ -2,7 +2,9 @@
 // torch/extension.h. It converts types only -- torch tensors and process
 // groups to the core's buffers and links, Python ints to core enums -- and
 // calls the core's per-op entry functions (csrc/core/ops), which hold every
-// check and policy. Errors are translated (CollectiveError ->
+// check and policy. Each op's options struct is bound as it is
+// (_C.<Op>Options, bindOp below): Python fills it and hands it to
+// Engine.submit with the op's tensors. Errors are translated (CollectiveError ->
 // hvdtorch.HvdError, a RuntimeError; InvalidArgument ->
 // hvdtorch.InvalidArgumentError, both a ValueError and a RuntimeError).
 #include <torch/extension.h>
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <type_traits>
 
 #include "algorithms/device_ring.h"
 #include "build_info.h"
@@ -49,6 +52,42 @@ std::string opWhere(int rank, const char* op, const std::string& name) {
   return strCat("rank ", rank, ": ", op, " '", name, "'");
 }
 
+// Which of the fields every op may have an op's options struct has (C++17
+// detection): its tensors as a list (inputs, outputs) or one (input,
+// output), an output allocator, a process set, a reduce op.
+template <typename Options, template <typename> class Field, typename = void>
+struct Has : std::false_type {};
+template <typename Options, template <typename> class Field>
+struct Has<Options, Field, std::void_t<Field<Options>>> : std::true_type {};
+template <typename O>
+using InputsField = decltype(std::declval<O&>().inputs);
+template <typename O>
+using InputField = decltype(std::declval<O&>().input);
+template <typename O>
+using OutputsField = decltype(std::declval<O&>().outputs);
+template <typename O>
+using OutputField = decltype(std::declval<O&>().output);
+template <typename O>
+using AllocateField = decltype(std::declval<O&>().allocate);
+template <typename O>
+using ProcessSetField = decltype(std::declval<O&>().process_set_id);
+template <typename O>
+using ReduceOpField = decltype(std::declval<O&>().op);
+
+// The one tensor of a field that holds one (`what`: "input", "output").
+const at::Tensor& onlyTensor(const std::string& where, const char* what, const std::vector<at::Tensor>& ts) {
+  if (ts.size() != 1) throw InvalidArgument(strCat(where, ": takes one ", what, " tensor, got ", ts.size()));
+  return ts[0];
+}
+
+// Outputs of an op without input tensors (join's int32 scalar): CPU tensors,
+// never device buffers.
+OutputAllocator cpuAllocator() {
+  return [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
+    return std::make_shared<TorchTensor>(at::empty(shape, at::TensorOptions().dtype(toScalarType(dtype))), dtype);
+  };
+}
+
 class PyEngine {
  public:
   PyEngine(const std::map<std::string, std::string>& options, int rank, const std::vector<int>& host_of_rank,
@@ -65,87 +104,25 @@ class PyEngine {
                                        ops::opTable());
   }
 
-  int64_t allreduce(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                    const std::string& name, int op, double prescale, double postscale, const std::string& reducer,
-                    int32_t process_set_id, bool fuse) {
+  // Submits one op (an options struct of csrc/core/ops, `Entry` its entry
+  // function) as Python filled it, with the op's tensors bound here:
+  // `inputs` into its inputs (or its one input), `outputs` likewise, and,
+  // for an op that allocates its outputs, an allocator like the first input
+  // (CPU tensors for an op without inputs).
+  template <typename Options, int64_t (*Entry)(Engine&, Options)>
+  int64_t submit(Options opts, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
     const auto bound = OpTimes::now();
-    ops::AllreduceOptions o;
-    o.fuse = fuse;
-    o.process_set_id = process_set_id;
-    OpBinding b(opWhere(rank(), "allreduce", name));
-    o.inputs = b.bindAll(inputs);
-    o.outputs = b.bindAll(outputs);
-    o.op = ops::toReduceOp(op);
-    o.prescale = prescale;
-    o.postscale = postscale;
-    o.reducer = reducer;
-    o.name = name;
-    const int64_t handle = ops::allreduce(*engine_, std::move(o));
+    const std::string where = opWhere(rank(), opTypeName(Options::kType), opts.name);
+    OpBinding b(where);
+    if constexpr (Has<Options, InputsField>::value) opts.inputs = b.bindAll(inputs);
+    if constexpr (Has<Options, InputField>::value) opts.input = b.bind(onlyTensor(where, "input", inputs));
+    if constexpr (Has<Options, OutputsField>::value) opts.outputs = b.bindAll(outputs);
+    if constexpr (Has<Options, OutputField>::value) opts.output = b.bind(onlyTensor(where, "output", outputs));
+    if constexpr (Has<Options, AllocateField>::value)
+      opts.allocate = inputs.empty() ? cpuAllocator() : b.allocatorLike(inputs[0]);
+    const int64_t handle = Entry(*engine_, std::move(opts));
     engine_->state(handle)->times.bound = bound;
     return handle;
-  }
-
-  int64_t allgather(const std::vector<at::Tensor>& inputs, const std::string& name, int32_t process_set_id) {
-    ops::AllgatherOptions o;
-    o.process_set_id = process_set_id;
-    OpBinding b(opWhere(rank(), "allgather", name));
-    o.inputs = b.bindAll(inputs);
-    if (!inputs.empty()) o.allocate = b.allocatorLike(inputs[0]);
-    o.name = name;
-    return ops::allgather(*engine_, std::move(o));
-  }
-
-  int64_t broadcast(const at::Tensor& input, const at::Tensor& output, int root, const std::string& name,
-                    int32_t process_set_id) {
-    ops::BroadcastOptions o;
-    o.process_set_id = process_set_id;
-    OpBinding b(opWhere(rank(), "broadcast", name));
-    o.input = b.bind(input);
-    o.output = b.bind(output);
-    o.root = root;
-    o.name = name;
-    return ops::broadcast(*engine_, std::move(o));
-  }
-
-  int64_t alltoall(const at::Tensor& input, const std::vector<int64_t>& splits, const std::string& name,
-                   int32_t process_set_id) {
-    ops::AlltoallOptions o;
-    o.process_set_id = process_set_id;
-    OpBinding b(opWhere(rank(), "alltoall", name));
-    o.input = b.bind(input);
-    o.splits = splits;
-    o.allocate = b.allocatorLike(input);
-    o.name = name;
-    return ops::alltoall(*engine_, std::move(o));
-  }
-
-  int64_t reducescatter(const std::vector<at::Tensor>& inputs, const std::string& name, int op, double prescale,
-                        double postscale, int32_t process_set_id) {
-    ops::ReducescatterOptions o;
-    o.process_set_id = process_set_id;
-    OpBinding b(opWhere(rank(), "reducescatter", name));
-    o.inputs = b.bindAll(inputs);
-    if (!inputs.empty()) o.allocate = b.allocatorLike(inputs[0]);
-    o.op = ops::toReduceOp(op);
-    o.prescale = prescale;
-    o.postscale = postscale;
-    o.name = name;
-    return ops::reducescatter(*engine_, std::move(o));
-  }
-
-  int64_t barrier(const std::string& name, int32_t process_set_id) {
-    ops::BarrierOptions o{name};
-    o.process_set_id = process_set_id;
-    return ops::barrier(*engine_, std::move(o));
-  }
-
-  int64_t join() {
-    ops::JoinOptions o;
-    // The last rank to join, as a CPU int32 scalar (never a device buffer).
-    o.allocate = [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
-      return std::make_shared<TorchTensor>(at::empty(shape, at::TensorOptions().dtype(toScalarType(dtype))), dtype);
-    };
-    return ops::join(*engine_, std::move(o));
   }
 
   // Process sets: hvdtorch/process_set_table.py makes add/remove
@@ -340,6 +317,29 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
   return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), o);
 }
 
+// Binds one op: its options struct as _C.<name>, default-constructed, with
+// the fields every op has that one has (name, process_set_id, and the
+// reducing ops' op, prescale and postscale; `op` is Horovod's int, checked
+// by toReduceOp when set), and the overload Engine.submit(options, inputs,
+// outputs) that submits it (PyEngine::submit). The caller binds the op's
+// other plain fields; tensors never are fields on the Python side.
+template <typename Options, int64_t (*Entry)(Engine&, Options)>
+py::class_<Options> bindOp(py::module& m, py::class_<PyEngine>& engine, const char* name) {
+  engine.def("submit", &PyEngine::submit<Options, Entry>, py::arg("options"),
+             py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("outputs") = std::vector<at::Tensor>{});
+  py::class_<Options> c(m, name);
+  c.def(py::init<>()).def_readwrite("name", &Options::name);
+  if constexpr (Has<Options, ProcessSetField>::value) c.def_readwrite("process_set_id", &Options::process_set_id);
+  if constexpr (Has<Options, ReduceOpField>::value) {
+    c.def_property(
+         "op", [](const Options& o) { return static_cast<int>(o.op); },
+         [](Options& o, int op) { o.op = ops::toReduceOp(op); })
+        .def_readwrite("prescale", &Options::prescale)
+        .def_readwrite("postscale", &Options::postscale);
+  }
+  return c;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -366,7 +366,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
 
-  py::class_<PyEngine>(m, "Engine")
+  py::class_<PyEngine> engine(m, "Engine");
+  engine
       .def(py::init<const std::map<std::string, std::string>&, int, const std::vector<int>&,
                     c10::intrusive_ptr<c10d::ProcessGroup>, c10::intrusive_ptr<c10d::ProcessGroup>, const std::string&,
                     std::optional<c10::intrusive_ptr<c10d::ProcessGroup>>>(),
@@ -375,18 +376,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            // Building the engine waits for every peer: other Python threads
            // (a user's watchdog, a timer) must be able to run meanwhile.
            py::call_guard<py::gil_scoped_release>())
-      .def("allreduce", &PyEngine::allreduce, py::arg("inputs"), py::arg("outputs"), py::arg("name"), py::arg("op"),
-           py::arg("prescale"), py::arg("postscale"), py::arg("reducer"), py::arg("process_set_id") = 0,
-           py::arg("fuse") = true)
-      .def("allgather", &PyEngine::allgather, py::arg("inputs"), py::arg("name"), py::arg("process_set_id") = 0)
-      .def("broadcast", &PyEngine::broadcast, py::arg("input"), py::arg("output"), py::arg("root"), py::arg("name"),
-           py::arg("process_set_id") = 0)
-      .def("alltoall", &PyEngine::alltoall, py::arg("input"), py::arg("splits"), py::arg("name"),
-           py::arg("process_set_id") = 0)
-      .def("reducescatter", &PyEngine::reducescatter, py::arg("inputs"), py::arg("name"), py::arg("op"),
-           py::arg("prescale"), py::arg("postscale"), py::arg("process_set_id") = 0)
-      .def("barrier", &PyEngine::barrier, py::arg("name"), py::arg("process_set_id") = 0)
-      .def("join", &PyEngine::join)
       .def("add_process_set", &PyEngine::addProcessSet, py::arg("ranks"), py::arg("host_pg") = py::none(),
            py::arg("device_pg") = py::none())
       .def("remove_process_set", &PyEngine::removeProcessSet)
@@ -425,6 +414,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            })
       .def("fusion_buffer_bytes", [](PyEngine& e) { return e.engine()->fusionBufferBytes(); })
       .def("latency_phases", &PyEngine::latencyPhases, py::arg("clear") = false);
+
+  // The ops: each options struct (csrc/core/ops/<op>.h) and its
+  // Engine.submit overload. The hottest op first: pybind tries the overloads
+  // in this order.
+  bindOp<ops::AllreduceOptions, ops::allreduce>(m, engine, "AllreduceOptions")
+      .def_readwrite("reducer", &ops::AllreduceOptions::reducer)
+      .def_readwrite("fuse", &ops::AllreduceOptions::fuse);
+  bindOp<ops::AllgatherOptions, ops::allgather>(m, engine, "AllgatherOptions");
+  bindOp<ops::BroadcastOptions, ops::broadcast>(m, engine, "BroadcastOptions")
+      .def_readwrite("root", &ops::BroadcastOptions::root);
+  bindOp<ops::AlltoallOptions, ops::alltoall>(m, engine, "AlltoallOptions")
+      .def_readwrite("splits", &ops::AlltoallOptions::splits);
+  bindOp<ops::ReducescatterOptions, ops::reducescatter>(m, engine, "ReducescatterOptions");
+  bindOp<ops::BarrierOptions, ops::barrier>(m, engine, "BarrierOptions");
+  bindOp<ops::JoinOptions, ops::join>(m, engine, "JoinOptions");
 
   py::class_<GradientReducer>(m, "GradientReducer")
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),
@@ -472,14 +476,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("reset", &PassCounter::reset, py::arg("backward_passes_per_step") = py::none());
 
   // The reducer registry (algorithms/reducer_registry.h), row by row: name,
-  // the reduce op it defines itself (None for most), whether `auto` may pick it.
+  // the reduce op it defines itself (None for most), whether `auto` may pick
+  // it, whether it is the one that reduces registered buffers in place
+  // (registeredReducer()).
   m.def("reducer_registry", [] {
     py::list rows;
-    for (const ReducerEntry& r : reducerRegistry()) {
+    const auto& table = reducerRegistry();
+    for (size_t id = 0; id < table.size(); ++id) {
+      const ReducerEntry& r = table[id];
       py::dict row;
       row["name"] = r.name;
       row["own_op"] = r.own_op ? py::object(py::str(reduceOpName(*r.own_op))) : py::object(py::none());
       row["automatic"] = r.automatic;
+      row["registered"] = static_cast<ReducerId>(id) == registeredReducer();
       rows.append(row);
     }
     return rows;
@@ -523,9 +532,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_native_runs", &C10dDeviceCollectives::runs);
   // All-reduces of device tensors this process ran alone (a set of one rank), on the device (ops/allreduce.h).
   m.def("device_one_rank_runs", &ops::oneRankDeviceAllreduces);
-  // Device calibrations this process ran for reducer=auto, and the last one's times (ops/allreduce_routes.h).
-  m.def("device_calibrations", &ops::deviceCalibrations);
-  m.def("last_device_calibration", &ops::lastDeviceCalibration);
+  // Device calibrations this process ran for reducer=auto, and the last one's times (algorithms/device_router.h).
+  m.def("device_calibrations", &deviceCalibrations);
+  m.def("last_device_calibration", &lastDeviceCalibration);
   // Removes what killed jobs left in /dev/shm (segments of hvdtorch jobs whose creator is dead); init() calls it.
   m.def("remove_dead_shm_segments", [] { return ShmSegment::removeDeadJobSegments(); });
   // Phases recorded from Python on the engine's timeline clock (DistributedModel's FORWARD and BACKWARD, so

@@ -16,9 +16,9 @@ from typing import List
 
 import torch
 
-from .. import runtime
+from .. import _C, runtime
 from ..exceptions import InvalidArgumentError
-from .handles import check_process_set, contiguous, engine, op_name, register, synchronize
+from .handles import check_process_set, contiguous, op_name, register, submit, synchronize
 
 
 def _split_list(splits, name: str) -> List[int]:
@@ -46,7 +46,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> int:
     split_list = _split_list(splits, name)
     src = contiguous(tensor, "alltoall")
     received_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
-    h = engine().alltoall(src, split_list, name, process_set_id=psid)
+    h = submit(_C.AlltoallOptions(), [src], name=name, splits=split_list, process_set_id=psid)
     return register(h, lambda outs: (outs[0], outs[1].to(received_dtype)))
 
 

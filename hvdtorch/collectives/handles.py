@@ -1,15 +1,16 @@
 """What every op module shares, below them all: the engine of this process,
-op names, argument checks common to every collective, and the table of
-handles that ``synchronize``/``poll`` resolve.
+op names, argument checks common to every collective, submission to the
+engine, and the table of handles that ``synchronize``/``poll`` resolve.
 
-An op submits to the engine and registers a *finisher* under the handle it got
+An op submits to the engine (``submit``: the op's options struct, which the
+compiled core binds as ``_C.<Op>Options``, and its tensors) and registers a *finisher* under the handle it got
 back: ``synchronize(handle)`` waits for the engine's outputs and hands them to
 the finisher, which makes the user's result (a tensor, a list, a tuple with
 received splits). A handle may also be a callable (an op made of several
 engine ops, e.g. ``sparse_allreduce_async``): it is then its own finisher.
 """
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -47,6 +48,17 @@ def contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
             "supported; densify them first (tensor.to_dense())"
         )
     return t if t.is_contiguous() else t.contiguous()
+
+
+def submit(options, inputs: Sequence[torch.Tensor] = (), outputs: Sequence[torch.Tensor] = (), **fields) -> int:
+    """Submits one op to the engine and returns its handle. ``options``: a new
+    options struct of the op (``_C.BroadcastOptions()``: the fields of
+    csrc/core/ops/<op>.h), set here from ``fields`` by name (a misspelt one
+    raises AttributeError); the tensors go apart, as the binding turns them
+    into the engine's buffers."""
+    for key, value in fields.items():
+        setattr(options, key, value)
+    return engine().submit(options, list(inputs), list(outputs))
 
 
 def register(handle: int, finish: Callable[[List[torch.Tensor]], object]) -> int:

@@ -18,11 +18,11 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .. import runtime
+from .. import _C, runtime
 from .._C import HvdError  # noqa: F401  (re-exported)
 from ..exceptions import InvalidArgumentError
 from .compression import Compression
-from .handles import check_process_set, contiguous, engine, op_name, poll, register, synchronize  # noqa: F401
+from .handles import check_process_set, contiguous, op_name, poll, register, submit, synchronize  # noqa: F401
 from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 
 # Reduce ops, with Horovod's values.
@@ -33,9 +33,10 @@ Min = 3
 Max = 4
 Product = 5
 
-# The reducer of tensors in registered memory: the node reducer reduces them
-# in place (DistributedModel's buckets pick it in C++, registeredReducer()).
-REGISTERED_REDUCER = "node"
+# The reducer of tensors in registered memory, which it reduces in place: the
+# registry's (algorithms/reducer_registry.h, registeredReducer(); DistributedModel's
+# buckets pick it in C++).
+REGISTERED_REDUCER = next(row["name"] for row in _C.reducer_registry() if row["registered"])
 
 
 def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
@@ -67,14 +68,15 @@ def _allreduce_submit(
     psid: int = 0,
     fuse: bool = True,
 ) -> int:
-    return engine().allreduce(
-        list(inputs),
-        list(outputs),
-        name,
-        op,
-        float(prescale_factor),
-        float(postscale_factor),
-        reducer or "",
+    return submit(
+        _C.AllreduceOptions(),
+        inputs,
+        outputs,
+        name=name,
+        op=op,
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
+        reducer=reducer or "",
         process_set_id=psid,
         fuse=fuse,
     )
@@ -287,7 +289,7 @@ def allgather_async(tensor, name=None, process_set=None) -> int:
     """Concatenates every rank's tensor along dimension 0 (sizes may differ there)."""
     psid = check_process_set(process_set)
     src = _as_rows(contiguous(tensor, "allgather"))
-    h = engine().allgather([src], op_name("allgather", name, psid), process_set_id=psid)
+    h = submit(_C.AllgatherOptions(), [src], name=op_name("allgather", name, psid), process_set_id=psid)
     return register(h, lambda outs: outs[0])
 
 
@@ -327,7 +329,7 @@ def grouped_allgather_async(tensors, name=None, process_set=None) -> int:
     """All-gathers a list of tensors as one negotiated unit; synchronize() returns the list."""
     psid = check_process_set(process_set)
     srcs = [_as_rows(contiguous(t, "grouped_allgather")) for t in tensors]
-    h = engine().allgather(srcs, op_name("grouped_allgather", name, psid), process_set_id=psid)
+    h = submit(_C.AllgatherOptions(), srcs, name=op_name("grouped_allgather", name, psid), process_set_id=psid)
     return register(h, lambda outs: list(outs))
 
 
@@ -356,19 +358,23 @@ def grouped_allgather(tensors, name=None, process_set=None) -> List[torch.Tensor
 # ---- broadcast ----------------------------------------------------------------
 
 
+def _broadcast_submit(src: torch.Tensor, out: torch.Tensor, root_rank: int, name: str, psid: int) -> int:
+    return submit(_C.BroadcastOptions(), [src], [out], name=name, root=root_rank, process_set_id=psid)
+
+
 def broadcast_async(tensor, root_rank, name=None, process_set=None) -> int:
     """Starts a broadcast from ``root_rank`` (a global rank, also in a process set)."""
     psid = check_process_set(process_set)
     src = contiguous(tensor, "broadcast")
     out = src.clone(memory_format=torch.contiguous_format)
-    h = engine().broadcast(src, out, root_rank, op_name("broadcast", name, psid), process_set_id=psid)
+    h = _broadcast_submit(src, out, root_rank, op_name("broadcast", name, psid), psid)
     return register(h, lambda _outs: out)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> int:
     psid = check_process_set(process_set)
     buf = contiguous(tensor, "broadcast_")
-    h = engine().broadcast(buf, buf, root_rank, op_name("broadcast", name, psid), process_set_id=psid)
+    h = _broadcast_submit(buf, buf, root_rank, op_name("broadcast", name, psid), psid)
     if buf is tensor:
         return register(h, lambda _outs: tensor)
     return register(h, lambda _outs: tensor.copy_(buf))
@@ -404,7 +410,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:
 def barrier(process_set=None) -> None:
     """Returns once every rank (of the process set) has called barrier()."""
     psid = check_process_set(process_set)
-    h = engine().barrier(op_name("barrier", None, psid), process_set_id=psid)
+    h = submit(_C.BarrierOptions(), name=op_name("barrier", None, psid), process_set_id=psid)
     register(h, lambda _outs: None)
     synchronize(h)
 
@@ -426,7 +432,7 @@ def join(device: int = -1) -> int:
     every rank has joined. ``device`` is
     accepted for Horovod's signature; the rank is returned either way."""
     del device
-    h = engine().join()
+    h = submit(_C.JoinOptions())
     register(h, lambda outs: int(outs[0]))
     # Sharded optimizers go on stepping their shards with the others (zero gradients from here).
     runtime.run_joined_rounds()

@@ -15,16 +15,25 @@ from typing import List
 
 import torch
 
+from .. import _C
 from ..exceptions import InvalidArgumentError
 from .compression import Compression
-from .handles import check_process_set, contiguous, engine, op_name, register, synchronize
+from .handles import check_process_set, contiguous, op_name, register, submit, synchronize
 from .ops import Average, Sum, allgather_async, grouped_allgather_async
 from .process_sets import global_process_set
 
 
 def _submit(tensors, name: str, op, prescale_factor, postscale_factor, psid: int) -> int:
     srcs = [contiguous(t, "reducescatter") for t in tensors]
-    return engine().reducescatter(srcs, name, op, float(prescale_factor), float(postscale_factor), process_set_id=psid)
+    return submit(
+        _C.ReducescatterOptions(),
+        srcs,
+        name=name,
+        op=op,
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
+        process_set_id=psid,
+    )
 
 
 def reducescatter_async(

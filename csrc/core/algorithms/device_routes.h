@@ -1,6 +1,6 @@
 // Which route `auto` gives an all-reduce of device tensors, from times
 // measured on this job's devices (the device calibration, run by
-// ops/allreduce_routes.h), identical on every rank.
+// DeviceRouter, device_router.h), identical on every rank.
 //
 // The routes: the backend's device collectives (NCCL on CUDA), the device
 // ring (device_ring.h), and staging through pinned host memory to a host

@@ -1,9 +1,10 @@
-// The table of reducers: the one place that names them. Adding a reducer is
-// writing its class (a Reducer, in its own files) and adding one row to the
-// table in reducer_registry.cc; parsing names, the `auto` choice, calibration,
-// DistributedModel's choice for registered buckets (registeredReducer) and
-// the Python side (_C.reducer_registry(): hvdtorch/check.py, introspection)
-// all read the table.
+// The table of reducers: the one place that names them (but for the help of
+// the REDUCER knob, config/ being below algorithms/). Parsing names, the
+// `auto` choice, calibration, DistributedModel's choice for registered
+// buckets (registeredReducer) and the Python side (_C.reducer_registry():
+// hvdtorch/check.py, the registered reducer of collectives/ops.py, the tests,
+// benchmarks and examples) all read the table. Adding a reducer:
+// docs/architecture.md, "Recipes".
 #pragma once
 
 #include <memory>

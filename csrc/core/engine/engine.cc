@@ -16,13 +16,19 @@ namespace hvdtorch {
 
 namespace {
 
-// The executor's part of the configuration (the device ring, the staging
-// segments, the device calibration), alike for every set's executor.
+// The device router's part of the configuration (the device ring, the
+// device calibration) and the executor's (the staging segments), alike for
+// every set's.
+DeviceRouterOptions routerOptions(const Config& config) {
+  DeviceRouterOptions o;
+  o.device_ring = {config.device_ring, config.device_ring_slot_bytes};
+  o.calibration_bytes = config.device_calibration_bytes;
+  return o;
+}
+
 ExecutorOptions executorOptions(const Config& config) {
   ExecutorOptions o;
-  o.device_ring = {config.device_ring, config.device_ring_slot_bytes};
   o.staging_segment_bytes = config.staging_segment_bytes;
-  o.device_calibration_bytes = config.device_calibration_bytes;
   return o;
 }
 
@@ -35,7 +41,8 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native, config_.timeout),
       registered_(makeRegistered(config_, topo, transports.shm_token)),
       reducers_(reducerEnv(config_, transports.shm_token, 0, registered_)),
-      executor_(data_ctx_, reducers_, timeline_, registered_, executorOptions(config_)),
+      router_(data_ctx_, routerOptions(config_)),
+      executor_(data_ctx_, reducers_, router_, timeline_, registered_, executorOptions(config_)),
       control_(control_ctx_),
       shm_token_(transports.shm_token) {
   useOpTable(ops);
@@ -129,6 +136,7 @@ void Engine::equipSet(ProcessSet& ps) {
     ps.control = &control_ctx_;
     ps.data = &data_ctx_;
     ps.reducers = &reducers_;
+    ps.router = &router_;
     ps.executor = &executor_;
     ps.plane = &control_;
   } else {  // views of the engine's contexts, and parts of its own
@@ -136,12 +144,14 @@ void Engine::equipSet(ProcessSet& ps) {
     ps.own_data = Context::view(data_ctx_, ps.ranks, ps.native);
     ps.own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, ps.id, registered_));
     ps.own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
-    ps.own_executor =
-        std::make_unique<Executor>(*ps.own_data, *ps.own_reducers, timeline_, registered_, executorOptions(config_));
+    ps.own_router = std::make_unique<DeviceRouter>(*ps.own_data, routerOptions(config_));
+    ps.own_executor = std::make_unique<Executor>(*ps.own_data, *ps.own_reducers, *ps.own_router, timeline_, registered_,
+                                                 executorOptions(config_));
     ps.own_plane = std::make_unique<ControlPlane>(*ps.own_control);
     ps.control = ps.own_control.get();
     ps.data = ps.own_data.get();
     ps.reducers = ps.own_reducers.get();
+    ps.router = ps.own_router.get();
     ps.executor = ps.own_executor.get();
     ps.plane = ps.own_plane.get();
   }
@@ -172,7 +182,7 @@ void Engine::removeProcessSet(int32_t id) {
   // runs until every member is through (the contract in engine.h), so its
   // device rings can take the teardown handshake instead of freeing an inbox
   // a peer may still have mapped.
-  if (removed->member() && removed->executor) removed->executor->closeDeviceRings();
+  if (removed->member() && removed->router) removed->router->closeRings();
 }
 
 std::shared_ptr<const ProcessSet> Engine::processSet(int32_t id) const { return findSet(id); }
@@ -743,7 +753,7 @@ void Engine::executorLoop() {
         }
         if (!failed)
           for (const auto& ps : setsSnapshot())
-            if (ps->member() && ps->executor) ps->executor->closeDeviceRings();
+            if (ps->member() && ps->router) ps->router->closeRings();
         continue;
       }
       if (exec_queue_.empty()) return;  // stop requested and everything drained

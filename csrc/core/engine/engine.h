@@ -248,6 +248,7 @@ class Engine {
   Context data_ctx_;
   std::shared_ptr<RegisteredMemory> registered_;  // before reducers_ and executor_, which use it
   ReducerSet reducers_;
+  DeviceRouter router_;  // before executor_, which uses it (and is gone first)
   Executor executor_;
   ControlPlane control_;
 

@@ -6,11 +6,8 @@
 // (useOpTable): the engine neither includes nor links ops/. Each op's entry
 // function, planning and execution live in its own ops/<op>.{h,cc}.
 //
-// Adding a collective: its OpType value below, its files ops/<op>.{h,cc}
-// (options and entry function; plan and execute functions when it has
-// them), one row in ops/op_table.cc, and -- when it carries data no other op
-// does -- its payload type in engine/op_payloads.h. The wire check (which op
-// values a control message may carry) follows from the table.
+// Adding a collective: docs/architecture.md, "Recipes". The wire check
+// (which op values a control message may carry) follows from the table.
 //
 // Contract: the table lists every OpType exactly once, in enum order, so
 // that opTable()[v].type == v, each row with an execute function (useOpTable

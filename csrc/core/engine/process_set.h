@@ -51,10 +51,12 @@ struct ProcessSet {
   Context* control = nullptr;
   Context* data = nullptr;
   ReducerSet* reducers = nullptr;
+  DeviceRouter* router = nullptr;
   Executor* executor = nullptr;
   ControlPlane* plane = nullptr;
   std::unique_ptr<Context> own_control, own_data;
   std::unique_ptr<ReducerSet> own_reducers;
+  std::unique_ptr<DeviceRouter> own_router;  // before own_executor, which uses it (and is gone first)
   std::unique_ptr<Executor> own_executor;
   std::unique_ptr<ControlPlane> own_plane;
 

@@ -11,23 +11,9 @@
 namespace hvdtorch::ops {
 
 int64_t allgather(Engine& engine, AllgatherOptions opts) {
-  const OpWhere where{engine, OpType::kAllgather, opts.name};
-  checkProcessSet(where, opts.process_set_id);
-  if (opts.inputs.empty()) throw InvalidArgument(strCat(where.str(), ": needs at least one tensor"));
-  if (!opts.allocate) throw InvalidArgument(strCat(where.str(), ": needs an output allocator"));
-  checkOneDevice(where, opts.inputs);
-  auto e = std::make_shared<Entry>();
-  Request& q = e->request;
-  q.type = OpType::kAllgather;
-  q.process_set_id = opts.process_set_id;
-  for (const auto& t : opts.inputs) {
-    if (t->shape().empty()) throw InvalidArgument(strCat(where.str(), ": tensors need at least one dimension"));
-    q.tensors.push_back(specOf(*t));
-  }
-  q.name = std::move(opts.name);
-  e->inputs = std::move(opts.inputs);
-  e->allocate = std::move(opts.allocate);
-  return engine.submit(std::move(e));
+  OpEntry op(engine, AllgatherOptions::kType, opts.name, opts.process_set_id);
+  op.needRows(opts.inputs);
+  return op.submit(std::move(opts.inputs), {}, std::move(opts.allocate));
 }
 
 OpPlan planAllgather(const std::vector<const Request*>& by_rank) {

@@ -10,6 +10,7 @@
 namespace hvdtorch::ops {
 
 struct AllgatherOptions {
+  static constexpr OpType kType = OpType::kAllgather;
   std::string name;
   std::vector<TensorPtr> inputs;  // at least one dimension each
   OutputAllocator allocate;       // makes each output once every rank's size is known

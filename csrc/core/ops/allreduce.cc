@@ -50,34 +50,22 @@ std::string bucketReducer(const Engine& engine, const std::string& asked, Reduce
 }
 
 int64_t allreduce(Engine& engine, AllreduceOptions opts) {
-  const OpWhere where{engine, OpType::kAllreduce, opts.name};
-  checkProcessSet(where, opts.process_set_id);
+  OpEntry op(engine, AllreduceOptions::kType, opts.name, opts.process_set_id);
   if (opts.inputs.empty() || opts.inputs.size() != opts.outputs.size())
-    throw InvalidArgument(strCat(where.str(), ": needs as many outputs as inputs, and at least one"));
-  checkOneDevice(where, opts.inputs, opts.outputs);
-  auto e = std::make_shared<Entry>();
-  Request& q = e->request;
-  q.type = OpType::kAllreduce;
-  q.process_set_id = opts.process_set_id;
-  q.tensors.reserve(opts.inputs.size());
+    op.fail("needs as many outputs as inputs, and at least one");
   for (size_t i = 0; i < opts.inputs.size(); ++i) {
     const TensorBuffer& in = *opts.inputs[i];
     const TensorBuffer& out = *opts.outputs[i];
-    if (in.numel() != out.numel() || in.dtype() != out.dtype())
-      throw InvalidArgument(strCat(where.str(), ": output ", i, " does not match its input"));
-    q.tensors.push_back(specOf(in));
+    if (in.numel() != out.numel() || in.dtype() != out.dtype()) op.fail("output ", i, " does not match its input");
   }
-  q.args = allreduceArgs(engine, opts);
-  q.name = std::move(opts.name);
-  e->inputs = std::move(opts.inputs);
-  e->outputs = std::move(opts.outputs);
-  return engine.submit(std::move(e));
+  ReduceArgs args = allreduceArgs(engine, opts);
+  return op.submit(std::move(opts.inputs), std::move(opts.outputs), nullptr, args);
 }
 
 namespace {
 
 // The device all-reduce routes need every piece on one device (the
-// route itself is chosen in allreduce_routes.cc).
+// route itself is chosen by the router, algorithms/device_router.h).
 Device& unitDevice(const WorkUnit& unit, ReducerId asked) {
   const DeviceId id = unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device();
   for (const auto& p : unit.pieces)
@@ -132,7 +120,7 @@ void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, Dat
   const ReduceOp op = Executor::reducedOp(args.op);
   ex.mark(unit, phase, true);
   if (path.ring) {
-    ex.deviceRing(d)->allreduce(fused, count, dtype, op);
+    ex.router().ring(d)->allreduce(fused, count, dtype, op);
   } else {
     ex.ctx().native()->allreduceOnDevice(d, fused, count, dtype, op);
   }
@@ -215,11 +203,11 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   static const ReducerId native = parseReducer("native");
   const bool one_rank = ex.ctx().size() == 1;
   // At one rank only reducer="native", asked for by name, still runs the backend's device collective (NCCL).
-  if (on_device && hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
+  if (on_device && DeviceRouter::hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
     Device& d = unitDevice(unit, args.reducer);
     // The first `auto` all-reduce of a device may time its routes
-    // (allreduce_routes.h): a phase of this op on the timeline.
-    const bool deciding = calibratesNext(ex, d, args.reducer);
+    // (algorithms/device_router.h): a phase of this op on the timeline.
+    const bool deciding = ex.router().calibratesNext(d, args.reducer);
     if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", true);
     const DevicePath path = devicePath(ex, d, args.reducer, dtype, op, count * dtypeSize(dtype));
     if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", false);

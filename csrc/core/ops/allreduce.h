@@ -11,6 +11,7 @@
 namespace hvdtorch::ops {
 
 struct AllreduceOptions {
+  static constexpr OpType kType = OpType::kAllreduce;
   std::string name;
   std::vector<TensorPtr> inputs;
   // One per input, same dtype and element count; may alias the inputs (in place).

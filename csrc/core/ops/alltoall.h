@@ -12,6 +12,7 @@
 namespace hvdtorch::ops {
 
 struct AlltoallOptions {
+  static constexpr OpType kType = OpType::kAlltoall;
   std::string name;
   TensorPtr input;  // at least one dimension
   // Rows sent to each rank, in rank order; empty: dimension 0 divided evenly

@@ -8,6 +8,7 @@
 namespace hvdtorch::ops {
 
 struct BarrierOptions {
+  static constexpr OpType kType = OpType::kBarrier;
   std::string name;
   int32_t process_set_id = 0;
 };

@@ -12,31 +12,19 @@
 namespace hvdtorch::ops {
 
 int64_t broadcast(Engine& engine, BroadcastOptions opts) {
-  const OpWhere where{engine, OpType::kBroadcast, opts.name};
-  const auto ps = checkProcessSet(where, opts.process_set_id);
+  OpEntry op(engine, BroadcastOptions::kType, opts.name, opts.process_set_id);
+  const ProcessSet& ps = op.processSet();
   // root_rank is a global rank (Horovod's rule, for sets too); the request
   // carries its rank within the set, which is what the executor needs.
-  const auto at = std::find(ps->ranks.begin(), ps->ranks.end(), opts.root);
-  if (at == ps->ranks.end()) {
-    const int size = engine.topo().size;
-    throw InvalidArgument(ps->id == 0
-                              ? strCat(where.str(), ": root_rank ", opts.root, " is not a rank in [0, ", size, ")")
-                              : strCat(where.str(), ": root_rank ", opts.root, " is not in ", ps->describe()));
+  const auto at = std::find(ps.ranks.begin(), ps.ranks.end(), opts.root);
+  if (at == ps.ranks.end()) {
+    if (ps.id == 0) op.fail("root_rank ", opts.root, " is not a rank in [0, ", engine.topo().size, ")");
+    op.fail("root_rank ", opts.root, " is not in ", ps.describe());
   }
-  const int32_t set_root = static_cast<int32_t>(at - ps->ranks.begin());
+  const int32_t set_root = static_cast<int32_t>(at - ps.ranks.begin());
   if (opts.input->numel() != opts.output->numel() || opts.input->dtype() != opts.output->dtype())
-    throw InvalidArgument(strCat(where.str(), ": output does not match the input"));
-  checkOneDevice(where, {opts.input}, {opts.output});
-  auto e = std::make_shared<Entry>();
-  Request& q = e->request;
-  q.type = OpType::kBroadcast;
-  q.process_set_id = opts.process_set_id;
-  q.tensors.push_back(specOf(*opts.input));
-  q.args = BroadcastArgs{set_root};
-  q.name = std::move(opts.name);
-  e->inputs = {std::move(opts.input)};
-  e->outputs = {std::move(opts.output)};
-  return engine.submit(std::move(e));
+    op.fail("output does not match the input");
+  return op.submit({std::move(opts.input)}, {std::move(opts.output)}, nullptr, BroadcastArgs{set_root});
 }
 
 namespace {

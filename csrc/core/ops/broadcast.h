@@ -8,6 +8,7 @@
 namespace hvdtorch::ops {
 
 struct BroadcastOptions {
+  static constexpr OpType kType = OpType::kBroadcast;
   std::string name;
   TensorPtr input;
   TensorPtr output;  // same dtype and size; may alias the input (in place)

@@ -6,13 +6,7 @@
 namespace hvdtorch::ops {
 
 int64_t join(Engine& engine, JoinOptions opts) {
-  const OpWhere where{engine, OpType::kJoin, opts.name};
-  if (!opts.allocate) throw InvalidArgument(strCat(where.str(), ": needs an output allocator"));
-  auto e = std::make_shared<Entry>();
-  e->request.type = OpType::kJoin;
-  e->request.name = std::move(opts.name);
-  e->allocate = std::move(opts.allocate);
-  return engine.submit(std::move(e));
+  return OpEntry(engine, JoinOptions::kType, opts.name).submit({}, {}, std::move(opts.allocate));
 }
 
 void executeJoin(Executor& ex, WorkUnit& unit) {

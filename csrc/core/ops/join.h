@@ -12,6 +12,7 @@
 namespace hvdtorch::ops {
 
 struct JoinOptions {
+  static constexpr OpType kType = OpType::kJoin;
   // The same on every rank, and used by no other op. Always the global set.
   std::string name = "hvdtorch.join";
   OutputAllocator allocate;

@@ -65,4 +65,36 @@ ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double
   return args;
 }
 
+OpEntry::OpEntry(Engine& engine, OpType type, std::string& name, int32_t process_set_id)
+    : engine_(engine), name_(name), where_{engine, type, name}, process_set_id_(process_set_id) {
+  set_ = checkProcessSet(where_, process_set_id);
+}
+
+OpEntry::OpEntry(Engine& engine, OpType type, std::string& name)
+    : engine_(engine), name_(name), where_{engine, type, name} {}
+
+void OpEntry::needRows(const std::vector<TensorPtr>& inputs) const {
+  if (inputs.empty()) fail("needs at least one tensor");
+  for (const auto& t : inputs)
+    if (t->shape().empty()) fail("tensors need at least one dimension");
+}
+
+int64_t OpEntry::submit(std::vector<TensorPtr> inputs, std::vector<TensorPtr> outputs, OutputAllocator allocate,
+                        OpArgs args) {
+  if (!allocate && opSpec(where_.type).outputs == Outputs::kAllocated) fail("needs an output allocator");
+  checkOneDevice(where_, inputs, outputs);
+  auto e = std::make_shared<Entry>();
+  Request& q = e->request;
+  q.type = where_.type;
+  q.process_set_id = process_set_id_;
+  q.tensors.reserve(inputs.size());
+  for (const auto& t : inputs) q.tensors.push_back(specOf(*t));
+  q.args = std::move(args);
+  q.name = std::move(name_);
+  e->inputs = std::move(inputs);
+  e->outputs = std::move(outputs);
+  e->allocate = std::move(allocate);
+  return engine_.submit(std::move(e));
+}
+
 }  // namespace hvdtorch::ops

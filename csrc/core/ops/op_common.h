@@ -1,6 +1,7 @@
-// What every op's entry function shares: where an op is (for the
-// "rank r: <op> '<name>'" prefix of its errors, built only when one is
-// raised), tensor specs, the process-set check, and the policy of the
+// What every op's entry function shares: the entry builder (OpEntry: the
+// request-building, checking and submission of every op), where an op is
+// (for the "rank r: <op> '<name>'" prefix of its errors, built only when one
+// is raised), tensor specs, the process-set check, and the policy of the
 // reducing ops (all-reduce, reduce-scatter), applied here and nowhere else:
 //  * the reduce op must be one of Horovod's values;
 //  * bool tensors take neither Average nor scale factors.
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/engine.h"
 
 namespace hvdtorch::ops {
@@ -42,5 +44,55 @@ DeviceId checkOneDevice(const OpWhere& where, const std::vector<TensorPtr>& inpu
 // and fusion fields are left at their defaults.
 ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double postscale,
                       const std::vector<TensorPtr>& tensors);
+
+// The entry builder: what every entry function (ops/<op>.cc) does but its
+// own checks and payload. An entry function makes one, checks what its op
+// needs (fail() raises the error), and submits:
+//
+//   int64_t broadcast(Engine& engine, BroadcastOptions opts) {
+//     OpEntry op(engine, BroadcastOptions::kType, opts.name, opts.process_set_id);
+//     ... its checks: op.fail("output does not match the input") ...
+//     return op.submit({std::move(opts.input)}, {std::move(opts.output)}, nullptr, BroadcastArgs{root});
+//   }
+//
+// The checks run in this order, and nothing is sent when one throws
+// (InvalidArgument naming the rank, op and name): the process set (the
+// constructor), the op's own, then in submit() the output allocator (ops
+// whose row says Outputs::kAllocated need one) and one device for all the
+// op's tensors (checkOneDevice).
+class OpEntry {
+ public:
+  // An op of process set `process_set_id`, checked (checkProcessSet).
+  // `name` is the op's, which submit() moves into the request.
+  OpEntry(Engine& engine, OpType type, std::string& name, int32_t process_set_id);
+  // An op of the global set that takes no set (join): nothing to check.
+  OpEntry(Engine& engine, OpType type, std::string& name);
+
+  const OpWhere& where() const { return where_; }
+  // The set the op goes to; only for ops made with a process set.
+  const ProcessSet& processSet() const { return *set_; }
+
+  // Raises InvalidArgument "<where>: <parts...>".
+  template <typename... Parts>
+  [[noreturn]] void fail(const Parts&... parts) const {
+    throw InvalidArgument(strCat(where_.str(), ": ", parts...));
+  }
+  // The check of the ops that take a list of row blocks (all-gather,
+  // reduce-scatter): at least one tensor, each with a dimension 0.
+  void needRows(const std::vector<TensorPtr>& inputs) const;
+
+  // Runs submit()'s checks (above), builds the entry -- the request (type,
+  // set, name, one TensorSpec per input, `args`) and its tensors and
+  // allocator -- and submits it to the engine; returns the handle.
+  int64_t submit(std::vector<TensorPtr> inputs, std::vector<TensorPtr> outputs = {}, OutputAllocator allocate = nullptr,
+                 OpArgs args = NoArgs{});
+
+ private:
+  Engine& engine_;
+  std::string& name_;
+  OpWhere where_;
+  int32_t process_set_id_ = 0;
+  std::shared_ptr<const ProcessSet> set_;
+};
 
 }  // namespace hvdtorch::ops

@@ -11,28 +11,12 @@
 namespace hvdtorch::ops {
 
 int64_t reducescatter(Engine& engine, ReducescatterOptions opts) {
-  const OpWhere where{engine, OpType::kReducescatter, opts.name};
-  checkProcessSet(where, opts.process_set_id);
-  if (opts.inputs.empty()) throw InvalidArgument(strCat(where.str(), ": needs at least one tensor"));
-  if (!opts.allocate) throw InvalidArgument(strCat(where.str(), ": needs an output allocator"));
-  checkOneDevice(where, opts.inputs);
-  auto e = std::make_shared<Entry>();
-  Request& q = e->request;
-  q.type = OpType::kReducescatter;
-  q.process_set_id = opts.process_set_id;
-  for (const auto& t : opts.inputs) {
-    if (t->shape().empty()) throw InvalidArgument(strCat(where.str(), ": tensors need at least one dimension"));
-    q.tensors.push_back(specOf(*t));
-  }
-  if (opts.op == ReduceOp::kAdasum)
-    throw InvalidArgument(strCat(where.str(), ": Adasum has no reduce-scatter; use Sum, Average, Min, Max or Product"));
-  ReduceArgs args = reduceArgs(where, opts.op, opts.prescale, opts.postscale, opts.inputs);
+  OpEntry op(engine, ReducescatterOptions::kType, opts.name, opts.process_set_id);
+  op.needRows(opts.inputs);
+  if (opts.op == ReduceOp::kAdasum) op.fail("Adasum has no reduce-scatter; use Sum, Average, Min, Max or Product");
+  ReduceArgs args = reduceArgs(op.where(), opts.op, opts.prescale, opts.postscale, opts.inputs);
   args.fuse = false;
-  q.args = args;
-  q.name = std::move(opts.name);
-  e->inputs = std::move(opts.inputs);
-  e->allocate = std::move(opts.allocate);
-  return engine.submit(std::move(e));
+  return op.submit(std::move(opts.inputs), {}, std::move(opts.allocate), args);
 }
 
 int64_t reducescatterRows(int64_t dim0, int size, int rank) { return dim0 / size + (rank < dim0 % size ? 1 : 0); }

@@ -13,6 +13,7 @@
 namespace hvdtorch::ops {
 
 struct ReducescatterOptions {
+  static constexpr OpType kType = OpType::kReducescatter;
   std::string name;
   std::vector<TensorPtr> inputs;  // at least one dimension each; not modified
   OutputAllocator allocate;       // makes each output (its share of the rows)

@@ -44,7 +44,6 @@ Executor::~Executor() {
     }
   }
   in_flight_.clear();
-  device_rings_.clear();
   for (auto& [device, buffer] : device_fusion_) device->release(buffer.data);
 }
 
@@ -78,35 +77,6 @@ Device* Executor::deviceOrStage(Entry& e, std::optional<ReduceOp> reduce) {
   if (takes) return &d;
   e.staged = StagedEntry::stageIn(e, staging_);
   return nullptr;
-}
-
-DeviceRing* Executor::deviceRing(Device& device) {
-  auto it = device_rings_.find(&device);
-  if (it == device_rings_.end()) {
-    std::unique_ptr<DeviceRing> ring;
-    if (options_.device_ring.enabled && DeviceRing::applicable(ctx_, device))
-      ring = std::make_unique<DeviceRing>(ctx_, device, options_.device_ring.slot_bytes);
-    it = device_rings_.emplace(&device, std::move(ring)).first;
-  }
-  return it->second.get();
-}
-
-void Executor::closeDeviceRings() {
-  // In device order, the same on every rank (the map's is by address).
-  std::vector<std::pair<DeviceId, DeviceRing*>> rings;
-  for (auto& [device, ring] : device_rings_)
-    if (ring) rings.emplace_back(device->id(), ring.get());
-  std::sort(rings.begin(), rings.end(), [](const auto& a, const auto& b) {
-    return std::make_pair(a.first.kind, a.first.index) < std::make_pair(b.first.kind, b.first.index);
-  });
-  for (auto& [id, ring] : rings) {
-    try {
-      ring->close();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "hvdtorch: rank %d: closing the device ring on %s: %s\n", ctx_.rank(), id.str().c_str(),
-                   e.what());
-    }
-  }
 }
 
 void* Executor::deviceFusion(Device& device, size_t bytes) {

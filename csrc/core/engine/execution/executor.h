@@ -18,8 +18,7 @@
 #include <memory>
 #include <optional>
 
-#include "algorithms/device_ring.h"
-#include "algorithms/device_routes.h"
+#include "algorithms/device_router.h"
 #include "algorithms/reducer_set.h"
 #include "engine/execution/entry.h"
 #include "engine/execution/fusion.h"
@@ -31,26 +30,28 @@ namespace hvdtorch {
 
 // How the executor treats device tensors (from the engine's Config).
 struct ExecutorOptions {
-  DeviceRingOptions device_ring;
   // A staged all-reduce of device tensors runs by segments of this many
   // bytes, pipelined: the copies of one segment to or from the device
   // overlap the host reduction of another (HVDTORCH_STAGING_SEGMENT_BYTES;
   // 0: the whole unit at once). Each segment is a collective: the same on
   // every rank.
   size_t staging_segment_bytes = 8 << 20;
-  // The largest all-reduce the device calibration times for `auto`
-  // (ops/allreduce_routes.h; HVDTORCH_DEVICE_CALIBRATION_BYTES); 0: none,
-  // `auto` follows its rule. Alike on every rank.
-  size_t device_calibration_bytes = 16 << 20;
 };
 
 class Executor {
  public:
-  // `registered` (may be null): where the fusion buffer lives, so the node
-  // reducer reduces fused units in place.
-  Executor(Context& ctx, ReducerSet& reducers, Timeline& timeline,
+  // `reducers` and `router` (the all-reduce's host reducers and device
+  // routes, on the same context) are owned by the caller and outlive the
+  // executor. `registered` (may be null): where the fusion buffer lives, so
+  // the node reducer reduces fused units in place.
+  Executor(Context& ctx, ReducerSet& reducers, DeviceRouter& router, Timeline& timeline,
            std::shared_ptr<RegisteredMemory> registered = nullptr, ExecutorOptions options = {})
-      : ctx_(ctx), reducers_(reducers), timeline_(timeline), fusion_(std::move(registered)), options_(options) {}
+      : ctx_(ctx),
+        reducers_(reducers),
+        router_(router),
+        timeline_(timeline),
+        fusion_(std::move(registered)),
+        options_(options) {}
   // Waits for device work still in flight, then frees the device buffers.
   ~Executor();
   Executor(const Executor&) = delete;
@@ -64,6 +65,7 @@ class Executor {
   // ---- for the ops' execute functions (on the executor's thread only) ----
   Context& ctx() { return ctx_; }
   ReducerSet& reducers() { return reducers_; }
+  DeviceRouter& router() { return router_; }
   FusionBuffer& fusion() { return fusion_; }
   size_t fusionBytes() const { return fusion_.capacity(); }
   // Completes the piece's entry when it was the entry's last piece.
@@ -77,15 +79,6 @@ class Executor {
   const ExecutorOptions& options() const { return options_; }
 
   // ---- device-native paths (ops/allreduce.cc and the others' *OnDevice) ----
-  // The device ring (algorithms/device_ring.h) over this executor's context
-  // on `device`, made on first use (a collective: every rank makes it in
-  // the same unit); null where it does not apply or is turned off.
-  DeviceRing* deviceRing(Device& device);
-  // The device rings' teardown handshake (DeviceRing::close), a collective:
-  // every rank calls it after its last unit when the engine stops cleanly,
-  // and every member of a process set when the set is removed.
-  // Errors are reported on stderr; the rings are then freed without it.
-  void closeDeviceRings();
   // Engine-owned device memory for fused units on `device` (grows).
   void* deviceFusion(Device& device, size_t bytes);
   // Keeps `entry` (and the tensors it holds) alive until `done`, recorded on
@@ -105,15 +98,6 @@ class Executor {
   // every rank. Otherwise null: device tensors are staged through pinned
   // host memory (StagedEntry::stageIn), host tensors left as they are.
   Device* deviceOrStage(Entry& entry, std::optional<ReduceOp> reduce = std::nullopt);
-  // What the device calibration learnt on `device` (ops/allreduce_routes.h):
-  // `calibrated` once it was decided, `model` where it measured (more than
-  // one route applied).
-  struct DeviceRoutes {
-    bool calibrated = false;
-    std::optional<DeviceRouteModel> model;
-  };
-  DeviceRoutes& deviceRoutes(Device& device) { return device_routes_[&device]; }
-
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);
   int64_t averageDivisor(ReduceOp op) const;
@@ -123,6 +107,7 @@ class Executor {
  private:
   Context& ctx_;
   ReducerSet& reducers_;
+  DeviceRouter& router_;
   Timeline& timeline_;
   FusionBuffer fusion_;
   StagingPool staging_;
@@ -132,8 +117,6 @@ class Executor {
     size_t bytes = 0;
   };
   std::map<Device*, DeviceBuffer> device_fusion_;
-  std::map<Device*, std::unique_ptr<DeviceRing>> device_rings_;  // null: does not apply
-  std::map<Device*, DeviceRoutes> device_routes_;
   struct InFlight {
     Device* device;
     std::shared_ptr<Event> done;

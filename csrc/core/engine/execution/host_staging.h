@@ -1,7 +1,7 @@
 // Host memory the executor stages device tensors through, for the ops and
 // reducers that have no device path (the device group, the device ring and
-// the one-rank all-reduce keep device tensors on the device: ops/
-// allreduce_routes.h). A staged device op runs as: the
+// the one-rank all-reduce keep device tensors on the device:
+// algorithms/device_router.h). A staged device op runs as: the
 // engine stream waits on the tensors' ready events, copies them to pinned
 // host memory here, the op runs on the host copies exactly as it runs on
 // CPU tensors, and its outputs are copied back to device memory before the

@@ -1,0 +1,110 @@
+// Where an all-reduce of device tensors goes, on one data context: the route
+// `auto` takes on each device (the rule, then the device calibration's
+// model, device_routes.h), the device rings it runs on, and the calibration
+// itself. One per data context (the Engine's, each process set's), owned
+// beside its ReducerSet and outside the executor, which hands it to the ops'
+// execute functions (Executor::router()).
+//
+// The routes: the backend's device collectives (`native`: NCCL on CUDA),
+// the device ring (`ring`, device_ring.h), or staging through the host
+// (every other reducer, and wherever those two do not apply).
+//
+// `auto` follows a rule until the device calibration has measured: the
+// device collectives where they serve (NCCL with one GPU per rank, what DDP
+// runs), the device ring on one host where they do not (ranks sharing a
+// GPU: each byte moves once, device to device), staging otherwise (across
+// hosts the ring's links stage one segment at a time, where the staged node
+// reducer reduces on the host in parallel). The calibration runs once per
+// device and router, in the first `auto` all-reduce of that device where
+// more than one route applies: it times each route on a scratch buffer of
+// the device at three sizes (HVDTORCH_DEVICE_CALIBRATION_BYTES and 1/16 and
+// 1/256 of it; float32 Sum; five interleaved repetitions after a warm-up,
+// each ending with the engine stream drained), min-reduces the ranks'
+// medians, and from then on `auto` takes, per op size, the route the model
+// holds clearly faster than the rule's.
+//
+// Everything that decides is agreed: which routes apply is decided
+// collectively on first use, in the same unit on every rank; the dtype, op
+// and device kind are in the op's signature; the times are min-reduced.
+// Only the device index is this rank's own.
+//
+// Thread-safety: the executor's thread only (path(), ring(), closeRings()).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "algorithms/device_ring.h"
+#include "algorithms/device_routes.h"
+#include "algorithms/reducer.h"
+#include "transport/context.h"
+
+namespace hvdtorch {
+
+struct DevicePath {
+  Device* device = nullptr;  // null: stage through the host
+  bool ring = false;         // the device ring; else the backend's device collectives
+};
+
+struct DeviceRouterOptions {
+  DeviceRingOptions device_ring;
+  // The largest all-reduce the calibration times (HVDTORCH_DEVICE_CALIBRATION_BYTES);
+  // 0: none, `auto` follows its rule. Alike on every rank.
+  size_t calibration_bytes = 16u << 20;
+};
+
+class DeviceRouter {
+ public:
+  // One float32 Sum all-reduce of buf[0 .. count) on the device by `route`,
+  // returning once the device has finished it: the calibration's probe. The
+  // ops supply it (staging through the host is theirs).
+  using RunRoute = std::function<void(DeviceRoute route, Device& device, void* buf, size_t count)>;
+
+  DeviceRouter(Context& ctx, DeviceRouterOptions options) : ctx_(ctx), options_(options) {}
+  DeviceRouter(const DeviceRouter&) = delete;
+  DeviceRouter& operator=(const DeviceRouter&) = delete;
+
+  // Whether reducer `asked` may keep device tensors on the device (ring,
+  // native, auto); every other reducer stages them.
+  static bool hasDeviceRoutes(ReducerId asked);
+  // Whether path() for `asked` on `device` decides `auto`'s routes first
+  // (the calibration, where more than one route applies).
+  bool calibratesNext(Device& device, ReducerId asked) const;
+  // The route of an all-reduce of `bytes` of `dtype`/`op` (the reduced op)
+  // on `device` for reducer `asked` (a registered reducer or kAutoReducer).
+  // May run the calibration through `run` (a collective).
+  DevicePath path(Device& device, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes, const RunRoute& run);
+
+  // The device ring on `device` over this router's context, made on first
+  // use (a collective: every rank makes it in the same unit); null where it
+  // does not apply or is turned off.
+  DeviceRing* ring(Device& device);
+  // The device rings' teardown handshake (DeviceRing::close), a collective:
+  // every rank calls it after its last unit when the engine stops cleanly,
+  // and every member of a process set when the set is removed. Errors are
+  // reported on stderr; the rings are then freed without it.
+  void closeRings();
+
+ private:
+  struct Routes {
+    bool calibrated = false;
+    std::optional<DeviceRouteModel> model;  // where it measured (more than one route applied)
+  };
+  DeviceRouteModel calibrate(Device& device, const DeviceRouteMask& routes, const RunRoute& run);
+
+  Context& ctx_;
+  DeviceRouterOptions options_;
+  std::map<Device*, std::unique_ptr<DeviceRing>> rings_;  // null: does not apply
+  std::map<Device*, Routes> routes_;
+};
+
+// The calibrations this process ran and the last one's model, described
+// (DeviceRouteModel::describe); for tests and the log.
+int deviceCalibrations();
+std::string lastDeviceCalibration();
+
+}  // namespace hvdtorch
