@@ -14,11 +14,35 @@ namespace hvdtorch {
 
 using torch::autograd::variable_list;
 
+namespace {
+
+PassCounter cyclicCounter(int passes_per_step, int rank) {
+  PassCounterOptions o;
+  o.passes_per_step = passes_per_step;  // checked by the counter (>= 1)
+  o.strict = false;
+  o.rank = rank;
+  return PassCounter(o);
+}
+
+}  // namespace
+
+at::ScalarType wireScalarType(WireCodec codec, at::ScalarType dtype) {
+  if (codec == WireCodec::kNone) return dtype;
+  DataType t{};
+  try {
+    t = toDataType(dtype, "wire dtype");
+  } catch (const InvalidArgument&) {
+    return dtype;  // a dtype hvdtorch does not carry (complex, say): as it is
+  }
+  return toScalarType(wireDtype(codec, t));
+}
+
 GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at::Tensor> params,
                                  std::vector<std::vector<int64_t>> buckets, GradReducerOptions options)
-    : engine_(std::move(engine)), params_(std::move(params)), opts_(std::move(options)) {
-  if (opts_.backward_passes_per_step < 1)
-    throw InvalidArgument(strCat("backward_passes_per_step must be >= 1, got ", opts_.backward_passes_per_step));
+    : engine_(std::move(engine)),
+      params_(std::move(params)),
+      opts_(std::move(options)),
+      passes_(cyclicCounter(opts_.backward_passes_per_step, engine_->topo().rank)) {
   if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum && opts_.op != ReduceOp::kAdasum)
     throw InvalidArgument(
         strCat(opts_.name, ": gradients are reduced with Average, Sum or Adasum, not ", reduceOpName(opts_.op)));
@@ -77,10 +101,7 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     if (members.empty()) continue;
     Bucket b;
     const at::ScalarType dtype = params_[members[0]].scalar_type();
-    // The wire dtype (float16) applies to 32- and 64-bit floats only; 16-bit floats go as they are, as in
-    // hvdtorch/compression.py's fp16_wire.
-    const bool compressible = at::isFloatingType(dtype) && c10::elementSize(dtype) > 2;
-    const at::ScalarType bucket_dtype = (opts_.wire_dtype && compressible) ? *opts_.wire_dtype : dtype;
+    const at::ScalarType bucket_dtype = wireScalarType(opts_.codec, dtype);
     b.views = bucket_dtype == dtype;
     int64_t total = 0;
     for (int64_t idx : members) {
@@ -140,13 +161,13 @@ std::vector<int64_t> GradientReducer::bucketBytes() const {
 
 void GradientReducer::setSyncEnabled(bool enabled) {
   std::lock_guard<std::mutex> lock(mu_);
-  sync_enabled_ = enabled;
+  passes_.setLocal(!enabled);
 }
 
 void GradientReducer::startPass() {
   pass_active_ = true;
   pass_ended_ = false;
-  reduce_this_pass_ = sync_enabled_ && (++passes_ % opts_.backward_passes_per_step == 0);
+  reduce_this_pass_ = passes_.beginPass();
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
@@ -261,6 +282,7 @@ void GradientReducer::waitAll() {
 void GradientReducer::endOfBackward() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!pass_active_) return;
+  passes_.endPass();
   if (!reduce_this_pass_) {
     pass_active_ = false;
     return;

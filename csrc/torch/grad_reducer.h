@@ -12,8 +12,9 @@
 //    caller (same on every rank) and can be rebuilt from the observed ready
 //    order. Bucket tensors are allocated once per layout and reused.
 //  * With views on, .grad becomes a view into the bucket, so the reduced
-//    result needs no copy back. With a wire dtype (fp16 compression), grads
-//    are converted in and out instead.
+//    result needs no copy back. When the codec puts a bucket's dtype on the
+//    wire in another one (fp16 compression, gradients/wire_codec.h), the
+//    bucket is the wire dtype and grads are converted in and out instead.
 //  * At the end of backward (a callback queued on the autograd engine) every
 //    bucket not launched yet is launched, so every rank submits every bucket
 //    and nobody hangs. A parameter that got no gradient this pass (an unused
@@ -24,7 +25,9 @@
 //    for all buckets, so optimizer.step() sees averaged gradients; in
 //    "explicit" mode finalize() does the wait.
 //  * Passes where reduction is off (no_sync(), or all but every
-//    backward_passes_per_step-th pass) only accumulate locally.
+//    backward_passes_per_step-th pass) only accumulate locally. Which pass
+//    reduces is the shared PassCounter's decision (gradients/pass_counter.h),
+//    counting cyclically: DistributedModel never raises on an extra pass.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +39,8 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "gradients/pass_counter.h"
+#include "gradients/wire_codec.h"
 #include "ops/allreduce.h"
 
 namespace hvdtorch {
@@ -56,10 +61,14 @@ struct GradReducerOptions {
   bool fuse = true;  // let the engine fuse buckets ready together
   int backward_passes_per_step = 1;
   int32_t process_set_id = 0;  // the set whose members average these gradients
-  // Dtype of the buckets for 32- and 64-bit floating-point params (fp16 compression; 16-bit floats keep
-  // their own); undefined = the parameter's own dtype (gradients become bucket views).
-  c10::optional<at::ScalarType> wire_dtype;
+  // How buckets travel (gradients/wire_codec.h): a bucket is its codec's wire dtype; where that is the
+  // parameters' own dtype, gradients become bucket views.
+  WireCodec codec = WireCodec::kNone;
 };
+
+// The dtype a tensor of `dtype` travels in under `codec` (wireDtype() for torch dtypes); a dtype hvdtorch
+// does not carry (complex, say) travels as it is.
+at::ScalarType wireScalarType(WireCodec codec, at::ScalarType dtype);
 
 class GradientReducer {
  public:
@@ -120,8 +129,7 @@ class GradientReducer {
   bool pass_active_ = false;
   bool pass_ended_ = false;  // backward finished, results not yet waited for
   bool reduce_this_pass_ = false;
-  bool sync_enabled_ = true;
-  int64_t passes_ = 0;
+  PassCounter passes_;  // cyclic; setSyncEnabled(false) makes passes local (uncounted)
 
   // Hooks are removed in the destructor; holding the accumulators keeps the
   // nodes (and so the hooks) alive as long as this reducer.

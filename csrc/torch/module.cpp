@@ -24,6 +24,7 @@
 #include "engine/engine.h"
 #include "engine/negotiation/coordinator.h"
 #include "grad_reducer.h"
+#include "gradients/pass_counter.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
 #include "ops/allreduce_routes.h"
@@ -311,7 +312,7 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
   o.sync_on_backward = sync_on_backward;
   o.fuse = fuse;
   o.backward_passes_per_step = backward_passes_per_step;
-  if (fp16_wire) o.wire_dtype = at::kHalf;
+  o.codec = fp16_wire ? WireCodec::kFp16 : WireCodec::kNone;
   for (const auto& p : params) OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedModel", name));
   return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), o);
 }
@@ -360,6 +361,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       PyErr_SetString(hvd_error.ptr(), e.what());
     } catch (const InvalidArgument& e) {
       PyErr_SetString(invalid_argument.ptr(), e.what());
+    } catch (const PassLimitError& e) {
+      PyErr_SetString(PyExc_AssertionError, e.what());  // Horovod's contract for an extra backward pass
     }
   });
 
@@ -437,6 +440,40 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
       .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
       .def("bucket_bytes", &GradientReducer::bucketBytes);
+
+  // The codec seam (gradients/wire_codec.h): the dtype a tensor travels in;
+  // hvdtorch.Compression and the sharded optimizer's buckets ask here.
+  m.def(
+      "wire_dtype",
+      [](const std::string& codec, at::ScalarType dtype) { return wireScalarType(wireCodecFromName(codec), dtype); },
+      py::arg("codec"), py::arg("dtype"));
+
+  // The one backward-pass counter (gradients/pass_counter.h) of the Python
+  // gradient paths; its beginPass() raises AssertionError on an extra pass.
+  py::class_<PassCounter>(m, "PassCounter")
+      .def(py::init(
+               [](int passes_per_step, bool strict, int rank, const std::string& step_call, const std::string& advice) {
+                 PassCounterOptions o;
+                 o.passes_per_step = passes_per_step;
+                 o.strict = strict;
+                 o.rank = rank;
+                 if (!step_call.empty()) o.step_call = step_call;
+                 if (!advice.empty()) o.advice = advice;
+                 return PassCounter(o);
+               }),
+           py::arg("backward_passes_per_step"), py::arg("strict") = true, py::arg("rank") = 0,
+           py::arg("step_call") = "", py::arg("advice") = "")
+      .def("begin_pass", &PassCounter::beginPass, py::arg("subject") = "")
+      .def("set_rank", &PassCounter::setRank)
+      .def("end_pass", &PassCounter::endPass)
+      .def_property_readonly("in_pass", &PassCounter::inPass)
+      .def_property_readonly("reducing", &PassCounter::reducing)
+      .def_property("local", &PassCounter::local, &PassCounter::setLocal)
+      .def_property_readonly("passes", &PassCounter::passes)
+      .def("pending", &PassCounter::pending)
+      .def("due", &PassCounter::due)
+      .def_property("backward_passes_per_step", &PassCounter::passesPerStep, &PassCounter::setPassesPerStep)
+      .def("reset", &PassCounter::reset, py::arg("backward_passes_per_step") = py::none());
 
   // The reducer registry (algorithms/reducer_registry.h), row by row: name,
   // the reduce op it defines itself (None for most), whether `auto` may pick

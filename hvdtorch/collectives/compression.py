@@ -1,5 +1,6 @@
 """Gradient compression, as in Horovod: compress before the all-reduce,
 decompress after. ``fp16`` halves the bytes on the wire for float32/float64.
+Which dtype goes on the wire is the gradient core's codec rule (wire_dtype).
 
 Unlike Horovod's FP16Compressor, which converts every floating-point tensor,
 ``fp16`` leaves 16-bit floats as they are: a bfloat16 tensor sent as float16
@@ -8,12 +9,22 @@ mantissa bits it does not have."""
 
 import torch
 
+from .. import _C
+
+
+def wire_dtype(codec: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor of ``dtype`` travels in under ``codec`` ("none",
+    "fp16"): the gradient core's codec seam (csrc/core/gradients/wire_codec.h),
+    the one rule for every path that compresses (the ops here, the gradient
+    buckets of DistributedModel, DistributedOptimizer and the sharded
+    optimizer)."""
+    return _C.wire_dtype(codec, dtype)
+
 
 def fp16_wire(dtype: torch.dtype) -> bool:
     """Whether Compression.fp16 sends tensors of ``dtype`` as float16: the
-    32- and 64-bit floats. The one rule for every path that compresses
-    (the ops here, the gradient buckets in C++ and of the sharded optimizer)."""
-    return dtype.is_floating_point and dtype.itemsize > 2
+    32- and 64-bit floats (wire_dtype's fp16 rule)."""
+    return wire_dtype("fp16", dtype) != dtype
 
 
 class Compressor:
@@ -39,8 +50,9 @@ class NoneCompressor(Compressor):
 class FP16Compressor(Compressor):
     @staticmethod
     def compress(tensor):
-        if fp16_wire(tensor.dtype):
-            return tensor.to(torch.float16), tensor.dtype
+        wire = wire_dtype("fp16", tensor.dtype)
+        if wire != tensor.dtype:
+            return tensor.to(wire), tensor.dtype
         return tensor, None
 
     @staticmethod

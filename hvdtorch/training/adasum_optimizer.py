@@ -28,7 +28,7 @@ import weakref
 
 import torch
 
-from .. import runtime
+from .. import _C, runtime
 from ..collectives import ops
 from .parameter_names import names_by_parameter
 
@@ -51,6 +51,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._hvd_compression = compression
         self._hvd_name = name
         self._hvd_process_set = process_set
+        self._hvd_counters = []  # one shared pass counter per parameter, made below
         self.set_backward_passes_per_step(backward_passes_per_step)
         trainable, seen = [], set()
         for group in self.param_groups:
@@ -59,7 +60,18 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                     seen.add(id(p))
                     trainable.append(p)
         self._hvd_params = trainable
-        self._hvd_passes = [0] * len(trainable)  # backward passes per parameter since the last step()
+        # Backward passes since the last step(), per parameter (a parameter unused in a pass does not
+        # count it): the shared pass counter (csrc/core/gradients/pass_counter.h), strict, one each.
+        self._hvd_counters = [
+            _C.PassCounter(
+                self.backward_passes_per_step,
+                strict=True,
+                rank=runtime.rank(),
+                step_call="optimizer.step()",
+                advice="raise backward_passes_per_step",
+            )
+            for _ in trainable
+        ]
         me = weakref.ref(self)
         # A pre-hook on the gradient accumulator runs before .grad is touched,
         # so an extra pass is rejected with .grad as it was.
@@ -71,22 +83,23 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         weakref.finalize(self, _remove_hooks, handles)
 
     def _hvd_count_pass(self, index: int) -> None:
-        k = self.backward_passes_per_step
-        if self._hvd_passes[index] >= k:
-            p = self._hvd_params[index]
-            raise AssertionError(
-                f"hvdtorch: rank {runtime.rank()}: parameter '{self._parameter_names[p]}' got a gradient in "
-                f"backward pass {k + 1} since the last step(), but backward_passes_per_step={k}: call "
-                "optimizer.step() after every "
-                f"{k} backward pass{'es' if k > 1 else ''}, or raise backward_passes_per_step"
-            )
-        self._hvd_passes[index] += 1
+        counter = self._hvd_counters[index]
+        counter.set_rank(runtime.rank())  # named by the error; an elastic job may renumber ranks
+        # A parameter's pass is its one gradient: it begins and ends here. AssertionError on a (k+1)-th.
+        counter.begin_pass(self._parameter_names[self._hvd_params[index]])
+        counter.end_pass()
+
+    def _hvd_reset_passes(self) -> None:
+        for counter in self._hvd_counters:
+            counter.reset()
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Changes how many backward passes may accumulate before each step()."""
         if int(passes) < 1:
             raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {passes}")
         self.backward_passes_per_step = int(passes)
+        for counter in self._hvd_counters:  # the passes counted so far stay
+            counter.backward_passes_per_step = self.backward_passes_per_step
 
     def synchronize(self) -> None:
         """Nothing to do: with Adasum, step() reduces the step's change, not the gradients."""
@@ -124,11 +137,11 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                 ops.synchronize(handle)
                 for (p, start), (c, ctx) in zip(pairs, packed):
                     p.copy_(start.add_(self._hvd_compression.decompress(c, ctx)))
-        self._hvd_passes = [0] * len(params)
+        self._hvd_reset_passes()
         return loss
 
     def zero_grad(self, set_to_none: bool = True):
-        if any(self._hvd_passes):
+        if any(counter.pending() for counter in self._hvd_counters):
             raise AssertionError(
                 "hvdtorch: optimizer.zero_grad() between loss.backward() and optimizer.step(): with "
                 "op=hvd.Adasum the gradients of the passes so far are stepped on at step(); zero them "
@@ -137,5 +150,5 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return super(self._hvd_class, self).zero_grad(set_to_none=set_to_none)
 
     def load_state_dict(self, *args, **kwargs):
-        self._hvd_passes = [0] * len(self._hvd_params)
+        self._hvd_reset_passes()
         return super(self._hvd_class, self).load_state_dict(*args, **kwargs)

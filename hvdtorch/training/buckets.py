@@ -1,25 +1,34 @@
-"""Bucket layouts: which parameters' gradients travel together.
+"""Bucket layouts: which parameters' gradients travel together. The one
+bucket planner of every gradient path: DistributedModel and
+DistributedOptimizer call plan_buckets, the sharded optimizer too, through
+zero/layout.py's plan (which adds each bucket's offsets and shard ranges).
 
-Buckets hold one device and one dtype, are filled in the order gradients are expected to
-become ready (reverse registration order at first, the observed order after
-one iteration), and close when the next gradient would overflow the cap. The
+Buckets hold one device, one dtype (and, given ``group_of``, one optimizer
+parameter group), are filled in the order gradients are expected to become
+ready (reverse registration order at first, the observed order after one
+iteration), and close when the next gradient would overflow the cap. The
 first bucket gets a smaller cap so communication starts early in backward.
 """
 
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 
 def plan_buckets(
-    params: Sequence[torch.Tensor], order: Iterable[int], fusion_bytes: int, first_bucket_bytes: int
+    params: Sequence[torch.Tensor],
+    order: Iterable[int],
+    fusion_bytes: int,
+    first_bucket_bytes: int,
+    group_of: Optional[Sequence[Hashable]] = None,
 ) -> List[List[int]]:
-    """Returns bucket layouts (lists of parameter indices).
+    """Returns bucket layouts (lists of parameter indices), in ``order``.
 
-    fusion_bytes == 0 puts every parameter in its own bucket."""
+    fusion_bytes <= 0 puts every parameter in its own bucket. ``group_of[i]``
+    (optional): parameters of different groups never share a bucket."""
     layout: List[List[int]] = []
-    Key = Tuple[torch.device, torch.dtype]
-    open_bucket: Dict[Key, int] = {}  # (device, dtype) -> index in layout
+    Key = Tuple[Hashable, torch.device, torch.dtype]
+    open_bucket: Dict[Key, int] = {}  # (group, device, dtype) -> index in layout
     open_bytes: Dict[Key, int] = {}
     for i in order:
         p = params[i]
@@ -28,7 +37,7 @@ def plan_buckets(
             layout.append([i])
             continue
         cap = first_bucket_bytes if len(layout) <= 1 and first_bucket_bytes > 0 else fusion_bytes
-        key = (p.device, p.dtype)
+        key = (None if group_of is None else group_of[i], p.device, p.dtype)
         b = open_bucket.get(key)
         if b is None or (open_bytes[key] + nbytes > cap and layout[b]):
             layout.append([])

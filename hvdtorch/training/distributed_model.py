@@ -10,6 +10,11 @@ The configurations of the ablation study map to arguments:
     P     pipeline=True,  fusion_bytes=0
     F     pipeline=False, fusion_bytes>0   (buckets, launched after backward)
     P+F   pipeline=True,  fusion_bytes>0   (default)
+
+The work is the gradient core's (docs/architecture.md, "The gradient core"):
+buckets from training/buckets.py's planner, the C++ GradientReducer
+(csrc/torch/grad_reducer.h) for hooks, launching and waiting, its pass counter
+(backward_passes_per_step, no_sync()) and the wire codec (Compression.fp16).
 """
 
 import contextlib

@@ -20,9 +20,9 @@ Contract (the same as Horovod's DistributedOptimizer):
 How:
   * A pre-hook on each parameter's gradient accumulator runs before the
     gradient is accumulated into .grad and before the C++ reducer's hook on
-    the same parameter. The first one of a backward pass counts the pass (and
-    rejects an extra one while .grad is still untouched) and tells the C++
-    reducer whether to reduce it; a callback queued on the autograd engine
+    the same parameter. The first one of a backward pass counts the pass with
+    the shared pass counter (_C.PassCounter, which rejects an extra one while
+    .grad is still untouched) and tells the C++ reducer whether to reduce it; a callback queued on the autograd engine
     marks the end of the pass. torch.autograd.grad() does not accumulate and
     so counts no pass.
   * With sparse_as_dense, a post-accumulate-grad hook (which also runs
@@ -82,14 +82,13 @@ class GradientSync:
         reducer: Optional[str],
         process_set,
     ):
-        if int(backward_passes_per_step) < 1:
-            raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        # The shared pass counter (csrc/core/gradients/pass_counter.h): strict, Horovod's contract.
+        self._counter = _C.PassCounter(int(backward_passes_per_step), strict=True, rank=runtime.rank())
         self._params = list(params)
         self._names = list(names)
         self._name = name
         self._op, self._prescale, self._postscale = op, prescale, postscale
         self._compression = compression
-        self._passes_per_step = int(backward_passes_per_step)
         self._sparse_as_dense = sparse_as_dense
         self._plan_layout = plan_layout  # (dense parameters, fusion bytes) -> bucket layout
         self._fusion_bytes = int(fusion_bytes)
@@ -103,8 +102,6 @@ class GradientSync:
         # sparse_as_dense: parameter -> sparse_dim its gradient had when it
         # came sparse (in any step so far); made sparse again after reduction.
         self._densified: Dict[int, int] = {}
-        self._passes = 0  # backward passes since the last synchronize()
-        self._in_pass = False
         me = weakref.ref(self)
         # Held so that the accumulators, and the hooks on them, live as long as this.
         with torch.enable_grad():
@@ -123,7 +120,7 @@ class GradientSync:
 
     def on_grad(self, index: int, grads) -> None:
         """Runs before parameter ``index`` accumulates ``grads[0]``."""
-        if not self._in_pass:
+        if not self._counter.in_pass:
             self._begin_pass()
         grad = grads[0]
         if (
@@ -147,28 +144,17 @@ class GradientSync:
             param.grad = param.grad.to_dense()
 
     def _begin_pass(self) -> None:
-        k = self._passes_per_step
-        if self._passes >= k:
-            raise AssertionError(
-                f"hvdtorch: rank {runtime.rank()}: backward pass {self._passes + 1} since the last step(), but "
-                f"backward_passes_per_step={k}: call optimizer.step() (or synchronize()) after every {k} "
-                f"backward pass{'es' if k > 1 else ''}, or raise backward_passes_per_step to accumulate more "
-                "passes locally"
-            )
-        self._passes += 1
-        self._in_pass = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
+        self._counter.set_rank(runtime.rank())  # named by the error; an elastic job may renumber ranks
+        reducing = self._counter.begin_pass()  # AssertionError on a (k+1)-th pass
+        torch.autograd.Variable._execution_engine.queue_callback(self._counter.end_pass)
         if self._reducer is not None:
-            self._reducer.set_sync_enabled(self._passes == k)
-
-    def _end_pass(self) -> None:
-        self._in_pass = False
+            self._reducer.set_sync_enabled(reducing)
 
     # ---- between backward and step -----------------------------------------
 
     def pending(self) -> bool:
         """A backward pass ran since the last synchronize()."""
-        return self._passes > 0
+        return self._counter.pending()
 
     def reset(self, backward_passes_per_step: Optional[int] = None) -> None:
         """Forgets the passes counted so far (load_state_dict, set_backward_passes_per_step).
@@ -176,11 +162,7 @@ class GradientSync:
         them, so this rank alone can wait), so nothing writes into .grad later."""
         if self._reducer is not None:
             self._reducer.finalize()
-        if backward_passes_per_step is not None:
-            if int(backward_passes_per_step) < 1:
-                raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-            self._passes_per_step = int(backward_passes_per_step)
-        self._passes = 0
+        self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))
 
     def set_fusion_bytes(self, fusion_bytes: int) -> None:
         """New bucket cap (autotune). Every rank must call it at the same step
@@ -193,7 +175,7 @@ class GradientSync:
     def synchronize(self) -> None:
         if self._sparse_dims is None:
             self._first_synchronize()
-        elif self._passes == self._passes_per_step and self._reducer is not None:
+        elif self._counter.due() and self._reducer is not None:
             self._reducer.finalize()  # backward launched every bucket of this pass
         else:
             self._reduce_dense_now(self._dense)
@@ -202,7 +184,7 @@ class GradientSync:
             p = self._params[index]
             if p.grad is not None and not p.grad.is_sparse:
                 p.grad = p.grad.to_sparse(sparse_dim)
-        self._passes = 0
+        self._counter.reset()
 
     def _first_synchronize(self) -> None:
         if self._sparse_as_dense:

@@ -8,7 +8,8 @@ applies gradients averaged across ranks.
 Gradient hooks start each bucket's all-reduce during backward; step() (or
 synchronize()) waits for them. Dense gradients go through the same C++
 gradient reducer as DistributedModel; training/gradient_sync.py holds Horovod's
-contract (backward_passes_per_step, sparse gradients, misuse errors).
+contract (backward_passes_per_step, sparse gradients, misuse errors), counting
+passes with the gradient core's pass counter (_C.PassCounter).
 """
 
 import contextlib

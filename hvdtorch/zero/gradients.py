@@ -5,7 +5,8 @@ all-reduce (every rank receives the whole average, as unsharded training
 does).
 
 Contract (Horovod's DistributedOptimizer contract, training/gradient_sync.py, with
-buckets of the shard layout):
+buckets of the shard layout; passes are counted by the gradient core's pass
+counter, _C.PassCounter, as on every gradient path):
   * Gradients are reduced once every ``backward_passes_per_step`` (k)
     counted backward passes; the passes in between, and every pass inside
     no_sync(), accumulate locally in .grad. A (k+1)-th counted pass before
@@ -40,7 +41,8 @@ buckets of the shard layout):
     all-reduce).
   * Compression.fp16 flattens float32/float64 buckets into float16 (the wire
     dtype) and converts the result back to the parameters' dtype; 16-bit
-    floats go as they are (compression.fp16_wire).
+    floats go as they are (the gradient core's codec rule,
+    compression.wire_dtype).
   * Sparse gradients are refused (ValueError naming the parameter): a flat
     bucket is dense.
 """
@@ -51,9 +53,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .. import runtime
+from .. import _C, runtime
 from ..collectives import ops, reducescatter
-from ..collectives.compression import Compression, fp16_wire
+from ..collectives.compression import Compression, wire_dtype
 from .layout import Bucket
 
 
@@ -93,8 +95,13 @@ class BucketGradients:
         """``params[i]`` is the parameter numbered i in the buckets' ``params``
         (None for parameters no bucket holds). ``in_place``: see the top; the
         same on every rank."""
-        if int(backward_passes_per_step) < 1:
-            raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        # The shared pass counter (csrc/core/gradients/pass_counter.h), strict; no_sync() sets it local.
+        self._counter = _C.PassCounter(
+            int(backward_passes_per_step),
+            strict=True,
+            rank=runtime.rank(),
+            advice="accumulate inside optimizer.no_sync()",
+        )
         self._params = params
         self._names = names
         self._buckets = list(buckets)
@@ -102,15 +109,11 @@ class BucketGradients:
         self._scatter = scatter
         self._op, self._prescale, self._postscale = op, prescale, postscale
         self._compression = compression
-        self._passes_per_step = int(backward_passes_per_step)
         self._process_set = process_set
         self._size = process_set.size()
         self._in_place = bool(in_place) and self._size > 1
         self._bucket_of = {i: j for j, b in enumerate(self._buckets) for i in b.params}
-        self._passes = 0  # counted backward passes since the last synchronize()
-        self._in_pass = False
-        self._reducing = False  # this pass reduces (the k-th counted one)
-        self._local = False  # inside no_sync()
+        self._reducing = False  # this pass reduces (the k-th counted one) and has not ended
         self._waiting: List[int] = []  # parameters not ready yet, per bucket
         self._started: List[Optional[tuple]] = [None] * len(self._buckets)
         # Per bucket, allocated once: what is reduced (in the wire dtype), in place for all-reduce.
@@ -130,7 +133,7 @@ class BucketGradients:
 
     def on_grad(self, index: int, grads) -> None:
         """Runs before parameter ``index`` accumulates ``grads[0]``."""
-        if not self._in_pass:
+        if not self._counter.in_pass:
             self._begin_pass()
         if grads[0] is not None and grads[0].layout != torch.strided:
             raise ValueError(
@@ -140,20 +143,9 @@ class BucketGradients:
             )
 
     def _begin_pass(self) -> None:
-        k = self._passes_per_step
-        if not self._local and self._passes >= k:
-            raise AssertionError(
-                f"hvdtorch: rank {runtime.rank()}: backward pass {self._passes + 1} since the last step(), but "
-                f"backward_passes_per_step={k}: call optimizer.step() (or synchronize()) after every {k} "
-                f"backward pass{'es' if k > 1 else ''}, or accumulate inside optimizer.no_sync()"
-            )
-        self._in_pass = True
+        self._counter.set_rank(runtime.rank())  # named by the error; an elastic job may renumber ranks
+        self._reducing = self._counter.begin_pass()  # AssertionError on a (k+1)-th counted pass
         torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
-        if self._local:
-            self._reducing = False
-            return
-        self._passes += 1
-        self._reducing = self._passes == k
         if self._reducing:
             self._waiting = [len(b.params) for b in self._buckets]
 
@@ -167,7 +159,7 @@ class BucketGradients:
             self._launch(j)
 
     def _end_pass(self) -> None:
-        self._in_pass = False
+        self._counter.end_pass()
         if self._reducing:
             self._reducing = False
             for j in range(len(self._buckets)):
@@ -181,9 +173,8 @@ class BucketGradients:
         b = self._buckets[j]
         flat = self._flats[j]
         if flat is None:
-            wire = b.dtype
-            if self._compression is Compression.fp16 and fp16_wire(b.dtype):
-                wire = torch.float16
+            # The codec's wire dtype (the gradient core's one rule, csrc/core/gradients/wire_codec.h).
+            wire = wire_dtype("fp16", b.dtype) if self._compression is Compression.fp16 else b.dtype
             device = self._params[b.params[0]].device
             if (self._in_place or not self._scatter) and device.type == "cpu" and self._size > 1:
                 # An all-reduced bucket in registered memory takes the engine's zero-copy path, as
@@ -278,18 +269,18 @@ class BucketGradients:
 
     def pending(self) -> bool:
         """A counted backward pass ran since the last synchronize()."""
-        return self._passes > 0
+        return self._counter.pending()
 
     def synchronize(self) -> List[torch.Tensor]:
         """Every bucket's reduced gradient: this rank's shard (shard=2; a view
         of the flat buffer when in place) or the whole flat bucket (shard=1),
         in the parameters' dtype."""
-        if not (self._passes == self._passes_per_step and all(s is not None for s in self._started)):
+        if not (self._counter.due() and all(s is not None for s in self._started)):
             for j in range(len(self._buckets)):
                 if self._started[j] is None:
                     self._launch(j)
         results = [self._result(j) for j in range(len(self._buckets))]
-        self._passes = 0
+        self._counter.reset()
         return results
 
     def reset(self, backward_passes_per_step: Optional[int] = None) -> None:
@@ -298,17 +289,13 @@ class BucketGradients:
         for j in range(len(self._buckets)):
             if self._started[j] is not None:
                 self._result(j)
-        if backward_passes_per_step is not None:
-            if int(backward_passes_per_step) < 1:
-                raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-            self._passes_per_step = int(backward_passes_per_step)
-        self._passes = 0
+        self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))
 
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate locally and are not counted."""
-        self._local = True
+        self._counter.local = True
         try:
             yield
         finally:
-            self._local = False
+            self._counter.local = False

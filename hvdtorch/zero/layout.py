@@ -7,7 +7,9 @@ Rules (the same on every rank, computed without communication):
     have one set of hyper-parameters and one dtype), in reverse registration
     order -- the order backward produces gradients -- and closes when the
     next parameter would pass the byte cap (a smaller cap for the first one,
-    so that the first reduction starts early in backward).
+    so that the first reduction starts early in backward): the one bucket
+    planner's rules (training/buckets.py plan_buckets), with the group in
+    the key.
   * A bucket is flat: parameter i occupies [offsets[i], offsets[i] + numel).
   * Set rank r of n owns ``bucket_numel // n`` elements, one more for the
     first ``bucket_numel % n`` ranks, in rank order: exactly the rows a
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 import torch
+
+from ..training.buckets import plan_buckets
 
 
 @dataclass
@@ -48,23 +52,25 @@ def plan(
     """Buckets of the parameters of ``groups`` (one list per optimizer group
     of (index, parameter): the index is the parameter's number in torch's
     optimizer state_dict; parameters left out are not sharded).
-    bucket_bytes <= 0: one parameter per bucket."""
+    bucket_bytes <= 0: one parameter per bucket. Which parameters share a
+    bucket is the one planner's choice (training/buckets.py), here with the
+    group as part of a bucket's key; this adds the offsets and shapes."""
     entries = [(g, i, p) for g, group in enumerate(groups) for i, p in group]
+    params = [p for _, _, p in entries]
+    layout = plan_buckets(
+        params, reversed(range(len(entries))), bucket_bytes, first_bucket_bytes, [g for g, _, _ in entries]
+    )
     buckets: List[Bucket] = []
-    open_bucket = {}  # (group, dtype, device) -> index of the bucket being filled
-    for g, i, p in reversed(entries):
-        key = (g, p.dtype, p.device)
-        nbytes = p.numel() * p.element_size()
-        cap = first_bucket_bytes if len(buckets) <= 1 and first_bucket_bytes > 0 else bucket_bytes
-        b = open_bucket.get(key)
-        if b is None or bucket_bytes <= 0 or (buckets[b].numel * p.element_size() + nbytes > cap and buckets[b].params):
-            buckets.append(Bucket(g, p.dtype, [], [], [], 0))
-            b = open_bucket[key] = len(buckets) - 1
-        bucket = buckets[b]
-        bucket.params.append(i)
-        bucket.offsets.append(bucket.numel)
-        bucket.shapes.append(tuple(p.shape))
-        bucket.numel += p.numel()
+    for members in layout:
+        g, _, first = entries[members[0]]
+        bucket = Bucket(g, first.dtype, [], [], [], 0)
+        for e in members:
+            _, i, p = entries[e]
+            bucket.params.append(i)
+            bucket.offsets.append(bucket.numel)
+            bucket.shapes.append(tuple(p.shape))
+            bucket.numel += p.numel()
+        buckets.append(bucket)
     return buckets
 
 

@@ -1,0 +1,36 @@
+// How a gradient travels: the codec seam of the gradient core. A codec names
+// the dtype a tensor of a given dtype goes on the wire in (encode: the bucket
+// or the compressed tensor is that dtype); the reduced result is converted
+// back into the tensor's own dtype (decode). Every path that compresses asks
+// here: the C++ GradientReducer's buckets, the sharded optimizer's buckets and
+// hvdtorch.Compression (collectives/compression.py, through _C.wire_dtype).
+//
+// fp16: the 32- and 64-bit floats go as float16; 16-bit floats (float16,
+// bfloat16) go as they are -- a bfloat16 sent as float16 would save no byte
+// and lose its range --, as do integers and bool.
+//
+// A new codec is one enumerator, its name and its row in wireDtype(); a codec
+// that changes more than the dtype (low-rank, sparsification) adds its encode
+// and decode steps beside these.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/dtype.h"
+
+namespace hvdtorch {
+
+enum class WireCodec : uint8_t {
+  kNone = 0,
+  kFp16 = 1,
+};
+
+// "none" or "fp16"; InvalidArgument for anything else.
+WireCodec wireCodecFromName(const std::string& name);
+const char* wireCodecName(WireCodec codec);
+
+// The dtype a tensor of `dtype` travels in under `codec`.
+DataType wireDtype(WireCodec codec, DataType dtype);
+
+}  // namespace hvdtorch
