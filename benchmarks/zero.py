@@ -18,6 +18,16 @@ Configurations (all with torch.optim.Adam, lr 1e-4):
             the same with overlap_gathers=True: step() returns before the
             parameters are gathered, each forward waits for its own (not in the
             default --configs)
+  shard1-plainheap, shard2-plainheap
+            the default without its malloc settings: glibc's dynamic mmap
+            threshold stays on (hvdtorch.zero.host_heap.fix_mmap_threshold
+            replaced by a no-op); for memory jobs, which run each
+            configuration alone (in a throughput job the settings are
+            process-wide: the first sharded step fixes them for every
+            configuration). Not in the default --configs
+  shard1-alwaystrim, shard2-alwaystrim
+            the default, and the heap trimmed (malloc_trim) after every
+            step, as an earlier version did (not in the default --configs)
   ddp       torch DistributedDataParallel (Gloo), the plain optimizer
   zero-ddp  DDP + torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1 on DDP)
 
@@ -67,7 +77,8 @@ from benchmarks.googlenet import NUM_CLASSES, SETTINGS, build_model, measure_win
 from benchmarks.workloads import image_batches  # noqa: E402
 
 CONFIGS = ["dm", "shard1", "shard2", "ddp", "zero-ddp"]
-OPT_IN = ["shard1-overlap", "shard2-overlap"]  # measured when asked for by --configs
+# Measured when asked for by --configs.
+OPT_IN = [f"shard{s}-{v}" for v in ("overlap", "plainheap", "alwaystrim") for s in (1, 2)]
 LR = 1e-4
 
 
@@ -96,12 +107,34 @@ class Config:
             self.opt = hvd.DistributedOptimizer(self.opt, shard=int(name[5]), overlap_gathers=overlap)
             self.sync = self.opt.synchronize
         self.step = self.opt.step
+        if name.endswith(("-plainheap", "-alwaystrim")):
+            self.step = _heap_variant(self.opt.step, name.split("-")[1])
 
     def state_bytes(self) -> int:
         if isinstance(self.opt, hvd.ShardedOptimizer):
             return self.opt.state_bytes()
         opt = getattr(self.opt, "optim", self.opt)  # ZeroRedundancyOptimizer's local optimizer
         return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+
+
+def _heap_variant(step, variant):
+    """step() of a -plainheap or -alwaystrim configuration (the A/B of
+    zero/host_heap.py; the other configurations keep the default)."""
+    import ctypes
+
+    from hvdtorch.zero import host_heap
+
+    if variant == "plainheap":
+        host_heap.fix_mmap_threshold = lambda: None  # this process runs this configuration alone
+        return step
+    trim = ctypes.CDLL(None).malloc_trim
+
+    def trimmed_step(*args, **kwargs):
+        loss = step(*args, **kwargs)
+        trim(0)
+        return loss
+
+    return trimmed_step
 
 
 def _max_over_ranks(values, group):
@@ -326,6 +359,8 @@ def main():
     unknown = set(args.configs.split(",")) - set(CONFIGS + OPT_IN)
     if unknown:
         p.error(f"unknown configs {sorted(unknown)}; choose from {CONFIGS + OPT_IN}")
+    if "plainheap" in args.configs and not args.memory_only and not args.worker:
+        p.error("the -plainheap configurations change malloc settings process-wide: measure them with --memory-only")
     if args.memory_rounds < 1:
         p.error("--memory-rounds must be at least 1: the tables give each configuration's state and peak RSS")
     os.makedirs(args.out, exist_ok=True)

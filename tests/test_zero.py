@@ -31,8 +31,8 @@ def test_memory_held_per_rank_without_registered_memory():
     run_ranks("tests.workers.zero:check_memory_held", 2, timeout=60, env={"HVDTORCH_SHM": "0"})
 
 
-def test_step_returns_freed_memory():
-    run_ranks("tests.workers.zero:check_step_returns_freed_memory", 2, timeout=60)
+def test_cpu_shards_fix_the_mmap_threshold():
+    run_ranks("tests.workers.zero:check_cpu_shards_fix_the_mmap_threshold", 2, timeout=60)
 
 
 @pytest.mark.parametrize("nranks", [1, 3])

@@ -52,7 +52,6 @@ How:
 """
 
 import contextlib
-import ctypes
 import inspect
 import itertools
 import math
@@ -71,38 +70,12 @@ from ..training.parameter_names import names_by_id
 
 # Imported under these names so the code reads which module each call goes to.
 from . import checkpoint as sharded_checkpoint
+from . import host_heap
 from . import join as shard_join
 from .gradients import BucketGradients
 from .layout import plan, signature
 
 _instance_ids = itertools.count()
-
-
-def _find_malloc_trim():
-    try:
-        return getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except OSError:
-        return None
-
-
-_malloc_trim = _find_malloc_trim()
-
-
-def release_freed_host_memory() -> None:
-    """Hands the C heap's free pages back to the kernel (glibc's
-    malloc_trim; nothing where the C library has none).
-
-    Why after each step on CPU shards: the inner optimizer's temporaries
-    (Adam's are a few tensors the size of a shard) are freed when its step
-    returns, but glibc keeps freed blocks below its mmap threshold, and it
-    raises that threshold to the largest block freed (up to 32 MiB). Kept,
-    they sit under every later peak (the next forward and backward) and eat
-    most of what sharding saves: unsharded training's temporaries, a shard
-    count times larger, stay above the threshold and are unmapped when
-    freed. The price is the page faults of touching them again next step,
-    which unsharded training pays too."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
 
 
 # torch.optim optimizers whose update of each element depends only on that
@@ -573,11 +546,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._shard_gradients_from_grad(self._reduced)
         for outer, inner in zip(self.param_groups, self.optim.param_groups):
             inner.update({k: v for k, v in outer.items() if k not in ("params", "param_names")})
+        if self._flats and self._flats[0].device.type == "cpu":
+            # The step's temporaries are mapped, not kept on the heap under the next forward and
+            # backward (zero/host_heap.py says why).
+            host_heap.fix_mmap_threshold()
         self.optim.step()
         self._synchronized = False
         self._gather()
-        if self._flats and self._flats[0].device.type == "cpu":
-            release_freed_host_memory()
         return loss
 
     # ---- after hvd.join() (zero/join.py) ------------------------------------------

@@ -345,32 +345,44 @@ def _rss_anon_kib() -> int:
     raise AssertionError("/proc/self/status has no RssAnon")
 
 
-def check_step_returns_freed_memory():
-    """After step() on CPU shards, the C heap holds no freed pages that a
-    malloc_trim could still return: the inner optimizer's temporaries (Adam
-    frees a few the size of each shard) are given back, not kept under the
-    next forward and backward (hvdtorch/zero/optimizer.py, release_freed_host_memory).
-    Buckets of unequal sizes, so that glibc's mmap threshold, raised by the
-    largest block freed, leaves the smaller shards' temporaries on the heap."""
+def check_cpu_shards_fix_the_mmap_threshold():
+    """Once a step ran on CPU shards, a block of host_heap.MMAP_THRESHOLD bytes
+    or more is mapped even after a larger mapped block was freed, where glibc's
+    dynamic rule would raise its threshold above it and serve it from the heap,
+    which keeps it once freed: so a shard's temporaries never stay on the heap
+    under the next forward and backward (hvdtorch/zero/host_heap.py)."""
     import ctypes
 
+    from hvdtorch.zero import host_heap
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+        ]
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = MallInfo2
+
     hvd.init()
-    trim = ctypes.CDLL(None).malloc_trim
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 512), torch.nn.Linear(512, 256))
-    for shard in (1, 2):
-        model = copy.deepcopy(net)
-        opt = hvd.DistributedOptimizer(
-            torch.optim.Adam(model.parameters()), named_parameters=model.named_parameters(), shard=shard, fusion_bytes=1
-        )
-        for step in range(4):
-            opt.zero_grad()
-            model(torch.randn(2, 1024)).sum().backward()
-            opt.step()
-            before = _rss_anon_kib()
-            trim(0)
-            left = before - _rss_anon_kib()
-            assert left < 1024, f"shard={shard}, step {step}: step() kept {left} KiB of freed heap memory"
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.Adam(model.parameters()), named_parameters=model.named_parameters(), shard=2
+    )
+    model(torch.randn(4, 256)).sum().backward()
+    opt.step()
+    threshold = host_heap.MMAP_THRESHOLD
+    larger = torch.empty(3 * threshold, dtype=torch.uint8)
+    del larger  # glibc's own rule would now serve blocks below 3 x threshold from the heap
+    mapped_before = mallinfo2().hblkhd
+    block = torch.empty(threshold + threshold // 2, dtype=torch.uint8)
+    mapped = mallinfo2().hblkhd - mapped_before
+    assert mapped >= block.numel(), (
+        f"rank {hvd.rank()}: a block of {block.numel()} bytes after a step on CPU shards was served from the heap "
+        f"({mapped} bytes newly mapped)"
+    )
+    del block
     hvd.shutdown()
 
 
