@@ -465,7 +465,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("numel"), py::arg("rank"), py::arg("size"));
 
   // The codec seam (gradients/wire_codec.h): the dtype a tensor travels in;
-  // hvdtorch.Compression and the sharded optimizer's buckets ask here.
+  // hvdtorch.Compression asks here, as the C++ GradientReducer's buckets do.
   m.def(
       "wire_dtype",
       [](const std::string& codec, at::ScalarType dtype) { return wireScalarType(wireCodecFromName(codec), dtype); },
