@@ -296,15 +296,12 @@ class PyEngine {
   std::shared_ptr<Engine> engine_;
 };
 
-std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
-                                                     std::vector<std::vector<int64_t>> buckets, const std::string& name,
-                                                     const std::string& reducer, int op, double prescale,
-                                                     double postscale, bool pipeline, bool sync_on_backward, bool fuse,
-                                                     int backward_passes_per_step, bool fp16_wire,
-                                                     int32_t process_set_id, const std::string& strategy,
-                                                     std::shared_ptr<PassCounter> counter,
-                                                     std::vector<std::string> param_names,
-                                                     const std::string& sparse_refusal) {
+std::unique_ptr<GradientReducer> makeGradientReducer(
+    PyEngine& engine, std::vector<at::Tensor> params, std::vector<std::vector<int64_t>> buckets,
+    const std::string& name, const std::string& reducer, int op, double prescale, double postscale, bool pipeline,
+    bool sync_on_backward, bool fuse, int backward_passes_per_step, bool fp16_wire, int32_t process_set_id,
+    const std::string& strategy, std::shared_ptr<PassCounter> counter, std::vector<std::string> param_names,
+    const std::string& sparse_refusal) {
   GradReducerOptions o;
   o.process_set_id = process_set_id;
   o.name = name;
