@@ -27,7 +27,7 @@ std::shared_ptr<PassCounter> cyclicCounter(int passes_per_step, int rank) {
   return std::make_shared<PassCounter>(o);
 }
 
-// Runs `fn(index, grads)` before the accumulator adds the gradient; errors go through rethrowForAutograd.
+// Runs `fn(grads)` before the accumulator adds the gradient; errors go through rethrowForAutograd.
 class PreHook : public torch::autograd::FunctionPreHook {
  public:
   explicit PreHook(std::function<void(const variable_list&)> fn) : fn_(std::move(fn)) {}
@@ -96,7 +96,7 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
   ctx_.engine = engine_.get();
   ctx_.set_size = set_size_;
   ctx_.set_rank = set->set_rank;
-  // (A strategy that drops gradients still drops them at the end of backward.)
+  // A strategy that drops gradients needs the hooks even alone: .grad is dropped when a bucket launches.
   lone_identity_ = set_size_ == 1 && opts_.prescale * opts_.postscale == 1.0 && strategy_->keepsGradients();
   ready_.assign(params_.size(), false);
   rebuild(buckets);
@@ -169,8 +169,8 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
       b.offsets.push_back(total);
       total += params_[idx].numel();
     }
-    // CPU buckets live in registered memory: the node reducer then reduces
-    // them in place (no copy through the node arena).
+    // CPU buckets live in registered memory where the strategy reduces them
+    // in place: the node reducer then needs no copy through the node arena.
     const at::TensorOptions options = params_[members[0]].options().dtype(bucket_dtype).requires_grad(false);
     b.flat = options.device().is_cpu() && strategy_->registeredBuckets()
                  ? registeredZeros(*engine_, total, bucket_dtype)
