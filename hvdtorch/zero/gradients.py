@@ -143,9 +143,9 @@ class BucketGradients:
     def view_gradients_from_the_start(self) -> None:
         """Before the first backward (no parameter has a .grad yet): makes
         each .grad a view of its slot, so that the first backward, too,
-        accumulates in place. Otherwise it allocates every gradient beside
-        the buckets, and shard=1, which keeps them until the buckets are
-        reduced, peaks a model's gradients higher in its first step."""
+        accumulates in place. Otherwise autograd allocates each gradient of
+        the first backward and the reducer's hook copies it into its slot
+        (and makes .grad the view, freeing it)."""
         if any(self._params[i].grad is not None for b in self._buckets for i in b.params):
             return
         self._reducer.view_gradients()

@@ -45,9 +45,28 @@ def _backward(params, r):
     loss.backward()
 
 
+def _in_place_never_fused(r):
+    """in_place_shard's all-reduces are never fused: buckets launched
+    together (synchronize() with no pass reduced launches them all at once)
+    do not go through the engine's fusion buffer, which would grow to their
+    size for good. Run first, on a fresh engine."""
+    engine = hvd.runtime.state().engine
+    params = [torch.zeros(s, requires_grad=True) for s in SHAPES]
+    reducer = _reducer(params, "in_place_shard", "strategies.unfused")
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        reducer.synchronize()
+    smallest = min(reducer.bucket_bytes())
+    assert engine.fusion_buffer_bytes() < smallest, (
+        f"rank {r}: the fusion buffer holds {engine.fusion_buffer_bytes()} bytes, buckets {reducer.bucket_bytes()}"
+    )
+
+
 def check_strategies():
     hvd.init()
     r, n = hvd.rank(), hvd.size()
+    _in_place_never_fused(r)
     mean = sum(k + 1 for k in range(n)) / n
     for strategy in ("allreduce_views", "in_place_shard", "reduce_scatter_shard"):
         params = [torch.zeros(s, requires_grad=True) for s in SHAPES]
