@@ -96,6 +96,18 @@ def check_strategies():
                     assert got.data_ptr() == flat[start:end].data_ptr(), f"{strategy}: the result views the bucket"
             if strategy == "allreduce_views":
                 assert torch.equal(params[2].grad, want[1]), f"{strategy}: .grad holds the average"
+                # .grad was None before backward: the hook made it the view of its slot.
+                slot = reducer.flats()[1]
+                assert params[2].grad.data_ptr() == slot.data_ptr(), f"{strategy}: .grad is the bucket's slot"
+        # view_gradients(): zeroed buckets, every .grad the view of its slot, before any backward.
+        for p in params:
+            p.grad = None
+        reducer.view_gradients()
+        for i, offset in zip(LAYOUT[0], (0, 3)):
+            flat = reducer.flats()[0]
+            g = params[i].grad
+            assert g is not None and g.data_ptr() == flat[offset:].data_ptr(), f"{strategy}: parameter {i}'s view"
+            assert not g.any(), f"{strategy}: view_gradients() zeroes the buckets"
 
     # The caller's strict counter decides: the reducer reduces the k-th pass and refuses the (k+1)-th.
     params = [torch.zeros(s, requires_grad=True) for s in SHAPES]
