@@ -4,6 +4,9 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <algorithm>
+
+#include "bucket_strategies.h"
 #include "common/error.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
@@ -16,13 +19,42 @@ using torch::autograd::variable_list;
 
 namespace {
 
-PassCounter cyclicCounter(int passes_per_step, int rank) {
+std::shared_ptr<PassCounter> cyclicCounter(int passes_per_step, int rank) {
   PassCounterOptions o;
   o.passes_per_step = passes_per_step;  // checked by the counter (>= 1)
   o.strict = false;
   o.rank = rank;
-  return PassCounter(o);
+  return std::make_shared<PassCounter>(o);
 }
+
+// Runs `fn(grads)` before the accumulator adds the gradient; errors go through rethrowForAutograd.
+class PreHook : public torch::autograd::FunctionPreHook {
+ public:
+  explicit PreHook(std::function<void(const variable_list&)> fn) : fn_(std::move(fn)) {}
+  variable_list operator()(const variable_list& grads) override {
+    try {
+      fn_(grads);
+    } catch (...) {
+      rethrowForAutograd(std::current_exception());
+    }
+    return grads;
+  }
+
+ private:
+  std::function<void(const variable_list&)> fn_;
+};
+
+// Alone in the process set: nothing to reduce with, the scale factors still apply.
+class LoneBucket : public BucketOp {
+ public:
+  LoneBucket(at::Tensor flat, double scale) : flat_(std::move(flat)), scale_(scale) {}
+  at::Tensor finish() override { return scale_ != 1.0 ? flat_.mul_(scale_) : flat_; }
+  void drain(std::chrono::milliseconds /*timeout*/) override {}
+
+ private:
+  at::Tensor flat_;
+  double scale_;
+};
 
 }  // namespace
 
@@ -38,31 +70,39 @@ at::ScalarType wireScalarType(WireCodec codec, at::ScalarType dtype) {
 }
 
 GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at::Tensor> params,
-                                 std::vector<std::vector<int64_t>> buckets, GradReducerOptions options)
+                                 std::vector<std::vector<int64_t>> buckets, GradReducerOptions options,
+                                 std::shared_ptr<PassCounter> counter)
     : engine_(std::move(engine)),
       params_(std::move(params)),
       opts_(std::move(options)),
-      passes_(cyclicCounter(opts_.backward_passes_per_step, engine_->topo().rank)) {
+      strategy_(makeBucketStrategy(opts_.strategy)),
+      counter_(counter ? std::move(counter) : cyclicCounter(opts_.backward_passes_per_step, engine_->topo().rank)) {
   if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum && opts_.op != ReduceOp::kAdasum)
     throw InvalidArgument(
         strCat(opts_.name, ": gradients are reduced with Average, Sum or Adasum, not ", reduceOpName(opts_.op)));
-  allreduce_.op = opts_.op;
-  allreduce_.prescale = opts_.prescale;
-  allreduce_.postscale = opts_.postscale;
+  ops::AllreduceOptions& allreduce = ctx_.allreduce;
+  allreduce.op = opts_.op;
+  allreduce.prescale = opts_.prescale;
+  allreduce.postscale = opts_.postscale;
   const bool cpu = params_.empty() || params_.front().device().is_cpu();
-  allreduce_.reducer = ops::bucketReducer(*engine_, opts_.reducer, opts_.op, cpu);
-  allreduce_.fuse = opts_.fuse;
-  allreduce_.process_set_id = opts_.process_set_id;
+  allreduce.reducer = ops::bucketReducer(*engine_, opts_.reducer, opts_.op, cpu);
+  allreduce.fuse = opts_.fuse;
+  allreduce.process_set_id = opts_.process_set_id;
   const auto set = engine_->processSet(opts_.process_set_id);
   if (!set || !set->member())
     throw InvalidArgument(strCat(opts_.name, ": process set ", opts_.process_set_id,
                                  set ? " does not include this rank" : " does not exist"));
   set_size_ = static_cast<int>(set->ranks.size());
+  ctx_.engine = engine_.get();
+  ctx_.set_size = set_size_;
+  ctx_.set_rank = set->set_rank;
+  // A strategy that drops gradients needs the hooks even alone: .grad is dropped when a bucket launches.
+  lone_identity_ = set_size_ == 1 && opts_.prescale * opts_.postscale == 1.0 && strategy_->keepsGradients();
   ready_.assign(params_.size(), false);
   rebuild(buckets);
   // Bad options (an unknown or unavailable reducer, say) fail here, not in
   // the first backward pass.
-  ops::AllreduceOptions probe = allreduce_;
+  ops::AllreduceOptions probe = ctx_.allreduce;
   probe.name = opts_.name;
   for (const auto& b : buckets_)
     probe.inputs.push_back(std::make_shared<TorchTensor>(b.flat, toDataType(b.flat.scalar_type(), opts_.name)));
@@ -71,6 +111,9 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
     if (!params_[i].requires_grad())
       throw InvalidArgument(strCat(opts_.name, ": parameter ", i, " does not require grad"));
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    auto pre = std::make_unique<PreHook>([this, i](const variable_list& grads) { beforeGrad(i, grads); });
+    pre_hooks_.push_back(pre.get());
+    acc->add_pre_hook(std::move(pre));
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [this, i](const variable_list& outputs, const variable_list& /*inputs*/) {
           try {
@@ -85,10 +128,17 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
 }
 
 GradientReducer::~GradientReducer() {
-  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+    auto& pre = accumulators_[i]->pre_hooks();
+    const auto* mine = pre_hooks_[i];
+    pre.erase(std::remove_if(pre.begin(), pre.end(), [mine](const auto& h) { return h.get() == mine; }), pre.end());
+  }
   // Never leave the engine writing into buckets we are about to free.
+  const auto timeout =
+      std::chrono::duration_cast<std::chrono::milliseconds>(engine_->config().timeout + std::chrono::seconds(5));
   for (auto& b : buckets_)
-    if (b.state) b.state->waitFor(engine_->config().timeout + std::chrono::seconds(5));
+    if (b.op) b.op->drain(timeout);
 }
 
 void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
@@ -119,10 +169,12 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
       b.offsets.push_back(total);
       total += params_[idx].numel();
     }
-    // CPU buckets live in registered memory: the node reducer then reduces
-    // them in place (no copy through the node arena).
+    // CPU buckets live in registered memory where the strategy reduces them
+    // in place: the node reducer then needs no copy through the node arena.
     const at::TensorOptions options = params_[members[0]].options().dtype(bucket_dtype).requires_grad(false);
-    b.flat = options.device().is_cpu() ? registeredZeros(*engine_, total, bucket_dtype) : at::zeros({total}, options);
+    b.flat = options.device().is_cpu() && strategy_->registeredBuckets()
+                 ? registeredZeros(*engine_, total, bucket_dtype)
+                 : at::zeros({total}, options);
     next.push_back(std::move(b));
   }
   for (size_t i = 0; i < params_.size(); ++i)
@@ -141,6 +193,10 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
   bucket_of_ = std::move(bucket_of);
   slot_of_ = std::move(slot_of);
   ++generation_;
+  std::vector<ReducerBucket> refs;
+  for (size_t j = 0; j < buckets_.size(); ++j)
+    refs.push_back({j, buckets_[j].flat, params_[buckets_[j].params[0]].scalar_type()});
+  strategy_->layoutChanged(refs);
 }
 
 at::Tensor GradientReducer::slotView(const Bucket& b, size_t slot) const {
@@ -153,6 +209,18 @@ std::vector<int64_t> GradientReducer::readyOrder() {
   return recorded_order_ ? ready_order_ : std::vector<int64_t>{};
 }
 
+std::vector<at::Tensor> GradientReducer::flats() const {
+  std::vector<at::Tensor> out;
+  for (const auto& b : buckets_) out.push_back(b.flat);
+  return out;
+}
+
+std::vector<std::vector<int64_t>> GradientReducer::bucketOffsets() const {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& b : buckets_) out.push_back(b.offsets);
+  return out;
+}
+
 std::vector<int64_t> GradientReducer::bucketBytes() const {
   std::vector<int64_t> out;
   for (const auto& b : buckets_) out.push_back(b.flat.numel() * static_cast<int64_t>(b.flat.element_size()));
@@ -161,13 +229,32 @@ std::vector<int64_t> GradientReducer::bucketBytes() const {
 
 void GradientReducer::setSyncEnabled(bool enabled) {
   std::lock_guard<std::mutex> lock(mu_);
-  passes_.setLocal(!enabled);
+  counter_->setLocal(!enabled);
+}
+
+void GradientReducer::beforeGrad(size_t index, const variable_list& grads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pass_active_ || pass_ended_) startPass();
+  if (!opts_.sparse_refusal.empty() && !grads.empty() && grads[0].defined() && grads[0].layout() != c10::kStrided) {
+    const std::string name = index < opts_.param_names.size() ? opts_.param_names[index] : strCat("parameter ", index);
+    throw InvalidArgument(strCat("hvdtorch: rank ", engine_->topo().rank, ": parameter '", name,
+                                 "' got a sparse gradient; ", opts_.sparse_refusal));
+  }
 }
 
 void GradientReducer::startPass() {
+  // Counted first: a pass over the limit raises before anything is touched.
+  // The caller sharing the counter may have begun the pass already.
+  if (!counter_->inPass()) {
+    counter_->setRank(engine_->topo().rank);  // named by the error; an elastic job may renumber ranks
+    counter_->beginPass();
+  }
+  // In explicit mode the caller may skip finalize(); the previous pass's
+  // results are then waited for here, before its buckets are reused.
+  if (pass_active_ && pass_ended_) waitAll();
   pass_active_ = true;
   pass_ended_ = false;
-  reduce_this_pass_ = passes_.beginPass();
+  reduce_this_pass_ = counter_->reducing();
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
@@ -195,15 +282,20 @@ void GradientReducer::writeSlot(Bucket& b, size_t slot) {
   if (b.views) grad = view;
 }
 
+void GradientReducer::startReductionNow() {
+  pass_active_ = true;
+  pass_ended_ = true;
+  reduce_this_pass_ = true;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& b : buckets_) b.launched = false;
+}
+
 void GradientReducer::onGradReady(size_t index) {
   // One rank: averaging is the identity (prescale x postscale = 1, Sum of
   // one), so gradients stay where autograd put them and nothing runs.
-  if (set_size_ == 1 && opts_.prescale * opts_.postscale == 1.0) return;
+  if (lone_identity_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  // In explicit mode the caller may skip finalize(); the previous pass's
-  // results are then waited for here, before its buckets are reused.
-  if (pass_active_ && pass_ended_) waitAll();
-  if (!pass_active_) startPass();
+  if (!pass_active_ || pass_ended_) return;  // the pre-hook did not run (the pass was refused)
   Bucket& b = buckets_[bucket_of_[index]];
   const size_t slot = slot_of_[index];
   if (!reduce_this_pass_) {
@@ -221,17 +313,14 @@ void GradientReducer::onGradReady(size_t index) {
 void GradientReducer::launch(size_t index) {
   Bucket& b = buckets_[index];
   b.launched = true;
-  ops::AllreduceOptions o = allreduce_;
-  o.name = strCat(opts_.name, ".g", generation_, ".b", index);
-  // Bound on this thread: in a gradient hook, the current stream is the one
-  // backward wrote the gradients on, which the op's ready event follows.
-  OpBinding binding(strCat("rank ", engine_->topo().rank, ": allreduce '", o.name, "'"));
-  TensorPtr buf = binding.bind(b.flat);
-  o.inputs = {buf};
-  o.outputs = {std::move(buf)};
-  const int64_t handle = ops::allreduce(*engine_, std::move(o));
-  b.state = engine_->state(handle);
-  engine_->release(handle);  // we wait on the state itself
+  if (!strategy_->keepsGradients())
+    for (int64_t p : b.params) params_[p].mutable_grad() = at::Tensor();  // only a shard comes back
+  if (set_size_ == 1) {
+    b.op = std::make_unique<LoneBucket>(b.flat, opts_.prescale * opts_.postscale);
+    return;
+  }
+  const ReducerBucket ref{index, b.flat, params_[b.params[0]].scalar_type()};
+  b.op = strategy_->launch(ctx_, ref, strCat(opts_.name, ".g", generation_, ".b", index));
 }
 
 void GradientReducer::launchRemaining() {
@@ -250,44 +339,55 @@ void GradientReducer::launchRemaining() {
     }
     launch(i);
   }
-  recorded_order_ = true;
 }
 
-void GradientReducer::waitAll() {
-  std::string error;
-  for (auto& b : buckets_) {
-    if (!b.state) continue;
-    while (!b.state->waitFor(std::chrono::milliseconds(1000))) {
-    }
-    if (!b.state->error().empty() && error.empty()) error = b.state->error();
-    if (b.state->error().empty()) collectOutputs(*b.state);  // orders this thread's stream after the op
-    if (!b.views && b.state->error().empty()) {
-      // Wire dtype: convert the reduced values back into each .grad.
-      for (size_t s = 0; s < b.params.size(); ++s) {
-        at::Tensor& grad = params_[b.params[s]].mutable_grad();
-        const at::Tensor reduced = slotView(b, s).to(params_[b.params[s]].scalar_type());
-        if (grad.defined()) {
-          grad.copy_(reduced);
-        } else {
-          grad = reduced;
-        }
+at::Tensor GradientReducer::decode(Bucket& b, const at::Tensor& result) {
+  const at::ScalarType dtype = params_[b.params[0]].scalar_type();
+  const at::Tensor out = result.scalar_type() == dtype ? result : result.to(dtype);
+  if (!b.views && strategy_->keepsGradients()) {
+    // Wire dtype: the reduced values go back into each .grad.
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      const at::Tensor& p = params_[b.params[s]];
+      at::Tensor& grad = p.mutable_grad();
+      const at::Tensor reduced = out.narrow(0, b.offsets[s], p.numel()).view(p.sizes());
+      if (grad.defined()) {
+        grad.copy_(reduced);
+      } else {
+        grad = reduced;
       }
     }
-    b.state.reset();
+  }
+  return out;
+}
+
+std::vector<at::Tensor> GradientReducer::waitAll() {
+  std::exception_ptr error;
+  std::vector<at::Tensor> results(buckets_.size());
+  for (size_t j = 0; j < buckets_.size(); ++j) {
+    Bucket& b = buckets_[j];
+    if (!b.op) continue;
+    try {
+      results[j] = decode(b, b.op->finish());
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+    b.op.reset();
   }
   pass_active_ = false;
-  if (!error.empty()) throw CollectiveError(error);
+  if (error) std::rethrow_exception(error);
+  return results;
 }
 
 void GradientReducer::endOfBackward() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!pass_active_) return;
-  passes_.endPass();
-  if (!reduce_this_pass_) {
+  if (!pass_active_ || pass_ended_) return;
+  counter_->endPass();
+  if (!reduce_this_pass_ || lone_identity_) {
     pass_active_ = false;
     return;
   }
   launchRemaining();
+  recorded_order_ = true;
   pass_ended_ = true;
   if (opts_.sync_on_backward) waitAll();
 }
@@ -297,6 +397,24 @@ void GradientReducer::finalize() {
   if (!pass_active_ || !reduce_this_pass_) return;
   launchRemaining();
   waitAll();
+}
+
+std::vector<at::Tensor> GradientReducer::synchronize() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!(pass_active_ && reduce_this_pass_)) startReductionNow();
+  launchRemaining();
+  std::vector<at::Tensor> results = waitAll();
+  counter_->reset();
+  return results;
+}
+
+void GradientReducer::viewGradients() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Bucket& b : buckets_) {
+    if (!b.views || b.op) continue;
+    b.flat.zero_();
+    for (size_t s = 0; s < b.params.size(); ++s) params_[b.params[s]].mutable_grad() = slotView(b, s);
+  }
 }
 
 }  // namespace hvdtorch

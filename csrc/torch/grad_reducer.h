@@ -1,16 +1,30 @@
-// Gradient reduction driven by autograd: the heart of DistributedModel and
-// DistributedOptimizer.
+// Gradient reduction driven by autograd: the gradient core's one reducer,
+// under DistributedModel, DistributedOptimizer (training/gradient_sync.py)
+// and the sharded optimizer (zero/gradients.py).
 //
 // Contract (modelled on c10d's Reducer):
-//  * A post-hook on each parameter's gradient accumulator fires once the
-//    parameter's .grad is final for this backward pass. The hook copies the
-//    gradient into the parameter's slot of its bucket -- or, when .grad is
-//    already a view into that slot (every pass after the first), copies
-//    nothing -- and, when pipelining, hands a bucket to the engine the moment
-//    its last gradient is written, while backward goes on.
+//  * A pre-hook on each parameter's gradient accumulator runs before the
+//    gradient is accumulated into .grad. The first one of a backward pass
+//    counts the pass with the pass counter (gradients/pass_counter.h: the
+//    reducer's own cyclic one, or a strict one the caller shares, whose
+//    PassLimitError leaves .grad untouched) and refuses a sparse gradient
+//    when the options say so.
+//  * A post-hook on each accumulator fires once the parameter's .grad is
+//    final for this backward pass. The hook copies the gradient into the
+//    parameter's slot of its bucket -- or, when .grad is already a view into
+//    that slot (every pass after the first), copies nothing -- and, when
+//    pipelining, hands a bucket to the strategy the moment its last gradient
+//    is written, while backward goes on.
+//  * What happens to a bucket is the reducer's strategy's
+//    (bucket_strategy.h, one for all buckets): all-reduced in place, or
+//    reduced into this rank's shard. A strategy that drops gradients makes
+//    .grad undefined when the bucket launches.
 //  * Buckets hold parameters of one dtype; their layout is given by the
 //    caller (same on every rank) and can be rebuilt from the observed ready
-//    order. Bucket tensors are allocated once per layout and reused.
+//    order. Parameters are packed in the order given, each at the sum of
+//    the sizes before it (bucketOffsets()). Bucket tensors are allocated once
+//    per layout and reused; host buckets live in registered memory when the
+//    strategy reduces them in place.
 //  * With views on, .grad becomes a view into the bucket, so the reduced
 //    result needs no copy back. When the codec puts a bucket's dtype on the
 //    wire in another one (fp16 compression, gradients/wire_codec.h), the
@@ -23,14 +37,18 @@
 //    .grad is undefined -- c10d's rule, and what one process would hold.
 //    In "backward" sync mode the callback then waits
 //    for all buckets, so optimizer.step() sees averaged gradients; in
-//    "explicit" mode finalize() does the wait.
+//    "explicit" mode finalize() or synchronize() does the wait.
 //  * Passes where reduction is off (no_sync(), or all but every
 //    backward_passes_per_step-th pass) only accumulate locally. Which pass
-//    reduces is the shared PassCounter's decision (gradients/pass_counter.h),
-//    counting cyclically: DistributedModel never raises on an extra pass.
+//    reduces is the pass counter's decision.
+//  * Alone in its process set the reducer asks no strategy: with scale
+//    factors of product 1 and a strategy that keeps gradients, the hooks
+//    leave gradients where autograd put them; otherwise, and in
+//    synchronize(), the bucket is scaled in place and handed back whole.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <memory>
@@ -38,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "bucket_strategy.h"
 #include "engine/engine.h"
 #include "gradients/pass_counter.h"
 #include "gradients/wire_codec.h"
@@ -64,6 +83,11 @@ struct GradReducerOptions {
   // How buckets travel (gradients/wire_codec.h): a bucket is its codec's wire dtype; where that is the
   // parameters' own dtype, gradients become bucket views.
   WireCodec codec = WireCodec::kNone;
+  std::string strategy = "allreduce_views";  // the buckets' strategy (bucket_strategies.h)
+  // Non-empty: a sparse gradient is refused (InvalidArgument naming the rank
+  // and the parameter, then this advice); empty: gradients go in as they come.
+  std::string sparse_refusal;
+  std::vector<std::string> param_names;  // named by errors; empty: "parameter <index>"
 };
 
 // The dtype a tensor of `dtype` travels in under `codec` (wireDtype() for torch dtypes); a dtype hvdtorch
@@ -72,8 +96,12 @@ at::ScalarType wireScalarType(WireCodec codec, at::ScalarType dtype);
 
 class GradientReducer {
  public:
+  // `counter`: the pass counter to share with the caller (its own rules:
+  // strict, k, the error's advice); null: the reducer's own, cyclic over
+  // options.backward_passes_per_step.
   GradientReducer(std::shared_ptr<Engine> engine, std::vector<at::Tensor> params,
-                  std::vector<std::vector<int64_t>> buckets, GradReducerOptions options);
+                  std::vector<std::vector<int64_t>> buckets, GradReducerOptions options,
+                  std::shared_ptr<PassCounter> counter = nullptr);
   ~GradientReducer();
 
   // New bucket layout (each inner list: parameter indices). Current gradient
@@ -85,7 +113,20 @@ class GradientReducer {
   // Launches what has not been launched and waits for every bucket; raises
   // the first error. A no-op when no reduced pass is in flight.
   void finalize();
+  // Every bucket's result in the parameters' dtype (the strategy's: the whole
+  // bucket, or this rank's shard), then the step: the counter's reset().
+  // After a reduced pass it waits for what backward launched; otherwise
+  // (fewer passes, or none) it reduces what .grad holds now, zeros for a
+  // parameter without one. Raises the first error.
+  std::vector<at::Tensor> synchronize();
+  // Between steps: zeroes every bucket whose dtype is its parameters' and
+  // makes each of their .grad a view of its slot, so that the next backward
+  // accumulates in place. Buckets with a reduction in flight are left alone.
+  void viewGradients();
   void setSyncEnabled(bool enabled);
+  const std::shared_ptr<PassCounter>& counter() const { return counter_; }
+  std::vector<at::Tensor> flats() const;
+  std::vector<std::vector<int64_t>> bucketOffsets() const;
   int64_t bucketCount() const { return static_cast<int64_t>(buckets_.size()); }
   // Bytes of each bucket, for tests and logs.
   std::vector<int64_t> bucketBytes() const;
@@ -98,17 +139,23 @@ class GradientReducer {
     bool views = false;            // grads are views into flat
     int pending = 0;               // params not ready yet this pass
     bool launched = false;
-    std::shared_ptr<OpState> state;
+    std::unique_ptr<BucketOp> op;  // the strategy's reduction in flight
   };
 
+  void beforeGrad(size_t index, const torch::autograd::variable_list& grads);
   void onGradReady(size_t index);
   void startPass();
+  // synchronize() with no reduced pass in flight: every slot is written afresh.
+  void startReductionNow();
   // Puts the parameter's .grad (zeros when undefined) into its slot and, with
   // views, makes .grad that slot.
   void writeSlot(Bucket& b, size_t slot);
   void launch(size_t bucket);
   void launchRemaining();
-  void waitAll();
+  // Finishes every launched bucket; returns the results (undefined where
+  // nothing was launched) after the codec's decode.
+  std::vector<at::Tensor> waitAll();
+  at::Tensor decode(Bucket& b, const at::Tensor& result);
   void endOfBackward();
   at::Tensor slotView(const Bucket& b, size_t slot) const;
 
@@ -116,7 +163,9 @@ class GradientReducer {
   int set_size_ = 1;  // ranks that average these gradients (the process set's size)
   std::vector<at::Tensor> params_;
   GradReducerOptions opts_;
-  ops::AllreduceOptions allreduce_;  // what every bucket launch asks for, less name and tensors
+  std::unique_ptr<BucketStrategy> strategy_;
+  StrategyContext ctx_;         // what every bucket launch shares
+  bool lone_identity_ = false;  // alone in the set, scale factors of product 1, gradients kept: nothing to do
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param index -> bucket
   std::vector<size_t> slot_of_;    // param index -> position in its bucket
@@ -129,12 +178,13 @@ class GradientReducer {
   bool pass_active_ = false;
   bool pass_ended_ = false;  // backward finished, results not yet waited for
   bool reduce_this_pass_ = false;
-  PassCounter passes_;  // cyclic; setSyncEnabled(false) makes passes local (uncounted)
+  std::shared_ptr<PassCounter> counter_;  // setSyncEnabled(false) makes passes local (uncounted)
 
   // Hooks are removed in the destructor; holding the accumulators keeps the
   // nodes (and so the hooks) alive as long as this reducer.
   std::vector<AccumulatorPtr> accumulators_;
   std::vector<uintptr_t> hook_keys_;
+  std::vector<const torch::autograd::FunctionPreHook*> pre_hooks_;
 };
 
 }  // namespace hvdtorch

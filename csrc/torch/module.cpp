@@ -25,6 +25,7 @@
 #include "engine/negotiation/coordinator.h"
 #include "grad_reducer.h"
 #include "gradients/pass_counter.h"
+#include "gradients/shard_range.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
 #include "ops/allreduce_routes.h"
@@ -295,12 +296,12 @@ class PyEngine {
   std::shared_ptr<Engine> engine_;
 };
 
-std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
-                                                     std::vector<std::vector<int64_t>> buckets, const std::string& name,
-                                                     const std::string& reducer, int op, double prescale,
-                                                     double postscale, bool pipeline, bool sync_on_backward, bool fuse,
-                                                     int backward_passes_per_step, bool fp16_wire,
-                                                     int32_t process_set_id) {
+std::unique_ptr<GradientReducer> makeGradientReducer(
+    PyEngine& engine, std::vector<at::Tensor> params, std::vector<std::vector<int64_t>> buckets,
+    const std::string& name, const std::string& reducer, int op, double prescale, double postscale, bool pipeline,
+    bool sync_on_backward, bool fuse, int backward_passes_per_step, bool fp16_wire, int32_t process_set_id,
+    const std::string& strategy, std::shared_ptr<PassCounter> counter, std::vector<std::string> param_names,
+    const std::string& sparse_refusal) {
   GradReducerOptions o;
   o.process_set_id = process_set_id;
   o.name = name;
@@ -313,8 +314,12 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
   o.fuse = fuse;
   o.backward_passes_per_step = backward_passes_per_step;
   o.codec = fp16_wire ? WireCodec::kFp16 : WireCodec::kNone;
+  o.strategy = strategy;
+  o.param_names = std::move(param_names);
+  o.sparse_refusal = sparse_refusal;
   for (const auto& p : params) OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedModel", name));
-  return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), o);
+  return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), o,
+                                           std::move(counter));
 }
 
 // Binds one op: its options struct as _C.<name>, default-constructed, with
@@ -434,15 +439,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),
            py::arg("reducer"), py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("pipeline"),
            py::arg("sync_on_backward"), py::arg("fuse"), py::arg("backward_passes_per_step"), py::arg("fp16_wire"),
-           py::arg("process_set_id") = 0)
+           py::arg("process_set_id") = 0, py::arg("strategy") = "allreduce_views", py::arg("counter") = nullptr,
+           py::arg("param_names") = std::vector<std::string>{}, py::arg("sparse_refusal") = "")
       .def("rebuild", &GradientReducer::rebuild)
       .def("ready_order", &GradientReducer::readyOrder)
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
+      .def("synchronize", &GradientReducer::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("view_gradients", &GradientReducer::viewGradients)
       .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
+      .def_property_readonly("counter", &GradientReducer::counter)
+      .def("flats", &GradientReducer::flats)
+      .def("bucket_offsets", &GradientReducer::bucketOffsets)
       .def("bucket_bytes", &GradientReducer::bucketBytes);
 
+  // The shard rule (gradients/shard_range.h): [start, end) of a bucket's elements set rank `rank` of `size` owns.
+  m.def(
+      "shard_range",
+      [](int64_t numel, int rank, int size) {
+        const ShardRange r = shardRange(numel, rank, size);
+        return std::make_pair(r.start, r.end);
+      },
+      py::arg("numel"), py::arg("rank"), py::arg("size"));
+
   // The codec seam (gradients/wire_codec.h): the dtype a tensor travels in;
-  // hvdtorch.Compression and the sharded optimizer's buckets ask here.
+  // hvdtorch.Compression asks here, as the C++ GradientReducer's buckets do.
   m.def(
       "wire_dtype",
       [](const std::string& codec, at::ScalarType dtype) { return wireScalarType(wireCodecFromName(codec), dtype); },
@@ -450,7 +470,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   // The one backward-pass counter (gradients/pass_counter.h) of the Python
   // gradient paths; its beginPass() raises AssertionError on an extra pass.
-  py::class_<PassCounter>(m, "PassCounter")
+  py::class_<PassCounter, std::shared_ptr<PassCounter>>(m, "PassCounter")
       .def(py::init(
                [](int passes_per_step, bool strict, int rank, const std::string& step_call, const std::string& advice) {
                  PassCounterOptions o;
@@ -459,7 +479,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                  o.rank = rank;
                  if (!step_call.empty()) o.step_call = step_call;
                  if (!advice.empty()) o.advice = advice;
-                 return PassCounter(o);
+                 return std::make_shared<PassCounter>(o);
                }),
            py::arg("backward_passes_per_step"), py::arg("strict") = true, py::arg("rank") = 0,
            py::arg("step_call") = "", py::arg("advice") = "")

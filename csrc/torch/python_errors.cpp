@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include "common/error.h"
+#include "gradients/pass_counter.h"
 
 namespace hvdtorch {
 
@@ -25,6 +26,10 @@ void rethrowForAutograd(std::exception_ptr error) {
   } catch (const InvalidArgument& e) {
     pybind11::gil_scoped_acquire gil;
     PyErr_SetString(invalid_argument_type ? invalid_argument_type : PyExc_ValueError, e.what());
+    throw pybind11::error_already_set();
+  } catch (const PassLimitError& e) {
+    pybind11::gil_scoped_acquire gil;
+    PyErr_SetString(PyExc_AssertionError, e.what());  // Horovod's contract for an extra backward pass
     throw pybind11::error_already_set();
   }
 }

@@ -7,8 +7,9 @@
 // as it is. So code called by the autograd engine converts hvdtorch's errors
 // with rethrowForAutograd(): a CollectiveError becomes hvdtorch.HvdError (and
 // so HorovodInternalError), an InvalidArgument becomes
-// hvdtorch.InvalidArgumentError (a ValueError and a RuntimeError), exactly as
-// on the direct path through the pybind module.
+// hvdtorch.InvalidArgumentError (a ValueError and a RuntimeError), a
+// PassLimitError (gradients/pass_counter.h) becomes AssertionError, exactly
+// as on the direct path through the pybind module.
 #pragma once
 
 #include <exception>

@@ -116,7 +116,8 @@ def registered_allreduce_async_(tensor, name, op, process_set=None, prescale_fac
     slice straight into them, so no byte goes through a buffer of the
     engine's (a fused unit would be packed into the fusion buffer, which
     grows to the size of the largest unit and stays). What DistributedModel's
-    buckets and the sharded optimizer's buffers are reduced with."""
+    buckets and the sharded optimizer's parameters are gathered with (the
+    gradient reducer's in_place_shard strategy submits the same op in C++)."""
     psid = check_process_set(process_set)
     name = op_name("allreduce", name, psid)
     buf = contiguous(tensor, "registered_allreduce_async_")

@@ -19,12 +19,13 @@ Contract (the same as Horovod's DistributedOptimizer):
 
 How:
   * A pre-hook on each parameter's gradient accumulator runs before the
-    gradient is accumulated into .grad and before the C++ reducer's hook on
+    gradient is accumulated into .grad and before the C++ reducer's hooks on
     the same parameter. The first one of a backward pass counts the pass with
-    the shared pass counter (_C.PassCounter, which rejects an extra one while
-    .grad is still untouched) and tells the C++ reducer whether to reduce it; a callback queued on the autograd engine
-    marks the end of the pass. torch.autograd.grad() does not accumulate and
-    so counts no pass.
+    the path's one pass counter (_C.PassCounter, which rejects an extra one
+    while .grad is still untouched); the C++ reducer is given the same
+    counter and reduces the pass it says reduces. A callback queued on the
+    autograd engine marks the end of the pass. torch.autograd.grad() does
+    not accumulate and so counts no pass.
   * With sparse_as_dense, a post-accumulate-grad hook (which also runs
     before the C++ reducer's hook) replaces a sparse .grad by its dense form
     (a pre-hook may not change the layout of a gradient).
@@ -82,7 +83,8 @@ class GradientSync:
         reducer: Optional[str],
         process_set,
     ):
-        # The shared pass counter (csrc/core/gradients/pass_counter.h): strict, Horovod's contract.
+        # The path's one pass counter (csrc/core/gradients/pass_counter.h): strict, Horovod's contract;
+        # the C++ reducer is given it.
         self._counter = _C.PassCounter(int(backward_passes_per_step), strict=True, rank=runtime.rank())
         self._params = list(params)
         self._names = list(names)
@@ -145,10 +147,8 @@ class GradientSync:
 
     def _begin_pass(self) -> None:
         self._counter.set_rank(runtime.rank())  # named by the error; an elastic job may renumber ranks
-        reducing = self._counter.begin_pass()  # AssertionError on a (k+1)-th pass
+        self._counter.begin_pass()  # AssertionError on a (k+1)-th pass
         torch.autograd.Variable._execution_engine.queue_callback(self._counter.end_pass)
-        if self._reducer is not None:
-            self._reducer.set_sync_enabled(reducing)
 
     # ---- between backward and step -----------------------------------------
 
@@ -213,9 +213,10 @@ class GradientSync:
                 True,
                 False,
                 self._fuse,
-                1,
+                self._counter.backward_passes_per_step,
                 self._compression is Compression.fp16,
                 process_set_id=check_process_set(self._process_set),
+                counter=self._counter,
             )
 
     def _reduce_dense_now(self, indices: Sequence[int]) -> None:

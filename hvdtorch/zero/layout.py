@@ -10,7 +10,9 @@ Rules (the same on every rank, computed without communication):
     so that the first reduction starts early in backward): the one bucket
     planner's rules (training/buckets.py plan_buckets), with the group in
     the key.
-  * A bucket is flat: parameter i occupies [offsets[i], offsets[i] + numel).
+  * A bucket is flat: parameter i occupies [offsets[i], offsets[i] + numel),
+    packed in order: the gradient reducer (csrc/torch/grad_reducer.h) packs
+    its buckets the same way, and the sharded optimizer checks that it did.
   * Set rank r of n owns ``bucket_numel // n`` elements, one more for the
     first ``bucket_numel % n`` ranks, in rank order: exactly the rows a
     reducescatter of the flat bucket gives rank r, and what an allgather of
@@ -23,6 +25,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
+from .. import _C
 from ..training.buckets import plan_buckets
 
 
@@ -41,9 +44,9 @@ class Bucket:
 
 
 def shard_range(numel: int, rank: int, size: int) -> Tuple[int, int]:
-    base, extra = divmod(numel, size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
+    """The gradient core's one shard rule (csrc/core/gradients/shard_range.h),
+    which the reducer's shard strategies cut the reduced buckets with."""
+    return _C.shard_range(numel, rank, size)
 
 
 def plan(

@@ -13,7 +13,8 @@ How:
     bucket is one contiguous range of it. The wrapped optimizer is rebuilt
     (same class, same hyper-parameters, group by group) over the shards:
     one flat tensor per bucket, so its state exists for the shard only.
-  * Gradients (zero/gradients.py): shard=2 reduces each bucket while
+  * Gradients (zero/gradients.py, a front over the gradient core's C++
+    reducer and its shard strategies): shard=2 reduces each bucket while
     backward runs so that each rank steps on its shard's average only, and
     .grad is freed; shard=1 all-reduces each bucket (every rank holds the
     whole average in .grad, as unsharded training) and the step takes the

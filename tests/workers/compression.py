@@ -79,7 +79,8 @@ def check_gradients_on_the_wire():
     """One SGD step (lr 1, op Sum) from zero leaves minus the sum of the
     ranks' gradients: exact for the float32 weights only if their wire is
     float16 (not bfloat16), finite for the bfloat16 ones only if they are
-    not converted to float16."""
+    not converted to float16. (A float32 wire is exact too: the sharded
+    optimizer's buckets, which are the wire, are checked to be float16.)"""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     want32 = -sum((257 + 4 * torch.arange(32) + 64 * k).float() for k in range(n)) * 2.0**-11
@@ -95,6 +96,9 @@ def check_gradients_on_the_wire():
                 f"{what}: {len(wrong)} float32 weights are not the float16 sums, e.g. {wrong[:3]}: "
                 f"{net.w32[wrong[:3]].tolist()} want {want32[wrong[:3]].tolist()}"
             )
+        if what.startswith("shard="):
+            wire = sorted(str(f.dtype) for f in opt._grads._flats)
+            assert wire == ["torch.bfloat16", "torch.float16"], f"{what}: the buckets travel as {wire}"
     hvd.shutdown()
 
 

@@ -1,8 +1,8 @@
 // Backward passes between two optimizer steps: the one counter of every
 // gradient path (DistributedModel's GradientReducer, DistributedOptimizer's
-// GradientSync, the sharded optimizer's BucketGradients, the Adasum
-// optimizer), so that backward_passes_per_step and no_sync() mean the same
-// thing everywhere.
+// GradientSync and the sharded optimizer's BucketGradients, each of which
+// gives its strict counter to its GradientReducer, the Adasum optimizer), so
+// that backward_passes_per_step and no_sync() mean the same thing everywhere.
 //
 // Contract:
 //  * beginPass() is called once at the start of a backward pass (by the first

@@ -2,7 +2,7 @@
 // the dtype a tensor of a given dtype goes on the wire in (encode: the bucket
 // or the compressed tensor is that dtype); the reduced result is converted
 // back into the tensor's own dtype (decode). Every path that compresses asks
-// here: the C++ GradientReducer's buckets, the sharded optimizer's buckets and
+// here: the C++ GradientReducer's buckets (every gradient path's, the sharded optimizer's too) and
 // hvdtorch.Compression (collectives/compression.py, through _C.wire_dtype).
 //
 // fp16: the 32- and 64-bit floats go as float16; 16-bit floats (float16,

@@ -1,0 +1,117 @@
+#include "bucket_strategies.h"
+
+#include <functional>
+
+#include "algorithms/reducer_registry.h"
+#include "common/error.h"
+#include "gradients/shard_range.h"
+#include "ops/reducescatter.h"
+#include "tensor_binding.h"
+#include "torch_tensor.h"
+
+namespace hvdtorch {
+
+namespace {
+
+// One engine op in flight; `result` makes the caller's result from the op's outputs.
+class EngineOp : public BucketOp {
+ public:
+  using Result = std::function<at::Tensor(const std::vector<at::Tensor>& outputs)>;
+  EngineOp(std::shared_ptr<OpState> state, Result result) : state_(std::move(state)), result_(std::move(result)) {}
+
+  at::Tensor finish() override {
+    while (!state_->waitFor(std::chrono::milliseconds(1000))) {
+    }
+    if (!state_->error().empty()) throw CollectiveError(state_->error());
+    return result_(collectOutputs(*state_));  // orders this thread's stream after the op
+  }
+
+  void drain(std::chrono::milliseconds timeout) override { state_->waitFor(timeout); }
+
+ private:
+  std::shared_ptr<OpState> state_;
+  Result result_;
+};
+
+// Submits an all-reduce of the bucket in place (`o`: the reducer's options, less name and tensors).
+std::shared_ptr<OpState> allreduceInPlace(Engine& engine, ops::AllreduceOptions o, const at::Tensor& flat,
+                                          const std::string& name) {
+  o.name = name;
+  // Bound on this thread: in a gradient hook, the current stream is the one
+  // backward wrote the gradients on, which the op's ready event follows.
+  OpBinding binding(strCat("rank ", engine.topo().rank, ": allreduce '", name, "'"));
+  TensorPtr buf = binding.bind(flat);
+  o.inputs = {buf};
+  o.outputs = {std::move(buf)};
+  const int64_t handle = ops::allreduce(engine, std::move(o));
+  auto state = engine.state(handle);
+  engine.release(handle);  // we wait on the state itself
+  return state;
+}
+
+class AllreduceViews : public BucketStrategy {
+ public:
+  const char* name() const override { return "allreduce_views"; }
+  bool keepsGradients() const override { return true; }
+  bool registeredBuckets() const override { return true; }
+  std::unique_ptr<BucketOp> launch(const StrategyContext& ctx, const ReducerBucket& bucket,
+                                   const std::string& name) override {
+    at::Tensor flat = bucket.flat;
+    return std::make_unique<EngineOp>(allreduceInPlace(*ctx.engine, ctx.allreduce, flat, name),
+                                      [flat](const std::vector<at::Tensor>&) { return flat; });
+  }
+};
+
+class InPlaceShard : public BucketStrategy {
+ public:
+  const char* name() const override { return "in_place_shard"; }
+  bool keepsGradients() const override { return false; }
+  bool registeredBuckets() const override { return true; }
+  std::unique_ptr<BucketOp> launch(const StrategyContext& ctx, const ReducerBucket& bucket,
+                                   const std::string& name) override {
+    ops::AllreduceOptions o = ctx.allreduce;
+    o.reducer = reducerName(registeredReducer());
+    o.fuse = false;  // a fused unit would go through the fusion buffer, which grows to a bucket for good
+    const ShardRange mine = shardRange(bucket.flat.numel(), ctx.set_rank, ctx.set_size);
+    at::Tensor shard = bucket.flat.narrow(0, mine.start, mine.end - mine.start);
+    return std::make_unique<EngineOp>(allreduceInPlace(*ctx.engine, std::move(o), bucket.flat, name),
+                                      [shard](const std::vector<at::Tensor>&) { return shard; });
+  }
+};
+
+class ReduceScatterShard : public BucketStrategy {
+ public:
+  const char* name() const override { return "reduce_scatter_shard"; }
+  bool keepsGradients() const override { return false; }
+  // The engine copies a reduce-scatter's input into its fusion buffer whatever memory it is in.
+  bool registeredBuckets() const override { return false; }
+  std::unique_ptr<BucketOp> launch(const StrategyContext& ctx, const ReducerBucket& bucket,
+                                   const std::string& name) override {
+    ops::ReducescatterOptions o;
+    o.name = name;
+    o.op = ctx.allreduce.op;
+    o.prescale = ctx.allreduce.prescale;
+    o.postscale = ctx.allreduce.postscale;
+    o.process_set_id = ctx.allreduce.process_set_id;
+    OpBinding binding(strCat("rank ", ctx.engine->topo().rank, ": reducescatter '", name, "'"));
+    o.inputs = {binding.bind(bucket.flat)};
+    o.allocate = binding.allocatorLike(bucket.flat);
+    const int64_t handle = ops::reducescatter(*ctx.engine, std::move(o));
+    auto state = ctx.engine->state(handle);
+    ctx.engine->release(handle);
+    return std::make_unique<EngineOp>(std::move(state),
+                                      [](const std::vector<at::Tensor>& outputs) { return outputs.at(0); });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<BucketStrategy> makeBucketStrategy(const std::string& name) {
+  if (name == "allreduce_views") return std::make_unique<AllreduceViews>();
+  if (name == "in_place_shard") return std::make_unique<InPlaceShard>();
+  if (name == "reduce_scatter_shard") return std::make_unique<ReduceScatterShard>();
+  throw InvalidArgument(strCat("hvdtorch: unknown bucket strategy '", name,
+                               "' (allreduce_views, in_place_shard or reduce_scatter_shard)"));
+}
+
+}  // namespace hvdtorch

@@ -1,0 +1,29 @@
+// The per-bucket strategies of GradientReducer (bucket_strategy.h), chosen
+// per reducer by name:
+//  * "allreduce_views": the bucket is all-reduced in place; each .grad is a
+//    view of its slot, so the average lands in .grad with no copy. The
+//    result is the whole bucket. DistributedModel, DistributedOptimizer and
+//    the sharded optimizer's shard=1.
+//  * "in_place_shard": the bucket (registered memory) is all-reduced in
+//    place by the registered reducer, never fused (the node reducer reads the
+//    peers' buffers and writes each reduced slice back: nothing is copied
+//    or allocated); the result is a view of this rank's shard range of the
+//    bucket (gradients/shard_range.h). The sharded optimizer's shard=2 when
+//    every rank is on one host.
+//  * "reduce_scatter_shard": the bucket is reduce-scattered; the result is
+//    this rank's shard, in a tensor the engine makes. shard=2 otherwise.
+// A new strategy is one class in bucket_strategies.cpp and one row in
+// makeBucketStrategy() (docs/architecture.md, "Recipes").
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "bucket_strategy.h"
+
+namespace hvdtorch {
+
+// The strategy named `name`; InvalidArgument naming the known ones otherwise.
+std::unique_ptr<BucketStrategy> makeBucketStrategy(const std::string& name);
+
+}  // namespace hvdtorch

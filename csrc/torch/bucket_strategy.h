@@ -1,0 +1,85 @@
+// What happens to one gradient bucket once its gradients are in it: the
+// strategy seam of the gradient core. GradientReducer (grad_reducer.h) owns
+// the hooks, the pass counting, the bucket buffers and the wire codec; a
+// BucketStrategy owns the reduction of a bucket and what the caller gets back.
+// Every bucket of one reducer has the same strategy.
+//
+// Contract:
+//  * launch() is called with the reducer's lock held, on the thread of a
+//    gradient hook (or of the end-of-backward callback, or of the caller of
+//    synchronize()/finalize()), once the bucket's buffer holds this pass's
+//    gradients in the wire dtype. It submits the bucket's first op(s) and
+//    returns what is in flight; it never blocks on other ranks.
+//  * BucketOp::finish() is called once, under the same lock, by the thread
+//    that waits for the pass. It waits, may submit further ops and wait for
+//    them (a multi-phase strategy: low-rank factors reduced one after the
+//    other with compute in between), and returns the bucket's result in the
+//    wire dtype: the reduced bucket itself, or a part of it, or a tensor the
+//    engine made. It throws CollectiveError when an op failed. The reducer
+//    converts the result into the parameters' dtype (the codec's decode).
+//  * BucketOp::drain() waits at most `timeout` for every op the bucket has
+//    in flight, without throwing (the reducer is going away).
+//  * A strategy is only asked to launch when the process set has two or
+//    more ranks; alone in its set, the reducer applies the scale factors to
+//    the bucket itself and hands back the whole bucket.
+//  * Per-bucket state that outlives a pass (error feedback, say) lives in
+//    the strategy, indexed by ReducerBucket::index; layoutChanged() is called
+//    whenever the reducer (re)builds its buckets.
+// The strategies and the names that choose them: bucket_strategies.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "ops/allreduce.h"
+
+namespace hvdtorch {
+
+// What a strategy sees of a bucket.
+struct ReducerBucket {
+  size_t index = 0;              // position in the reducer's layout
+  at::Tensor flat;               // the bucket, 1-D, in the wire dtype; the same storage every pass until a rebuild
+  at::ScalarType param_dtype{};  // the dtype of its parameters
+};
+
+// What every launch of one reducer shares.
+struct StrategyContext {
+  Engine* engine = nullptr;
+  // Op, scale factors, reducer, fuse and process set of the reducer's options; name and tensors empty.
+  ops::AllreduceOptions allreduce;
+  int set_rank = 0;  // this rank's position in the process set
+  int set_size = 1;  // ranks of the process set (>= 2 when a strategy launches)
+};
+
+// One bucket's reduction in flight.
+class BucketOp {
+ public:
+  virtual ~BucketOp() = default;
+  virtual at::Tensor finish() = 0;
+  virtual void drain(std::chrono::milliseconds timeout) = 0;
+};
+
+class BucketStrategy {
+ public:
+  virtual ~BucketStrategy() = default;
+  // The name that chooses it (bucket_strategies.h).
+  virtual const char* name() const = 0;
+  // Whether each parameter's .grad stays a view of its bucket slot after the
+  // launch, the reduced values written there (all-reduce); false: .grad is
+  // dropped when the bucket launches (only a shard comes back).
+  virtual bool keepsGradients() const = 0;
+  // Whether host buckets live in registered memory (reduced in place by the
+  // node reducer); false where the engine copies the bucket anyway.
+  virtual bool registeredBuckets() const = 0;
+  virtual void layoutChanged(const std::vector<ReducerBucket>& /*buckets*/) {}
+  // `name`: the op name of this launch, the same on every rank.
+  virtual std::unique_ptr<BucketOp> launch(const StrategyContext& ctx, const ReducerBucket& bucket,
+                                           const std::string& name) = 0;
+};
+
+}  // namespace hvdtorch
