@@ -265,6 +265,7 @@ def DistributedOptimizer(
     DistributedModel's parameters)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
     if is_powersgd(compression):
+        named_parameters = None if named_parameters is None else list(named_parameters)  # read twice
         _check_powersgd(compression, optimizer, named_parameters, op, shard, process_set)
     if shard:
         unsupported = [

@@ -70,26 +70,49 @@ def _steps(model, opt, steps: range) -> None:
         opt.step()
 
 
-def train(kind: str, out: str, options: str = "{}") -> None:
-    """STEPS steps; rank 0 saves the parameters to `out`. `options` (JSON) override OPTIONS; "sum": true
-    reduces with hvd.Sum."""
+# What each job size trains (name -> front, options over OPTIONS; "sum": reduce with hvd.Sum): the
+# test's reference runs the same. One job per size: starting ranks is most of the time.
+CONFIGS = {
+    "model": ("model", {}),
+    "optimizer": ("optimizer", {}),
+    "model-sum": ("model", {"sum": True}),
+    "model-rank1-from-start": ("model", {"rank": 1, "start_iter": 0}),
+    "model-fp16": ("model", {"fp16": True}),
+}
+
+
+def configs_for(nranks: int):
+    return list(CONFIGS) if nranks == 2 else ["model", "optimizer"] if nranks == 3 else ["model"]
+
+
+def train(out_dir: str) -> None:
+    """STEPS steps of every configuration of this job's size; rank 0 saves each one's parameters."""
     hvd.init()
-    net = make_net()
-    options = {**OPTIONS, **json.loads(options)}
-    op = hvd.Sum if options.pop("sum", False) else hvd.Average
-    compressor = hvd.Compression.powersgd(**options)
-    model, opt = _wrap(net, kind, compressor, op)
-    _steps(model, opt, range(STEPS))
-    # Alone in the job nothing travels and PowerSGD is never asked; otherwise every step is a reduced pass.
-    assert compressor.iteration == (STEPS if hvd.size() > 1 else 0), compressor.iteration
-    if hvd.rank() == 0:
-        torch.save([p.detach().clone() for p in net.parameters()], out)
+    for name in configs_for(hvd.size()):
+        kind, options = CONFIGS[name]
+        options = {**OPTIONS, **options}
+        op = hvd.Sum if options.pop("sum", False) else hvd.Average
+        net = make_net()
+        compressor = hvd.Compression.powersgd(**options)
+        model, opt = _wrap(net, kind, compressor, op)
+        _steps(model, opt, range(STEPS))
+        # Alone in the job nothing travels and PowerSGD is never asked; otherwise every step is a reduced pass.
+        assert compressor.iteration == (STEPS if hvd.size() > 1 else 0), (name, compressor.iteration)
+        if hvd.rank() == 0:
+            torch.save([p.detach().clone() for p in net.parameters()], os.path.join(out_dir, f"{name}.pt"))
+    hvd.shutdown()
+
+
+def round_trips_and_refusals() -> None:
+    hvd.init()
+    round_trip("model")
+    round_trip("optimizer")
+    refusals()
     hvd.shutdown()
 
 
 def round_trip(kind: str) -> None:
     """3 steps, state saved, a new network/compressor/optimizer loads it, 3 more steps == 6 steps at once."""
-    hvd.init()
     net = make_net()
     model, opt = _wrap(net, kind, hvd.Compression.powersgd(**OPTIONS))
     _steps(model, opt, range(6))
@@ -128,7 +151,6 @@ def round_trip(kind: str) -> None:
         assert f"state of parameter {index}" in str(e), e
     else:
         raise AssertionError("a misshapen PowerSGD state was accepted")
-    hvd.shutdown()
 
 
 def _raises(fn, *needles):
@@ -144,7 +166,6 @@ def _raises(fn, *needles):
 
 def refusals() -> None:
     """Every combination Compression.powersgd refuses, each with its reason."""
-    hvd.init()
     psgd = hvd.Compression.powersgd
 
     def optimizer(net, **kw):
@@ -192,13 +213,14 @@ def refusals() -> None:
     del keep
     for bad, needle in ((dict(rank=0), "rank must be >= 1"), (dict(start_iter=-1), "start_iter must be >= 0")):
         _raises(lambda bad=bad: psgd(**bad), needle)
-    hvd.shutdown()
 
 
-def learn(out: str, *argv) -> None:
-    """examples/learn.py's main() with `argv`; rank 0 writes its result to `out`."""
+def learn(out_dir: str, *argv) -> None:
+    """examples/learn.py's main() with `argv`, uncompressed then with PowerSGD rank 4 (each run inits and
+    shuts hvdtorch down); rank 0 writes none.json and powersgd.json into `out_dir`."""
     path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "learn.py")
     spec = importlib.util.spec_from_file_location("learn_example", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main([*argv, "--result", out])
+    for name, extra in (("none", []), ("powersgd", ["--compression", "powersgd", "--powersgd-rank", "4"])):
+        module.main([*argv, *extra, "--result", os.path.join(out_dir, f"{name}.json")])
