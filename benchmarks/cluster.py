@@ -114,9 +114,7 @@ def hvdtorch_reducers():
 
 def default_configs(horovod: bool):
     dm = [f"dm:{r}" for r in ["auto", *hvdtorch_reducers()]]
-    return ["solo", *dm, "dm:powersgd", "ddp", "ddp-powersgd"] + (
-        ["horovod"] if horovod else []
-    )
+    return ["solo", *dm, "dm:powersgd", "ddp", "ddp-powersgd"] + (["horovod"] if horovod else [])
 
 
 class Config:

@@ -45,8 +45,8 @@ namespace hvdtorch {
 
 // What a strategy sees of a bucket.
 struct ReducerBucket {
-  size_t index = 0;             // position in the reducer's layout
-  at::Tensor flat;              // the bucket, 1-D, in the wire dtype; the same storage every pass until a rebuild
+  size_t index = 0;              // position in the reducer's layout
+  at::Tensor flat;               // the bucket, 1-D, in the wire dtype; the same storage every pass until a rebuild
   at::ScalarType param_dtype{};  // the dtype of its parameters
   // Its parameters in slot order: index in the reducer's parameter list
   // (the same on every rank), element offset in `flat`, shape.

@@ -1,9 +1,10 @@
 #include "grad_reducer.h"
 
-#include <algorithm>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include <algorithm>
 
 #include "bucket_strategies.h"
 #include "common/error.h"
@@ -172,8 +173,9 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     // CPU buckets live in registered memory: the node reducer then reduces
     // them in place (no copy through the node arena).
     const at::TensorOptions options = params_[members[0]].options().dtype(bucket_dtype).requires_grad(false);
-    b.flat = options.device().is_cpu() && strategy_->registeredBuckets() ? registeredZeros(*engine_, total, bucket_dtype)
-                                                                          : at::zeros({total}, options);
+    b.flat = options.device().is_cpu() && strategy_->registeredBuckets()
+                 ? registeredZeros(*engine_, total, bucket_dtype)
+                 : at::zeros({total}, options);
     next.push_back(std::move(b));
   }
   for (size_t i = 0; i < params_.size(); ++i)
@@ -241,8 +243,7 @@ void GradientReducer::beforeGrad(size_t index, const variable_list& grads) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!pass_active_ || pass_ended_) startPass();
   if (!opts_.sparse_refusal.empty() && !grads.empty() && grads[0].defined() && grads[0].layout() != c10::kStrided) {
-    const std::string name =
-        index < opts_.param_names.size() ? opts_.param_names[index] : strCat("parameter ", index);
+    const std::string name = index < opts_.param_names.size() ? opts_.param_names[index] : strCat("parameter ", index);
     throw InvalidArgument(strCat("hvdtorch: rank ", engine_->topo().rank, ": parameter '", name,
                                  "' got a sparse gradient; ", opts_.sparse_refusal));
   }

@@ -170,7 +170,7 @@ class GradientReducer {
   std::vector<at::Tensor> params_;
   GradReducerOptions opts_;
   std::shared_ptr<BucketStrategy> strategy_;
-  StrategyContext ctx_;  // what every bucket launch shares
+  StrategyContext ctx_;         // what every bucket launch shares
   bool lone_identity_ = false;  // alone in the set, scale factors of product 1, gradients kept: nothing to do
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param index -> bucket

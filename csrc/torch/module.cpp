@@ -297,16 +297,12 @@ class PyEngine {
   std::shared_ptr<Engine> engine_;
 };
 
-std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
-                                                     std::vector<std::vector<int64_t>> buckets, const std::string& name,
-                                                     const std::string& reducer, int op, double prescale,
-                                                     double postscale, bool pipeline, bool sync_on_backward, bool fuse,
-                                                     int backward_passes_per_step, bool fp16_wire,
-                                                     int32_t process_set_id, const std::string& strategy,
-                                                     std::shared_ptr<PassCounter> counter,
-                                                     std::vector<std::string> param_names,
-                                                     const std::string& sparse_refusal,
-                                                     std::shared_ptr<BucketStrategy> strategy_object) {
+std::unique_ptr<GradientReducer> makeGradientReducer(
+    PyEngine& engine, std::vector<at::Tensor> params, std::vector<std::vector<int64_t>> buckets,
+    const std::string& name, const std::string& reducer, int op, double prescale, double postscale, bool pipeline,
+    bool sync_on_backward, bool fuse, int backward_passes_per_step, bool fp16_wire, int32_t process_set_id,
+    const std::string& strategy, std::shared_ptr<PassCounter> counter, std::vector<std::string> param_names,
+    const std::string& sparse_refusal, std::shared_ptr<BucketStrategy> strategy_object) {
   GradReducerOptions o;
   o.process_set_id = process_set_id;
   o.name = name;
@@ -450,8 +446,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return std::make_shared<PowerSGDStrategy>(
                  PowerSGDOptions{rank, start_iter, min_compression_rate, fp16, seed});
            }),
-           py::arg("rank"), py::arg("start_iter"), py::arg("min_compression_rate"), py::arg("fp16"),
-           py::arg("seed"))
+           py::arg("rank"), py::arg("start_iter"), py::arg("min_compression_rate"), py::arg("fp16"), py::arg("seed"))
       .def_property_readonly("iteration", &PowerSGDStrategy::iteration)
       // (iteration, {parameter index: error}, {parameter index: Q}), copies.
       .def("state",

@@ -36,8 +36,8 @@ at::Tensor wireBuffer(Engine& engine, int64_t numel, at::ScalarType dtype, const
 // normalized, then its component is taken out of the columns after it. A
 // zero column stays zero (its norm is clamped to the dtype's smallest normal).
 void orthogonalize(const at::Tensor& p) {
-  const double tiny =
-      p.scalar_type() == at::kDouble ? std::numeric_limits<double>::min() : std::numeric_limits<float>::min();
+  const double tiny = p.scalar_type() == at::kDouble ? std::numeric_limits<double>::min()
+                                                     : std::numeric_limits<float>::min();
   const int64_t r = p.size(1);
   for (int64_t i = 0; i < r; ++i) {
     at::Tensor col = p.narrow(1, i, 1);
@@ -64,7 +64,6 @@ struct PlainSlot {
   at::Tensor slot;
   at::Tensor packed;
 };
-
 
 class PowerSGDOp : public BucketOp {
  public:
@@ -166,9 +165,9 @@ void PowerSGDStrategy::layoutChanged(const std::vector<ReducerBucket>& buckets) 
 void PowerSGDStrategy::checkShapes(const Slot& slot, const PowerSGDParamState& st) const {
   if (st.error.dim() != 2 || st.error.size(0) != slot.n || st.error.size(1) != slot.m || st.q.dim() != 2 ||
       st.q.size(0) != slot.m || st.q.size(1) != slot.r)
-    throw InvalidArgument(strCat("hvdtorch: PowerSGD state of parameter ", slot.param, " has error ",
-                                 st.error.sizes(), " and Q ", st.q.sizes(), "; this model needs [", slot.n, ", ",
-                                 slot.m, "] and [", slot.m, ", ", slot.r, "] (rank ", opts_.rank, ")"));
+    throw InvalidArgument(strCat("hvdtorch: PowerSGD state of parameter ", slot.param, " has error ", st.error.sizes(),
+                                 " and Q ", st.q.sizes(), "; this model needs [", slot.n, ", ", slot.m, "] and [",
+                                 slot.m, ", ", slot.r, "] (rank ", opts_.rank, ")"));
 }
 
 PowerSGDParamState& PowerSGDStrategy::stateFor(const Slot& slot, const at::Tensor& like) {
@@ -198,8 +197,8 @@ std::unique_ptr<BucketOp> PowerSGDStrategy::launch(const StrategyContext& ctx, c
     throw InvalidArgument(strCat("hvdtorch: PowerSGD reduces with Average or Sum, not ", reduceOpName(op)));
   std::lock_guard<std::mutex> lock(mu_);
   if (bucket.index >= plans_.size())
-    throw InvalidArgument(strCat("hvdtorch: PowerSGD was given bucket ", bucket.index, " of a layout of ",
-                                 plans_.size(), " buckets"));
+    throw InvalidArgument(
+        strCat("hvdtorch: PowerSGD was given bucket ", bucket.index, " of a layout of ", plans_.size(), " buckets"));
   const bool compress = iteration_ >= opts_.start_iter;
   if (++launched_ == plans_.size()) {  // the pass's last bucket
     launched_ = 0;
@@ -244,8 +243,8 @@ std::unique_ptr<BucketOp> PowerSGDStrategy::launch(const StrategyContext& ctx, c
                  bufs->q.narrow(0, q_at, s.m * s.r).view({s.m, s.r}), st.error, st.q};
     p_at += s.n * s.r;
     q_at += s.m * s.r;
-    f.m.add_(f.error);                 // M = gradient + error
-    at::mm_out(f.p, f.m, f.q_kept);    // P = M Q
+    f.m.add_(f.error);               // M = gradient + error
+    at::mm_out(f.p, f.m, f.q_kept);  // P = M Q
     mats.push_back(std::move(f));
   }
   if (!bufs->p_wire.is_same(bufs->p)) bufs->p_wire.copy_(bufs->p);
@@ -260,8 +259,8 @@ std::unique_ptr<BucketOp> PowerSGDStrategy::launch(const StrategyContext& ctx, c
   average.postscale = 1.0;
   std::shared_ptr<OpState> p_op = allreduceInPlace(engine, average, bufs->p_wire, name + ".p");
   const double factor = ctx.allreduce.prescale * ctx.allreduce.postscale * (op == ReduceOp::kSum ? ctx.set_size : 1);
-  return std::make_unique<PowerSGDOp>(engine, std::move(average), name, flat, factor, std::move(mats),
-                                      std::move(plain), bufs, std::move(plain_op), std::move(p_op));
+  return std::make_unique<PowerSGDOp>(engine, std::move(average), name, flat, factor, std::move(mats), std::move(plain),
+                                      bufs, std::move(plain_op), std::move(p_op));
 }
 
 int64_t PowerSGDStrategy::iteration() const {

@@ -27,8 +27,8 @@ import torch
 from .. import _C, autotune, runtime
 from ..collectives import ops
 from ..collectives.compression import Compression
-from ..collectives.powersgd import is_powersgd
 from ..collectives.handles import check_process_set
+from ..collectives.powersgd import is_powersgd
 from .buckets import complete_order, plan_buckets
 from .step_marks import StepMarks
 

@@ -46,8 +46,8 @@ import torch
 from .. import _C, runtime
 from ..collectives import ops, sparse
 from ..collectives.compression import Compression
-from ..collectives.powersgd import is_powersgd
 from ..collectives.handles import check_process_set
+from ..collectives.powersgd import is_powersgd
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:

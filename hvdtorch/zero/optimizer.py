@@ -66,12 +66,6 @@ from ..collectives import ops
 from ..collectives.broadcast import allgather_object, broadcast_object
 from ..collectives.compression import Compression
 from ..collectives.powersgd import is_powersgd
-
-_POWERSGD_REFUSAL = (
-    "hvdtorch: shard={shard} does not combine with Compression.powersgd: the sharded optimizer reduces each "
-    "bucket into shards, and PowerSGD's factors approximate whole matrices; use shard=0, or "
-    "Compression.none/fp16"
-)
 from ..collectives.process_sets import set_id
 from ..training.distributed_model import DistributedModel, owner_of
 from ..training.parameter_names import names_by_id
@@ -83,6 +77,12 @@ from .gradients import BucketGradients
 from .layout import plan, signature
 
 _instance_ids = itertools.count()
+# Why the sharded optimizer refuses Compression.powersgd.
+_POWERSGD_REFUSAL = (
+    "hvdtorch: shard={shard} does not combine with Compression.powersgd: the sharded optimizer reduces each "
+    "bucket into shards, and PowerSGD's factors approximate whole matrices; use shard=0, or "
+    "Compression.none/fp16"
+)
 
 
 def _find_malloc_trim():

@@ -9,7 +9,6 @@ gradients differ and the compression of their average shows."""
 
 import copy
 import importlib.util
-import json
 import os
 
 import torch
