@@ -17,6 +17,7 @@ Contract:
     compression=) with it is ValueError.
 """
 
+import weakref
 from typing import Dict, Optional
 
 import torch
@@ -84,9 +85,8 @@ class PowerSGDCompressor:
     def check_process_set(self, process_set, where: str) -> None:
         """An explicit process set of one rank has nothing to compress across: ValueError. (A job of one
         process is served: alone in the global set, gradients are left exact.)"""
-        from .ops import global_process_set
-
-        if process_set is not None and process_set is not global_process_set and process_set.size() < 2:
+        # Id 0 is the global set (process_sets.py).
+        if process_set is not None and process_set.process_set_id != 0 and process_set.size() < 2:
             raise ValueError(
                 f"hvdtorch: {where}: Compression.powersgd compresses across the ranks of a process set; "
                 f"process set {process_set.process_set_id} has {process_set.size()} rank(s); pass "
@@ -96,8 +96,6 @@ class PowerSGDCompressor:
     def strategy_for(self, owner) -> "_C.PowerSGDStrategy":
         """The C++ strategy ``owner`` (a DistributedModel or a GradientSync) hands its GradientReducer;
         made on the first call, with the state loaded so far."""
-        import weakref
-
         current = self._owner() if self._owner is not None else None
         if current is not None and current is not owner:
             raise ValueError(
