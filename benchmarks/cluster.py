@@ -22,6 +22,9 @@ Configurations (one torchrun job per rate builds them all, then interleaves):
   dm:<reducer>    hvd.DistributedModel(reducer=...), pipelined, 25 MiB fusion:
                   auto and each reducer of the registry that serves the
                   standard ops (hvdtorch._C.reducer_registry())
+  dm:powersgd     hvd.DistributedModel(compression=hvd.Compression.powersgd(
+                  rank 4, compression from the 3rd step on)), auto reducer:
+                  the same compression as ddp-powersgd, in hvdtorch's buckets
   ddp             torch DistributedDataParallel on the Gloo default group
   ddp-powersgd    DDP with torch's PowerSGD communication hook (rank 4,
                   compression from the 3rd step on, error feedback), in one
@@ -110,9 +113,8 @@ def hvdtorch_reducers():
 
 
 def default_configs(horovod: bool):
-    return ["solo", *(f"dm:{r}" for r in ["auto", *hvdtorch_reducers()]), "ddp", "ddp-powersgd"] + (
-        ["horovod"] if horovod else []
-    )
+    dm = [f"dm:{r}" for r in ["auto", *hvdtorch_reducers()]]
+    return ["solo", *dm, "dm:powersgd", "ddp", "ddp-powersgd"] + (["horovod"] if horovod else [])
 
 
 class Config:
@@ -138,6 +140,13 @@ class Config:
                     process_group=None, matrix_approximation_rank=POWERSGD_RANK, start_powerSGD_iter=2
                 )
                 self.model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        elif name == "dm:powersgd":
+            # start_iter 2, as ddp-powersgd: --prime steps are enough for the timed ones to be compressed.
+            compression = hvd.Compression.powersgd(rank=POWERSGD_RANK, start_iter=2)
+            self.model = hvd.DistributedModel(
+                self.model, compression=compression, sync="explicit", name=f"cluster.{name}"
+            )
+            self.sync = self.model.sync_gradients
         elif name.startswith("dm:"):
             self.model = hvd.DistributedModel(self.model, reducer=name[3:], sync="explicit", name=f"cluster.{name}")
             self.sync = self.model.sync_gradients

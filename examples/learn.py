@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=2 examples/learn.py --steps 150
     python examples/learn.py --steps 150          # one process, same global batch
+    torchrun --nproc_per_node=2 examples/learn.py --compression powersgd --powersgd-rank 4
 
 The data have structure to learn: every class is a fixed random pattern
 (smooth, seeded), and every image is its class's pattern at a random
@@ -79,7 +80,17 @@ def parse_args(argv=None):
     p.add_argument("--train-size", type=int, default=4096)
     p.add_argument("--val-size", type=int, default=1000)
     p.add_argument("--result", help="write the loss curve, accuracies and throughput here (JSON)")
+    p.add_argument("--compression", choices=("none", "fp16", "powersgd"), default="none", help="of the gradients")
+    p.add_argument("--powersgd-rank", type=int, default=4, help="with --compression powersgd")
+    p.add_argument("--powersgd-start-iter", type=int, default=10, help="with --compression powersgd")
     return p.parse_args(argv)
+
+
+def compression(args):
+    """The hvd.Compression --compression names."""
+    if args.compression == "powersgd":
+        return hvd.Compression.powersgd(rank=args.powersgd_rank, start_iter=args.powersgd_start_iter)
+    return getattr(hvd.Compression, args.compression)
 
 
 def main(argv=None):
@@ -93,7 +104,7 @@ def main(argv=None):
     val_x, val_y = make_data(args.val_size, seed=2)
 
     torch.manual_seed(0)
-    model = hvd.DistributedModel(SmallCNN())
+    model = hvd.DistributedModel(SmallCNN(), compression=compression(args))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     order = torch.randperm(args.train_size, generator=torch.Generator().manual_seed(3))
@@ -137,6 +148,7 @@ def main(argv=None):
     result = {
         "processes": size,
         "global_batch": args.global_batch,
+        "compression": args.compression,
         "steps": args.steps,
         "losses": losses,
         "accuracies": accuracies,

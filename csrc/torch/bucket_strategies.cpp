@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "gradients/shard_range.h"
 #include "ops/reducescatter.h"
+#include "powersgd_strategy.h"
 #include "tensor_binding.h"
 #include "torch_tensor.h"
 
@@ -19,12 +20,7 @@ class EngineOp : public BucketOp {
   using Result = std::function<at::Tensor(const std::vector<at::Tensor>& outputs)>;
   EngineOp(std::shared_ptr<OpState> state, Result result) : state_(std::move(state)), result_(std::move(result)) {}
 
-  at::Tensor finish() override {
-    while (!state_->waitFor(std::chrono::milliseconds(1000))) {
-    }
-    if (!state_->error().empty()) throw CollectiveError(state_->error());
-    return result_(collectOutputs(*state_));  // orders this thread's stream after the op
-  }
+  at::Tensor finish() override { return result_(waitForOp(*state_)); }
 
   void drain(std::chrono::milliseconds timeout) override { state_->waitFor(timeout); }
 
@@ -33,22 +29,6 @@ class EngineOp : public BucketOp {
   Result result_;
 };
 
-// Submits an all-reduce of the bucket in place (`o`: the reducer's options, less name and tensors).
-std::shared_ptr<OpState> allreduceInPlace(Engine& engine, ops::AllreduceOptions o, const at::Tensor& flat,
-                                          const std::string& name) {
-  o.name = name;
-  // Bound on this thread: in a gradient hook, the current stream is the one
-  // backward wrote the gradients on, which the op's ready event follows.
-  OpBinding binding(strCat("rank ", engine.topo().rank, ": allreduce '", name, "'"));
-  TensorPtr buf = binding.bind(flat);
-  o.inputs = {buf};
-  o.outputs = {std::move(buf)};
-  const int64_t handle = ops::allreduce(engine, std::move(o));
-  auto state = engine.state(handle);
-  engine.release(handle);  // we wait on the state itself
-  return state;
-}
-
 class AllreduceViews : public BucketStrategy {
  public:
   const char* name() const override { return "allreduce_views"; }
@@ -56,9 +36,7 @@ class AllreduceViews : public BucketStrategy {
   bool registeredBuckets() const override { return true; }
   std::unique_ptr<BucketOp> launch(const StrategyContext& ctx, const ReducerBucket& bucket,
                                    const std::string& name) override {
-    at::Tensor flat = bucket.flat;
-    return std::make_unique<EngineOp>(allreduceInPlace(*ctx.engine, ctx.allreduce, flat, name),
-                                      [flat](const std::vector<at::Tensor>&) { return flat; });
+    return allreduceBucket(ctx, bucket, name);
   }
 };
 
@@ -106,12 +84,42 @@ class ReduceScatterShard : public BucketStrategy {
 
 }  // namespace
 
+std::shared_ptr<OpState> allreduceInPlace(Engine& engine, ops::AllreduceOptions o, const at::Tensor& flat,
+                                          const std::string& name) {
+  o.name = name;
+  // Bound on this thread: in a gradient hook, the current stream is the one
+  // backward wrote the gradients on, which the op's ready event follows.
+  OpBinding binding(strCat("rank ", engine.topo().rank, ": allreduce '", name, "'"));
+  TensorPtr buf = binding.bind(flat);
+  o.inputs = {buf};
+  o.outputs = {std::move(buf)};
+  const int64_t handle = ops::allreduce(engine, std::move(o));
+  auto state = engine.state(handle);
+  engine.release(handle);  // we wait on the state itself
+  return state;
+}
+
+std::vector<at::Tensor> waitForOp(OpState& state) {
+  while (!state.waitFor(std::chrono::milliseconds(1000))) {
+  }
+  if (!state.error().empty()) throw CollectiveError(state.error());
+  return collectOutputs(state);  // orders this thread's stream after the op
+}
+
+std::unique_ptr<BucketOp> allreduceBucket(const StrategyContext& ctx, const ReducerBucket& bucket,
+                                          const std::string& name) {
+  at::Tensor flat = bucket.flat;
+  return std::make_unique<EngineOp>(allreduceInPlace(*ctx.engine, ctx.allreduce, flat, name),
+                                    [flat](const std::vector<at::Tensor>&) { return flat; });
+}
+
 std::unique_ptr<BucketStrategy> makeBucketStrategy(const std::string& name) {
   if (name == "allreduce_views") return std::make_unique<AllreduceViews>();
   if (name == "in_place_shard") return std::make_unique<InPlaceShard>();
   if (name == "reduce_scatter_shard") return std::make_unique<ReduceScatterShard>();
+  if (name == "powersgd") return std::make_unique<PowerSGDStrategy>(PowerSGDOptions{});
   throw InvalidArgument(strCat("hvdtorch: unknown bucket strategy '", name,
-                               "' (allreduce_views, in_place_shard or reduce_scatter_shard)"));
+                               "' (allreduce_views, in_place_shard, reduce_scatter_shard or powersgd)"));
 }
 
 }  // namespace hvdtorch

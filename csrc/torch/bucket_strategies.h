@@ -12,6 +12,9 @@
 //    every rank is on one host.
 //  * "reduce_scatter_shard": the bucket is reduce-scattered; the result is
 //    this rank's shard, in a tensor the engine makes. shard=2 otherwise.
+//  * "powersgd": low-rank compression with error feedback, two phases per
+//    bucket (powersgd_strategy.h); the name gives the default options,
+//    hvd.Compression.powersgd(...) hands the reducer an instance of its own.
 // A new strategy is one class in bucket_strategies.cpp and one row in
 // makeBucketStrategy() (docs/architecture.md, "Recipes").
 #pragma once
@@ -20,10 +23,24 @@
 #include <string>
 
 #include "bucket_strategy.h"
+#include "engine/op_state.h"
 
 namespace hvdtorch {
 
 // The strategy named `name`; InvalidArgument naming the known ones otherwise.
 std::unique_ptr<BucketStrategy> makeBucketStrategy(const std::string& name);
+
+// Building blocks for strategies.
+// Submits an all-reduce of `flat` in place (`o`: the reducer's options, less
+// name and tensors), bound on this thread; the op's state (the engine's
+// handle is released: wait on the state).
+std::shared_ptr<OpState> allreduceInPlace(Engine& engine, ops::AllreduceOptions o, const at::Tensor& flat,
+                                          const std::string& name);
+// Waits for the op; CollectiveError when it failed. Orders this thread's
+// stream after it; returns its outputs.
+std::vector<at::Tensor> waitForOp(OpState& state);
+// The "allreduce_views" reduction of one bucket: in place, the whole bucket comes back.
+std::unique_ptr<BucketOp> allreduceBucket(const StrategyContext& ctx, const ReducerBucket& bucket,
+                                          const std::string& name);
 
 }  // namespace hvdtorch

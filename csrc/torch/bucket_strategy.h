@@ -23,8 +23,11 @@
 //    more ranks; alone in its set, the reducer applies the scale factors to
 //    the bucket itself and hands back the whole bucket.
 //  * Per-bucket state that outlives a pass (error feedback, say) lives in
-//    the strategy, indexed by ReducerBucket::index; layoutChanged() is called
-//    whenever the reducer (re)builds its buckets.
+//    the strategy, indexed by ReducerBucket::index, or by
+//    ReducerBucket::params where it must survive a new layout;
+//    layoutChanged() is called whenever the reducer (re)builds its buckets.
+//  * Every reduced pass launches every bucket exactly once, so a strategy
+//    can count passes by counting launches.
 // The strategies and the names that choose them: bucket_strategies.h.
 #pragma once
 
@@ -45,6 +48,11 @@ struct ReducerBucket {
   size_t index = 0;              // position in the reducer's layout
   at::Tensor flat;               // the bucket, 1-D, in the wire dtype; the same storage every pass until a rebuild
   at::ScalarType param_dtype{};  // the dtype of its parameters
+  // Its parameters in slot order: index in the reducer's parameter list
+  // (the same on every rank), element offset in `flat`, shape.
+  std::vector<int64_t> params;
+  std::vector<int64_t> offsets;
+  std::vector<std::vector<int64_t>> shapes;
 };
 
 // What every launch of one reducer shares.

@@ -75,7 +75,8 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
     : engine_(std::move(engine)),
       params_(std::move(params)),
       opts_(std::move(options)),
-      strategy_(makeBucketStrategy(opts_.strategy)),
+      strategy_(opts_.strategy_instance ? opts_.strategy_instance
+                                        : std::shared_ptr<BucketStrategy>(makeBucketStrategy(opts_.strategy))),
       counter_(counter ? std::move(counter) : cyclicCounter(opts_.backward_passes_per_step, engine_->topo().rank)) {
   if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum && opts_.op != ReduceOp::kAdasum)
     throw InvalidArgument(
@@ -194,9 +195,15 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
   slot_of_ = std::move(slot_of);
   ++generation_;
   std::vector<ReducerBucket> refs;
-  for (size_t j = 0; j < buckets_.size(); ++j)
-    refs.push_back({j, buckets_[j].flat, params_[buckets_[j].params[0]].scalar_type()});
+  for (size_t j = 0; j < buckets_.size(); ++j) refs.push_back(strategyView(j));
   strategy_->layoutChanged(refs);
+}
+
+ReducerBucket GradientReducer::strategyView(size_t index) const {
+  const Bucket& b = buckets_[index];
+  ReducerBucket ref{index, b.flat, params_[b.params[0]].scalar_type(), b.params, b.offsets, {}};
+  for (int64_t p : b.params) ref.shapes.push_back(params_[p].sizes().vec());
+  return ref;
 }
 
 at::Tensor GradientReducer::slotView(const Bucket& b, size_t slot) const {
@@ -319,8 +326,7 @@ void GradientReducer::launch(size_t index) {
     b.op = std::make_unique<LoneBucket>(b.flat, opts_.prescale * opts_.postscale);
     return;
   }
-  const ReducerBucket ref{index, b.flat, params_[b.params[0]].scalar_type()};
-  b.op = strategy_->launch(ctx_, ref, strCat(opts_.name, ".g", generation_, ".b", index));
+  b.op = strategy_->launch(ctx_, strategyView(index), strCat(opts_.name, ".g", generation_, ".b", index));
 }
 
 void GradientReducer::launchRemaining() {

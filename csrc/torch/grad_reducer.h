@@ -84,6 +84,10 @@ struct GradReducerOptions {
   // parameters' own dtype, gradients become bucket views.
   WireCodec codec = WireCodec::kNone;
   std::string strategy = "allreduce_views";  // the buckets' strategy (bucket_strategies.h)
+  // Non-null: the strategy itself, made and kept by the caller (which reads
+  // and restores its state: PowerSGD's); `strategy` is then ignored. One
+  // reducer per instance.
+  std::shared_ptr<BucketStrategy> strategy_instance;
   // Non-empty: a sparse gradient is refused (InvalidArgument naming the rank
   // and the parameter, then this advice); empty: gradients go in as they come.
   std::string sparse_refusal;
@@ -158,12 +162,14 @@ class GradientReducer {
   at::Tensor decode(Bucket& b, const at::Tensor& result);
   void endOfBackward();
   at::Tensor slotView(const Bucket& b, size_t slot) const;
+  // What the strategy sees of bucket `index`.
+  ReducerBucket strategyView(size_t index) const;
 
   std::shared_ptr<Engine> engine_;
   int set_size_ = 1;  // ranks that average these gradients (the process set's size)
   std::vector<at::Tensor> params_;
   GradReducerOptions opts_;
-  std::unique_ptr<BucketStrategy> strategy_;
+  std::shared_ptr<BucketStrategy> strategy_;
   StrategyContext ctx_;         // what every bucket launch shares
   bool lone_identity_ = false;  // alone in the set, scale factors of product 1, gradients kept: nothing to do
   std::vector<Bucket> buckets_;

@@ -36,6 +36,7 @@
 #include "ops/op_common.h"
 #include "ops/op_table.h"
 #include "ops/reducescatter.h"
+#include "powersgd_strategy.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
 #include "tensor_binding.h"
@@ -301,7 +302,7 @@ std::unique_ptr<GradientReducer> makeGradientReducer(
     const std::string& name, const std::string& reducer, int op, double prescale, double postscale, bool pipeline,
     bool sync_on_backward, bool fuse, int backward_passes_per_step, bool fp16_wire, int32_t process_set_id,
     const std::string& strategy, std::shared_ptr<PassCounter> counter, std::vector<std::string> param_names,
-    const std::string& sparse_refusal) {
+    const std::string& sparse_refusal, std::shared_ptr<BucketStrategy> strategy_object) {
   GradReducerOptions o;
   o.process_set_id = process_set_id;
   o.name = name;
@@ -315,6 +316,7 @@ std::unique_ptr<GradientReducer> makeGradientReducer(
   o.backward_passes_per_step = backward_passes_per_step;
   o.codec = fp16_wire ? WireCodec::kFp16 : WireCodec::kNone;
   o.strategy = strategy;
+  o.strategy_instance = std::move(strategy_object);
   o.param_names = std::move(param_names);
   o.sparse_refusal = sparse_refusal;
   for (const auto& p : params) OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedModel", name));
@@ -435,12 +437,55 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindOp<ops::BarrierOptions, ops::barrier>(m, engine, "BarrierOptions");
   bindOp<ops::JoinOptions, ops::join>(m, engine, "JoinOptions");
 
+  // A strategy made in Python and handed to one GradientReducer (strategy_object=), so that its state
+  // stays reachable: PowerSGD's (powersgd_strategy.h, hvdtorch/collectives/powersgd.py).
+  py::class_<BucketStrategy, std::shared_ptr<BucketStrategy>>(m, "BucketStrategy")
+      .def_property_readonly("name", [](const BucketStrategy& s) { return std::string(s.name()); });
+  py::class_<PowerSGDStrategy, BucketStrategy, std::shared_ptr<PowerSGDStrategy>>(m, "PowerSGDStrategy")
+      .def(py::init([](int64_t rank, int64_t start_iter, double min_compression_rate, bool fp16, uint64_t seed) {
+             return std::make_shared<PowerSGDStrategy>(
+                 PowerSGDOptions{rank, start_iter, min_compression_rate, fp16, seed});
+           }),
+           py::arg("rank"), py::arg("start_iter"), py::arg("min_compression_rate"), py::arg("fp16"), py::arg("seed"))
+      .def_property_readonly("iteration", &PowerSGDStrategy::iteration)
+      // (iteration, {parameter index: error}, {parameter index: Q}), copies.
+      .def("state",
+           [](const PowerSGDStrategy& s) {
+             std::map<int64_t, at::Tensor> errors, qs;
+             int64_t iteration = 0;
+             {
+               py::gil_scoped_release release;
+               iteration = s.iteration();
+               for (auto& [param, st] : s.state()) {
+                 errors[param] = st.error;
+                 qs[param] = st.q;
+               }
+             }
+             return py::make_tuple(iteration, errors, qs);
+           })
+      .def(
+          "load_state",
+          [](PowerSGDStrategy& s, int64_t iteration, const std::map<int64_t, at::Tensor>& errors,
+             const std::map<int64_t, at::Tensor>& qs) {
+            std::map<int64_t, PowerSGDParamState> state;
+            for (const auto& [param, error] : errors) {
+              const auto q = qs.find(param);
+              state[param] = {error, q == qs.end() ? at::Tensor() : q->second};
+            }
+            for (const auto& [param, q] : qs)
+              if (!errors.count(param)) state[param] = {at::Tensor(), q};
+            py::gil_scoped_release release;
+            s.loadState(iteration, state);
+          },
+          py::arg("iteration"), py::arg("errors"), py::arg("qs"));
+
   py::class_<GradientReducer>(m, "GradientReducer")
       .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),
            py::arg("reducer"), py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("pipeline"),
            py::arg("sync_on_backward"), py::arg("fuse"), py::arg("backward_passes_per_step"), py::arg("fp16_wire"),
            py::arg("process_set_id") = 0, py::arg("strategy") = "allreduce_views", py::arg("counter") = nullptr,
-           py::arg("param_names") = std::vector<std::string>{}, py::arg("sparse_refusal") = "")
+           py::arg("param_names") = std::vector<std::string>{}, py::arg("sparse_refusal") = "",
+           py::arg("strategy_object") = nullptr)
       .def("rebuild", &GradientReducer::rebuild)
       .def("ready_order", &GradientReducer::readyOrder)
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())

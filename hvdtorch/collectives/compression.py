@@ -5,11 +5,16 @@ Which dtype goes on the wire is the gradient core's codec rule (wire_dtype).
 Unlike Horovod's FP16Compressor, which converts every floating-point tensor,
 ``fp16`` leaves 16-bit floats as they are: a bfloat16 tensor sent as float16
 would save no byte, lose its range (float16 overflows above 65504) and gain
-mantissa bits it does not have."""
+mantissa bits it does not have.
+
+``powersgd(...)`` is of another kind: a low-rank compressor of gradient
+buckets with state of its own (collectives/powersgd.py), for
+DistributedModel and DistributedOptimizer only."""
 
 import torch
 
 from .. import _C
+from .powersgd import PowerSGDCompressor
 
 
 def wire_dtype(codec: str, dtype: torch.dtype) -> torch.dtype:
@@ -63,3 +68,5 @@ class FP16Compressor(Compressor):
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
+    # Compression.powersgd(rank=4, ...): a new compressor (with its own state) per model or optimizer.
+    powersgd = PowerSGDCompressor

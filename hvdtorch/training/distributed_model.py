@@ -28,6 +28,7 @@ from .. import _C, autotune, runtime
 from ..collectives import ops
 from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
+from ..collectives.powersgd import is_powersgd
 from .buckets import complete_order, plan_buckets
 from .step_marks import StepMarks
 
@@ -111,6 +112,12 @@ class DistributedModel(torch.nn.Module):
         psid = check_process_set(process_set)
         params = _trainable(module.parameters())
         self._params = params
+        strategy = None
+        if is_powersgd(compression):
+            where = "DistributedModel"
+            compression.check_parameters(((n, p) for n, p in module.named_parameters() if p.requires_grad), where)
+            compression.check_process_set(process_set, where)
+            strategy = compression.strategy_for(self)
         for p in params:
             _models_by_param[id(p)] = self
         # What a sharded optimizer that takes over the gradients reduces them with (hand_gradients_to).
@@ -149,6 +156,7 @@ class DistributedModel(torch.nn.Module):
             int(backward_passes_per_step),
             compression is Compression.fp16,
             process_set_id=psid,
+            strategy_object=strategy,
         )
         # Re-order buckets by the ready order observed in the first iteration
         # (the set's first rank's, so every member agrees). Pointless with one

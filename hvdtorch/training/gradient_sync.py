@@ -47,6 +47,7 @@ from .. import _C, runtime
 from ..collectives import ops, sparse
 from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
+from ..collectives.powersgd import is_powersgd
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:
@@ -195,29 +196,52 @@ class GradientSync:
             )
         self._dense = [i for i, d in enumerate(dims) if d == 0]
         self._sparse = [i for i, d in enumerate(dims) if d > 0]
+        if is_powersgd(self._compression):
+            self._first_powersgd_synchronize(dims)
+            return
         self._reduce_dense_now(self._dense)
         self._sparse_dims = dims
         if self._dense:
-            dense_params = [self._params[i] for i in self._dense]
             # Built after this step's reduction: it copies the reduced
             # gradients into its buckets and makes .grad views of them.
-            self._reducer = _C.GradientReducer(
-                runtime.state().engine,
-                dense_params,
-                self._plan_layout(dense_params, self._fusion_bytes),
-                self._name,
-                self._reducer_kind,
-                self._op,
-                self._prescale,
-                self._postscale,
-                True,
-                False,
-                self._fuse,
-                self._counter.backward_passes_per_step,
-                self._compression is Compression.fp16,
-                process_set_id=check_process_set(self._process_set),
-                counter=self._counter,
+            self._reducer = self._make_reducer()
+
+    def _first_powersgd_synchronize(self, dims: List[int]) -> None:
+        """Compression.powersgd: the reducer is built first and reduces this
+        step too, so that every reduced pass is one of PowerSGD's (its pass
+        count and start_iter mean the same as under DistributedModel)."""
+        if self._sparse:
+            raise ValueError(
+                "hvdtorch: Compression.powersgd compresses dense gradients, but "
+                f"{[self._names[i] for i in self._sparse]} got sparse ones; use "
+                "DistributedOptimizer(sparse_as_dense=True), or Compression.none for them"
             )
+        self._sparse_dims = dims
+        self._reducer = self._make_reducer(self._compression.strategy_for(self))
+        self._reducer.synchronize()
+
+    def _make_reducer(self, strategy=None):
+        """The C++ reducer over the dense parameters; it copies their .grad into its buckets and makes
+        .grad views of them."""
+        dense_params = [self._params[i] for i in self._dense]
+        return _C.GradientReducer(
+            runtime.state().engine,
+            dense_params,
+            self._plan_layout(dense_params, self._fusion_bytes),
+            self._name,
+            self._reducer_kind,
+            self._op,
+            self._prescale,
+            self._postscale,
+            True,
+            False,
+            self._fuse,
+            self._counter.backward_passes_per_step,
+            self._compression is Compression.fp16,
+            process_set_id=check_process_set(self._process_set),
+            counter=self._counter,
+            strategy_object=strategy,
+        )
 
     def _reduce_dense_now(self, indices: Sequence[int]) -> None:
         """Reduces the dense gradients of ``indices`` as they are now (one

@@ -21,6 +21,7 @@ import torch
 from .. import autotune
 from ..collectives import ops
 from ..collectives.compression import Compression
+from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
 from ..zero.optimizer import ShardedOptimizer
 from .adasum_optimizer import _DistributedAdasumOptimizer
@@ -29,6 +30,8 @@ from .gradient_sync import GradientSync
 from .parameter_names import names_by_id
 
 _instance_ids = itertools.count()
+# The key of a Compression.powersgd compressor's state in DistributedOptimizer.state_dict().
+_POWERSGD_KEY = "hvdtorch_powersgd"
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -63,6 +66,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         name = f"optimizer{next(_instance_ids)}"
         self._hvd_synchronized = False
         self._hvd_should_synchronize = True
+        self._hvd_compression = compression
         self._hvd_sync = None
         self._hvd_autotune = None
         process_set = process_set or ops.global_process_set
@@ -129,18 +133,51 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             )
         return super(self._hvd_class, self).zero_grad(set_to_none=set_to_none)
 
-    def load_state_dict(self, *args, **kwargs):
+    def state_dict(self, *args, **kwargs):
+        """The wrapped optimizer's, and with Compression.powersgd its state under _POWERSGD_KEY."""
+        state = super(self._hvd_class, self).state_dict(*args, **kwargs)
+        if is_powersgd(self._hvd_compression):
+            state[_POWERSGD_KEY] = self._hvd_compression.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
         if self._hvd_sync is not None:
             self._hvd_sync.reset()
         self._hvd_synchronized = False
         self._hvd_should_synchronize = True
-        return super(self._hvd_class, self).load_state_dict(*args, **kwargs)
+        if _POWERSGD_KEY in state_dict:
+            state_dict = dict(state_dict)
+            powersgd = state_dict.pop(_POWERSGD_KEY)
+            if is_powersgd(self._hvd_compression):
+                self._hvd_compression.load_state_dict(powersgd)
+        return super(self._hvd_class, self).load_state_dict(state_dict, *args, **kwargs)
 
     def set_backward_passes_per_step(self, passes: int):
         """Changes how many backward passes are accumulated before each reduction."""
         self.backward_passes_per_step = passes
         if self._hvd_sync is not None:
             self._hvd_sync.reset(passes)
+
+
+def _check_powersgd(compression, optimizer, named_parameters, op, shard, process_set) -> None:
+    """The combinations Compression.powersgd refuses, each naming why."""
+    where = "DistributedOptimizer"
+    if shard:
+        raise ValueError(
+            f"hvdtorch: shard={shard} does not combine with Compression.powersgd: the sharded optimizer reduces "
+            "each bucket into shards, and PowerSGD's factors approximate whole matrices; use shard=0, or "
+            "Compression.none/fp16"
+        )
+    if op == ops.Adasum:
+        raise ValueError(
+            "hvdtorch: op=hvd.Adasum does not combine with Compression.powersgd: Adasum combines whole updates "
+            "pairwise and PowerSGD averages low-rank factors; use op=hvd.Average or hvd.Sum"
+        )
+    names = names_by_id(optimizer.param_groups, named_parameters)
+    compression.check_parameters(
+        ((names[id(p)], p) for group in optimizer.param_groups for p in group["params"] if p.requires_grad), where
+    )
+    compression.check_process_set(process_set, where)
 
 
 def _check_groups(groups):
@@ -227,6 +264,9 @@ def DistributedOptimizer(
     names the module whose forward waits (found by itself on a
     DistributedModel's parameters)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
+    if is_powersgd(compression):
+        named_parameters = None if named_parameters is None else list(named_parameters)  # read twice
+        _check_powersgd(compression, optimizer, named_parameters, op, shard, process_set)
     if shard:
         unsupported = [
             n

@@ -65,6 +65,7 @@ from .. import runtime
 from ..collectives import ops
 from ..collectives.broadcast import allgather_object, broadcast_object
 from ..collectives.compression import Compression
+from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
 from ..training.distributed_model import DistributedModel, owner_of
 from ..training.parameter_names import names_by_id
@@ -77,6 +78,12 @@ from .gradients import BucketGradients
 from .layout import plan, signature
 
 _instance_ids = itertools.count()
+# Why the sharded optimizer refuses Compression.powersgd.
+_POWERSGD_REFUSAL = (
+    "hvdtorch: shard={shard} does not combine with Compression.powersgd: the sharded optimizer reduces each "
+    "bucket into shards, and PowerSGD's factors approximate whole matrices; use shard=0, or "
+    "Compression.none/fp16"
+)
 
 
 # torch.optim optimizers whose update of each element depends only on that
@@ -216,6 +223,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if len(owners) > 1:
                 raise ValueError("hvdtorch: the optimizer's parameters belong to several DistributedModels")
             dm = next(iter(owners.values()), None)
+        if is_powersgd(compression) or (dm is not None and is_powersgd(dm.gradient_options["compression"])):
+            raise ValueError(_POWERSGD_REFUSAL.format(shard=shard))
         if dm is not None:
             g = dm.gradient_options
             _check_same("compression", compression, Compression.none, g["compression"])
