@@ -7,6 +7,7 @@
 #include "device/devices.h"
 #include "engine/execution/host_staging.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::ops {
 
@@ -115,6 +116,24 @@ void executeAllgather(Executor& ex, WorkUnit& unit) {
   ex.mark(unit, "ALLGATHER", false);
   e.outputs = std::move(outs);
   ex.complete(e);
+}
+
+// Its row of the op table (engine/op_spec.h says what each column means).
+const OpSpec& allgatherRow() {
+  static const OpSpec row = {OpType::kAllgather,
+                             "allgather",
+                             argsIndex<NoArgs>(),
+                             planIndex<AllgatherPlan>(),
+                             /*first_dim_free=*/true,
+                             /*cacheable=*/false,
+                             /*fuses=*/false,
+                             InlineRun::kNever,
+                             WhileJoined::kAddsNoRows,
+                             Outputs::kAllocated,
+                             Staging::kByOp,
+                             /*make_plan=*/planAllgather,
+                             /*execute=*/executeAllgather};
+  return row;
 }
 
 }  // namespace hvdtorch::ops

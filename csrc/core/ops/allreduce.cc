@@ -14,6 +14,7 @@
 #include "ops/allreduce_routes.h"
 #include "ops/allreduce_staged.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::ops {
 
@@ -261,6 +262,24 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   }
   ex.mark(unit, "MEMCPY_OUT_FUSION", false);
   for (const auto& p : unit.pieces) ex.finishPiece(p);
+}
+
+// Its row of the op table (engine/op_spec.h says what each column means).
+const OpSpec& allreduceRow() {
+  static const OpSpec row = {OpType::kAllreduce,
+                             "allreduce",
+                             argsIndex<ReduceArgs>(),
+                             planIndex<NoPlan>(),
+                             /*first_dim_free=*/false,
+                             /*cacheable=*/true,
+                             /*fuses=*/true,
+                             InlineRun::kIfSmall,
+                             WhileJoined::kAddsZeros,
+                             Outputs::kLikeInputs,
+                             Staging::kByOp,
+                             /*make_plan=*/nullptr,
+                             /*execute=*/executeAllreduce};
+  return row;
 }
 
 }  // namespace hvdtorch::ops

@@ -7,6 +7,7 @@
 #include "device/reduce_kernels.h"
 #include "engine/execution/host_staging.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::ops {
 
@@ -165,6 +166,24 @@ void executeReducescatter(Executor& ex, WorkUnit& unit) {
   e.outputs = std::move(outs);
   if (on_device) return ex.completeOnDevice(*on_device, entry);
   ex.complete(e);
+}
+
+// Its row of the op table (engine/op_spec.h says what each column means).
+const OpSpec& reducescatterRow() {
+  static const OpSpec row = {OpType::kReducescatter,
+                             "reducescatter",
+                             argsIndex<ReduceArgs>(),
+                             planIndex<ReducescatterPlan>(),
+                             /*first_dim_free=*/false,
+                             /*cacheable=*/true,
+                             /*fuses=*/false,
+                             InlineRun::kNever,
+                             WhileJoined::kRefused,
+                             Outputs::kAllocated,
+                             Staging::kByOp,
+                             /*make_plan=*/planReducescatter,
+                             /*execute=*/executeReducescatter};
+  return row;
 }
 
 }  // namespace hvdtorch::ops
