@@ -70,7 +70,7 @@ void allgatherOnDevice(Executor& ex, WorkUnit& unit, Device& d) {
   } else if (n == 1 && equal) {
     backend.allgatherOnDevice(d, e.inputs[0]->data(), outs[0]->data(), widest);
   } else {
-    char* gathered = static_cast<char*>(ex.deviceFusion(d, widest * (p + 1)));
+    char* gathered = static_cast<char*>(ex.router().deviceFusion(d, widest * (p + 1)));
     char* mine = gathered + widest * p;
     size_t at = 0;
     for (size_t t = 0; t < n; ++t) {

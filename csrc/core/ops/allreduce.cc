@@ -31,7 +31,7 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
     // The reducers run Average as a Sum.
     const ReduceOp reduced = args.op == ReduceOp::kAverage ? ReduceOp::kSum : args.op;
     const auto ps = engine.processSet(opts.process_set_id);
-    const ReducerSet& reducers = ps && ps->member() ? *ps->reducers : engine.reducers();
+    const ReducerSet& reducers = ps && ps->member() ? ps->router->reducers() : engine.reducers();
     const Context& ctx = ps && ps->member() ? *ps->data : engine.dataContext();
     for (const auto& t : opts.inputs) reducers.check(args.reducer, ctx, t->dtype(), reduced);
   } catch (const InvalidArgument& err) {
@@ -107,7 +107,7 @@ void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, Dat
   const size_t esize = dtypeSize(dtype);
   const bool alone = unit.pieces.size() == 1;
   char* fused = alone ? static_cast<char*>(unit.pieces.front().entry->outputs[unit.pieces.front().tensor]->data())
-                      : static_cast<char*>(ex.deviceFusion(d, count * esize));
+                      : static_cast<char*>(ex.router().deviceFusion(d, count * esize));
   size_t off = 0;
   ex.mark(unit, "MEMCPY_IN_FUSION", true);
   for (const auto& p : unit.pieces) {
@@ -204,7 +204,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   static const ReducerId native = parseReducer("native");
   const bool one_rank = ex.ctx().size() == 1;
   // At one rank only reducer="native", asked for by name, still runs the backend's device collective (NCCL).
-  if (on_device && DeviceRouter::hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
+  if (on_device && Router::hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
     Device& d = unitDevice(unit, args.reducer);
     // The first `auto` all-reduce of a device may time its routes
     // (algorithms/device_router.h): a phase of this op on the timeline.
@@ -215,7 +215,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     if (path.device) return allreduceOnDevice(ex, unit, path, dtype, count);
   }
   if (on_device && one_rank) return allreduceOneRank(ex, unit, dtype);
-  Reducer& reducer = ex.reducers().pick(args.reducer, ex.ctx(), count * dtypeSize(dtype), dtype, op);
+  Reducer& reducer = ex.router().hostReducer(args.reducer, count * dtypeSize(dtype), dtype, op);
   if (on_device) return allreduceStaged(ex, unit, reducer, dtype, count);
 
   const int64_t divisor = ex.averageDivisor(args.op);
@@ -228,8 +228,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     copyScaled(out.data(), in.data(), count, dtype, args.prescale);
     ex.mark(unit, collective, true);
     p.entry->state->times.reduce_begun = OpTimes::now();
-    if (ex.ctx().size() > 1)
-      ex.reducers().allreduce(ex.ctx(), reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
+    if (ex.ctx().size() > 1) ex.router().allreduce(reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
     p.entry->state->times.reduce_ended = OpTimes::now();
     ex.mark(unit, collective, false);
     copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
@@ -249,8 +248,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   }
   ex.mark(unit, "MEMCPY_IN_FUSION", false);
   ex.mark(unit, collective, true);
-  if (ex.ctx().size() > 1)
-    ex.reducers().allreduce(ex.ctx(), reducer, fused, count, dtype, op);  // timed into `auto`'s model
+  if (ex.ctx().size() > 1) ex.router().allreduce(reducer, fused, count, dtype, op);  // timed into `auto`'s model
   ex.mark(unit, collective, false);
   ex.mark(unit, "MEMCPY_OUT_FUSION", true);
   off = 0;

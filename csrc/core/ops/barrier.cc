@@ -14,7 +14,8 @@ void executeBarrier(Executor& ex, WorkUnit& unit) {
     ex.ctx().native()->barrier();
   } else {
     int32_t token = 0;
-    ex.reducers()
+    ex.router()
+        .reducers()
         .resolve(kAutoReducer, ex.ctx(), sizeof token, DataType::kInt32, ReduceOp::kSum)
         .allreduce(ex.ctx(), &token, 1, DataType::kInt32, ReduceOp::kSum);
   }

@@ -80,7 +80,8 @@ void reducescatterRun(Executor& ex, Entry& e, const ReducescatterPlan& plan, siz
   }
   const ReduceOp op = Executor::reducedOp(args.op);
   if (p > 1) {
-    Reducer& reducer = ex.reducers().reduceScatterer(ex.ctx(), (block_at[p - 1] + counts[p - 1]) * esize, dtype, op);
+    Reducer& reducer =
+        ex.router().reducers().reduceScatterer(ex.ctx(), (block_at[p - 1] + counts[p - 1]) * esize, dtype, op);
     reducer.reduceScatter(ex.ctx(), buf, counts, dtype, op);
   }
   // Unpack my block: averaged if so asked, postscaled.
@@ -106,7 +107,7 @@ void reducescatterRunOnDevice(Executor& ex, Device& d, Entry& e, const Reducesca
   const auto [row, counts] = runShape(e, plan, first, last, p);
   const size_t widest = *std::max_element(counts.begin(), counts.end());
   if (widest == 0) return;  // every output is empty
-  char* blocks = static_cast<char*>(ex.deviceFusion(d, widest * (p + 1) * esize));
+  char* blocks = static_cast<char*>(ex.router().deviceFusion(d, widest * (p + 1) * esize));
   char* received = blocks + widest * p * esize;
   for (size_t t = first; t < last; ++t) {
     const char* in = static_cast<const char*>(e.inputs[t]->data());
