@@ -20,12 +20,40 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "algorithms/device_router.h"
 #include "algorithms/reducer_set.h"
 #include "transport/context.h"
 
 namespace hvdtorch {
+
+// What one all-reduce (a unit: its tensors fused) asks the router.
+struct AllreduceQuery {
+  ReducerId asked = kAutoReducer;  // a registered reducer or kAutoReducer
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;  // the reduced op (Average arrives as Sum)
+  size_t bytes = 0;
+  // Device tensors: their one device, asked only where a device route may
+  // take them (it throws where the unit's tensors are on several devices).
+  // Empty for host tensors.
+  std::function<Device&()> device;
+  // The device calibration's run of one route (ops' own: staging through
+  // the host is theirs), and what is told before (true) and after (false)
+  // the calibration runs.
+  DeviceRouter::RunRoute probe;
+  std::function<void(bool begin)> calibrating;
+};
+
+// The router's answer: exactly one way.
+struct AllreduceRoute {
+  Device* device = nullptr;  // reduce on this device: the device ring (`ring`) or the backend's collectives
+  bool ring = false;
+  // One rank holding device tensors: nothing to exchange; they are scaled
+  // on their device (staging would move every byte through the host twice).
+  bool alone = false;
+  Reducer* host = nullptr;  // otherwise this host reducer (device tensors staged through the host)
+};
 
 class Router {
  public:
@@ -34,19 +62,18 @@ class Router {
   Router(const Router&) = delete;
   Router& operator=(const Router&) = delete;
 
-  // ---- device tensors ----
-  // Whether reducer `asked` may keep device tensors on the device (ring,
-  // native, auto); every other reducer stages them.
-  static bool hasDeviceRoutes(ReducerId asked) { return DeviceRouter::hasDeviceRoutes(asked); }
-  // Whether devicePath() for `asked` on `device` calibrates first.
-  bool calibratesNext(Device& device, ReducerId asked) const { return devices_.calibratesNext(device, asked); }
-  // The route of an all-reduce of `bytes` of `dtype`/`op` (the reduced op)
-  // on `device` for reducer `asked`; a null device: stage through the host
-  // (then hostReducer()). May run the calibration through `run` (a collective).
-  DevicePath devicePath(Device& device, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes,
-                        const DeviceRouter::RunRoute& run) {
-    return devices_.path(device, asked, dtype, op, bytes, run);
-  }
+  // Where an all-reduce runs. Device tensors take a device route where
+  // `asked` has them (ring, native, auto) and one applies
+  // (DeviceRouter::path, which may calibrate first: a collective); at one
+  // rank only reducer="native", asked for by name, still runs the backend's
+  // device collective, and otherwise the tensors stay alone on their device.
+  // Everything else runs on a host reducer: `asked`, or for `auto` the cost
+  // model's choice, which may explore an under-measured reducer
+  // (ReducerSet::pick). Every rank asks for the same units in the same
+  // order; the answer is the same on every rank.
+  AllreduceRoute route(const AllreduceQuery& query);
+
+  // ---- what the routes run on ----
   // The device ring on `device`, made on first use (a collective); null
   // where it does not apply.
   DeviceRing* ring(Device& device) { return devices_.ring(device); }
@@ -57,15 +84,7 @@ class Router {
   // router, which the executor's in-flight device work never outlives).
   void* deviceFusion(Device& device, size_t bytes) { return devices_.fusionBuffer(device, bytes); }
 
-  // ---- host tensors (and staged device tensors) ----
-  // The reducer of an all-reduce of `bytes` about to run through
-  // allreduce(): `asked`, or for `auto` the cost model's choice, which may
-  // explore an under-measured reducer (ReducerSet::pick). Every rank asks
-  // for the same ops in the same order.
-  Reducer& hostReducer(ReducerId asked, size_t bytes, DataType dtype, ReduceOp op) {
-    return reducers_.pick(asked, ctx_, bytes, dtype, op);
-  }
-  // reducer.allreduce on this context, timed into the cost model (a
+  // A host route's reducer.allreduce on this context, timed into the cost model (a
   // collective; ReducerSet::allreduce).
   void allreduce(Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op) {
     reducers_.allreduce(ctx_, reducer, data, count, dtype, op);

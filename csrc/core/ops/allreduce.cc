@@ -97,11 +97,11 @@ void finishOnDevices(Executor& ex, WorkUnit& unit) {
   for (const auto& p : unit.pieces) ex.finishPiece(p);
 }
 
-// Device memory only: pack (prescaled) into the engine's device fusion buffer
+// Device memory only: pack (prescaled) into the router's device fusion buffer
 // (a lone tensor is reduced in its output), reduce, unpack (averaged,
 // postscaled), all on the engine stream; the op completes without the host
 // waiting for the device (finishOnDevices).
-void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, DataType dtype, size_t count) {
+void allreduceOnDevice(Executor& ex, WorkUnit& unit, const AllreduceRoute& path, DataType dtype, size_t count) {
   Device& d = *path.device;
   const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
   const size_t esize = dtypeSize(dtype);
@@ -201,21 +201,20 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   const ReduceOp op = Executor::reducedOp(args.op);
-  static const ReducerId native = parseReducer("native");
-  const bool one_rank = ex.ctx().size() == 1;
-  // At one rank only reducer="native", asked for by name, still runs the backend's device collective (NCCL).
-  if (on_device && Router::hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
-    Device& d = unitDevice(unit, args.reducer);
-    // The first `auto` all-reduce of a device may time its routes
-    // (algorithms/device_router.h): a phase of this op on the timeline.
-    const bool deciding = ex.router().calibratesNext(d, args.reducer);
-    if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", true);
-    const DevicePath path = devicePath(ex, d, args.reducer, dtype, op, count * dtypeSize(dtype));
-    if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", false);
-    if (path.device) return allreduceOnDevice(ex, unit, path, dtype, count);
-  }
-  if (on_device && one_rank) return allreduceOneRank(ex, unit, dtype);
-  Reducer& reducer = ex.router().hostReducer(args.reducer, count * dtypeSize(dtype), dtype, op);
+  AllreduceQuery query;
+  query.asked = args.reducer;
+  query.dtype = dtype;
+  query.op = op;
+  query.bytes = count * dtypeSize(dtype);
+  if (on_device) query.device = [&unit, &args]() -> Device& { return unitDevice(unit, args.reducer); };
+  query.probe = routeProbe(ex);
+  // The first `auto` all-reduce of a device may time its routes
+  // (algorithms/device_router.h): a phase of this op on the timeline.
+  query.calibrating = [&ex, &unit](bool begin) { ex.mark(unit, "DEVICE_CALIBRATION", begin); };
+  const AllreduceRoute route = ex.router().route(query);
+  if (route.device) return allreduceOnDevice(ex, unit, route, dtype, count);
+  if (route.alone) return allreduceOneRank(ex, unit, dtype);
+  Reducer& reducer = *route.host;
   if (on_device) return allreduceStaged(ex, unit, reducer, dtype, count);
 
   const int64_t divisor = ex.averageDivisor(args.op);
