@@ -34,20 +34,6 @@ std::vector<size_t> probeSizes(size_t largest) {
 
 }  // namespace
 
-DeviceRouter::~DeviceRouter() {
-  for (auto& [device, buffer] : fusion_) device->release(buffer.data);
-}
-
-void* DeviceRouter::fusionBuffer(Device& device, size_t bytes) {
-  DeviceBuffer& b = fusion_[&device];
-  if (bytes > b.bytes) {
-    device.release(b.data);  // ordered after the work enqueued on it (cudaFree, the simulated release)
-    b.bytes = std::max(bytes, b.bytes * 2);
-    b.data = device.allocate(b.bytes);
-  }
-  return b.data;
-}
-
 bool DeviceRouter::hasDeviceRoutes(ReducerId asked) {
   static const ReducerId ring = parseReducer("ring");
   static const ReducerId native = parseReducer("native");

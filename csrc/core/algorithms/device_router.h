@@ -1,9 +1,8 @@
 // Where an all-reduce of device tensors goes, on one data context: the route
 // `auto` takes on each device (the rule, then the device calibration's
-// model, device_routes.h), the device rings it runs on, the calibration
-// itself, and the device memory fused units are packed into. The device
-// half of the data context's Router (router.h), which owns it beside its
-// ReducerSet.
+// model, device_routes.h), the device rings it runs on, and the calibration
+// itself. The device half of a data context's Router (router.h), which owns
+// it beside its ReducerSet.
 //
 // The routes: the backend's device collectives (`native`: NCCL on CUDA),
 // the device ring (`ring`, device_ring.h), or staging through the host
@@ -28,7 +27,7 @@
 // and device kind are in the op's signature; the times are min-reduced.
 // Only the device index is this rank's own.
 //
-// Thread-safety: the executor's thread only (path(), ring(), closeRings(), fusionBuffer()).
+// Thread-safety: the executor's thread only (path(), ring(), closeRings()).
 #pragma once
 
 #include <cstddef>
@@ -65,9 +64,6 @@ class DeviceRouter {
   using RunRoute = std::function<void(DeviceRoute route, Device& device, void* buf, size_t count)>;
 
   DeviceRouter(Context& ctx, DeviceRouterOptions options) : ctx_(ctx), options_(options) {}
-  // Frees the fusion buffers: device work that used them has finished (the
-  // executor, which waits for it, is gone first).
-  ~DeviceRouter();
   DeviceRouter(const DeviceRouter&) = delete;
   DeviceRouter& operator=(const DeviceRouter&) = delete;
 
@@ -92,12 +88,6 @@ class DeviceRouter {
   // reported on stderr; the rings are then freed without it.
   void closeRings();
 
-  // Device memory of at least `bytes` on `device` for one fused unit (of
-  // any op with a device path); valid until the next call for that device.
-  // Grows by doubling; a smaller buffer is released in stream order, after
-  // the work enqueued on it.
-  void* fusionBuffer(Device& device, size_t bytes);
-
  private:
   struct Routes {
     bool calibrated = false;
@@ -109,11 +99,6 @@ class DeviceRouter {
   DeviceRouterOptions options_;
   std::map<Device*, std::unique_ptr<DeviceRing>> rings_;  // null: does not apply
   std::map<Device*, Routes> routes_;
-  struct DeviceBuffer {
-    void* data = nullptr;
-    size_t bytes = 0;
-  };
-  std::map<Device*, DeviceBuffer> fusion_;
 };
 
 // The calibrations this process ran and the last one's model, described

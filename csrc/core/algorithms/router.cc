@@ -1,8 +1,24 @@
 #include "algorithms/router.h"
 
+#include <algorithm>
+
 #include "algorithms/reducer_registry.h"
 
 namespace hvdtorch {
+
+Router::~Router() {
+  for (auto& [device, buffer] : device_fusion_) device->release(buffer.data);
+}
+
+void* Router::deviceFusion(Device& device, size_t bytes) {
+  DeviceBuffer& b = device_fusion_[&device];
+  if (bytes > b.bytes) {
+    device.release(b.data);  // ordered after the work enqueued on it (cudaFree, the simulated release)
+    b.bytes = std::max(bytes, b.bytes * 2);
+    b.data = device.allocate(b.bytes);
+  }
+  return b.data;
+}
 
 AllreduceRoute Router::route(const AllreduceQuery& q) {
   static const ReducerId native = parseReducer("native");

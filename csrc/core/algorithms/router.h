@@ -7,7 +7,7 @@
 // host reducer, which `auto` picks by a rule until the device calibration
 // has measured (its DeviceRouter, device_router.h). It also owns the device
 // memory fused units of device tensors are packed into, for every op with
-// a device path.
+// a device path (deviceFusion()).
 //
 // One per data context (the Engine's, each process set's), made beside the
 // executor that runs on that context and outliving it; the executor hands
@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
 
 #include "algorithms/device_router.h"
 #include "algorithms/reducer_set.h"
@@ -59,6 +60,9 @@ class Router {
  public:
   Router(Context& ctx, const ReducerEnv& env, DeviceRouterOptions options)
       : ctx_(ctx), reducers_(env), devices_(ctx, options) {}
+  // Frees the device fusion memory: device work that used it has finished
+  // (the executor, which waits for it, is gone first).
+  ~Router();
   Router(const Router&) = delete;
   Router& operator=(const Router&) = delete;
 
@@ -79,18 +83,15 @@ class Router {
   DeviceRing* ring(Device& device) { return devices_.ring(device); }
   // The device rings' teardown handshake (DeviceRouter::closeRings), a collective.
   void closeRings() { devices_.closeRings(); }
-  // Device memory of at least `bytes` on `device` for one fused unit (valid
-  // until the next call for that device; grows, and is freed with the
-  // router, which the executor's in-flight device work never outlives).
-  void* deviceFusion(Device& device, size_t bytes) { return devices_.fusionBuffer(device, bytes); }
+  // Device memory of at least `bytes` on `device` for one fused unit of
+  // any op with a device path; valid until the next call for that device.
+  // Grows by doubling; a smaller buffer is released in stream order, after
+  // the work enqueued on it.
+  void* deviceFusion(Device& device, size_t bytes);
 
-  // A host route's reducer.allreduce on this context, timed into the cost model (a
-  // collective; ReducerSet::allreduce).
-  void allreduce(Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op) {
-    reducers_.allreduce(ctx_, reducer, data, count, dtype, op);
-  }
-  // The host reducers and the cost model: checks, calibration at init,
-  // reduce-scatter, the Python side's view of the model.
+  // The host reducers and the cost model: a host route runs through
+  // reducers().allreduce (timed into the model); checks, calibration at
+  // init, reduce-scatter, the Python side's view of the model.
   ReducerSet& reducers() { return reducers_; }
   const ReducerSet& reducers() const { return reducers_; }
 
@@ -98,6 +99,11 @@ class Router {
   Context& ctx_;
   ReducerSet reducers_;
   DeviceRouter devices_;
+  struct DeviceBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  std::map<Device*, DeviceBuffer> device_fusion_;
 };
 
 }  // namespace hvdtorch

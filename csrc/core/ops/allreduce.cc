@@ -206,8 +206,10 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   query.dtype = dtype;
   query.op = op;
   query.bytes = count * dtypeSize(dtype);
-  if (on_device) query.device = [&unit, &args]() -> Device& { return unitDevice(unit, args.reducer); };
-  query.probe = routeProbe(ex);
+  if (on_device) {
+    query.device = [&unit, &args]() -> Device& { return unitDevice(unit, args.reducer); };
+    query.probe = routeProbe(ex);
+  }
   // The first `auto` all-reduce of a device may time its routes
   // (algorithms/device_router.h): a phase of this op on the timeline.
   query.calibrating = [&ex, &unit](bool begin) { ex.mark(unit, "DEVICE_CALIBRATION", begin); };
@@ -227,7 +229,8 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     copyScaled(out.data(), in.data(), count, dtype, args.prescale);
     ex.mark(unit, collective, true);
     p.entry->state->times.reduce_begun = OpTimes::now();
-    if (ex.ctx().size() > 1) ex.router().allreduce(reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
+    if (ex.ctx().size() > 1)
+      ex.router().reducers().allreduce(ex.ctx(), reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
     p.entry->state->times.reduce_ended = OpTimes::now();
     ex.mark(unit, collective, false);
     copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
@@ -247,7 +250,8 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   }
   ex.mark(unit, "MEMCPY_IN_FUSION", false);
   ex.mark(unit, collective, true);
-  if (ex.ctx().size() > 1) ex.router().allreduce(reducer, fused, count, dtype, op);  // timed into `auto`'s model
+  if (ex.ctx().size() > 1)
+    ex.router().reducers().allreduce(ex.ctx(), reducer, fused, count, dtype, op);  // timed into `auto`'s model
   ex.mark(unit, collective, false);
   ex.mark(unit, "MEMCPY_OUT_FUSION", true);
   off = 0;

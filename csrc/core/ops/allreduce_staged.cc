@@ -57,7 +57,8 @@ std::map<Device*, std::shared_ptr<Event>> reduceStaged(Executor& ex, const std::
     char* data = fused + lo * esize;
     for (auto& [d, event] : copied[s]) d->synchronize(*event);
     copyScaled(data, data, n, dtype, scaling.prescale);
-    if (ex.ctx().size() > 1) ex.router().allreduce(reducer, data, n, dtype, op);  // timed into `auto`'s model
+    if (ex.ctx().size() > 1)
+      ex.router().reducers().allreduce(ex.ctx(), reducer, data, n, dtype, op);  // timed into `auto`'s model
     copyAveraged(data, data, n, dtype, scaling.divisor, scaling.postscale);
     forEachPart(lo, lo + n, [&](const StagedPart& p, size_t first, size_t last) {
       char* out = static_cast<char*>(p.out);
