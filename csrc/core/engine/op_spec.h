@@ -43,7 +43,7 @@ namespace hvdtorch {
 #define HVDTORCH_OP_TYPE(Op, op) k##Op,
 enum class OpType : uint8_t { HVDTORCH_OPS(HVDTORCH_OP_TYPE) };
 #undef HVDTORCH_OP_TYPE
-#define HVDTORCH_COUNT_OP(Op, op) +1
+#define HVDTORCH_COUNT_OP(Op, op) +1  // NOLINT(bugprone-macro-parentheses): a term of the sum below
 // How many ops HVDTORCH_OPS lists: the op table's length.
 inline constexpr size_t kOpTypes = 0 HVDTORCH_OPS(HVDTORCH_COUNT_OP);
 #undef HVDTORCH_COUNT_OP
