@@ -12,6 +12,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include "algorithms/device_ring.h"
@@ -35,6 +36,7 @@
 #include "ops/join.h"
 #include "ops/op_common.h"
 #include "ops/op_table.h"
+#include "ops/option_fields.h"
 #include "ops/reducescatter.h"
 #include "powersgd_strategy.h"
 #include "python_errors.h"
@@ -54,9 +56,9 @@ std::string opWhere(int rank, const char* op, const std::string& name) {
   return strCat("rank ", rank, ": ", op, " '", name, "'");
 }
 
-// Which of the fields every op may have an op's options struct has (C++17
-// detection): its tensors as a list (inputs, outputs) or one (input,
-// output), an output allocator, a process set, a reduce op.
+// Which tensor fields an op's options struct has (C++17 detection): its
+// tensors as a list (inputs, outputs) or one (input, output), an output
+// allocator.
 template <typename Options, template <typename> class Field, typename = void>
 struct Has : std::false_type {};
 template <typename Options, template <typename> class Field>
@@ -71,10 +73,6 @@ template <typename O>
 using OutputField = decltype(std::declval<O&>().output);
 template <typename O>
 using AllocateField = decltype(std::declval<O&>().allocate);
-template <typename O>
-using ProcessSetField = decltype(std::declval<O&>().process_set_id);
-template <typename O>
-using ReduceOpField = decltype(std::declval<O&>().op);
 
 // The one tensor of a field that holds one (`what`: "input", "output").
 const at::Tensor& onlyTensor(const std::string& where, const char* what, const std::vector<at::Tensor>& ts) {
@@ -324,27 +322,31 @@ std::unique_ptr<GradientReducer> makeGradientReducer(
                                            std::move(counter));
 }
 
+// Binds one plain field of an options struct by its name; a reduce op as
+// Horovod's int, checked by toReduceOp when set.
+template <typename Options, typename T>
+void bindField(py::class_<Options>& c, const ops::OptionField<Options, T>& f) {
+  if constexpr (std::is_same_v<T, ReduceOp>) {
+    const auto member = f.member;
+    c.def_property(
+        f.name, [member](const Options& o) { return static_cast<int>(o.*member); },
+        [member](Options& o, int op) { o.*member = ops::toReduceOp(op); });
+  } else {
+    c.def_readwrite(f.name, f.member);
+  }
+}
+
 // Binds one op: its options struct as _C.<name>, default-constructed, with
-// the fields every op has that one has (name, process_set_id, and the
-// reducing ops' op, prescale and postscale; `op` is Horovod's int, checked
-// by toReduceOp when set), and the overload Engine.submit(options, inputs,
-// outputs) that submits it (PyEngine::submit). The caller binds the op's
-// other plain fields; tensors never are fields on the Python side.
+// every plain field its fields() lists (ops/option_fields.h), and the
+// overload Engine.submit(options, inputs, outputs) that submits it
+// (PyEngine::submit). Tensors are never fields on the Python side.
 template <typename Options, int64_t (*Entry)(Engine&, Options)>
-py::class_<Options> bindOp(py::module& m, py::class_<PyEngine>& engine, const char* name) {
+void bindOp(py::module& m, py::class_<PyEngine>& engine, const char* name) {
   engine.def("submit", &PyEngine::submit<Options, Entry>, py::arg("options"),
              py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("outputs") = std::vector<at::Tensor>{});
   py::class_<Options> c(m, name);
-  c.def(py::init<>()).def_readwrite("name", &Options::name);
-  if constexpr (Has<Options, ProcessSetField>::value) c.def_readwrite("process_set_id", &Options::process_set_id);
-  if constexpr (Has<Options, ReduceOpField>::value) {
-    c.def_property(
-         "op", [](const Options& o) { return static_cast<int>(o.op); },
-         [](Options& o, int op) { o.op = ops::toReduceOp(op); })
-        .def_readwrite("prescale", &Options::prescale)
-        .def_readwrite("postscale", &Options::postscale);
-  }
-  return c;
+  c.def(py::init<>());
+  std::apply([&c](const auto&... f) { (bindField(c, f), ...); }, Options::fields());
 }
 
 }  // namespace
@@ -423,19 +425,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("latency_phases", &PyEngine::latencyPhases, py::arg("clear") = false);
 
   // The ops: each options struct (csrc/core/ops/<op>.h) and its
-  // Engine.submit overload. The hottest op first: pybind tries the overloads
-  // in this order.
-  bindOp<ops::AllreduceOptions, ops::allreduce>(m, engine, "AllreduceOptions")
-      .def_readwrite("reducer", &ops::AllreduceOptions::reducer)
-      .def_readwrite("fuse", &ops::AllreduceOptions::fuse);
-  bindOp<ops::AllgatherOptions, ops::allgather>(m, engine, "AllgatherOptions");
-  bindOp<ops::BroadcastOptions, ops::broadcast>(m, engine, "BroadcastOptions")
-      .def_readwrite("root", &ops::BroadcastOptions::root);
-  bindOp<ops::AlltoallOptions, ops::alltoall>(m, engine, "AlltoallOptions")
-      .def_readwrite("splits", &ops::AlltoallOptions::splits);
-  bindOp<ops::ReducescatterOptions, ops::reducescatter>(m, engine, "ReducescatterOptions");
-  bindOp<ops::BarrierOptions, ops::barrier>(m, engine, "BarrierOptions");
-  bindOp<ops::JoinOptions, ops::join>(m, engine, "JoinOptions");
+  // Engine.submit overload, for every op HVDTORCH_OPS lists
+  // (engine/op_spec.h). The hottest op, the all-reduce, first: pybind tries
+  // the overloads in this order.
+#define HVDTORCH_BIND_OP(Op, op) bindOp<ops::Op##Options, ops::op>(m, engine, #Op "Options");
+  HVDTORCH_OPS(HVDTORCH_BIND_OP)
+#undef HVDTORCH_BIND_OP
 
   // A strategy made in Python and handed to one GradientReducer (strategy_object=), so that its state
   // stays reachable: PowerSGD's (powersgd_strategy.h, hvdtorch/collectives/powersgd.py).

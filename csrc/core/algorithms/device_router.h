@@ -1,9 +1,8 @@
 // Where an all-reduce of device tensors goes, on one data context: the route
 // `auto` takes on each device (the rule, then the device calibration's
 // model, device_routes.h), the device rings it runs on, and the calibration
-// itself. One per data context (the Engine's, each process set's), owned
-// beside its ReducerSet and outside the executor, which hands it to the ops'
-// execute functions (Executor::router()).
+// itself. The device half of a data context's Router (router.h), which owns
+// it beside its ReducerSet.
 //
 // The routes: the backend's device collectives (`native`: NCCL on CUDA),
 // the device ring (`ring`, device_ring.h), or staging through the host

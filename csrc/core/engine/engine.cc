@@ -40,9 +40,8 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       control_ctx_(topo, transports.control, localLinks(config_, topo, transports, "c"), nullptr, config_.timeout),
       data_ctx_(topo, transports.data, localLinks(config_, topo, transports, "d"), transports.native, config_.timeout),
       registered_(makeRegistered(config_, topo, transports.shm_token)),
-      reducers_(reducerEnv(config_, transports.shm_token, 0, registered_)),
-      router_(data_ctx_, routerOptions(config_)),
-      executor_(data_ctx_, reducers_, router_, timeline_, registered_, executorOptions(config_)),
+      router_(data_ctx_, reducerEnv(config_, transports.shm_token, 0, registered_), routerOptions(config_)),
+      executor_(data_ctx_, router_, timeline_, registered_, executorOptions(config_)),
       control_(control_ctx_),
       shm_token_(transports.shm_token) {
   useOpTable(ops);
@@ -59,7 +58,7 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
   setShmSpinBudget(cores != 0 && static_cast<unsigned>(topo.local_size) <= cores ? kShmSpinBudget
                                                                                  : std::chrono::microseconds(0));
   // Every rank constructs its engine in init(), so this collective lines up.
-  if (config_.calibrate) reducers_.calibrate(data_ctx_);
+  if (config_.calibrate) router_.reducers().calibrate(data_ctx_);
   control_thread_ = std::thread([this] { controlLoop(); });
   executor_thread_ = std::thread([this] { executorLoop(); });
 }
@@ -135,22 +134,21 @@ void Engine::equipSet(ProcessSet& ps) {
   if (ps.id == 0) {  // the engine's own parts
     ps.control = &control_ctx_;
     ps.data = &data_ctx_;
-    ps.reducers = &reducers_;
     ps.router = &router_;
     ps.executor = &executor_;
     ps.plane = &control_;
   } else {  // views of the engine's contexts, and parts of its own
     ps.own_control = Context::view(control_ctx_, ps.ranks);
     ps.own_data = Context::view(data_ctx_, ps.ranks, ps.native);
-    ps.own_reducers = std::make_unique<ReducerSet>(reducerEnv(config_, shm_token_, ps.id, registered_));
-    ps.own_reducers->adoptModel(reducers_.calibrated());  // the job's calibration, alike on every member
-    ps.own_router = std::make_unique<DeviceRouter>(*ps.own_data, routerOptions(config_));
-    ps.own_executor = std::make_unique<Executor>(*ps.own_data, *ps.own_reducers, *ps.own_router, timeline_, registered_,
-                                                 executorOptions(config_));
+    ps.own_router = std::make_unique<Router>(*ps.own_data, reducerEnv(config_, shm_token_, ps.id, registered_),
+                                             routerOptions(config_));
+    // The job's calibration, alike on every member.
+    ps.own_router->reducers().adoptModel(router_.reducers().calibrated());
+    ps.own_executor =
+        std::make_unique<Executor>(*ps.own_data, *ps.own_router, timeline_, registered_, executorOptions(config_));
     ps.own_plane = std::make_unique<ControlPlane>(*ps.own_control);
     ps.control = ps.own_control.get();
     ps.data = ps.own_data.get();
-    ps.reducers = ps.own_reducers.get();
     ps.router = ps.own_router.get();
     ps.executor = ps.own_executor.get();
     ps.plane = ps.own_plane.get();

@@ -152,8 +152,8 @@ class Engine {
   size_t fusionThreshold() const { return fusion_threshold_; }
   void setCycleTime(std::chrono::microseconds t) { cycle_time_us_ = t.count(); }
   std::chrono::microseconds cycleTime() const { return std::chrono::microseconds(cycle_time_us_.load()); }
-  ReducerSet& reducers() { return reducers_; }
-  const ReducerSet& reducers() const { return reducers_; }
+  ReducerSet& reducers() { return router_.reducers(); }
+  const ReducerSet& reducers() const { return router_.reducers(); }
   Context& dataContext() { return data_ctx_; }
   const Context& dataContext() const { return data_ctx_; }
   // Started and stopped at run time by hvd.start_timeline()/stop_timeline().
@@ -210,8 +210,8 @@ class Engine {
   std::vector<std::shared_ptr<ProcessSet>> setsSnapshot() const;  // ascending ids
   // A set of `ranks` (ascending) as seen by global rank `rank`, and the one
   // builder of a member's resources: the global set (id 0) gets the
-  // engine's own contexts, reducers and executor, another set views of the
-  // contexts and its own reducers (the job's calibration), executor and
+  // engine's own contexts, router and executor, another set views of the
+  // contexts and its own router (the job's calibration), executor and
   // control plane; every set its response cache, and its coordinator on its
   // first rank.
   static std::shared_ptr<ProcessSet> newSet(int32_t id, std::vector<int> ranks, int rank);
@@ -246,9 +246,8 @@ class Engine {
   Timeline timeline_;
   Context control_ctx_;
   Context data_ctx_;
-  std::shared_ptr<RegisteredMemory> registered_;  // before reducers_ and executor_, which use it
-  ReducerSet reducers_;
-  DeviceRouter router_;  // before executor_, which uses it (and is gone first)
+  std::shared_ptr<RegisteredMemory> registered_;  // before router_ and executor_, which use it
+  Router router_;                                 // before executor_, which uses it (and is gone first)
   Executor executor_;
   ControlPlane control_;
 

@@ -30,9 +30,8 @@ void useOpTable(const std::vector<OpSpec>& table) {
       throw InvalidArgument(strCat("op table: row ", v, " (", table[v].name, ") is not at its OpType value"));
     if (table[v].execute == nullptr) throw InvalidArgument(strCat("op table: ", table[v].name, " has no execute"));
   }
-  if (table.size() != static_cast<size_t>(OpType::kJoin) + 1)
-    throw InvalidArgument(
-        strCat("op table: ", table.size(), " rows for ", static_cast<int>(OpType::kJoin) + 1, " op types"));
+  if (table.size() != kOpTypes)
+    throw InvalidArgument(strCat("op table: ", table.size(), " rows for ", kOpTypes, " op types"));
   const std::vector<OpSpec>* none = nullptr;
   if (!g_table.compare_exchange_strong(none, &table, std::memory_order_acq_rel) && none != &table)
     throw InvalidArgument("op table: this process already uses another one");

@@ -1,10 +1,12 @@
 // The table of ops: one row per collective says everything the engine needs
 // to know about it, so that the engine's code (wire format, signatures,
 // coordinator, cache, fusion, inline runs, joined ranks, executor) reads the
-// row instead of switching on the op. The rows are ops' (ops/op_table.h),
-// handed to the Engine's constructor, which makes them the table in use
-// (useOpTable): the engine neither includes nor links ops/. Each op's entry
-// function, planning and execution live in its own ops/<op>.{h,cc}.
+// row instead of switching on the op. The list of ops is HVDTORCH_OPS below,
+// the one place that names them all; each op's row, entry function,
+// planning and execution live in its own ops/<op>.{h,cc}, ops/op_table.h
+// gathers the rows in list order, and that table is handed to the Engine's
+// constructor, which makes it the table in use (useOpTable): the engine
+// neither includes nor links ops/.
 //
 // Adding a collective: docs/architecture.md, "Recipes". The wire check
 // (which op values a control message may carry) follows from the table.
@@ -23,9 +25,28 @@
 
 namespace hvdtorch {
 
-// kJoin: a rank out of data (hvd.join()); see Coordinator for what the others'
-// ops do while it waits.
-enum class OpType : uint8_t { kAllreduce = 0, kAllgather, kBroadcast, kBarrier, kAlltoall, kReducescatter, kJoin };
+// Every collective, X(Op, op) each: `Op` names its OpType value (k<Op>) and
+// its options struct (ops::<Op>Options, bound as _C.<Op>Options), `op` its
+// entry function (ops::<op>) and its row (ops::<op>Row()). The order is the
+// OpType order, which is the ops' value on the wire. Join: a rank out of
+// data (hvd.join()); see Coordinator for what the others' ops do while it
+// waits.
+#define HVDTORCH_OPS(X)           \
+  X(Allreduce, allreduce)         \
+  X(Allgather, allgather)         \
+  X(Broadcast, broadcast)         \
+  X(Barrier, barrier)             \
+  X(Alltoall, alltoall)           \
+  X(Reducescatter, reducescatter) \
+  X(Join, join)
+
+#define HVDTORCH_OP_TYPE(Op, op) k##Op,
+enum class OpType : uint8_t { HVDTORCH_OPS(HVDTORCH_OP_TYPE) };
+#undef HVDTORCH_OP_TYPE
+#define HVDTORCH_COUNT_OP(Op, op) +1  // NOLINT(bugprone-macro-parentheses): a term of the sum below
+// How many ops HVDTORCH_OPS lists: the op table's length.
+inline constexpr size_t kOpTypes = 0 HVDTORCH_OPS(HVDTORCH_COUNT_OP);
+#undef HVDTORCH_COUNT_OP
 
 // When a ready unit may run on the control thread instead of the executor
 // (Engine::queueUnits): saves a thread hand-off for work smaller than it.

@@ -1,8 +1,9 @@
 // A process set as the engine runs it: a list of global ranks with its own
 // negotiation (response cache, coordinator at the set's first rank, stall
 // check) over views of the job's control and data contexts (set rank i is
-// global rank ranks[i], on the same links), and its own reducers. The global
-// set (id 0, every rank) is one of them and uses the engine's own contexts.
+// global rank ranks[i], on the same links), and its own router (reducers
+// and device routes, algorithms/router.h). The global set (id 0, every
+// rank) is one of them and uses the engine's own contexts.
 //
 // How sets run (Engine::runCycle): every cycle starts with the global set's
 // exchange, in which each rank also reports the sets it has work in (as idle
@@ -28,7 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "algorithms/reducer_set.h"
+#include "algorithms/router.h"
 #include "engine/execution/entry.h"
 #include "engine/execution/executor.h"
 #include "engine/negotiation/control_plane.h"
@@ -50,13 +51,11 @@ struct ProcessSet {
   // parts; other sets own theirs (the own_* members), built only on members.
   Context* control = nullptr;
   Context* data = nullptr;
-  ReducerSet* reducers = nullptr;
-  DeviceRouter* router = nullptr;
+  Router* router = nullptr;
   Executor* executor = nullptr;
   ControlPlane* plane = nullptr;
   std::unique_ptr<Context> own_control, own_data;
-  std::unique_ptr<ReducerSet> own_reducers;
-  std::unique_ptr<DeviceRouter> own_router;  // before own_executor, which uses it (and is gone first)
+  std::unique_ptr<Router> own_router;  // before own_executor, which uses it (and is gone first)
   std::unique_ptr<Executor> own_executor;
   std::unique_ptr<ControlPlane> own_plane;
 

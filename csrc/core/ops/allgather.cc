@@ -7,6 +7,7 @@
 #include "device/devices.h"
 #include "engine/execution/host_staging.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::ops {
 
@@ -69,7 +70,7 @@ void allgatherOnDevice(Executor& ex, WorkUnit& unit, Device& d) {
   } else if (n == 1 && equal) {
     backend.allgatherOnDevice(d, e.inputs[0]->data(), outs[0]->data(), widest);
   } else {
-    char* gathered = static_cast<char*>(ex.deviceFusion(d, widest * (p + 1)));
+    char* gathered = static_cast<char*>(ex.router().deviceFusion(d, widest * (p + 1)));
     char* mine = gathered + widest * p;
     size_t at = 0;
     for (size_t t = 0; t < n; ++t) {
@@ -115,6 +116,24 @@ void executeAllgather(Executor& ex, WorkUnit& unit) {
   ex.mark(unit, "ALLGATHER", false);
   e.outputs = std::move(outs);
   ex.complete(e);
+}
+
+// Its row of the op table (engine/op_spec.h says what each column means).
+const OpSpec& allgatherRow() {
+  static const OpSpec row = {OpType::kAllgather,
+                             "allgather",
+                             argsIndex<NoArgs>(),
+                             planIndex<AllgatherPlan>(),
+                             /*first_dim_free=*/true,
+                             /*cacheable=*/false,
+                             /*fuses=*/false,
+                             InlineRun::kNever,
+                             WhileJoined::kAddsNoRows,
+                             Outputs::kAllocated,
+                             Staging::kByOp,
+                             /*make_plan=*/planAllgather,
+                             /*execute=*/executeAllgather};
+  return row;
 }
 
 }  // namespace hvdtorch::ops

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/option_fields.h"
 
 namespace hvdtorch::ops {
 
@@ -15,6 +17,11 @@ struct AllgatherOptions {
   std::vector<TensorPtr> inputs;  // at least one dimension each
   OutputAllocator allocate;       // makes each output once every rank's size is known
   int32_t process_set_id = 0;
+  // Its plain fields, which the Python binding sets by name (ops/option_fields.h).
+  static constexpr auto fields() {
+    return std::make_tuple(field("name", &AllgatherOptions::name),
+                           field("process_set_id", &AllgatherOptions::process_set_id));
+  }
 };
 
 int64_t allgather(Engine& engine, AllgatherOptions opts);

@@ -14,6 +14,7 @@
 #include "ops/allreduce_routes.h"
 #include "ops/allreduce_staged.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::ops {
 
@@ -30,7 +31,7 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
     // The reducers run Average as a Sum.
     const ReduceOp reduced = args.op == ReduceOp::kAverage ? ReduceOp::kSum : args.op;
     const auto ps = engine.processSet(opts.process_set_id);
-    const ReducerSet& reducers = ps && ps->member() ? *ps->reducers : engine.reducers();
+    const ReducerSet& reducers = ps && ps->member() ? ps->router->reducers() : engine.reducers();
     const Context& ctx = ps && ps->member() ? *ps->data : engine.dataContext();
     for (const auto& t : opts.inputs) reducers.check(args.reducer, ctx, t->dtype(), reduced);
   } catch (const InvalidArgument& err) {
@@ -96,17 +97,17 @@ void finishOnDevices(Executor& ex, WorkUnit& unit) {
   for (const auto& p : unit.pieces) ex.finishPiece(p);
 }
 
-// Device memory only: pack (prescaled) into the engine's device fusion buffer
+// Device memory only: pack (prescaled) into the router's device fusion buffer
 // (a lone tensor is reduced in its output), reduce, unpack (averaged,
 // postscaled), all on the engine stream; the op completes without the host
 // waiting for the device (finishOnDevices).
-void allreduceOnDevice(Executor& ex, WorkUnit& unit, const DevicePath& path, DataType dtype, size_t count) {
+void allreduceOnDevice(Executor& ex, WorkUnit& unit, const AllreduceRoute& path, DataType dtype, size_t count) {
   Device& d = *path.device;
   const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
   const size_t esize = dtypeSize(dtype);
   const bool alone = unit.pieces.size() == 1;
   char* fused = alone ? static_cast<char*>(unit.pieces.front().entry->outputs[unit.pieces.front().tensor]->data())
-                      : static_cast<char*>(ex.deviceFusion(d, count * esize));
+                      : static_cast<char*>(ex.router().deviceFusion(d, count * esize));
   size_t off = 0;
   ex.mark(unit, "MEMCPY_IN_FUSION", true);
   for (const auto& p : unit.pieces) {
@@ -200,21 +201,22 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   const ReduceOp op = Executor::reducedOp(args.op);
-  static const ReducerId native = parseReducer("native");
-  const bool one_rank = ex.ctx().size() == 1;
-  // At one rank only reducer="native", asked for by name, still runs the backend's device collective (NCCL).
-  if (on_device && DeviceRouter::hasDeviceRoutes(args.reducer) && (!one_rank || args.reducer == native)) {
-    Device& d = unitDevice(unit, args.reducer);
-    // The first `auto` all-reduce of a device may time its routes
-    // (algorithms/device_router.h): a phase of this op on the timeline.
-    const bool deciding = ex.router().calibratesNext(d, args.reducer);
-    if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", true);
-    const DevicePath path = devicePath(ex, d, args.reducer, dtype, op, count * dtypeSize(dtype));
-    if (deciding) ex.mark(unit, "DEVICE_CALIBRATION", false);
-    if (path.device) return allreduceOnDevice(ex, unit, path, dtype, count);
+  AllreduceQuery query;
+  query.asked = args.reducer;
+  query.dtype = dtype;
+  query.op = op;
+  query.bytes = count * dtypeSize(dtype);
+  if (on_device) {
+    query.device = [&unit, &args]() -> Device& { return unitDevice(unit, args.reducer); };
+    query.probe = routeProbe(ex);
   }
-  if (on_device && one_rank) return allreduceOneRank(ex, unit, dtype);
-  Reducer& reducer = ex.reducers().pick(args.reducer, ex.ctx(), count * dtypeSize(dtype), dtype, op);
+  // The first `auto` all-reduce of a device may time its routes
+  // (algorithms/device_router.h): a phase of this op on the timeline.
+  query.calibrating = [&ex, &unit](bool begin) { ex.mark(unit, "DEVICE_CALIBRATION", begin); };
+  const AllreduceRoute route = ex.router().route(query);
+  if (route.device) return allreduceOnDevice(ex, unit, route, dtype, count);
+  if (route.alone) return allreduceOneRank(ex, unit, dtype);
+  Reducer& reducer = *route.host;
   if (on_device) return allreduceStaged(ex, unit, reducer, dtype, count);
 
   const int64_t divisor = ex.averageDivisor(args.op);
@@ -228,7 +230,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     ex.mark(unit, collective, true);
     p.entry->state->times.reduce_begun = OpTimes::now();
     if (ex.ctx().size() > 1)
-      ex.reducers().allreduce(ex.ctx(), reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
+      ex.router().reducers().allreduce(ex.ctx(), reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
     p.entry->state->times.reduce_ended = OpTimes::now();
     ex.mark(unit, collective, false);
     copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
@@ -249,7 +251,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   ex.mark(unit, "MEMCPY_IN_FUSION", false);
   ex.mark(unit, collective, true);
   if (ex.ctx().size() > 1)
-    ex.reducers().allreduce(ex.ctx(), reducer, fused, count, dtype, op);  // timed into `auto`'s model
+    ex.router().reducers().allreduce(ex.ctx(), reducer, fused, count, dtype, op);  // timed into `auto`'s model
   ex.mark(unit, collective, false);
   ex.mark(unit, "MEMCPY_OUT_FUSION", true);
   off = 0;
@@ -261,6 +263,24 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   }
   ex.mark(unit, "MEMCPY_OUT_FUSION", false);
   for (const auto& p : unit.pieces) ex.finishPiece(p);
+}
+
+// Its row of the op table (engine/op_spec.h says what each column means).
+const OpSpec& allreduceRow() {
+  static const OpSpec row = {OpType::kAllreduce,
+                             "allreduce",
+                             argsIndex<ReduceArgs>(),
+                             planIndex<NoPlan>(),
+                             /*first_dim_free=*/false,
+                             /*cacheable=*/true,
+                             /*fuses=*/true,
+                             InlineRun::kIfSmall,
+                             WhileJoined::kAddsZeros,
+                             Outputs::kLikeInputs,
+                             Staging::kByOp,
+                             /*make_plan=*/nullptr,
+                             /*execute=*/executeAllreduce};
+  return row;
 }
 
 }  // namespace hvdtorch::ops

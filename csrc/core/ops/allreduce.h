@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/option_fields.h"
 
 namespace hvdtorch::ops {
 
@@ -23,6 +25,14 @@ struct AllreduceOptions {
   std::string reducer;
   bool fuse = true;  // false: never packed with other ops in a fusion buffer
   int32_t process_set_id = 0;
+  // Its plain fields, which the Python binding sets by name (ops/option_fields.h).
+  static constexpr auto fields() {
+    return std::make_tuple(field("name", &AllreduceOptions::name), field("op", &AllreduceOptions::op),
+                           field("prescale", &AllreduceOptions::prescale),
+                           field("postscale", &AllreduceOptions::postscale),
+                           field("reducer", &AllreduceOptions::reducer), field("fuse", &AllreduceOptions::fuse),
+                           field("process_set_id", &AllreduceOptions::process_set_id));
+  }
 };
 
 // What `opts` asks the engine to do, checked (InvalidArgument naming the

@@ -18,7 +18,7 @@ void runRoute(Executor& ex, Device& d, DeviceRoute route, void* buf, size_t coun
     case DeviceRoute::kRing: ex.router().ring(d)->allreduce(buf, count, DataType::kFloat32, ReduceOp::kSum); break;
     case DeviceRoute::kStaged: {
       const size_t bytes = count * sizeof(float);
-      Reducer& host = ex.reducers().resolve(kAutoReducer, ex.ctx(), bytes, DataType::kFloat32, ReduceOp::kSum);
+      Reducer& host = ex.router().reducers().resolve(kAutoReducer, ex.ctx(), bytes, DataType::kFloat32, ReduceOp::kSum);
       reduceStaged(ex, {{&d, buf, buf, 0, count}}, host, DataType::kFloat32, count, ReduceOp::kSum, {},
                    [](const std::string&, bool) {});
       break;
@@ -29,10 +29,8 @@ void runRoute(Executor& ex, Device& d, DeviceRoute route, void* buf, size_t coun
 
 }  // namespace
 
-DevicePath devicePath(Executor& ex, Device& d, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes) {
-  return ex.router().path(d, asked, dtype, op, bytes, [&ex](DeviceRoute route, Device& dev, void* buf, size_t count) {
-    runRoute(ex, dev, route, buf, count);
-  });
+DeviceRouter::RunRoute routeProbe(Executor& ex) {
+  return [&ex](DeviceRoute route, Device& dev, void* buf, size_t count) { runRoute(ex, dev, route, buf, count); };
 }
 
 }  // namespace hvdtorch::ops

@@ -1,18 +1,17 @@
-// Which route an all-reduce of device tensors takes, as the ops ask it: the
-// executor's DeviceRouter (algorithms/device_router.h) decides, and this
-// file supplies the device calibration's probe of each route (staging
+// The device calibration's probe of each all-reduce route, which the
+// all-reduce hands its Router (algorithms/router.h) with every query: the
+// router decides, and runs the probe only while it calibrates (staging
 // through the host is the ops', ops/allreduce_staged.h).
 #pragma once
 
-#include "algorithms/device_router.h"
+#include "algorithms/router.h"
 #include "engine/execution/executor.h"
 
 namespace hvdtorch::ops {
 
-// The route of an all-reduce of `bytes` of `dtype`/`op` (the reduced op)
-// on `device` for reducer `asked`: DeviceRouter::path on the executor's
-// router, with ops' probe. May run the calibration (a collective). On the
-// executor thread.
-DevicePath devicePath(Executor& ex, Device& device, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes);
+// One float32 Sum all-reduce by a route on the executor's context, returning
+// once the device has finished it (DeviceRouter::RunRoute). On the executor
+// thread.
+DeviceRouter::RunRoute routeProbe(Executor& ex);
 
 }  // namespace hvdtorch::ops

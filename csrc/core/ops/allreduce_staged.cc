@@ -58,7 +58,7 @@ std::map<Device*, std::shared_ptr<Event>> reduceStaged(Executor& ex, const std::
     for (auto& [d, event] : copied[s]) d->synchronize(*event);
     copyScaled(data, data, n, dtype, scaling.prescale);
     if (ex.ctx().size() > 1)
-      ex.reducers().allreduce(ex.ctx(), reducer, data, n, dtype, op);  // timed into `auto`'s model
+      ex.router().reducers().allreduce(ex.ctx(), reducer, data, n, dtype, op);  // timed into `auto`'s model
     copyAveraged(data, data, n, dtype, scaling.divisor, scaling.postscale);
     forEachPart(lo, lo + n, [&](const StagedPart& p, size_t first, size_t last) {
       char* out = static_cast<char*>(p.out);

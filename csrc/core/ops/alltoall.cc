@@ -8,6 +8,7 @@
 #include "device/devices.h"
 #include "engine/execution/host_staging.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::ops {
 
@@ -103,6 +104,24 @@ void executeAlltoall(Executor& ex, WorkUnit& unit) {
   e.outputs = {out, received};
   if (on_device) return ex.completeOnDevice(*on_device, entry);
   ex.complete(e);
+}
+
+// Its row of the op table (engine/op_spec.h says what each column means).
+const OpSpec& alltoallRow() {
+  static const OpSpec row = {OpType::kAlltoall,
+                             "alltoall",
+                             argsIndex<AlltoallArgs>(),
+                             planIndex<AlltoallPlan>(),
+                             /*first_dim_free=*/true,
+                             /*cacheable=*/false,
+                             /*fuses=*/false,
+                             InlineRun::kNever,
+                             WhileJoined::kRefused,
+                             Outputs::kAllocated,
+                             Staging::kByOp,
+                             /*make_plan=*/planAlltoall,
+                             /*execute=*/executeAlltoall};
+  return row;
 }
 
 }  // namespace hvdtorch::ops

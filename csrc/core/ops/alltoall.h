@@ -5,9 +5,11 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/option_fields.h"
 
 namespace hvdtorch::ops {
 
@@ -22,6 +24,11 @@ struct AlltoallOptions {
   // latter a HostTensor of int64, the rows received from each rank.
   OutputAllocator allocate;
   int32_t process_set_id = 0;
+  // Its plain fields, which the Python binding sets by name (ops/option_fields.h).
+  static constexpr auto fields() {
+    return std::make_tuple(field("name", &AlltoallOptions::name), field("splits", &AlltoallOptions::splits),
+                           field("process_set_id", &AlltoallOptions::process_set_id));
+  }
 };
 
 int64_t alltoall(Engine& engine, AlltoallOptions opts);

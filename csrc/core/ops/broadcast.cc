@@ -8,6 +8,7 @@
 #include "device/devices.h"
 #include "engine/execution/host_staging.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::ops {
 
@@ -67,6 +68,24 @@ void executeBroadcast(Executor& ex, WorkUnit& unit) {
   }
   ex.mark(unit, "BROADCAST", false);
   ex.complete(e);
+}
+
+// Its row of the op table (engine/op_spec.h says what each column means).
+const OpSpec& broadcastRow() {
+  static const OpSpec row = {OpType::kBroadcast,
+                             "broadcast",
+                             argsIndex<BroadcastArgs>(),
+                             planIndex<NoPlan>(),
+                             /*first_dim_free=*/false,
+                             /*cacheable=*/true,
+                             /*fuses=*/false,
+                             InlineRun::kNever,
+                             WhileJoined::kReceives,
+                             Outputs::kLikeInputs,
+                             Staging::kByOp,
+                             /*make_plan=*/nullptr,
+                             /*execute=*/executeBroadcast};
+  return row;
 }
 
 }  // namespace hvdtorch::ops

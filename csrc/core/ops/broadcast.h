@@ -2,8 +2,10 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 
 #include "engine/engine.h"
+#include "ops/option_fields.h"
 
 namespace hvdtorch::ops {
 
@@ -14,6 +16,11 @@ struct BroadcastOptions {
   TensorPtr output;  // same dtype and size; may alias the input (in place)
   int root = 0;
   int32_t process_set_id = 0;
+  // Its plain fields, which the Python binding sets by name (ops/option_fields.h).
+  static constexpr auto fields() {
+    return std::make_tuple(field("name", &BroadcastOptions::name), field("root", &BroadcastOptions::root),
+                           field("process_set_id", &BroadcastOptions::process_set_id));
+  }
 };
 
 int64_t broadcast(Engine& engine, BroadcastOptions opts);

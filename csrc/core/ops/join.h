@@ -6,8 +6,10 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 
 #include "engine/engine.h"
+#include "ops/option_fields.h"
 
 namespace hvdtorch::ops {
 
@@ -16,6 +18,8 @@ struct JoinOptions {
   // The same on every rank, and used by no other op. Always the global set.
   std::string name = "hvdtorch.join";
   OutputAllocator allocate;
+  // Its plain fields, which the Python binding sets by name (ops/option_fields.h).
+  static constexpr auto fields() { return std::make_tuple(field("name", &JoinOptions::name)); }
 };
 
 int64_t join(Engine& engine, JoinOptions opts);

@@ -7,6 +7,7 @@
 #include "device/reduce_kernels.h"
 #include "engine/execution/host_staging.h"
 #include "ops/op_common.h"
+#include "ops/op_table.h"
 
 namespace hvdtorch::ops {
 
@@ -79,7 +80,8 @@ void reducescatterRun(Executor& ex, Entry& e, const ReducescatterPlan& plan, siz
   }
   const ReduceOp op = Executor::reducedOp(args.op);
   if (p > 1) {
-    Reducer& reducer = ex.reducers().reduceScatterer(ex.ctx(), (block_at[p - 1] + counts[p - 1]) * esize, dtype, op);
+    Reducer& reducer =
+        ex.router().reducers().reduceScatterer(ex.ctx(), (block_at[p - 1] + counts[p - 1]) * esize, dtype, op);
     reducer.reduceScatter(ex.ctx(), buf, counts, dtype, op);
   }
   // Unpack my block: averaged if so asked, postscaled.
@@ -105,7 +107,7 @@ void reducescatterRunOnDevice(Executor& ex, Device& d, Entry& e, const Reducesca
   const auto [row, counts] = runShape(e, plan, first, last, p);
   const size_t widest = *std::max_element(counts.begin(), counts.end());
   if (widest == 0) return;  // every output is empty
-  char* blocks = static_cast<char*>(ex.deviceFusion(d, widest * (p + 1) * esize));
+  char* blocks = static_cast<char*>(ex.router().deviceFusion(d, widest * (p + 1) * esize));
   char* received = blocks + widest * p * esize;
   for (size_t t = first; t < last; ++t) {
     const char* in = static_cast<const char*>(e.inputs[t]->data());
@@ -165,6 +167,24 @@ void executeReducescatter(Executor& ex, WorkUnit& unit) {
   e.outputs = std::move(outs);
   if (on_device) return ex.completeOnDevice(*on_device, entry);
   ex.complete(e);
+}
+
+// Its row of the op table (engine/op_spec.h says what each column means).
+const OpSpec& reducescatterRow() {
+  static const OpSpec row = {OpType::kReducescatter,
+                             "reducescatter",
+                             argsIndex<ReduceArgs>(),
+                             planIndex<ReducescatterPlan>(),
+                             /*first_dim_free=*/false,
+                             /*cacheable=*/true,
+                             /*fuses=*/false,
+                             InlineRun::kNever,
+                             WhileJoined::kRefused,
+                             Outputs::kAllocated,
+                             Staging::kByOp,
+                             /*make_plan=*/planReducescatter,
+                             /*execute=*/executeReducescatter};
+  return row;
 }
 
 }  // namespace hvdtorch::ops

@@ -6,9 +6,11 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/engine.h"
+#include "ops/option_fields.h"
 
 namespace hvdtorch::ops {
 
@@ -21,6 +23,13 @@ struct ReducescatterOptions {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t process_set_id = 0;
+  // Its plain fields, which the Python binding sets by name (ops/option_fields.h).
+  static constexpr auto fields() {
+    return std::make_tuple(field("name", &ReducescatterOptions::name), field("op", &ReducescatterOptions::op),
+                           field("prescale", &ReducescatterOptions::prescale),
+                           field("postscale", &ReducescatterOptions::postscale),
+                           field("process_set_id", &ReducescatterOptions::process_set_id));
+  }
 };
 
 int64_t reducescatter(Engine& engine, ReducescatterOptions opts);

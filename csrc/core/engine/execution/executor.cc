@@ -1,6 +1,5 @@
 #include "engine/execution/executor.h"
 
-#include <algorithm>
 #include <cstdio>
 
 #include "device/devices.h"
@@ -44,7 +43,6 @@ Executor::~Executor() {
     }
   }
   in_flight_.clear();
-  for (auto& [device, buffer] : device_fusion_) device->release(buffer.data);
 }
 
 void Executor::releaseFinished() {
@@ -77,16 +75,6 @@ Device* Executor::deviceOrStage(Entry& e, std::optional<ReduceOp> reduce) {
   if (takes) return &d;
   e.staged = StagedEntry::stageIn(e, staging_);
   return nullptr;
-}
-
-void* Executor::deviceFusion(Device& device, size_t bytes) {
-  DeviceBuffer& b = device_fusion_[&device];
-  if (bytes > b.bytes) {
-    device.release(b.data);  // ordered after the work enqueued on it (cudaFree, the simulated release)
-    b.bytes = std::max(bytes, b.bytes * 2);
-    b.data = device.allocate(b.bytes);
-  }
-  return b.data;
 }
 
 void Executor::run(WorkUnit& unit) {

@@ -3,7 +3,9 @@
 //
 // What a unit does is its op's: run() calls the execute function of the op's
 // row (engine/op_spec.h; each op's in ops/<op>.cc), which uses the context,
-// reducers, fusion buffer and timeline marks below.
+// the router (algorithms/router.h: reducers, device routes, device fusion
+// memory), the host fusion buffer and the timeline marks below. The
+// executor keeps no op's state of its own.
 //
 // Device tensors: for a row with Staging::kByExecutor, run() swaps a device
 // entry's buffers for pinned host copies before execute (host_staging.h),
@@ -14,12 +16,10 @@
 #pragma once
 
 #include <deque>
-#include <map>
 #include <memory>
 #include <optional>
 
-#include "algorithms/device_router.h"
-#include "algorithms/reducer_set.h"
+#include "algorithms/router.h"
 #include "engine/execution/entry.h"
 #include "engine/execution/fusion.h"
 #include "engine/execution/host_staging.h"
@@ -40,19 +40,15 @@ struct ExecutorOptions {
 
 class Executor {
  public:
-  // `reducers` and `router` (the all-reduce's host reducers and device
-  // routes, on the same context) are owned by the caller and outlive the
-  // executor. `registered` (may be null): where the fusion buffer lives, so
-  // the node reducer reduces fused units in place.
-  Executor(Context& ctx, ReducerSet& reducers, DeviceRouter& router, Timeline& timeline,
-           std::shared_ptr<RegisteredMemory> registered = nullptr, ExecutorOptions options = {})
-      : ctx_(ctx),
-        reducers_(reducers),
-        router_(router),
-        timeline_(timeline),
-        fusion_(std::move(registered)),
-        options_(options) {}
-  // Waits for device work still in flight, then frees the device buffers.
+  // `router` (the all-reduce's reducers and device routes, on the same
+  // context) is owned by the caller and outlives the executor. `registered`
+  // (may be null): where the fusion buffer lives, so the node reducer
+  // reduces fused units in place.
+  Executor(Context& ctx, Router& router, Timeline& timeline, std::shared_ptr<RegisteredMemory> registered = nullptr,
+           ExecutorOptions options = {})
+      : ctx_(ctx), router_(router), timeline_(timeline), fusion_(std::move(registered)), options_(options) {}
+  // Waits for device work still in flight (the router's device fusion
+  // memory is freed after this, with the router).
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -64,8 +60,7 @@ class Executor {
 
   // ---- for the ops' execute functions (on the executor's thread only) ----
   Context& ctx() { return ctx_; }
-  ReducerSet& reducers() { return reducers_; }
-  DeviceRouter& router() { return router_; }
+  Router& router() { return router_; }
   FusionBuffer& fusion() { return fusion_; }
   size_t fusionBytes() const { return fusion_.capacity(); }
   // Completes the piece's entry when it was the entry's last piece.
@@ -79,8 +74,6 @@ class Executor {
   const ExecutorOptions& options() const { return options_; }
 
   // ---- device-native paths (ops/allreduce.cc and the others' *OnDevice) ----
-  // Engine-owned device memory for fused units on `device` (grows).
-  void* deviceFusion(Device& device, size_t bytes);
   // Keeps `entry` (and the tensors it holds) alive until `done`, recorded on
   // the device's engine stream after the last use of its buffers, completed:
   // device work may outlive the op's completion, the caller's stream waiting
@@ -106,17 +99,11 @@ class Executor {
 
  private:
   Context& ctx_;
-  ReducerSet& reducers_;
-  DeviceRouter& router_;
+  Router& router_;
   Timeline& timeline_;
   FusionBuffer fusion_;
   StagingPool staging_;
   ExecutorOptions options_;
-  struct DeviceBuffer {
-    void* data = nullptr;
-    size_t bytes = 0;
-  };
-  std::map<Device*, DeviceBuffer> device_fusion_;
   struct InFlight {
     Device* device;
     std::shared_ptr<Event> done;

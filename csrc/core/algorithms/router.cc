@@ -1,0 +1,38 @@
+#include "algorithms/router.h"
+
+#include <algorithm>
+
+#include "algorithms/reducer_registry.h"
+
+namespace hvdtorch {
+
+Router::~Router() {
+  for (auto& [device, buffer] : device_fusion_) device->release(buffer.data);
+}
+
+void* Router::deviceFusion(Device& device, size_t bytes) {
+  DeviceBuffer& b = device_fusion_[&device];
+  if (bytes > b.bytes) {
+    device.release(b.data);  // ordered after the work enqueued on it (cudaFree, the simulated release)
+    b.bytes = std::max(bytes, b.bytes * 2);
+    b.data = device.allocate(b.bytes);
+  }
+  return b.data;
+}
+
+AllreduceRoute Router::route(const AllreduceQuery& q) {
+  static const ReducerId native = parseReducer("native");
+  const bool one_rank = ctx_.size() == 1;
+  if (q.device && DeviceRouter::hasDeviceRoutes(q.asked) && (!one_rank || q.asked == native)) {
+    Device& d = q.device();
+    const bool deciding = devices_.calibratesNext(d, q.asked);
+    if (deciding) q.calibrating(true);
+    const DevicePath path = devices_.path(d, q.asked, q.dtype, q.op, q.bytes, q.probe);
+    if (deciding) q.calibrating(false);
+    if (path.device) return {path.device, path.ring, false, nullptr};
+  }
+  if (q.device && one_rank) return {nullptr, false, true, nullptr};
+  return {nullptr, false, false, &reducers_.pick(q.asked, ctx_, q.bytes, q.dtype, q.op)};
+}
+
+}  // namespace hvdtorch

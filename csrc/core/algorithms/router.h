@@ -1,0 +1,109 @@
+// The one router of a data context's all-reduces: where each runs, for host
+// and device tensors alike, and what decides it. The all-reduce op asks it
+// (ops/allreduce.cc): host tensors go to a reducer, the one asked for or,
+// for `auto`, the one the calibrated cost model holds cheapest (its
+// ReducerSet, reducer_set.h); device tensors take a route, the backend's
+// device collectives, the device ring or staging through the host to a
+// host reducer, which `auto` picks by a rule until the device calibration
+// has measured (its DeviceRouter, device_router.h). It also owns the device
+// memory fused units of device tensors are packed into, for every op with
+// a device path (deviceFusion()).
+//
+// One per data context (the Engine's, each process set's), made beside the
+// executor that runs on that context and outliving it; the executor hands
+// it to the ops' execute functions (Executor::router()).
+//
+// Everything that decides is agreed across ranks (see the two parts'
+// headers); every rank asks in the same units, in the same order.
+// Thread-safety: the executor's thread routes, runs and allocates; the
+// const methods of reducers() (choose, model) may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+
+#include "algorithms/device_router.h"
+#include "algorithms/reducer_set.h"
+#include "transport/context.h"
+
+namespace hvdtorch {
+
+// What one all-reduce (a unit: its tensors fused) asks the router.
+struct AllreduceQuery {
+  ReducerId asked = kAutoReducer;  // a registered reducer or kAutoReducer
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;  // the reduced op (Average arrives as Sum)
+  size_t bytes = 0;
+  // Device tensors: their one device, asked only where a device route may
+  // take them (it throws where the unit's tensors are on several devices).
+  // Empty for host tensors.
+  std::function<Device&()> device;
+  // The device calibration's run of one route (ops' own: staging through
+  // the host is theirs), and what is told before (true) and after (false)
+  // the calibration runs.
+  DeviceRouter::RunRoute probe;
+  std::function<void(bool begin)> calibrating;
+};
+
+// The router's answer: exactly one way.
+struct AllreduceRoute {
+  Device* device = nullptr;  // reduce on this device: the device ring (`ring`) or the backend's collectives
+  bool ring = false;
+  // One rank holding device tensors: nothing to exchange; they are scaled
+  // on their device (staging would move every byte through the host twice).
+  bool alone = false;
+  Reducer* host = nullptr;  // otherwise this host reducer (device tensors staged through the host)
+};
+
+class Router {
+ public:
+  Router(Context& ctx, const ReducerEnv& env, DeviceRouterOptions options)
+      : ctx_(ctx), reducers_(env), devices_(ctx, options) {}
+  // Frees the device fusion memory: device work that used it has finished
+  // (the executor, which waits for it, is gone first).
+  ~Router();
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  // Where an all-reduce runs. Device tensors take a device route where
+  // `asked` has them (ring, native, auto) and one applies
+  // (DeviceRouter::path, which may calibrate first: a collective); at one
+  // rank only reducer="native", asked for by name, still runs the backend's
+  // device collective, and otherwise the tensors stay alone on their device.
+  // Everything else runs on a host reducer: `asked`, or for `auto` the cost
+  // model's choice, which may explore an under-measured reducer
+  // (ReducerSet::pick). Every rank asks for the same units in the same
+  // order; the answer is the same on every rank.
+  AllreduceRoute route(const AllreduceQuery& query);
+
+  // ---- what the routes run on ----
+  // The device ring on `device`, made on first use (a collective); null
+  // where it does not apply.
+  DeviceRing* ring(Device& device) { return devices_.ring(device); }
+  // The device rings' teardown handshake (DeviceRouter::closeRings), a collective.
+  void closeRings() { devices_.closeRings(); }
+  // Device memory of at least `bytes` on `device` for one fused unit of
+  // any op with a device path; valid until the next call for that device.
+  // Grows by doubling; a smaller buffer is released in stream order, after
+  // the work enqueued on it.
+  void* deviceFusion(Device& device, size_t bytes);
+
+  // The host reducers and the cost model: a host route runs through
+  // reducers().allreduce (timed into the model); checks, calibration at
+  // init, reduce-scatter, the Python side's view of the model.
+  ReducerSet& reducers() { return reducers_; }
+  const ReducerSet& reducers() const { return reducers_; }
+
+ private:
+  Context& ctx_;
+  ReducerSet reducers_;
+  DeviceRouter devices_;
+  struct DeviceBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  std::map<Device*, DeviceBuffer> device_fusion_;
+};
+
+}  // namespace hvdtorch
