@@ -337,14 +337,6 @@ def check_memory_held():
     hvd.shutdown()
 
 
-def _rss_anon_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    raise AssertionError("/proc/self/status has no RssAnon")
-
-
 def check_cpu_shards_fix_the_mmap_threshold():
     """Once a step ran on CPU shards, a block of host_heap.MMAP_THRESHOLD bytes
     or more is mapped even after a larger mapped block was freed, where glibc's
