@@ -229,3 +229,7 @@ def test_sampler_deals_every_sample_when_the_ranks_do_not_divide_it():
 
 def test_torch_state_restores_from_memory_and_from_disk(tmp_path):
     run_ranks("tests.workers.elastic:check_restore", 2, args=[str(tmp_path / "commits")], timeout=90)
+
+
+def test_torch_state_carries_the_powersgd_state(tmp_path):
+    run_ranks("tests.workers.elastic:check_powersgd_state", 3, args=[str(tmp_path / "commits")], timeout=150)

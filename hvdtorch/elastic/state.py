@@ -14,6 +14,15 @@ picklable extras (epoch, batch, ...) and ElasticSamplers. Its three verbs:
              optimizer state, extras, samplers with the union of what every
              rank processed), and that becomes the commit kept in memory.
 
+TorchState carries a Compression.powersgd compressor's state along: the
+DistributedModel's (of `model`, or of the DistributedModel wrapping it) in
+its own slot, the DistributedOptimizer's inside the optimizer's state. On
+sync() its pass count and Q factors are rank 0's, while each compressed
+parameter's error feedback becomes the average over the ranks that hold
+one: errors are each rank's own, and what the averaged update still owes
+is their mean. A rank that joins (or restarts without the commit) holds
+none, so it does not dilute the mean.
+
 Under torchrun a lost worker makes the agent restart every worker; the new
 processes find the last commit in the directory (hvd.elastic.run loads it on
 rank 0 and syncs it to everyone). The directory is HVDTORCH_ELASTIC_DIR or
@@ -25,13 +34,60 @@ import copy
 import os
 from typing import Callable, Dict, List, Optional
 
+import torch
+
 from .. import runtime
 from ..collectives import broadcast, ops
+from ..collectives.powersgd import is_powersgd
+from ..training.distributed_model import DistributedModel, owner_of
 from ..zero.optimizer import ShardedOptimizer
 from . import persist
 from .sampler import ElasticSampler
 
 COMMIT_FILE = "commit.pt"
+
+
+def _model_compressor(model):
+    """The Compression.powersgd compressor of the DistributedModel that is `model` or reduces its
+    parameters; None when there is none."""
+    if model is None:
+        return None
+    owner = model if isinstance(model, DistributedModel) else None
+    if owner is None:
+        owner = next((o for o in map(owner_of, model.parameters()) if o is not None), None)
+    compression = owner.gradient_options["compression"] if owner is not None else None
+    return compression if is_powersgd(compression) else None
+
+
+def _sync_powersgd(compressor, mine: Dict, name: str) -> None:
+    """Collective over every rank: `compressor` takes rank 0's pass count and Q factors, and per
+    parameter with a Q there the mean of the errors of the ranks whose state (`mine`, taken before rank
+    0's state was broadcast) holds one."""
+    root = broadcast.broadcast_object(
+        {k: mine[k] for k in ("options", "iteration", "qs")}, 0, name=f"{name}.powersgd.root"
+    )
+    held = broadcast.allgather_object(
+        {k: (tuple(v.shape), v.dtype) for k, v in mine["errors"].items()}, name=f"{name}.powersgd.errors"
+    )
+    shapes, holders = {}, {}
+    for rank, errors in enumerate(held):
+        for k, shape in errors.items():
+            if shapes.setdefault(k, shape) != shape:
+                raise ValueError(
+                    f"hvdtorch.elastic: rank {rank}'s PowerSGD error of parameter {k} is {shape}, "
+                    f"another rank's is {shapes[k]}: the ranks do not train the same model"
+                )
+            holders[k] = holders.get(k, 0) + 1
+    keys = sorted(k for k in shapes if k in root["qs"])  # a parameter's error goes with its Q, rank 0's
+    errors = {}
+    if keys:
+        sums = [
+            mine["errors"][k].clone() if k in mine["errors"] else torch.zeros(shapes[k][0], dtype=shapes[k][1])
+            for k in keys
+        ]
+        sums = ops.grouped_allreduce(sums, op=ops.Sum, name=f"{name}.powersgd.error_sums")
+        errors = {k: total / holders[k] for k, total in zip(keys, sums)}
+    compressor.load_state_dict({**root, "errors": errors})
 
 
 class State:
@@ -167,7 +223,11 @@ class TorchState(ObjectState):
     in memory on each rank (restore() is local), writes the whole state,
     gathered to every host's writer, in a commit on disk, and sync() hands
     every rank its shard of the job's state (of the commit rank 0 loaded, if
-    it loaded one)."""
+    it loaded one).
+
+    A Compression.powersgd compressor's state travels with the model (a
+    DistributedModel's) or the optimizer (a DistributedOptimizer's): see the
+    module's docstring for what sync() makes of it."""
 
     def __init__(self, model=None, optimizer=None, commit_dir: Optional[str] = None, **kwargs):
         self.model = model
@@ -182,6 +242,10 @@ class TorchState(ObjectState):
         self._sharded = isinstance(optimizer, ShardedOptimizer)
         self._full_optimizer = None  # sharded: the whole state, on the writers of a commit
         self._optimizer_from_disk = False  # sharded: _saved_optimizer is a whole state read from disk
+        # The DistributedModel's PowerSGD compressor, whose state lives beside the model's (the
+        # optimizer's compressor travels in the optimizer's state_dict()).
+        self._model_powersgd = _model_compressor(model)
+        self._saved_powersgd = None
         self.save()
 
     def save(self) -> None:
@@ -190,6 +254,8 @@ class TorchState(ObjectState):
             self._saved_model = copy.deepcopy(self.model.state_dict())
         if self.optimizer is not None:
             self._saved_optimizer = copy.deepcopy(self.optimizer.state_dict())
+        if self._model_powersgd is not None:
+            self._saved_powersgd = self._model_powersgd.state_dict()  # a copy
         self._saved_samplers = {k: s.state_dict() for k, s in self._samplers.items()}
 
     def restore(self) -> None:
@@ -198,6 +264,8 @@ class TorchState(ObjectState):
             self.model.load_state_dict(self._saved_model)
         if self.optimizer is not None:
             self.optimizer.load_state_dict(self._saved_optimizer)
+        if self._model_powersgd is not None and self._saved_powersgd is not None:
+            self._model_powersgd.load_state_dict(self._saved_powersgd)
         for k, s in self._samplers.items():
             s.load_state_dict(self._saved_samplers[k])
 
@@ -227,12 +295,22 @@ class TorchState(ObjectState):
         self._optimizer_from_disk = False
 
     def sync(self) -> None:
+        # Each rank's own PowerSGD states, before rank 0's optimizer state (which carries one) replaces it.
+        optimizer_powersgd = getattr(self.optimizer, "_hvd_compression", None)
+        optimizer_powersgd = optimizer_powersgd if is_powersgd(optimizer_powersgd) else None
+        own = [
+            (c, c.state_dict(), name)
+            for c, name in ((self._model_powersgd, "elastic.model"), (optimizer_powersgd, "elastic.optimizer"))
+            if c is not None
+        ]
         if self.model is not None:
             broadcast.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None and self._sharded:
             self._sync_sharded_optimizer()
         elif self.optimizer is not None:
             broadcast.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        for compressor, mine, name in own:
+            _sync_powersgd(compressor, mine, name)
         self._gather()
         for k, s in self._samplers.items():
             s.load_state_dict(broadcast.broadcast_object(s.state_dict(), 0, name=f"elastic.sampler.{k}.state"))
@@ -241,7 +319,9 @@ class TorchState(ObjectState):
     def _saved(self) -> Dict:
         out = super()._saved()
         optimizer = self._full_optimizer if self._sharded else self._saved_optimizer
-        out.update(model=self._saved_model, optimizer=optimizer, samplers=self._saved_samplers)
+        out.update(
+            model=self._saved_model, optimizer=optimizer, samplers=self._saved_samplers, powersgd=self._saved_powersgd
+        )
         return out
 
     def _load_saved(self, saved: Dict) -> None:
@@ -249,4 +329,5 @@ class TorchState(ObjectState):
         self._saved_model = saved["model"]
         self._saved_optimizer = saved["optimizer"]
         self._saved_samplers = saved["samplers"]
+        self._saved_powersgd = saved.get("powersgd")  # absent from commits written before it was carried
         self._optimizer_from_disk = self._sharded

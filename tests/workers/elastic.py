@@ -119,3 +119,68 @@ def check_restore(commit_dir: str):
     assert fresh.epoch == 4 and fresh.commit_count == 1, (fresh.epoch, fresh.commit_count)
     hvd.barrier()
     hvd.shutdown()
+
+
+def check_powersgd_state(commit_dir: str):
+    """TorchState carries Compression.powersgd's state: a DistributedModel's (handed over as the
+    DistributedModel or as the module it wraps) and a DistributedOptimizer's. restore() brings the
+    committed state back, a fresh state loads it from disk, and sync() gives every rank rank 0's pass
+    count and Q factors, and per parameter the mean of the errors of the ranks that hold one."""
+    from tests.workers.powersgd import OPTIONS, _steps, _wrap, make_net
+
+    hvd.init()
+    for kind in ("model", "module", "optimizer"):
+        net = make_net()
+        compressor = hvd.Compression.powersgd(**OPTIONS)
+        model, opt = _wrap(net, "optimizer" if kind == "optimizer" else "model", compressor)
+        tracked = net if kind == "module" else model
+        state = hvd.elastic.TorchState(tracked, opt, commit_dir=os.path.join(commit_dir, kind))
+        _steps(model, opt, range(3))
+        state.commit()
+        committed = compressor.state_dict()
+        assert committed["iteration"] == 3 and committed["errors"], (kind, committed["iteration"])
+        _steps(model, opt, range(3, 5))
+        assert compressor.iteration == 5
+        state.restore()
+        _same_powersgd(compressor.state_dict(), committed, f"{kind}: after restore()")
+
+        fresh_net = make_net(seed=1)
+        fresh = hvd.Compression.powersgd(**OPTIONS)
+        fresh_model, fresh_opt = _wrap(fresh_net, "optimizer" if kind == "optimizer" else "model", fresh)
+        fresh_state = hvd.elastic.TorchState(
+            fresh_net if kind == "module" else fresh_model, fresh_opt, commit_dir=os.path.join(commit_dir, kind)
+        )
+        if hvd.rank() == 0:  # as in hvd.elastic.run; the commit holds the errors of each host's writer
+            assert fresh_state.load_last_commit(), "no commit found on disk"
+            _same_powersgd(fresh.state_dict(), committed, f"{kind}: after load_last_commit()")
+
+        # sync(): rank 1 stands for a rank that joined: no PowerSGD state; with 3+ ranks the others hold theirs.
+        if hvd.rank() == 1:
+            compressor.load_state_dict({"iteration": 0, "errors": {}, "qs": {}})
+        everyone = hvd.allgather_object(compressor.state_dict())
+        state.sync()
+        got = compressor.state_dict()
+        root = everyone[0]
+        assert got["iteration"] == root["iteration"] == 3, (kind, got["iteration"])
+        assert set(got["qs"]) == set(root["qs"]) and set(got["errors"]) == set(root["qs"]), kind
+        for k, q in root["qs"].items():
+            assert torch.equal(got["qs"][k], q), f"rank {hvd.rank()}: {kind}: Q of parameter {k} is not rank 0's"
+            holders = [s["errors"][k] for s in everyone if k in s["errors"]]
+            assert len(holders) == hvd.size() - 1, (kind, k, len(holders))
+            torch.testing.assert_close(got["errors"][k], sum(holders) / len(holders), rtol=1e-12, atol=0)
+        # Training goes on in step on every rank.
+        _steps(model, opt, range(5, 7))
+        weights = hvd.allgather_object([p.detach() for p in net.parameters()])
+        for other in weights[1:]:
+            for a, b in zip(weights[0], other):
+                assert torch.equal(a, b), f"{kind}: the ranks' weights differ after sync()"
+    hvd.barrier()
+    hvd.shutdown()
+
+
+def _same_powersgd(got, want, what):
+    assert got["iteration"] == want["iteration"], f"rank {hvd.rank()}: {what}: iteration {got['iteration']}"
+    for part in ("errors", "qs"):
+        assert set(got[part]) == set(want[part]), f"rank {hvd.rank()}: {what}: {part} of other parameters"
+        for k in want[part]:
+            assert torch.equal(got[part][k], want[part][k]), f"rank {hvd.rank()}: {what}: {part}[{k}] differs"
