@@ -4,11 +4,15 @@
 // forth); and that ranks whose local timings differ end with the same model.
 // Timings are fed in directly, so the expected choices do not depend on how
 // fast this machine is.
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "algorithms/central_allreduce.h"
 #include "algorithms/cost_model.h"
+#include "algorithms/link_cost.h"
+#include "algorithms/node_allreduce.h"
 #include "algorithms/reducer_set.h"
 #include "check.h"
 #include "cluster.h"
@@ -308,6 +312,80 @@ TEST(engine_ranks_run_the_same_reducers_while_the_model_learns) {
   uint32_t seen = 0;
   for (size_t id = 0; id < m.reducers(); ++id) seen += m.samples(SizeBands::of(300000 * 4), static_cast<ReducerId>(id));
   CHECK_MSG(seen == 120, "the 1.2 MB band recorded %u ops, expected 120", seen);
+}
+
+// ---- across hosts: the link in the priors (link_cost.h) ------------------------------------------------
+
+namespace {
+
+Context contextOn(int rank, const std::vector<int>& hosts) {
+  return Context(Topology::build(rank, hosts), nullptr, nullptr, nullptr, std::chrono::milliseconds(1000));
+}
+
+bool near(double a, double b) { return std::abs(a - b) < 1e-12; }
+
+}  // namespace
+
+TEST(each_reducer_states_the_bytes_it_puts_on_a_host_link) {
+  const Context two_by_two = contextOn(0, {0, 0, 1, 1});
+  // A flat ring over 4 ranks: one edge leaves each host, 2(p-1)/p = 1.5 of the buffer on it, 6 steps.
+  const LinkTraffic ring = RingAllreduce().linkTraffic(two_by_two);
+  CHECK_MSG(near(ring.bytes_per_byte, 1.5) && near(ring.messages, 6), "ring %g %g", ring.bytes_per_byte,
+            ring.messages);
+  // Hosts interleaved (ranks 0 2 on one host): every edge crosses, two leave each host.
+  const LinkTraffic interleaved = RingAllreduce().linkTraffic(contextOn(0, {0, 1, 0, 1}));
+  CHECK_MSG(near(interleaved.bytes_per_byte, 3.0), "interleaved ring %g", interleaved.bytes_per_byte);
+  // The node reducer: 2(H-1)/H = 1 of the buffer, whatever the local size, and a crossing per 4 MiB chunk.
+  const LinkTraffic node = NodeAllreduce(NodeOptions{"unused", size_t(4) << 20, {}, nullptr}).linkTraffic(two_by_two);
+  CHECK_MSG(near(node.bytes_per_byte, 1.0) && near(node.messages, 2) &&
+                near(node.messages_per_byte, 2.0 / double(size_t(4) << 20)),
+            "node %g %g %g", node.bytes_per_byte, node.messages, node.messages_per_byte);
+  // One parameter server on host 0: it sends the buffer back to both ranks of host 1, host 1 sends two.
+  const LinkTraffic central = CentralAllreduce().linkTraffic(two_by_two);
+  CHECK_MSG(near(central.bytes_per_byte, 2.0), "central %g", central.bytes_per_byte);
+  // One host: nothing crosses.
+  const Context one_host = contextOn(1, {0, 0, 0});
+  CHECK(RingAllreduce().linkTraffic(one_host).bytes_per_byte == 0);
+  CHECK(CentralAllreduce().linkTraffic(one_host).bytes_per_byte == 0);
+  // And the seconds: 10 MB/s and 1 ms per crossing, 1 MB through the ring.
+  const LinkCost link{1e-3, 1e-7};
+  CHECK_MSG(near(linkSeconds(link, ring, 1000000), 6e-3 + 0.15), "%g", linkSeconds(link, ring, 1000000));
+  CHECK(linkSeconds(LinkCost{}, ring, 1000000) == 0);
+}
+
+TEST(link_priors_start_each_band_on_the_reducer_that_sends_least) {
+  // A is the registry's cheapest and crosses the link twice, but sends 3x the buffer over it; B crosses
+  // ten times and sends 1x; C six times, 1.5x. Over 1 GB/s with 50 us per crossing, A's fewer crossings
+  // win small messages and B's fewer bytes large ones.
+  CostModel m = threeReducers();
+  const LinkCost link{50e-6, 1e-9};
+  m.setLinkPriors(link, {2 * link.latency, 10 * link.latency, 6 * link.latency},
+                  {3.0 * link.seconds_per_byte, 1.0 * link.seconds_per_byte, 1.5 * link.seconds_per_byte});
+  CHECK(m.choose(4 << 10, kAll, kAll) == kA);
+  CHECK(m.choose(1 << 20, kAll, kAll) == kB);
+  CHECK(m.choose(size_t(256) << 20, kAll, kAll) == kB);
+  CHECK(near(m.prior(kC, 1 << 20), 30 * kUs + 3e-9 * (1 << 20) + 6 * link.latency + 1.5e-9 * (1 << 20)));
+}
+
+TEST(across_hosts_a_reducer_the_link_makes_much_slower_is_not_explored) {
+  // B sends the least; C 1.2x B's bytes (near: explored), A 2x (spared).
+  CostModel m = threeReducers();
+  const LinkCost link{20e-6, 1e-7};
+  m.setLinkPriors(link, {0, 0, 0}, {2.0e-7, 1.0e-7, 1.2e-7});
+  const size_t bytes = 1 << 20;
+  const int band = SizeBands::of(bytes);
+  for (int op = 0; op < 40; ++op) {
+    const ReducerId id = m.pickForRun(bytes, kAll, kAll);
+    m.observe(id, bytes, m.prior(id, bytes));
+    if (op % 8 == 7) foldLocal(m);
+  }
+  CHECK_MSG(m.samples(band, kA) == 0, "A, 2x the bytes, ran %u times", m.samples(band, kA));
+  CHECK_MSG(m.samples(band, kC) >= uint32_t(CostModel::kExploreSamples), "C, near, ran %u times",
+            m.samples(band, kC));
+  CHECK(m.spared(band, kA, kAll) && !m.spared(band, kC, kAll) && !m.spared(band, kB, kAll));
+  // Without link priors (one host) everything is explored, as before.
+  CostModel alone = threeReducers();
+  CHECK(!alone.spared(band, kC, kAll) && !alone.spared(band, kB, kAll));
 }
 
 HVD_TEST_MAIN()

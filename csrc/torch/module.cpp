@@ -245,6 +245,17 @@ class PyEngine {
     return d;
   }
 
+  // The link between hosts as calibration measured it: {latency_s,
+  // bytes_per_s}; None on one host or without calibration.
+  py::object linkCost() {
+    const LinkCost link = engine_->reducers().model().link();
+    if (!link.known()) return py::none();
+    py::dict d;
+    d["latency_s"] = link.latency;
+    d["bytes_per_s"] = 1.0 / link.seconds_per_byte;
+    return d;
+  }
+
   // Per size band of the auto cost model: its size, the reducer auto runs
   // for float32 Sum, and per reducer the agreed estimate (seconds; None
   // until measured) and the samples seen.
@@ -389,6 +400,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("link_kinds", &PyEngine::linkKinds)
       .def("cost_model", &PyEngine::costModel)
       .def("reducer_choices", &PyEngine::reducerChoices)
+      .def("link_cost", &PyEngine::linkCost)
       .def("negotiation_stats", &PyEngine::negotiationStats)
       // Run-time settings for autotune (engine.h: when a change is safe).
       .def("fusion_threshold", [](PyEngine& e) { return e.engine()->fusionThreshold(); })

@@ -1,6 +1,7 @@
 #include "algorithms/central_allreduce.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "device/reduce_kernels.h"
 
@@ -46,6 +47,29 @@ void CentralAllreduce::allreduce(Context& ctx, void* data, size_t count, DataTyp
       }
     }
   }
+}
+
+LinkTraffic CentralAllreduce::linkTraffic(const Context& ctx) const {
+  const Topology& t = ctx.topo();
+  const int p = t.size;
+  LinkTraffic out;
+  if (p <= 1 || t.num_hosts <= 1) return out;
+  const int shards = std::clamp(opts_.shards, 1, p);
+  std::vector<int> on_host(static_cast<size_t>(t.num_hosts), 0);
+  for (int r = 0; r < p; ++r) ++on_host[t.host_of_rank[r]];
+  // Per host, bytes leaving it per byte of the buffer: a server sends its part back to every rank off its
+  // host; a rank sends its part to every server off its host.
+  std::vector<double> leaving(static_cast<size_t>(t.num_hosts), 0.0);
+  for (int part = 0; part < shards; ++part) {
+    const int server_host = t.host_of_rank[static_cast<int>(static_cast<long long>(part) * p / shards)];
+    for (int h = 0; h < t.num_hosts; ++h)
+      leaving[h] += (h == server_host ? p - on_host[h] : on_host[h]) / static_cast<double>(shards);
+  }
+  // To the server and back, one segment after the other (a rank waits for each reply before the next).
+  out.messages = 2;
+  out.messages_per_byte = 2.0 / static_cast<double>(std::max<size_t>(1, opts_.segment_bytes));
+  out.bytes_per_byte = *std::max_element(leaving.begin(), leaving.end());
+  return out;
 }
 
 }  // namespace hvdtorch

@@ -22,6 +22,9 @@ class CentralAllreduce : public Reducer {
   explicit CentralAllreduce(CentralOptions opts = {}) : opts_(opts) {}
   const char* name() const override { return "central"; }
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
+  // Per shard, n/shards to its server and back from every other rank, a
+  // segment at a time.
+  LinkTraffic linkTraffic(const Context& ctx) const override;
 
  private:
   CentralOptions opts_;

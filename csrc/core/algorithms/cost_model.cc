@@ -53,6 +53,27 @@ ReducerId CostModel::incumbent(int band, const std::vector<bool>& anchors) const
   return id != kAutoReducer && id < anchors.size() && anchors[id] ? id : anchor(band, anchors);
 }
 
+double CostModel::prior(ReducerId id, size_t bytes) const {
+  const double n = static_cast<double>(bytes);
+  double t = alpha_[id] + beta_[id] * n;
+  if (id < link_alpha_.size()) t += link_alpha_[id] + link_beta_[id] * n;
+  return t;
+}
+
+void CostModel::setLinkPriors(const LinkCost& link, std::vector<double> alpha, std::vector<double> beta) {
+  link_ = link;
+  link_alpha_ = std::move(alpha);
+  link_beta_ = std::move(beta);
+}
+
+bool CostModel::spared(int band, ReducerId id, const std::vector<bool>& anchors) const {
+  if (!link_.known() || link_alpha_.empty()) return false;
+  const ReducerId inc = incumbent(band, anchors);
+  if (inc == kAutoReducer || inc == id) return false;
+  const size_t bytes = SizeBands::bytes(band);
+  return prior(id, bytes) >= kSpareFactor * estimate(inc, bytes);
+}
+
 double CostModel::estimate(ReducerId id, size_t bytes) const {
   const int band = SizeBands::of(bytes);
   const double m = agreed_[cell(band, id)];
@@ -81,7 +102,8 @@ ReducerId CostModel::pickForRun(size_t bytes, const std::vector<bool>& candidate
   if (++auto_ops_[band] % kExplorePeriod == 0) {
     // One candidate at a time, so each is judged as soon as it has its samples.
     for (size_t i = 0; i < reducers() && i < candidates.size() && i < anchors.size(); ++i)
-      if (candidates[i] && anchors[i] && count_[cell(band, static_cast<ReducerId>(i))] < kExploreSamples)
+      if (candidates[i] && anchors[i] && count_[cell(band, static_cast<ReducerId>(i))] < kExploreSamples &&
+          !spared(band, static_cast<ReducerId>(i), anchors))
         return static_cast<ReducerId>(i);
     const ReducerId ch = challenger_[band];
     if (ch != kAutoReducer && ch < candidates.size() && candidates[ch] && !confirmed(band)) return ch;

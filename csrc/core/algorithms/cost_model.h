@@ -4,8 +4,9 @@
 // Sizes fall into bands, one per power of 4 from 4 KiB to 256 MiB; an op
 // belongs to the band whose size is nearest on a log scale (smaller ops to the
 // first band, larger ones to the last). Per band and reducer the model holds:
-//  * a prior: the registry's alpha + beta·n at the band's size, the guess
-//    before anything is measured;
+//  * a prior: the registry's alpha + beta·n at the band's size, plus across
+//    hosts what the reducer's traffic costs on the measured link
+//    (setLinkPriors, link_cost.h), the guess before anything is measured;
 //  * samples: this rank's last kWindow times of that reducer on ops of the
 //    band (every all-reduce the executor ran, `auto` or named, and the
 //    calibration's repetitions), each scaled to the band's size;
@@ -48,7 +49,12 @@
 // each is judged at the first fold after its samples are in; then a
 // challenger's confirmation samples, the same way. So a large band is
 // measured on the real ops, never on a scratch copy, at the cost of a few ops
-// run by a slower reducer once per job.
+// run by a slower reducer once per job. Across hosts that cost can be
+// seconds (a 50 MB all-reduce that sends 1.5x the bytes over a 100 Mbit/s
+// link takes 2 s longer), so there a candidate whose link-aware prior is at
+// least kSpareFactor times the incumbent's estimate is not explored: where
+// the link decides, bytes on the wire are what the prior counts exactly. On
+// one host (no link priors) every candidate is explored.
 //
 // Agreement. All ranks must run the same reducer for the same op. Everything
 // that decides (incumbents, estimates, which op explores) depends only on the
@@ -65,6 +71,7 @@
 #include <utility>
 #include <vector>
 
+#include "algorithms/link_cost.h"
 #include "algorithms/reducer.h"
 
 namespace hvdtorch {
@@ -88,6 +95,7 @@ class CostModel {
   static constexpr uint32_t kMatureSamples = 8;
   static constexpr int kExploreSamples = 4;
   static constexpr int kExplorePeriod = 2;
+  static constexpr double kSpareFactor = 1.3;
 
   CostModel() = default;
   // Priors per reducer (indexed by ReducerId): seconds, seconds per byte.
@@ -114,7 +122,15 @@ class CostModel {
   std::pair<double, double> line(ReducerId id) const;
   // The agreed estimate at the band's size; < 0: not measured yet.
   double measured(int band, ReducerId id) const { return agreed_[cell(band, id)]; }
-  double prior(ReducerId id, size_t bytes) const { return alpha_[id] + beta_[id] * static_cast<double>(bytes); }
+  double prior(ReducerId id, size_t bytes) const;
+  // The link between hosts and, per reducer (by ReducerId), the line that its
+  // traffic costs on it (link_cost.h: linkSeconds() as alpha + beta·n), added
+  // to the registry's priors; replaces any earlier link priors. Identical on
+  // every rank (the link is agreed), like everything else that decides.
+  void setLinkPriors(const LinkCost& link, std::vector<double> alpha, std::vector<double> beta);
+  const LinkCost& link() const { return link_; }
+  // Whether `id` is not explored in `band` (see Exploration above).
+  bool spared(int band, ReducerId id, const std::vector<bool>& anchors) const;
   // Samples seen so far (not only those in the window).
   uint32_t samples(int band, ReducerId id) const { return count_[cell(band, id)]; }
   int switches(int band) const { return switches_[band]; }
@@ -139,7 +155,9 @@ class CostModel {
   // No challenger in `band`, or its confirmation samples are all in.
   bool confirmed(int band) const;
 
-  std::vector<double> alpha_, beta_;  // priors
+  std::vector<double> alpha_, beta_;            // priors: the registry's
+  LinkCost link_;                               // unknown on one host
+  std::vector<double> link_alpha_, link_beta_;  // priors: the link's share, by ReducerId (empty: none)
   // Per cell (band x reducer):
   std::vector<std::array<double, kWindow>> window_;  // this rank's samples, ring buffer
   std::vector<uint32_t> count_;                      // samples observed (identical on every rank)

@@ -16,6 +16,8 @@ class NativeAllreduce : public Reducer {
   // Its cost model describes the backend's own all-reduce, so `auto` picks it
   // only where the backend reduces the dtype itself.
   bool autoCandidate(const Context& ctx, DataType dtype, ReduceOp op) const override;
+  // As a ring over the ranks in order: Gloo's default CPU all-reduce, a flat ring.
+  LinkTraffic linkTraffic(const Context& ctx) const override { return fallback_.linkTraffic(ctx); }
 
  private:
   RingAllreduce fallback_;

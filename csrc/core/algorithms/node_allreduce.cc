@@ -135,6 +135,14 @@ void NodeAllreduce::reduceChunk(Context& ctx, char* data, size_t count, DataType
   }
 }
 
+LinkTraffic NodeAllreduce::linkTraffic(const Context& ctx) const {
+  const Topology& t = ctx.topo();
+  if (!t.homogeneous()) return ring_.linkTraffic(ctx);
+  LinkTraffic out = ringTraffic(t, t.cross_ranks);
+  if (t.local_size > 1) out.messages_per_byte = out.messages / static_cast<double>(opts_.slot_bytes);
+  return out;
+}
+
 bool NodeAllreduce::hasReduceScatter(const Context& ctx) const {
   const Topology& t = ctx.topo();
   return t.num_hosts == 1 && t.size > 1;

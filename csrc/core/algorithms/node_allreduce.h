@@ -80,6 +80,10 @@ class NodeAllreduce : public Reducer {
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
   // One host with several ranks: the reduce-scatter runs in shared memory.
   bool hasReduceScatter(const Context& ctx) const override;
+  // Step 2's rings among the hosts, chunk after chunk: the slices of all
+  // local ranks together are the whole buffer, so a host's link carries
+  // 2(H-1)/H of it, whatever the local size.
+  LinkTraffic linkTraffic(const Context& ctx) const override;
   void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype, ReduceOp op) override;
   // Chunks this rank reduced in place in a registered buffer (no copy in or out).
   uint64_t inPlaceChunks() const { return in_place_chunks_; }

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/link_cost.h"
 #include "common/dtype.h"
 #include "transport/context.h"
 
@@ -38,6 +39,10 @@ class Reducer {
   virtual bool supports(const Context& ctx, DataType dtype, ReduceOp op) const;
   // Whether `auto` may pick it for this dtype/op (default: when supported).
   virtual bool autoCandidate(const Context& ctx, DataType dtype, ReduceOp op) const { return supports(ctx, dtype, op); }
+  // What one all-reduce puts on the busiest host's link on this context's
+  // topology (link_cost.h), for the cost model's priors. Default: nothing,
+  // which is right on one host; a reducer that runs across hosts says.
+  virtual LinkTraffic linkTraffic(const Context& /*ctx*/) const { return {}; }
 
   // Reduce-scatter, for reducers that have one on this context (default:
   // none). `data` holds this rank's contribution: ctx.size() consecutive

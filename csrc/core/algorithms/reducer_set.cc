@@ -146,8 +146,24 @@ Reducer& ReducerSet::reduceScatterer(const Context& ctx, size_t bytes, DataType 
   return *best;
 }
 
+void ReducerSet::setLinkPriors(const Context& ctx, const LinkCost& link) {
+  std::vector<double> alpha(reducers_.size(), 0.0), beta(reducers_.size(), 0.0);
+  for (size_t i = 0; i < reducers_.size(); ++i) {
+    if (!reducers_[i] || !link.known()) continue;
+    const LinkTraffic t = reducers_[i]->linkTraffic(ctx);
+    alpha[i] = link.latency * t.messages;  // linkSeconds() as a line in n
+    beta[i] = link.latency * t.messages_per_byte + link.seconds_per_byte * t.bytes_per_byte;
+  }
+  model_.setLinkPriors(link, std::move(alpha), std::move(beta));
+}
+
 void ReducerSet::calibrate(Context& ctx) {
   if (ctx.size() > 1) {
+    const LinkCost link = measureLink(ctx);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      setLinkPriors(ctx, link);
+    }
     std::vector<ReducerId> measured;
     const std::vector<bool> anchors = candidates(ctx, DataType::kFloat32, ReduceOp::kSum);
     for (size_t i = 0; i < reducers_.size(); ++i)
@@ -177,10 +193,11 @@ CostModel ReducerSet::model() const {
   return model_;
 }
 
-void ReducerSet::adoptModel(const CostModel& model) {
+void ReducerSet::adoptModel(const CostModel& model, const Context& ctx) {
   std::lock_guard<std::mutex> lock(mu_);
   model_ = model;
-  calibrated_ = model;
+  setLinkPriors(ctx, model.link());
+  calibrated_ = model_;
 }
 
 }  // namespace hvdtorch

@@ -4,7 +4,9 @@
 // Reducer `auto` runs, per size band, the reducer the cost model
 // (cost_model.h) holds cheapest. The model learns from times measured on
 // every rank and made identical across ranks before they count:
-//  * calibrate(), at init: every reducer marked measure_at_init, at 4, 16
+//  * calibrate(), at init: across hosts, the link (link_cost.h:
+//    measureLink) first, which makes every reducer's prior count its bytes
+//    on the wire; then every reducer marked measure_at_init, at 4, 16
 //    and 64 KiB (the latency-bound bands, where each op is cheap),
 //    kCalibrationReps interleaved repetitions each after a warm-up; a few
 //    milliseconds at 2 ranks beyond the links' and arenas' first use. The
@@ -18,7 +20,8 @@
 //    small extra all-reduce per kMaxFoldPeriod ops.
 // A process set's ReducerSet starts from the job's calibrated model
 // (calibrated(), fixed once calibrate() returns, so every member adopts the
-// same one) and then refines its own on its own ops.
+// same one), with link priors for the set's own topology, and then refines
+// its own on its own ops.
 //
 // Thread-safety: the executor thread runs ops; choose(), model() and the
 // other const methods may be called from any thread meanwhile.
@@ -80,13 +83,16 @@ class ReducerSet {
   CostModel model() const;
   // The model as calibrate() left it; never changes afterwards.
   const CostModel& calibrated() const { return calibrated_; }
-  // Starts from another set's model (a process set takes the job's calibrated()).
-  void adoptModel(const CostModel& model);
+  // Starts from another set's model (a process set takes the job's
+  // calibrated()), its link priors redone for `ctx`'s topology: this set's.
+  void adoptModel(const CostModel& model, const Context& ctx);
 
  private:
   // By ReducerId: may `auto` run it for dtype/op on ctx.
   std::vector<bool> candidates(const Context& ctx, DataType dtype, ReduceOp op) const;
   ReducerId idOf(const Reducer& reducer) const;
+  // Sets model_'s link priors: each reducer's traffic on ctx (Reducer::linkTraffic) over `link`. mu_ held.
+  void setLinkPriors(const Context& ctx, const LinkCost& link);
 
   std::vector<std::unique_ptr<Reducer>> reducers_;  // by ReducerId; null: cannot run here
   mutable std::mutex mu_;                           // guards model_ and the fold schedule

@@ -46,6 +46,8 @@ void RingAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType d
   allreduceAmong(ctx, allRanks(ctx), data, count, dtype, op);
 }
 
+LinkTraffic RingAllreduce::linkTraffic(const Context& ctx) const { return ringTraffic(ctx.topo(), allRanks(ctx)); }
+
 void RingAllreduce::reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
                                   ReduceOp op) {
   if (static_cast<int>(counts.size()) != ctx.size())

@@ -38,6 +38,7 @@ class RingAllreduce : public Reducer {
   const char* name() const override { return "ring"; }
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
   bool hasReduceScatter(const Context&) const override { return true; }
+  LinkTraffic linkTraffic(const Context& ctx) const override;
   void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype, ReduceOp op) override;
 
   // All-reduce among `members` only (global ranks, ring order; must contain

@@ -143,7 +143,7 @@ void Engine::equipSet(ProcessSet& ps) {
     ps.own_router = std::make_unique<Router>(*ps.own_data, reducerEnv(config_, shm_token_, ps.id, registered_),
                                              routerOptions(config_));
     // The job's calibration, alike on every member.
-    ps.own_router->reducers().adoptModel(router_.reducers().calibrated());
+    ps.own_router->reducers().adoptModel(router_.reducers().calibrated(), *ps.own_data);
     ps.own_executor =
         std::make_unique<Executor>(*ps.own_data, *ps.own_router, timeline_, registered_, executorOptions(config_));
     ps.own_plane = std::make_unique<ControlPlane>(*ps.own_control);
