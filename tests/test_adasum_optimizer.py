@@ -26,7 +26,7 @@ def test_converges(nranks):
     run_ranks("tests.workers.adasum_optimizer:check_convergence", nranks, timeout=180)
 
 
-def test_deltas_go_through_the_reducer_one_op_per_bucket(tmp_path):
+def test_deltas_go_through_the_reducer_one_op_per_bucket_passes_per_parameter(tmp_path):
     run_ranks("tests.workers.adasum_optimizer:check_one_op_per_bucket", 2, args=[str(tmp_path)], timeout=120)
 
 

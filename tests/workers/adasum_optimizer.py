@@ -262,7 +262,8 @@ def check_wire():
 
 def check_one_op_per_bucket(directory):
     """The deltas are reduced by the gradient core's reducer: the step's ops, in the timeline, are
-    one per bucket of its layout (one dtype each: two buckets here), named by the reducer."""
+    one per bucket of its layout (one dtype each: two buckets here), named by the reducer. Its
+    hooks count passes per parameter: a parameter unused in a pass does not count it."""
     hvd.init()
     r = hvd.rank()
     path = os.path.join(directory, "adasum-{rank}.json")
@@ -272,6 +273,18 @@ def check_one_op_per_bucket(directory):
     )
     buckets = len(opt._hvd_reducer.bucket_bytes())
     assert buckets == 2, f"rank {r}: {buckets} buckets for two dtypes"
+    # Passes count per parameter: two passes over different parameters are one each (k = 1) ...
+    net.w64.sum().backward()
+    net.a32.sum().backward()
+    # ... and a second gradient of one parameter is refused, naming it.
+    try:
+        net.w64.sum().backward()
+    except AssertionError as e:
+        assert "'w64'" in str(e) and "backward_passes_per_step=1" in str(e), e
+    else:
+        raise AssertionError(f"rank {r}: a second gradient of w64 with backward_passes_per_step=1 did not raise")
+    opt.step()
+    opt.zero_grad()
     net(r, 0).backward()
     hvd.start_timeline(path)
     opt.step()
