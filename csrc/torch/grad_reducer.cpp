@@ -463,8 +463,8 @@ void GradientReducer::reduceNow(const std::vector<at::Tensor>& tensors) {
   if (opts_.mode != ReducerMode::kDeltas)
     throw InvalidArgument(strCat(opts_.name, ": reduceNow() is for deltas mode; gradients are reduced by backward"));
   if (tensors.size() != params_.size())
-    throw InvalidArgument(strCat(opts_.name, ": reduceNow() got ", tensors.size(), " tensors for ", params_.size(),
-                                 " parameters"));
+    throw InvalidArgument(
+        strCat(opts_.name, ": reduceNow() got ", tensors.size(), " tensors for ", params_.size(), " parameters"));
   for (size_t i = 0; i < params_.size(); ++i)
     if (tensors[i].numel() != params_[i].numel())
       throw InvalidArgument(strCat(opts_.name, ": reduceNow(): tensor ", i, " has ", tensors[i].numel(),

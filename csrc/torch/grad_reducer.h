@@ -218,7 +218,7 @@ class GradientReducer {
   bool pass_active_ = false;
   bool pass_ended_ = false;  // backward finished, results not yet waited for
   bool reduce_this_pass_ = false;
-  std::shared_ptr<PassCounter> counter_;  // setSyncEnabled(false) makes passes local (uncounted)
+  std::shared_ptr<PassCounter> counter_;     // setSyncEnabled(false) makes passes local (uncounted)
   std::vector<PassCounter> param_counters_;  // deltas mode: one per parameter, counter_'s rules
 
   // Hooks are removed in the destructor; holding the accumulators keeps the
