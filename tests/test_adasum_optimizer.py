@@ -1,6 +1,7 @@
 """DistributedOptimizer(op=hvd.Adasum), Horovod's delta optimizer: equal to a
 one-process reference on 1-4 ranks and in a process set, its contract's
-errors, and convergence on a small model."""
+errors, convergence on a small model, and the way the deltas go: through the
+gradient core's reducer, one op per bucket, fp16 on its wire."""
 
 import pytest
 
@@ -23,3 +24,12 @@ def test_contract():
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_converges(nranks):
     run_ranks("tests.workers.adasum_optimizer:check_convergence", nranks, timeout=180)
+
+
+def test_deltas_go_through_the_reducer_one_op_per_bucket_passes_per_parameter(tmp_path):
+    run_ranks("tests.workers.adasum_optimizer:check_one_op_per_bucket", 2, args=[str(tmp_path)], timeout=120)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_fp16_wire_equals_compressing_the_deltas(nranks):
+    run_ranks("tests.workers.adasum_optimizer:check_wire", nranks, timeout=120)

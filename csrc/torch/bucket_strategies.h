@@ -15,6 +15,11 @@
 //  * "powersgd": low-rank compression with error feedback, two phases per
 //    bucket (powersgd_strategy.h); the name gives the default options,
 //    hvd.Compression.powersgd(...) hands the reducer an instance of its own.
+//  * "adasum": the bucket is all-reduced in place with op Adasum as one op
+//    whose tensors are the bucket's slots, each combined on its own (Adasum's
+//    coefficients are dot products over one tensor: a fused bucket would give
+//    other values). The result is the whole bucket. The Adasum optimizer's
+//    deltas (GradientReducer::reduceNow()).
 // A new strategy is one class in bucket_strategies.cpp and one row in
 // makeBucketStrategy() (docs/architecture.md, "Recipes").
 #pragma once

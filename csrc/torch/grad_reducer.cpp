@@ -19,10 +19,11 @@ using torch::autograd::variable_list;
 
 namespace {
 
-std::shared_ptr<PassCounter> cyclicCounter(int passes_per_step, int rank) {
+// The reducer's own counter: cyclic, or strict in deltas mode (each parameter's counter copies its rules).
+std::shared_ptr<PassCounter> ownCounter(int passes_per_step, bool strict, int rank) {
   PassCounterOptions o;
   o.passes_per_step = passes_per_step;  // checked by the counter (>= 1)
-  o.strict = false;
+  o.strict = strict;
   o.rank = rank;
   return std::make_shared<PassCounter>(o);
 }
@@ -77,7 +78,9 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
       opts_(std::move(options)),
       strategy_(opts_.strategy_instance ? opts_.strategy_instance
                                         : std::shared_ptr<BucketStrategy>(makeBucketStrategy(opts_.strategy))),
-      counter_(counter ? std::move(counter) : cyclicCounter(opts_.backward_passes_per_step, engine_->topo().rank)) {
+      counter_(counter ? std::move(counter)
+                       : ownCounter(opts_.backward_passes_per_step, opts_.mode == ReducerMode::kDeltas,
+                                    engine_->topo().rank)) {
   if (opts_.op != ReduceOp::kAverage && opts_.op != ReduceOp::kSum && opts_.op != ReduceOp::kAdasum)
     throw InvalidArgument(
         strCat(opts_.name, ": gradients are reduced with Average, Sum or Adasum, not ", reduceOpName(opts_.op)));
@@ -100,6 +103,11 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
   // A strategy that drops gradients needs the hooks even alone: .grad is dropped when a bucket launches.
   lone_identity_ = set_size_ == 1 && opts_.prescale * opts_.postscale == 1.0 && strategy_->keepsGradients();
   ready_.assign(params_.size(), false);
+  if (opts_.mode == ReducerMode::kDeltas) {
+    PassCounter rules = *counter_;
+    rules.reset();
+    param_counters_.assign(params_.size(), rules);
+  }
   rebuild(buckets);
   // Bad options (an unknown or unavailable reducer, say) fail here, not in
   // the first backward pass.
@@ -153,7 +161,7 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     Bucket b;
     const at::ScalarType dtype = params_[members[0]].scalar_type();
     const at::ScalarType bucket_dtype = wireScalarType(opts_.codec, dtype);
-    b.views = bucket_dtype == dtype;
+    b.views = bucket_dtype == dtype && opts_.mode == ReducerMode::kGradients;  // deltas leave .grad alone
     int64_t total = 0;
     for (int64_t idx : members) {
       if (idx < 0 || idx >= static_cast<int64_t>(params_.size()) || seen[idx])
@@ -183,7 +191,7 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
 
   // Carry current gradients over into the new buckets (gradient accumulation
   // may span a rebuild), then point .grad at the new views.
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i = 0; i < params_.size() && opts_.mode == ReducerMode::kGradients; ++i) {
     Bucket& b = next[bucket_of[i]];
     at::Tensor& grad = params_[i].mutable_grad();
     const at::Tensor view = slotView(b, slot_of[i]);
@@ -237,16 +245,49 @@ std::vector<int64_t> GradientReducer::bucketBytes() const {
 void GradientReducer::setSyncEnabled(bool enabled) {
   std::lock_guard<std::mutex> lock(mu_);
   counter_->setLocal(!enabled);
+  for (auto& c : param_counters_) c.setLocal(!enabled);
+}
+
+bool GradientReducer::passesPending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (opts_.mode == ReducerMode::kGradients) return counter_->pending();
+  return std::any_of(param_counters_.begin(), param_counters_.end(), [](const PassCounter& c) { return c.pending(); });
+}
+
+void GradientReducer::resetPasses(std::optional<int> passes_per_step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  counter_->reset(passes_per_step);
+  for (auto& c : param_counters_) c.reset(passes_per_step);
+}
+
+void GradientReducer::setPassesPerStep(int passes_per_step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  counter_->setPassesPerStep(passes_per_step);
+  for (auto& c : param_counters_) c.setPassesPerStep(passes_per_step);
+}
+
+std::string GradientReducer::paramName(size_t index) const {
+  return index < opts_.param_names.size() ? opts_.param_names[index] : strCat("parameter ", index);
 }
 
 void GradientReducer::beforeGrad(size_t index, const variable_list& grads) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!pass_active_ || pass_ended_) startPass();
-  if (!opts_.sparse_refusal.empty() && !grads.empty() && grads[0].defined() && grads[0].layout() != c10::kStrided) {
-    const std::string name = index < opts_.param_names.size() ? opts_.param_names[index] : strCat("parameter ", index);
-    throw InvalidArgument(strCat("hvdtorch: rank ", engine_->topo().rank, ": parameter '", name,
-                                 "' got a sparse gradient; ", opts_.sparse_refusal));
+  if (opts_.mode == ReducerMode::kDeltas) {
+    countParameterPass(index);
+  } else if (!pass_active_ || pass_ended_) {
+    startPass();
   }
+  if (!opts_.sparse_refusal.empty() && !grads.empty() && grads[0].defined() && grads[0].layout() != c10::kStrided)
+    throw InvalidArgument(strCat("hvdtorch: rank ", engine_->topo().rank, ": parameter '", paramName(index),
+                                 "' got a sparse gradient; ", opts_.sparse_refusal));
+}
+
+void GradientReducer::countParameterPass(size_t index) {
+  // A parameter's pass is its one gradient: it begins and ends here; PassLimitError on a (k+1)-th.
+  PassCounter& c = param_counters_[index];
+  c.setRank(engine_->topo().rank);  // named by the error; an elastic job may renumber ranks
+  c.beginPass(paramName(index));
+  c.endPass();
 }
 
 void GradientReducer::startPass() {
@@ -300,7 +341,8 @@ void GradientReducer::startReductionNow() {
 void GradientReducer::onGradReady(size_t index) {
   // One rank: averaging is the identity (prescale x postscale = 1, Sum of
   // one), so gradients stay where autograd put them and nothing runs.
-  if (lone_identity_) return;
+  // Deltas mode: backward only counts (beforeGrad).
+  if (lone_identity_ || opts_.mode == ReducerMode::kDeltas) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (!pass_active_ || pass_ended_) return;  // the pre-hook did not run (the pass was refused)
   Bucket& b = buckets_[bucket_of_[index]];
@@ -350,7 +392,7 @@ void GradientReducer::launchRemaining() {
 at::Tensor GradientReducer::decode(Bucket& b, const at::Tensor& result) {
   const at::ScalarType dtype = params_[b.params[0]].scalar_type();
   const at::Tensor out = result.scalar_type() == dtype ? result : result.to(dtype);
-  if (!b.views && strategy_->keepsGradients()) {
+  if (!b.views && strategy_->keepsGradients() && opts_.mode == ReducerMode::kGradients) {
     // Wire dtype: the reduced values go back into each .grad.
     for (size_t s = 0; s < b.params.size(); ++s) {
       const at::Tensor& p = params_[b.params[s]];
@@ -407,11 +449,44 @@ void GradientReducer::finalize() {
 
 std::vector<at::Tensor> GradientReducer::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (opts_.mode == ReducerMode::kDeltas)
+    throw InvalidArgument(strCat(opts_.name, ": in deltas mode the reducer reduces what reduceNow() hands it"));
   if (!(pass_active_ && reduce_this_pass_)) startReductionNow();
   launchRemaining();
   std::vector<at::Tensor> results = waitAll();
   counter_->reset();
   return results;
+}
+
+void GradientReducer::reduceNow(const std::vector<at::Tensor>& tensors) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (opts_.mode != ReducerMode::kDeltas)
+    throw InvalidArgument(strCat(opts_.name, ": reduceNow() is for deltas mode; gradients are reduced by backward"));
+  if (tensors.size() != params_.size())
+    throw InvalidArgument(
+        strCat(opts_.name, ": reduceNow() got ", tensors.size(), " tensors for ", params_.size(), " parameters"));
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (tensors[i].numel() != params_[i].numel())
+      throw InvalidArgument(strCat(opts_.name, ": reduceNow(): tensor ", i, " has ", tensors[i].numel(),
+                                   " elements, parameter '", paramName(i), "' ", params_[i].numel()));
+  startReductionNow();
+  for (size_t j = 0; j < buckets_.size(); ++j) {
+    Bucket& b = buckets_[j];
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      const at::Tensor view = slotView(b, s);
+      view.copy_(tensors[b.params[s]].reshape(view.sizes()));  // the codec's encode: converts to the wire dtype
+    }
+    launch(j);
+  }
+  const std::vector<at::Tensor> results = waitAll();
+  for (size_t j = 0; j < buckets_.size(); ++j) {
+    const Bucket& b = buckets_[j];
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      const at::Tensor& t = tensors[b.params[s]];
+      t.copy_(results[j].narrow(0, b.offsets[s], t.numel()).view(t.sizes()));
+    }
+  }
+  for (auto& c : param_counters_) c.reset();
 }
 
 void GradientReducer::viewGradients() {

@@ -1,6 +1,7 @@
 // Gradient reduction driven by autograd: the gradient core's one reducer,
-// under DistributedModel, DistributedOptimizer (training/gradient_sync.py)
-// and the sharded optimizer (zero/gradients.py).
+// under DistributedModel, DistributedOptimizer (training/gradient_sync.py),
+// the sharded optimizer (zero/gradients.py) and the Adasum optimizer
+// (training/adasum_optimizer.py, in the deltas mode below).
 //
 // Contract (modelled on c10d's Reducer):
 //  * A pre-hook on each parameter's gradient accumulator runs before the
@@ -45,6 +46,15 @@
 //    factors of product 1 and a strategy that keeps gradients, the hooks
 //    leave gradients where autograd put them; otherwise, and in
 //    synchronize(), the bucket is scaled in place and handed back whole.
+//  * Deltas mode (ReducerMode::kDeltas, the Adasum optimizer): backward
+//    passes reduce nothing and never touch .grad or the buckets. The pre-hook
+//    only counts: each parameter on a counter of its own (a copy of the
+//    given counter's rules), so a parameter unused in a pass does not count
+//    it, and its (k+1)-th gradient raises before .grad is touched. The
+//    caller's reduceNow(tensors) is the reduction and the step: each tensor
+//    goes into its parameter's slot (in the wire dtype), every bucket is
+//    launched in index order and waited for, each tensor gets its reduced
+//    slot back (decoded), and the counters are reset. synchronize() refuses.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -53,6 +63,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,10 +80,16 @@ namespace hvdtorch {
 using AccumulatorPtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::autograd::Variable&>()));
 
+// What backward passes do (the last point of the contract above).
+enum class ReducerMode : uint8_t {
+  kGradients,  // they reduce the gradients: DistributedModel, DistributedOptimizer, the sharded optimizer
+  kDeltas,     // they are only counted, per parameter; reduceNow() reduces: the Adasum optimizer
+};
+
 struct GradReducerOptions {
   std::string name;                  // unique per model, same on every rank
   std::string reducer;               // as ops::AllreduceOptions::reducer
-  ReduceOp op = ReduceOp::kAverage;  // Average or Sum
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum; Adasum for the Adasum optimizer's deltas
   double prescale = 1.0;
   double postscale = 1.0;  // the user's; Average divides by the size on top
   bool pipeline = true;
@@ -92,6 +109,7 @@ struct GradReducerOptions {
   // and the parameter, then this advice); empty: gradients go in as they come.
   std::string sparse_refusal;
   std::vector<std::string> param_names;  // named by errors; empty: "parameter <index>"
+  ReducerMode mode = ReducerMode::kGradients;
 };
 
 // The dtype a tensor of `dtype` travels in under `codec` (wireDtype() for torch dtypes); a dtype hvdtorch
@@ -102,7 +120,8 @@ class GradientReducer {
  public:
   // `counter`: the pass counter to share with the caller (its own rules:
   // strict, k, the error's advice); null: the reducer's own, cyclic over
-  // options.backward_passes_per_step.
+  // options.backward_passes_per_step. In deltas mode it only gives the
+  // rules each parameter's counter copies (null: strict, the default advice).
   GradientReducer(std::shared_ptr<Engine> engine, std::vector<at::Tensor> params,
                   std::vector<std::vector<int64_t>> buckets, GradReducerOptions options,
                   std::shared_ptr<PassCounter> counter = nullptr);
@@ -123,6 +142,17 @@ class GradientReducer {
   // (fewer passes, or none) it reduces what .grad holds now, zeros for a
   // parameter without one. Raises the first error.
   std::vector<at::Tensor> synchronize();
+  // Deltas mode: reduces `tensors` (one per parameter, in the reducer's
+  // order, each of its parameter's numel) with the strategy, in place
+  // (contract above), then resets the pass counters. InvalidArgument in
+  // gradients mode or for tensors that do not fit. Raises the first error.
+  void reduceNow(const std::vector<at::Tensor>& tensors);
+  // The counted passes, whichever mode: whether one ran since the last step,
+  // forget them (a given k also sets backward_passes_per_step), change k
+  // keeping them.
+  bool passesPending();
+  void resetPasses(std::optional<int> passes_per_step = std::nullopt);
+  void setPassesPerStep(int passes_per_step);
   // Between steps: zeroes every bucket whose dtype is its parameters' and
   // makes each of their .grad a view of its slot, so that the next backward
   // accumulates in place. Buckets with a reduction in flight are left alone.
@@ -148,6 +178,10 @@ class GradientReducer {
 
   void beforeGrad(size_t index, const torch::autograd::variable_list& grads);
   void onGradReady(size_t index);
+  // Deltas mode: parameter `index` got its gradient of a pass.
+  void countParameterPass(size_t index);
+  // The parameter's name for errors.
+  std::string paramName(size_t index) const;
   void startPass();
   // synchronize() with no reduced pass in flight: every slot is written afresh.
   void startReductionNow();
@@ -184,7 +218,8 @@ class GradientReducer {
   bool pass_active_ = false;
   bool pass_ended_ = false;  // backward finished, results not yet waited for
   bool reduce_this_pass_ = false;
-  std::shared_ptr<PassCounter> counter_;  // setSyncEnabled(false) makes passes local (uncounted)
+  std::shared_ptr<PassCounter> counter_;     // setSyncEnabled(false) makes passes local (uncounted)
+  std::vector<PassCounter> param_counters_;  // deltas mode: one per parameter, counter_'s rules
 
   // Hooks are removed in the destructor; holding the accumulators keeps the
   // nodes (and so the hooks) alive as long as this reducer.

@@ -301,8 +301,13 @@ std::unique_ptr<GradientReducer> makeGradientReducer(
     const std::string& name, const std::string& reducer, int op, double prescale, double postscale, bool pipeline,
     bool sync_on_backward, bool fuse, int backward_passes_per_step, bool fp16_wire, int32_t process_set_id,
     const std::string& strategy, std::shared_ptr<PassCounter> counter, std::vector<std::string> param_names,
-    const std::string& sparse_refusal, std::shared_ptr<BucketStrategy> strategy_object) {
+    const std::string& sparse_refusal, std::shared_ptr<BucketStrategy> strategy_object, const std::string& mode) {
   GradReducerOptions o;
+  if (mode == "deltas") {
+    o.mode = ReducerMode::kDeltas;
+  } else if (mode != "gradients") {
+    throw InvalidArgument(strCat("hvdtorch: GradientReducer mode '", mode, "': 'gradients' or 'deltas'"));
+  }
   o.process_set_id = process_set_id;
   o.name = name;
   o.reducer = reducer;
@@ -482,11 +487,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("sync_on_backward"), py::arg("fuse"), py::arg("backward_passes_per_step"), py::arg("fp16_wire"),
            py::arg("process_set_id") = 0, py::arg("strategy") = "allreduce_views", py::arg("counter") = nullptr,
            py::arg("param_names") = std::vector<std::string>{}, py::arg("sparse_refusal") = "",
-           py::arg("strategy_object") = nullptr)
+           py::arg("strategy_object") = nullptr, py::arg("mode") = "gradients")
       .def("rebuild", &GradientReducer::rebuild)
       .def("ready_order", &GradientReducer::readyOrder)
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
       .def("synchronize", &GradientReducer::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("reduce_now", &GradientReducer::reduceNow, py::arg("tensors"), py::call_guard<py::gil_scoped_release>())
+      .def("passes_pending", &GradientReducer::passesPending)
+      .def("reset_passes", &GradientReducer::resetPasses, py::arg("backward_passes_per_step") = py::none())
+      .def("set_backward_passes_per_step", &GradientReducer::setPassesPerStep)
       .def("view_gradients", &GradientReducer::viewGradients)
       .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
       .def_property_readonly("counter", &GradientReducer::counter)

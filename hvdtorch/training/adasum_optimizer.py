@@ -22,36 +22,40 @@ Contract, as Horovod's Adasum optimizer:
 Difference from Horovod: the deltas are computed and reduced in step(), after
 backward, where Horovod steps each parameter and starts its reduction as its
 gradient arrives. The values are the same.
-"""
 
-import weakref
+A thin front over the gradient core's reducer (_C.GradientReducer,
+csrc/torch/grad_reducer.h) in its deltas mode: the reducer's hooks count
+each parameter's passes (a strict counter per parameter, so a parameter
+unused in a pass does not count it), backward reduces nothing, and step()
+hands the deltas to reduce_now(), which packs them into the reducer's
+buckets (training/buckets.py's plan, one dtype each; with
+Compression.fp16 in the wire codec's dtype), reduces each bucket with the
+"adasum" strategy (one op per bucket whose tensors are the deltas, each
+combined on its own) and unpacks them. A compressor other than
+Compression.none and Compression.fp16 is one the wire codec cannot express:
+the deltas are then compressed here and reduced with one grouped Adasum
+all-reduce per dtype, Horovod's way.
+"""
 
 import torch
 
 from .. import _C, runtime
 from ..collectives import ops
+from ..collectives.compression import Compression
+from ..collectives.handles import check_process_set
+from .buckets import plan_buckets
 from .parameter_names import names_by_parameter
 
 
-def _on_grad(optimizer_ref, index: int) -> None:
-    optimizer = optimizer_ref()  # the hooks must not keep the optimizer alive
-    if optimizer is not None:
-        optimizer._hvd_count_pass(index)
-
-
-def _remove_hooks(handles) -> None:
-    for h in handles:
-        h.remove()
-
-
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step, name, process_set):
+    def __init__(
+        self, params, named_parameters, compression, backward_passes_per_step, fusion_bytes, name, process_set
+    ):
         super(self._hvd_class, self).__init__(params)
         self._parameter_names = names_by_parameter(self.param_groups, named_parameters)
-        self._hvd_compression = compression
         self._hvd_name = name
         self._hvd_process_set = process_set
-        self._hvd_counters = []  # one shared pass counter per parameter, made below
+        self._hvd_reducer = None  # made below, over the trainable parameters (none: nothing to reduce)
         self.set_backward_passes_per_step(backward_passes_per_step)
         trainable, seen = [], set()
         for group in self.param_groups:
@@ -60,46 +64,45 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                     seen.add(id(p))
                     trainable.append(p)
         self._hvd_params = trainable
-        # Backward passes since the last step(), per parameter (a parameter unused in a pass does not
-        # count it): the shared pass counter (csrc/core/gradients/pass_counter.h), strict, one each.
-        self._hvd_counters = [
-            _C.PassCounter(
+        # The compressor applied here, where the wire codec cannot express it; None: the codec's.
+        self._hvd_compressor = None if compression in (Compression.none, Compression.fp16) else compression
+        if trainable:
+            self._hvd_reducer = _C.GradientReducer(
+                runtime.state().engine,
+                trainable,
+                plan_buckets(trainable, range(len(trainable)), fusion_bytes, 0),
+                name,
+                "",
+                ops.Adasum,
+                1.0,
+                1.0,
+                False,
+                False,
+                True,
                 self.backward_passes_per_step,
-                strict=True,
-                rank=runtime.rank(),
-                step_call="optimizer.step()",
-                advice="raise backward_passes_per_step",
+                compression is Compression.fp16,
+                process_set_id=check_process_set(process_set),
+                strategy="adasum",
+                # The rules of each parameter's counter (csrc/core/gradients/pass_counter.h): strict,
+                # an AssertionError on a (k+1)-th gradient, raised before .grad is touched.
+                counter=_C.PassCounter(
+                    self.backward_passes_per_step,
+                    strict=True,
+                    rank=runtime.rank(),
+                    step_call="optimizer.step()",
+                    advice="raise backward_passes_per_step",
+                ),
+                param_names=[self._parameter_names[p] for p in trainable],
+                mode="deltas",
             )
-            for _ in trainable
-        ]
-        me = weakref.ref(self)
-        # A pre-hook on the gradient accumulator runs before .grad is touched,
-        # so an extra pass is rejected with .grad as it was.
-        with torch.enable_grad():
-            self._hvd_accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in trainable]
-        handles = [
-            acc.register_prehook(lambda grads, i=i: _on_grad(me, i)) for i, acc in enumerate(self._hvd_accumulators)
-        ]
-        weakref.finalize(self, _remove_hooks, handles)
-
-    def _hvd_count_pass(self, index: int) -> None:
-        counter = self._hvd_counters[index]
-        counter.set_rank(runtime.rank())  # named by the error; an elastic job may renumber ranks
-        # A parameter's pass is its one gradient: it begins and ends here. AssertionError on a (k+1)-th.
-        counter.begin_pass(self._parameter_names[self._hvd_params[index]])
-        counter.end_pass()
-
-    def _hvd_reset_passes(self) -> None:
-        for counter in self._hvd_counters:
-            counter.reset()
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Changes how many backward passes may accumulate before each step()."""
         if int(passes) < 1:
             raise ValueError(f"hvdtorch: backward_passes_per_step must be >= 1, got {passes}")
         self.backward_passes_per_step = int(passes)
-        for counter in self._hvd_counters:  # the passes counted so far stay
-            counter.backward_passes_per_step = self.backward_passes_per_step
+        if self._hvd_reducer is not None:  # the passes counted so far stay
+            self._hvd_reducer.set_backward_passes_per_step(self.backward_passes_per_step)
 
     def synchronize(self) -> None:
         """Nothing to do: with Adasum, step() reduces the step's change, not the gradients."""
@@ -119,29 +122,41 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             starts = [p.detach().clone() for p in params]
         super(self._hvd_class, self).step()
+        if self._hvd_reducer is None:
+            return loss
         with torch.no_grad():
-            by_dtype = {}
-            for p, start in zip(params, starts):
-                by_dtype.setdefault(p.dtype, []).append((p, start))
-            started = []
-            for dtype, pairs in by_dtype.items():
-                packed = [self._hvd_compression.compress(p.detach() - start) for p, start in pairs]
-                handle = ops.grouped_allreduce_async_(
-                    [c for c, _ in packed],
-                    name=f"{self._hvd_name}.adasum_delta.{dtype}",
-                    op=ops.Adasum,
-                    process_set=self._hvd_process_set,
-                )
-                started.append((handle, pairs, packed))
-            for handle, pairs, packed in started:
-                ops.synchronize(handle)
-                for (p, start), (c, ctx) in zip(pairs, packed):
-                    p.copy_(start.add_(self._hvd_compression.decompress(c, ctx)))
-        self._hvd_reset_passes()
+            deltas = [p.detach() - start for p, start in zip(params, starts)]
+            if self._hvd_compressor is None:
+                self._hvd_reducer.reduce_now(deltas)  # in place; the step: every parameter's passes are reset
+            else:
+                self._reduce_compressed(deltas)
+                self._hvd_reducer.reset_passes()
+            for p, start, delta in zip(params, starts, deltas):
+                p.copy_(start.add_(delta))
         return loss
 
+    def _reduce_compressed(self, deltas) -> None:
+        """Adasum of ``deltas`` in place through the compressor: one grouped all-reduce per dtype."""
+        by_dtype = {}
+        for d in deltas:
+            by_dtype.setdefault(d.dtype, []).append(d)
+        started = []
+        for dtype, group in by_dtype.items():
+            packed = [self._hvd_compressor.compress(d) for d in group]
+            handle = ops.grouped_allreduce_async_(
+                [c for c, _ in packed],
+                name=f"{self._hvd_name}.adasum_delta.{dtype}",
+                op=ops.Adasum,
+                process_set=self._hvd_process_set,
+            )
+            started.append((handle, group, packed))
+        for handle, group, packed in started:
+            ops.synchronize(handle)
+            for d, (c, ctx) in zip(group, packed):
+                d.copy_(self._hvd_compressor.decompress(c, ctx))
+
     def zero_grad(self, set_to_none: bool = True):
-        if any(counter.pending() for counter in self._hvd_counters):
+        if self._hvd_reducer is not None and self._hvd_reducer.passes_pending():
             raise AssertionError(
                 "hvdtorch: optimizer.zero_grad() between loss.backward() and optimizer.step(): with "
                 "op=hvd.Adasum the gradients of the passes so far are stepped on at step(); zero them "
@@ -150,5 +165,6 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return super(self._hvd_class, self).zero_grad(set_to_none=set_to_none)
 
     def load_state_dict(self, *args, **kwargs):
-        self._hvd_reset_passes()
+        if self._hvd_reducer is not None:
+            self._hvd_reducer.reset_passes()
         return super(self._hvd_class, self).load_state_dict(*args, **kwargs)

@@ -251,8 +251,8 @@ def DistributedOptimizer(
     (all-reduce) instead of by all-gather. process_set: gradients are
     averaged over its ranks; on ranks outside it this is the plain optimizer.
     op=hvd.Adasum: Horovod's delta optimizer (training/adasum_optimizer.py): each
-    rank steps locally and the change is combined with Adasum; groups,
-    sparse_as_dense, fusion_bytes and reducer do not apply to it.
+    rank steps locally and the change is combined with Adasum, in buckets
+    of fusion_bytes; groups, sparse_as_dense and reducer do not apply to it.
     shard=1 or 2: ZeRO stage 1 (optimizer state sharded) or 2 (gradients
     too): a ShardedOptimizer (zero/optimizer.py). Its step() returns with
     every parameter updated. overlap_gathers=True lets step() return before
@@ -312,7 +312,9 @@ def DistributedOptimizer(
             cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
             cls._hvd_class = cls
             name = f"optimizer{next(_instance_ids)}"
-            return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, name, ps)
+            return cls(
+                optimizer.param_groups, named_parameters, compression, backward_passes_per_step, fusion_bytes, name, ps
+            )
         op = ops.Average  # as Horovod: alone in the set (or outside it), the plain optimizer; nothing is reduced
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     # The methods call the wrapped class through _hvd_class, not self.__class__: a subclass made of the

@@ -3,12 +3,20 @@ one process: n replicas of the model, each with its own wrapped optimizer
 (its own momentum or Adam state), step from the same parameters on their own
 rank's data; the deltas (new - start) are combined by the pairwise Adasum rule
 (tests/workers/adasum.py) per tensor and added to the start parameters.
-Also the contract's errors and a convergence check."""
+Also the contract's errors, a convergence check, and the path the deltas
+take: the gradient core's reducer, one op per bucket, fp16 on its wire, equal
+to Horovod's way of reducing them (a grouped Adasum all-reduce per dtype of
+the compressed deltas), which a compressor the wire codec cannot express
+still takes."""
+
+import json
+import os
 
 import torch
 import torch.nn.functional as F
 
 import hvdtorch as hvd
+from hvdtorch.compression import Compressor
 from tests.workers.adasum import reference as adasum_reference
 
 
@@ -167,4 +175,125 @@ def check_convergence():
     err = (model.weight.detach().t() - w_true).abs().max().item()
     assert err < 1e-2, err
     print(f"rank {r} loss {first:.4g} -> {final:.3g}", flush=True)
+    hvd.shutdown()
+
+
+class _TwoDtypes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w64 = torch.nn.Parameter(torch.randn(6, dtype=torch.float64))
+        self.a32 = torch.nn.Parameter(torch.randn(5))
+        self.b32 = torch.nn.Parameter(torch.randn(3, 2))
+
+    def forward(self, rank: int, step: int):
+        g = torch.Generator().manual_seed(100 * rank + step)
+        x64, x32, y32 = (torch.randn(*p.shape, generator=g, dtype=p.dtype) for p in (self.w64, self.a32, self.b32))
+        return (self.w64 * x64).sin().sum() + (self.a32 * x32).pow(2).sum() + (self.b32 * y32).tanh().sum()
+
+
+def _horovods_way(net, opt, compression, rank, steps):
+    """The reference: the plain optimizer stepped here, its deltas compressed and reduced with one
+    grouped Adasum all-reduce per dtype, as Horovod (and this optimizer before the gradient core) does."""
+    params = list(net.parameters())
+    for step in range(steps):
+        opt.zero_grad()
+        net(rank, step).backward()
+        starts = [p.detach().clone() for p in params]
+        opt.step()
+        with torch.no_grad():
+            by_dtype = {}
+            for p, start in zip(params, starts):
+                by_dtype.setdefault(p.dtype, []).append((p, start))
+            for dtype, pairs in by_dtype.items():
+                packed = [compression.compress(p.detach() - start) for p, start in pairs]
+                hvd.grouped_allreduce_([c for c, _ in packed], name=f"reference.{step}.{dtype}", op=hvd.Adasum)
+                for (p, start), (c, ctx) in zip(pairs, packed):
+                    p.copy_(start.add_(compression.decompress(c, ctx)))
+
+
+class _Bfloat16Compressor(Compressor):
+    """A compressor the wire codec cannot express (the codec sends float32 as float16)."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor.to(torch.bfloat16), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.to(ctx)
+
+
+def _train(compression, rank, steps, **kwargs):
+    net = _TwoDtypes()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=net.named_parameters(),
+        op=hvd.Adasum,
+        compression=compression,
+        **kwargs,
+    )
+    for step in range(steps):
+        opt.zero_grad()
+        net(rank, step).backward()
+        opt.step()
+    return net, opt
+
+
+def check_wire():
+    """Compression.fp16: the reducer's buckets are float16 for the float32 parameters (float64 too),
+    and the parameters are exactly Horovod's way's (the same float16 deltas, each combined on its
+    own). A compressor the codec cannot express is applied in Python: Horovod's way itself."""
+    hvd.init()
+    r = hvd.rank()
+    for compression in (hvd.Compression.fp16, _Bfloat16Compressor):
+        net, opt = _train(compression, r, 3)
+        ref = _TwoDtypes()
+        _horovods_way(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), compression, r, 3)
+        if compression is hvd.Compression.fp16:
+            wire = sorted(str(f.dtype) for f in opt._hvd_reducer.flats())
+            assert wire == ["torch.float16", "torch.float16"], f"rank {r}: the deltas travel as {wire}"
+        for (name, got), want in zip(net.named_parameters(), ref.parameters()):
+            assert torch.equal(got.detach(), want.detach()), (
+                f"rank {r}: {compression.__name__} {name}: {got} want {want}"
+            )
+    hvd.shutdown()
+
+
+def check_one_op_per_bucket(directory):
+    """The deltas are reduced by the gradient core's reducer: the step's ops, in the timeline, are
+    one per bucket of its layout (one dtype each: two buckets here), named by the reducer. Its
+    hooks count passes per parameter: a parameter unused in a pass does not count it."""
+    hvd.init()
+    r = hvd.rank()
+    path = os.path.join(directory, "adasum-{rank}.json")
+    net = _TwoDtypes()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(), op=hvd.Adasum
+    )
+    buckets = len(opt._hvd_reducer.bucket_bytes())
+    assert buckets == 2, f"rank {r}: {buckets} buckets for two dtypes"
+    # Passes count per parameter: two passes over different parameters are one each (k = 1) ...
+    net.w64.sum().backward()
+    net.a32.sum().backward()
+    # ... and a second gradient of one parameter is refused, naming it.
+    try:
+        net.w64.sum().backward()
+    except AssertionError as e:
+        assert "'w64'" in str(e) and "backward_passes_per_step=1" in str(e), e
+    else:
+        raise AssertionError(f"rank {r}: a second gradient of w64 with backward_passes_per_step=1 did not raise")
+    opt.step()
+    opt.zero_grad()
+    net(r, 0).backward()
+    hvd.start_timeline(path)
+    opt.step()
+    hvd.stop_timeline()
+    hvd.barrier()
+    with open(path.replace("{rank}", str(r))) as f:
+        events = json.load(f)
+    ops = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    ops = {o for o in ops if o.startswith(opt._hvd_name)}
+    want = {f"{opt._hvd_name}.g1.b{j}" for j in range(buckets)}
+    assert ops == want, f"rank {r}: the step's ops {sorted(ops)}, want {sorted(want)}"
     hvd.shutdown()

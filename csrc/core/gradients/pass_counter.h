@@ -1,8 +1,10 @@
 // Backward passes between two optimizer steps: the one counter of every
 // gradient path (DistributedModel's GradientReducer, DistributedOptimizer's
 // GradientSync and the sharded optimizer's BucketGradients, each of which
-// gives its strict counter to its GradientReducer, the Adasum optimizer), so
-// that backward_passes_per_step and no_sync() mean the same thing everywhere.
+// gives its strict counter to its GradientReducer; the Adasum optimizer's
+// GradientReducer, which counts each parameter on a copy of the counter it
+// is given), so that backward_passes_per_step and no_sync() mean the same
+// thing everywhere.
 //
 // Contract:
 //  * beginPass() is called once at the start of a backward pass (by the first
@@ -65,7 +67,7 @@ class PassCounter {
   int passesPerStep() const { return options_.passes_per_step; }
   // The rank the error names (it may change: an elastic job re-initialises).
   void setRank(int rank) { options_.rank = rank; }
-  // Changes k and keeps the count (the Adasum optimizer's setter).
+  // Changes k and keeps the count (the Adasum optimizer's set_backward_passes_per_step()).
   void setPassesPerStep(int passes_per_step);
   // The step: forgets the passes counted so far; a given passes_per_step also sets k.
   void reset(std::optional<int> passes_per_step = std::nullopt);
