@@ -37,3 +37,7 @@ def test_fp16_compressed_reductions_against_reference(nranks):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_gradient_paths_send_float32_as_float16_and_bfloat16_as_it_is(nranks):
     run_ranks("tests.workers.compression:check_gradients_on_the_wire", nranks, timeout=90)
+
+
+def test_gradient_buckets_refuse_a_compressor_of_the_users_own():
+    run_ranks("tests.workers.compression:check_own_compressor_refused_by_gradient_buckets", 2, timeout=90)

@@ -70,3 +70,17 @@ class Compression:
     fp16 = FP16Compressor
     # Compression.powersgd(rank=4, ...): a new compressor (with its own state) per model or optimizer.
     powersgd = PowerSGDCompressor
+
+
+def check_bucket_compression(compression, where: str) -> None:
+    """Gradient buckets travel in one of the gradient core's codecs: Compression.none, Compression.fp16
+    (wire_codec.h) or Compression.powersgd(...) (a bucket strategy). A compressor of the user's own would
+    be skipped by the buckets, so it is refused, naming ``where`` and what to do instead."""
+    if compression in (Compression.none, Compression.fp16) or isinstance(compression, PowerSGDCompressor):
+        return
+    raise ValueError(
+        f"hvdtorch: {where}: compression={compression!r} is a compressor of your own, and gradient buckets "
+        "travel only as Compression.none, Compression.fp16 or Compression.powersgd(...); compress single "
+        "tensors with hvd.allreduce(..., compression=...), or use op=hvd.Adasum, whose step applies any "
+        "compressor to the update"
+    )

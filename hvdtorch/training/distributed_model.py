@@ -26,7 +26,7 @@ import torch
 
 from .. import _C, autotune, runtime
 from ..collectives import ops
-from ..collectives.compression import Compression
+from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .buckets import complete_order, plan_buckets
@@ -113,6 +113,7 @@ class DistributedModel(torch.nn.Module):
         params = _trainable(module.parameters())
         self._params = params
         strategy = None
+        check_bucket_compression(compression, "DistributedModel")
         if is_powersgd(compression):
             where = "DistributedModel"
             compression.check_parameters(((n, p) for n, p in module.named_parameters() if p.requires_grad), where)

@@ -20,7 +20,7 @@ import torch
 
 from .. import autotune
 from ..collectives import ops
-from ..collectives.compression import Compression
+from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
 from ..zero.optimizer import ShardedOptimizer
@@ -264,6 +264,8 @@ def DistributedOptimizer(
     names the module whose forward waits (found by itself on a
     DistributedModel's parameters)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
+    if op != ops.Adasum:  # Adasum's step applies any compressor to the update (adasum_optimizer.py)
+        check_bucket_compression(compression, "DistributedOptimizer")
     if is_powersgd(compression):
         named_parameters = None if named_parameters is None else list(named_parameters)  # read twice
         _check_powersgd(compression, optimizer, named_parameters, op, shard, process_set)

@@ -8,6 +8,7 @@ send float32 buckets as float16, exactly, and bfloat16 ones as they are."""
 import torch
 
 import hvdtorch as hvd
+from hvdtorch.collectives.compression import Compressor
 
 
 def _check(process_set, members):
@@ -111,4 +112,53 @@ def check_fp16_compression():
         if ps.included():
             _check(ps, ps.ranks)
         hvd.barrier()
+    hvd.shutdown()
+
+
+class _Halving(Compressor):
+    """A compressor of the user's own (Horovod's Compressor interface)."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor / 2, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor * 2
+
+
+def check_own_compressor_refused_by_gradient_buckets():
+    """DistributedModel and DistributedOptimizer (sharded too) refuse a compressor of the user's own,
+    naming where and what to do, instead of leaving it unapplied; hvd.allreduce and op=hvd.Adasum
+    apply it."""
+    hvd.init()
+    net = torch.nn.Linear(4, 2)
+    fronts = {
+        "DistributedModel": lambda: hvd.DistributedModel(net, compression=_Halving),
+        "DistributedOptimizer": lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(), compression=_Halving
+        ),
+        "DistributedOptimizer shard=1": lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(net.parameters(), lr=0.1),
+            named_parameters=net.named_parameters(),
+            compression=_Halving,
+            shard=1,
+        ),
+    }
+    for what, make in fronts.items():
+        where = what.split()[0]
+        try:
+            make()
+        except ValueError as e:
+            assert f"hvdtorch: {where}: compression=" in str(e) and "hvd.allreduce(" in str(e), (what, e)
+        else:
+            raise AssertionError(f"{what} accepted a compressor of the user's own")
+    got = hvd.allreduce(torch.ones(3), compression=_Halving, name="own.compressor")
+    torch.testing.assert_close(got, torch.ones(3))
+    hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.1),
+        named_parameters=net.named_parameters(),
+        compression=_Halving,
+        op=hvd.Adasum,
+    )
     hvd.shutdown()
