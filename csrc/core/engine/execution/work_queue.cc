@@ -30,7 +30,7 @@ void WorkQueue::stopping(bool clean) {
 
 bool WorkQueue::runsInline(const WorkUnit& unit) {
   if (!unit.error.empty()) return true;  // only fails its ops
-  switch (opSpec(unit.type).inline_run) {
+  switch (unit.spec->inline_run) {
     case InlineRun::kIfSmall: return unit.bytes <= kInlineUnitBytes;
     case InlineRun::kAlways: return true;
     case InlineRun::kNever: break;
