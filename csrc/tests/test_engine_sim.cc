@@ -33,7 +33,6 @@
 #include "dtype_values.h"
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
-#include "ops/allreduce_routes.h"
 #include "ops/alltoall.h"
 #include "ops/broadcast.h"
 #include "ops/join.h"

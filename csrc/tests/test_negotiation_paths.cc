@@ -1,4 +1,4 @@
-// The engine's two negotiation paths (engine.h): the decentralized AND of
+// The engine's two negotiation paths (negotiation/controller.h): the decentralized AND of
 // cache bits in steady state, the star through the coordinator when some
 // rank needs it. Results must be the same on either path; the steady state
 // must actually leave the coordinator out; and what only the coordinator

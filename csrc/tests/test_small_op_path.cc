@@ -1,4 +1,4 @@
-// The engine's short path for small ops (engine.h): a small unit runs on the
+// The engine's short path for small ops (execution/work_queue.h): a small unit runs on the
 // control thread when the executor is idle, a large one on the executor.
 // Mixing the two, with ranks that see the executor busy at different times,
 // must keep every rank's units in the same order (otherwise two threads use

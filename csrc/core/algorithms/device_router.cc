@@ -120,7 +120,7 @@ DeviceRouteModel DeviceRouter::calibrate(Device& d, const DeviceRouteMask& route
 }
 
 DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes,
-                              const RunRoute& run) {
+                              const RunRoute& run, const std::function<void(bool begin)>& calibrating) {
   static const ReducerId ring_id = parseReducer("ring");
   static const ReducerId native = parseReducer("native");
   NativeCollectives* backend = ctx_.native();
@@ -131,6 +131,7 @@ DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, Reduce
   const bool calibrate_now = calibratesNext(d, asked);
   Routes& routes = routes_[&d];
   if (calibrate_now) {
+    if (calibrating) calibrating(true);
     // The routes that apply at all (float32 Sum: what every route serves).
     // Each check is a collective on first use: the same order on every rank.
     DeviceRouteMask applies{};
@@ -151,6 +152,7 @@ DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, Reduce
                      described.c_str());
     }
     routes.calibrated = true;
+    if (calibrating) calibrating(false);
   }
 
   // The device ring combines segments element by element (Device::reduceInto);

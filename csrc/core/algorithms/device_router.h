@@ -70,13 +70,14 @@ class DeviceRouter {
   // Whether reducer `asked` may keep device tensors on the device (ring,
   // native, auto); every other reducer stages them.
   static bool hasDeviceRoutes(ReducerId asked);
-  // Whether path() for `asked` on `device` decides `auto`'s routes first
-  // (the calibration, where more than one route applies).
-  bool calibratesNext(Device& device, ReducerId asked) const;
   // The route of an all-reduce of `bytes` of `dtype`/`op` (the reduced op)
   // on `device` for reducer `asked` (a registered reducer or kAutoReducer).
-  // May run the calibration through `run` (a collective).
-  DevicePath path(Device& device, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes, const RunRoute& run);
+  // The first `auto` one of a device decides its routes first: the
+  // calibration, a collective, runs through `run` where more than one route
+  // applies, between calibrating(true) and calibrating(false) (the op's
+  // timeline phase; may be empty).
+  DevicePath path(Device& device, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes, const RunRoute& run,
+                  const std::function<void(bool begin)>& calibrating = nullptr);
 
   // The device ring on `device` over this router's context, made on first
   // use (a collective: every rank makes it in the same unit); null where it
@@ -93,6 +94,8 @@ class DeviceRouter {
     bool calibrated = false;
     std::optional<DeviceRouteModel> model;  // where it measured (more than one route applied)
   };
+  // Whether path() for `asked` on `device` decides `auto`'s routes first.
+  bool calibratesNext(Device& device, ReducerId asked) const;
   DeviceRouteModel calibrate(Device& device, const DeviceRouteMask& routes, const RunRoute& run);
 
   Context& ctx_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "algorithms/reducer_registry.h"
+#include "common/error.h"
 
 namespace hvdtorch {
 
@@ -23,15 +24,12 @@ void* Router::deviceFusion(Device& device, size_t bytes) {
 AllreduceRoute Router::route(const AllreduceQuery& q) {
   static const ReducerId native = parseReducer("native");
   const bool one_rank = ctx_.size() == 1;
-  if (q.device && DeviceRouter::hasDeviceRoutes(q.asked) && (!one_rank || q.asked == native)) {
-    Device& d = q.device();
-    const bool deciding = devices_.calibratesNext(d, q.asked);
-    if (deciding) q.calibrating(true);
-    const DevicePath path = devices_.path(d, q.asked, q.dtype, q.op, q.bytes, q.probe);
-    if (deciding) q.calibrating(false);
+  if (q.on_device && DeviceRouter::hasDeviceRoutes(q.asked) && (!one_rank || q.asked == native)) {
+    if (!q.device) throw CollectiveError(q.several_devices);
+    const DevicePath path = devices_.path(*q.device, q.asked, q.dtype, q.op, q.bytes, q.probe, q.calibrating);
     if (path.device) return {path.device, path.ring, false, nullptr};
   }
-  if (q.device && one_rank) return {nullptr, false, true, nullptr};
+  if (q.on_device && one_rank) return {nullptr, false, true, nullptr};
   return {nullptr, false, false, &reducers_.pick(q.asked, ctx_, q.bytes, q.dtype, q.op)};
 }
 

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <string>
 
 #include "algorithms/device_router.h"
 #include "algorithms/reducer_set.h"
@@ -35,13 +36,15 @@ struct AllreduceQuery {
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;  // the reduced op (Average arrives as Sum)
   size_t bytes = 0;
-  // Device tensors: their one device, asked only where a device route may
-  // take them (it throws where the unit's tensors are on several devices).
-  // Empty for host tensors.
-  std::function<Device&()> device;
-  // The device calibration's run of one route (ops' own: staging through
-  // the host is theirs), and what is told before (true) and after (false)
-  // the calibration runs.
+  // Device tensors: `on_device`, and their one device, or null where they
+  // are on several; `several_devices` then says so, which route() throws
+  // where a device route would take them (staging takes any devices).
+  bool on_device = false;
+  Device* device = nullptr;
+  std::string several_devices;
+  // Device tensors: the device calibration's run of one route (ops' own:
+  // staging through the host is theirs), and what is told before (true) and
+  // after (false) the calibration runs (DeviceRouter::path).
   DeviceRouter::RunRoute probe;
   std::function<void(bool begin)> calibrating;
 };

@@ -25,7 +25,7 @@ class TimeoutError : public CollectiveError {
 // the peer died, or it closed its links on purpose after learning of a
 // failure elsewhere. In the second case the peer says why over the control
 // plane, so the engine waits a short while for that reason before it blames
-// the peer (Engine::reasonGrace()).
+// the peer (reasonGrace(), engine/engine_state.h).
 class PeerClosed : public CollectiveError {
  public:
   using CollectiveError::CollectiveError;

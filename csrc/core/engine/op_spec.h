@@ -49,7 +49,7 @@ inline constexpr size_t kOpTypes = 0 HVDTORCH_OPS(HVDTORCH_COUNT_OP);
 #undef HVDTORCH_COUNT_OP
 
 // When a ready unit may run on the control thread instead of the executor
-// (Engine::queueUnits): saves a thread hand-off for work smaller than it.
+// (WorkQueue::push): saves a thread hand-off for work smaller than it.
 enum class InlineRun : uint8_t {
   kNever,    // its size is not planned when it is queued
   kAlways,   // no payload

@@ -5,7 +5,7 @@
 // and device routes, algorithms/router.h). The global set (id 0, every
 // rank) is one of them and uses the engine's own contexts.
 //
-// How sets run (Engine::runCycle): every cycle starts with the global set's
+// How sets run (Controller::runCycle, negotiation/controller.h): every cycle starts with the global set's
 // exchange, in which each rank also reports the sets it has work in (as idle
 // bits in the AND of a cached cycle, or in its message to the coordinator),
 // so that every rank learns their union; then every member of each busy set
@@ -16,9 +16,11 @@
 // wait on each other in a cycle, and disjoint sets' ops run at the same
 // time on their different ranks.
 //
-// Fields are written by the control thread, except `outstanding` (the
-// submitting thread and the completion hook). Ids are agreed because every
-// rank adds and removes sets in the same order (a collective in Python).
+// The sets live in the engine's ProcessSetTable (process_set_table.h), which
+// makes and equips them. Fields are written by the control thread, except
+// `outstanding` (the submitting thread and the completion hook) and what
+// the table sets while it adds one. Ids are agreed because every rank adds
+// and removes sets in the same order (a collective in Python).
 #pragma once
 
 #include <atomic>
@@ -32,6 +34,7 @@
 #include "algorithms/router.h"
 #include "engine/execution/entry.h"
 #include "engine/execution/executor.h"
+#include "engine/execution/work_queue.h"
 #include "engine/negotiation/control_plane.h"
 #include "engine/negotiation/coordinator.h"
 #include "engine/negotiation/response_cache.h"
@@ -43,7 +46,7 @@ struct ProcessSet {
   int32_t id = 0;
   std::vector<int> ranks;  // global ranks, ascending
   int set_rank = -1;       // this rank's index in `ranks`; -1: not a member
-  // The backend's collectives over these ranks (Engine::addProcessSet);
+  // The backend's collectives over these ranks (ProcessSetTable::add);
   // the global set's are the data context's.
   NativeCollectives* native = nullptr;
 
@@ -58,6 +61,8 @@ struct ProcessSet {
   std::unique_ptr<Router> own_router;  // before own_executor, which uses it (and is gone first)
   std::unique_ptr<Executor> own_executor;
   std::unique_ptr<ControlPlane> own_plane;
+  // Where its units run (WorkQueue::push): `executor`, and its name for errors.
+  UnitSite site;
 
   // Negotiation state (control thread).
   std::unique_ptr<ResponseCache> cache;

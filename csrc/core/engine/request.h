@@ -3,7 +3,7 @@
 // from the coordinator (Coordinator::process, for ops negotiated in full) or,
 // for an op every rank has in its response cache, is rebuilt by each rank
 // from the cached request once the AND of the ranks' cache bits says it is
-// ready (Engine::takeReady).
+// ready (Controller::takeReady).
 //
 // Each carries a typed payload (engine/op_payloads.h): a request's OpArgs
 // (the reduce op and scales of all-reduce and reduce-scatter, a broadcast's

@@ -11,7 +11,6 @@
 #include "device/devices.h"
 #include "device/reduce_kernels.h"
 #include "engine/execution/host_staging.h"
-#include "ops/allreduce_routes.h"
 #include "ops/allreduce_staged.h"
 #include "ops/op_common.h"
 #include "ops/op_table.h"
@@ -65,16 +64,42 @@ int64_t allreduce(Engine& engine, AllreduceOptions opts) {
 
 namespace {
 
-// The device all-reduce routes need every piece on one device (the
-// route itself is chosen by the router, algorithms/device_router.h).
-Device& unitDevice(const WorkUnit& unit, ReducerId asked) {
+// The unit's one device, for the device all-reduce routes (the route itself
+// is chosen by the router, algorithms/device_router.h), or null where its
+// pieces are on several devices; `several` then says so, and the router
+// throws it where a device route would take the unit (staging through the
+// host takes pieces on any devices).
+Device* unitDevice(const WorkUnit& unit, ReducerId asked, std::string& several) {
   const DeviceId id = unit.pieces.front().entry->inputs[unit.pieces.front().tensor]->device();
   for (const auto& p : unit.pieces)
-    if (p.entry->inputs[p.tensor]->device() != id)
-      throw CollectiveError(strCat(p.entry->request.describe(), ": tensors fused into one ", reducerName(asked),
-                                   " all-reduce are on ", id.str(), " and ", p.entry->inputs[p.tensor]->device().str(),
-                                   "; the device paths need one device per process"));
-  return deviceFor(id);
+    if (p.entry->inputs[p.tensor]->device() != id) {
+      several = strCat(p.entry->request.describe(), ": tensors fused into one ", reducerName(asked),
+                       " all-reduce are on ", id.str(), " and ", p.entry->inputs[p.tensor]->device().str(),
+                       "; the device paths need one device per process");
+      return nullptr;
+    }
+  return &deviceFor(id);
+}
+
+// The device calibration's probe (DeviceRouter::RunRoute): one float32 Sum
+// all-reduce of buf[0 .. count) by `route`, returning once the device has
+// finished it (the engine stream drained). Staging through the host is the
+// ops' (allreduce_staged.h), so the all-reduce hands the router its probe.
+void runRoute(Executor& ex, Device& d, DeviceRoute route, void* buf, size_t count) {
+  switch (route) {
+    case DeviceRoute::kNative:
+      ex.ctx().native()->allreduceOnDevice(d, buf, count, DataType::kFloat32, ReduceOp::kSum);
+      break;
+    case DeviceRoute::kRing: ex.router().ring(d)->allreduce(buf, count, DataType::kFloat32, ReduceOp::kSum); break;
+    case DeviceRoute::kStaged: {
+      const size_t bytes = count * sizeof(float);
+      Reducer& host = ex.router().reducers().resolve(kAutoReducer, ex.ctx(), bytes, DataType::kFloat32, ReduceOp::kSum);
+      reduceStaged(ex, {{&d, buf, buf, 0, count}}, host, DataType::kFloat32, count, ReduceOp::kSum, {},
+                   [](const std::string&, bool) {});
+      break;
+    }
+  }
+  d.synchronize(*drainEngineStream(d));
 }
 
 // Finishes every piece of `unit` without the host waiting for its device:
@@ -207,12 +232,13 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   query.op = op;
   query.bytes = count * dtypeSize(dtype);
   if (on_device) {
-    query.device = [&unit, &args]() -> Device& { return unitDevice(unit, args.reducer); };
-    query.probe = routeProbe(ex);
+    query.on_device = true;
+    query.device = unitDevice(unit, args.reducer, query.several_devices);
+    query.probe = [&ex](DeviceRoute r, Device& d, void* buf, size_t n) { runRoute(ex, d, r, buf, n); };
+    // The first `auto` all-reduce of a device may time its routes
+    // (algorithms/device_router.h): a phase of this op on the timeline.
+    query.calibrating = [&ex, &unit](bool begin) { ex.mark(unit, "DEVICE_CALIBRATION", begin); };
   }
-  // The first `auto` all-reduce of a device may time its routes
-  // (algorithms/device_router.h): a phase of this op on the timeline.
-  query.calibrating = [&ex, &unit](bool begin) { ex.mark(unit, "DEVICE_CALIBRATION", begin); };
   const AllreduceRoute route = ex.router().route(query);
   if (route.device) return allreduceOnDevice(ex, unit, route, dtype, count);
   if (route.alone) return allreduceOneRank(ex, unit, dtype);
@@ -220,19 +246,13 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   if (on_device) return allreduceStaged(ex, unit, reducer, dtype, count);
 
   const int64_t divisor = ex.averageDivisor(args.op);
-  const std::string collective = strCat("ALLREDUCE:", reducer.name());
   if (unit.pieces.size() == 1) {
     // One host tensor: reduce straight in the output, no fusion-buffer copies.
     const auto& p = unit.pieces.front();
     TensorBuffer& in = *p.entry->inputs[p.tensor];
     TensorBuffer& out = *p.entry->outputs[p.tensor];
     copyScaled(out.data(), in.data(), count, dtype, args.prescale);
-    ex.mark(unit, collective, true);
-    p.entry->state->times.reduce_begun = OpTimes::now();
-    if (ex.ctx().size() > 1)
-      ex.router().reducers().allreduce(ex.ctx(), reducer, out.data(), count, dtype, op);  // timed into `auto`'s model
-    p.entry->state->times.reduce_ended = OpTimes::now();
-    ex.mark(unit, collective, false);
+    ex.reduceOnHost(unit, reducer, out.data(), count, dtype, op, &p.entry->state->times);
     copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
     ex.finishPiece(p);
     return;
@@ -249,10 +269,7 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
     off += n;
   }
   ex.mark(unit, "MEMCPY_IN_FUSION", false);
-  ex.mark(unit, collective, true);
-  if (ex.ctx().size() > 1)
-    ex.router().reducers().allreduce(ex.ctx(), reducer, fused, count, dtype, op);  // timed into `auto`'s model
-  ex.mark(unit, collective, false);
+  ex.reduceOnHost(unit, reducer, fused, count, dtype, op);
   ex.mark(unit, "MEMCPY_OUT_FUSION", true);
   off = 0;
   for (const auto& p : unit.pieces) {

@@ -1,6 +1,6 @@
 // The all-reduce of device memory staged through the host: the core of the
 // all-reduce's staged path (ops/allreduce.cc), also timed by the device
-// calibration (algorithms/device_router.h, ops/allreduce_routes.h) on a scratch buffer.
+// calibration (algorithms/device_router.h; its probe is in ops/allreduce.cc) on a scratch buffer.
 #pragma once
 
 #include <functional>

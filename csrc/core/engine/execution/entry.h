@@ -39,6 +39,9 @@ struct WorkUnit {
     size_t tensor = 0;
   };
   OpType type = OpType::kAllreduce;
+  // Its op's row of the op table (planWork looks it up once per op, so the
+  // executor and the work queue need not); null only in an error unit.
+  const OpSpec* spec = nullptr;
   std::vector<Piece> pieces;
   std::string error;  // non-empty: fail every entry, run nothing
   OpPlan plan;

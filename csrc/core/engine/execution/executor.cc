@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "common/error.h"
 #include "device/devices.h"
 
 namespace hvdtorch {
@@ -30,6 +31,17 @@ void Executor::mark(const WorkUnit& unit, const std::string& phase, bool begin) 
       timeline_.end(p.entry->request.name, phase);
     }
   }
+}
+
+void Executor::reduceOnHost(const WorkUnit& unit, Reducer& reducer, void* data, size_t count, DataType dtype,
+                            ReduceOp op, OpTimes* times) {
+  const std::string collective = strCat("ALLREDUCE:", reducer.name());
+  mark(unit, collective, true);
+  if (times) times->reduce_begun = OpTimes::now();
+  if (ctx_.size() > 1)
+    router_.reducers().allreduce(ctx_, reducer, data, count, dtype, op);  // timed into `auto`'s model
+  if (times) times->reduce_ended = OpTimes::now();
+  mark(unit, collective, false);
 }
 
 Executor::~Executor() {
@@ -84,7 +96,7 @@ void Executor::run(WorkUnit& unit) {
     for (auto& p : unit.pieces) p.entry->state->fail(unit.error);
     return;
   }
-  const OpSpec& spec = opSpec(unit.type);
+  const OpSpec& spec = *unit.spec;
   // Released whatever happens: the next unit starts from an empty pool.
   struct ResetPool {
     StagingPool& pool;

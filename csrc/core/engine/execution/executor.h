@@ -91,6 +91,12 @@ class Executor {
   // every rank. Otherwise null: device tensors are staged through pinned
   // host memory (StagedEntry::stageIn), host tensors left as they are.
   Device* deviceOrStage(Entry& entry, std::optional<ReduceOp> reduce = std::nullopt);
+  // Runs host reducer `reducer` over data[0 .. count) on the executor's
+  // context: the router's ReducerSet::allreduce (timed into `auto`'s model),
+  // marked as the unit's ALLREDUCE:<reducer> phase on the timeline and, where
+  // `times` is given, as its reduce phase; nothing to exchange on one rank.
+  void reduceOnHost(const WorkUnit& unit, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op,
+                    OpTimes* times = nullptr);
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);
   int64_t averageDivisor(ReduceOp op) const;

@@ -27,9 +27,11 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
   size_t open = kNone;
   for (ReadyOp& op : ready) {
     if (!op.entry) continue;  // an error for an op this rank never submitted
-    if (!op.response.error.empty() || !opSpec(op.response.type).fuses) {
+    const OpSpec* spec = op.response.error.empty() ? &opSpec(op.response.type) : nullptr;
+    if (!spec || !spec->fuses) {
       WorkUnit u;
       u.type = op.response.type;
+      u.spec = spec;
       u.error = op.response.error;
       u.plan = std::move(op.response.plan);
       u.pieces.push_back({op.entry, 0});
@@ -49,6 +51,7 @@ std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_thresh
       if (!fits) {
         units.emplace_back();
         units.back().type = op.response.type;
+        units.back().spec = spec;
         open = units.size() - 1;
       }
       units[open].pieces.push_back({op.entry, t});

@@ -25,7 +25,7 @@ struct ReadyOp {
   EntryPtr entry;  // null when this rank has no such op (only for error responses)
 };
 
-// Moves each response's plan into its unit.
+// Moves each response's plan into its unit, and gives the unit its op's row.
 std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_threshold);
 
 // A persistent buffer reused by every fused unit ("register once"): it only

@@ -2,7 +2,7 @@
 // cycle, decide which operations are ready everywhere, in which order, and
 // which are errors. Each process set has one, on its rank 0 (global rank 0
 // for the global set); it sees the cycles that go through the star exchange
-// (Engine::starExchange), not those the AND of cache bits settles alone
+// (Controller::starExchange), not those the AND of cache bits settles alone
 // (ranFromCache tells it about those). Pure logic with no I/O, so it is unit
 // tested directly.
 //
