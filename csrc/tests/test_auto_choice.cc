@@ -330,8 +330,7 @@ TEST(each_reducer_states_the_bytes_it_puts_on_a_host_link) {
   const Context two_by_two = contextOn(0, {0, 0, 1, 1});
   // A flat ring over 4 ranks: one edge leaves each host, 2(p-1)/p = 1.5 of the buffer on it, 6 steps.
   const LinkTraffic ring = RingAllreduce().linkTraffic(two_by_two);
-  CHECK_MSG(near(ring.bytes_per_byte, 1.5) && near(ring.messages, 6), "ring %g %g", ring.bytes_per_byte,
-            ring.messages);
+  CHECK_MSG(near(ring.bytes_per_byte, 1.5) && near(ring.messages, 6), "ring %g %g", ring.bytes_per_byte, ring.messages);
   // Hosts interleaved (ranks 0 2 on one host): every edge crosses, two leave each host.
   const LinkTraffic interleaved = RingAllreduce().linkTraffic(contextOn(0, {0, 1, 0, 1}));
   CHECK_MSG(near(interleaved.bytes_per_byte, 3.0), "interleaved ring %g", interleaved.bytes_per_byte);
@@ -380,8 +379,7 @@ TEST(across_hosts_a_reducer_the_link_makes_much_slower_is_not_explored) {
     if (op % 8 == 7) foldLocal(m);
   }
   CHECK_MSG(m.samples(band, kA) == 0, "A, 2x the bytes, ran %u times", m.samples(band, kA));
-  CHECK_MSG(m.samples(band, kC) >= uint32_t(CostModel::kExploreSamples), "C, near, ran %u times",
-            m.samples(band, kC));
+  CHECK_MSG(m.samples(band, kC) >= uint32_t(CostModel::kExploreSamples), "C, near, ran %u times", m.samples(band, kC));
   CHECK(m.spared(band, kA, kAll) && !m.spared(band, kC, kAll) && !m.spared(band, kB, kAll));
   // Without link priors (one host) everything is explored, as before.
   CostModel alone = threeReducers();
