@@ -221,6 +221,28 @@ def grouped_allreduce_async_(
     return register(h, finish)
 
 
+def grouped_allreduce_compressed_(tensors, compression, name: str, **kwargs) -> None:
+    """All-reduces ``tensors`` in place through ``compression`` (compress, reduce, decompress): one
+    grouped all-reduce per dtype, named ``<name>.<dtype>``, all submitted before any is waited for.
+    ``kwargs``: grouped_allreduce_async_'s op, scale factors, reducer and process_set. What the
+    training fronts reduce outside their buckets (DistributedOptimizer's first step, Adasum's update
+    through a compressor of the user's own)."""
+    by_dtype = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    started = []
+    for dtype, group in by_dtype.items():
+        packed = [compression.compress(t) for t in group]
+        handle = grouped_allreduce_async_([c for c, _ in packed], name=f"{name}.{dtype}", **kwargs)
+        started.append((handle, group, packed))
+    for handle, group, packed in started:
+        synchronize(handle)
+        for t, (c, ctx) in zip(group, packed):
+            out = compression.decompress(c, ctx)  # always: a compressor may work in place
+            if out is not t:
+                t.copy_(out)
+
+
 class _GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, reducer, process_set, *tensors):

@@ -137,23 +137,13 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _reduce_compressed(self, deltas) -> None:
         """Adasum of ``deltas`` in place through the compressor: one grouped all-reduce per dtype."""
-        by_dtype = {}
-        for d in deltas:
-            by_dtype.setdefault(d.dtype, []).append(d)
-        started = []
-        for dtype, group in by_dtype.items():
-            packed = [self._hvd_compressor.compress(d) for d in group]
-            handle = ops.grouped_allreduce_async_(
-                [c for c, _ in packed],
-                name=f"{self._hvd_name}.adasum_delta.{dtype}",
-                op=ops.Adasum,
-                process_set=self._hvd_process_set,
-            )
-            started.append((handle, group, packed))
-        for handle, group, packed in started:
-            ops.synchronize(handle)
-            for d, (c, ctx) in zip(group, packed):
-                d.copy_(self._hvd_compressor.decompress(c, ctx))
+        ops.grouped_allreduce_compressed_(
+            deltas,
+            self._hvd_compressor,
+            f"{self._hvd_name}.adasum_delta",
+            op=ops.Adasum,
+            process_set=self._hvd_process_set,
+        )
 
     def zero_grad(self, set_to_none: bool = True):
         if self._hvd_reducer is not None and self._hvd_reducer.passes_pending():

@@ -246,30 +246,20 @@ class GradientSync:
     def _reduce_dense_now(self, indices: Sequence[int]) -> None:
         """Reduces the dense gradients of ``indices`` as they are now (one
         grouped all-reduce per dtype)."""
-        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
         for i in indices:
             p = self._params[i]
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
-        handles = []
-        for dtype, grads in by_dtype.items():
-            packed = [self._compression.compress(g) for g in grads]
-            h = ops.grouped_allreduce_async_(
-                [c for c, _ in packed],
-                name=f"{self._name}.now.{dtype}",
-                op=self._op,
-                prescale_factor=self._prescale,
-                postscale_factor=self._postscale,
-                reducer=self._reducer_kind or None,
-                process_set=self._process_set,
-            )
-            handles.append((h, grads, packed))
-        for h, grads, packed in handles:
-            ops.synchronize(h)
-            for g, (c, ctx) in zip(grads, packed):
-                if c is not g:
-                    g.copy_(self._compression.decompress(c, ctx))
+        ops.grouped_allreduce_compressed_(
+            [self._params[i].grad for i in indices],
+            self._compression,
+            f"{self._name}.now",
+            op=self._op,
+            prescale_factor=self._prescale,
+            postscale_factor=self._postscale,
+            reducer=self._reducer_kind or None,
+            process_set=self._process_set,
+        )
 
     def _reduce_sparse(self) -> None:
         started = []
