@@ -39,7 +39,7 @@ import torch
 from .. import runtime
 from ..collectives import broadcast, ops
 from ..collectives.powersgd import is_powersgd
-from ..training.distributed_model import DistributedModel, owner_of
+from ..training.distributed_model import owner_of
 from ..zero.optimizer import ShardedOptimizer
 from . import persist
 from .sampler import ElasticSampler
@@ -52,9 +52,8 @@ def _model_compressor(model):
     parameters; None when there is none."""
     if model is None:
         return None
-    owner = model if isinstance(model, DistributedModel) else None
-    if owner is None:
-        owner = next((o for o in map(owner_of, model.parameters()) if o is not None), None)
+    # A DistributedModel's parameters are its module's: one lookup finds it either way.
+    owner = next((o for o in map(owner_of, model.parameters()) if o is not None), None)
     compression = owner.gradient_options["compression"] if owner is not None else None
     return compression if is_powersgd(compression) else None
 

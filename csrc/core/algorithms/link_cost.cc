@@ -57,21 +57,15 @@ double timeLeaders(Context& ctx, RingAllreduce& ring, const std::vector<int>& le
 LinkCost measureLink(Context& ctx) {
   const Topology& topo = ctx.topo();
   if (topo.num_hosts <= 1) return {};
-  // The host leaders: the first rank of every host, ascending.
+  // The host leaders: local rank 0 of every host, ascending.
   std::vector<int> leaders;
-  std::vector<bool> seen(static_cast<size_t>(topo.num_hosts), false);
-  for (int r = 0; r < topo.size; ++r) {
-    const int h = topo.host_of_rank[r];
-    if (!seen[h]) {
-      seen[h] = true;
-      leaders.push_back(r);
-    }
-  }
+  for (int r = 0; r < topo.size; ++r)
+    if (topo.local_rank_of[r] == 0) leaders.push_back(r);
   RingAllreduce ring;
   // [latency, seconds per byte] from the leaders, zeros from the others; the max over ranks is the leaders'
   // largest, the same everywhere.
   std::vector<double> fit(2, 0.0);
-  if (std::find(leaders.begin(), leaders.end(), topo.rank) != leaders.end()) {
+  if (topo.local_rank == 0) {
     std::vector<char> buf(kLinkLargeBytes, 0);
     const double small = timeLeaders(ctx, ring, leaders, buf, kLinkSmallBytes);
     const double large = timeLeaders(ctx, ring, leaders, buf, kLinkLargeBytes);
