@@ -1,8 +1,9 @@
 """Is reducer `auto` stable and fast? N fresh init()/shutdown() cycles in one
-job; per cycle and message size, the reducer `auto` runs, and `auto`'s time
-against every fixed reducer's.
+job, or in each of several fresh jobs; per cycle and message size, the reducer
+`auto` runs, and `auto`'s time against every fixed reducer's.
 
     python benchmarks/auto_stability.py                       # 2 ranks under mpirun, 10 cycles, 4 KiB .. 256 MiB
+    python benchmarks/auto_stability.py --jobs 5 --runs 2     # 5 fresh jobs of 2 cycles: auto / best per job
     python benchmarks/auto_stability.py --runs 3 --max-bytes 16M
     python benchmarks/auto_stability.py --launcher torchrun
     python benchmarks/auto_stability.py --report a.json b.json  # the cycles of several jobs together
@@ -11,14 +12,18 @@ Each cycle: hvd.init() (which calibrates), the choice table right after it
 (`init`); then --warmup `auto` all-reduces per size, as a training job's
 first steps would run them (the model explores and learns online), and the
 choice table again (`learnt`); then interleaved rounds per size of `auto` and
-each fixed reducer (5 up to 1 MiB, 3 up to 16 MiB, 1 above; a fresh
-shuffled order every round), each op barrier-aligned (torch.distributed barrier on
-the default group hvd.init() creates) and its time the slowest rank's; then the choice table once more
+each fixed reducer (200 up to 1 MiB, 100 up to 16 MiB, 30 at 64 MiB, 15
+above; a fresh shuffled order every round), each op
+barrier-aligned (torch.distributed barrier on the default group hvd.init()
+creates) and its time the slowest rank's; then the choice table once more
 (`final`) and hvd.shutdown().
 
 Prints the choice per size per cycle for each table, whether every cycle
 agreed, and per size the median (min-max over cycles) time of `auto` and of
-each fixed reducer, with auto / best-fixed. Writes the rows as JSON to --out.
+each fixed reducer, with auto / best-fixed. With --jobs, also per job and
+size auto / best-fixed, each the median of every sample of the job's cycles,
+and in how many jobs `auto` was within --tolerance of the best at every size.
+Writes the rows as JSON to --out.
 """
 
 import argparse
@@ -62,7 +67,13 @@ def sizes(lo: int, hi: int):
 
 def rounds(nbytes: int) -> int:
     """Interleaved timing rounds per cycle: more where one op is short."""
-    return 5 if nbytes <= (1 << 20) else 3 if nbytes <= (16 << 20) else 1
+    # Single ops range 2-3x on a shared VM at every size, and the fixed
+    # reducers are within 5-10% of each other: each median needs tens of
+    # samples to settle within a few percent, or "auto within 10% of the
+    # best" measures the noise.
+    # (60 rounds per cycle at 64 KiB still left one job in five at 1.18x for
+    # the very reducer that was best.)
+    return 200 if nbytes <= (1 << 20) else 100 if nbytes <= (16 << 20) else 30 if nbytes <= (64 << 20) else 15
 
 
 def choices(engine, byte_sizes):
@@ -102,7 +113,7 @@ def worker(args):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # done when the slowest rank is done
             return t.item()
 
-        times = {}
+        times, all_samples = {}, {}
         impls = ["auto"] + fixed
         for n in byte_sizes:
             samples = {impl: [] for impl in impls}
@@ -117,6 +128,7 @@ def worker(args):
                     samples[impl].append(timed(bufs[n], f"{name}.{n}", impl))
             for impl in impls:
                 times[(n, impl)] = statistics.median(samples[impl])
+                all_samples[(n, impl)] = samples[impl]
         tables["final"] = choices(engine, byte_sizes)
         model = engine.reducer_choices()
         hvd.shutdown()
@@ -126,6 +138,7 @@ def worker(args):
                 "init_s": init_s,
                 "tables": {t: {str(n): c for n, c in tab.items()} for t, tab in tables.items()},
                 "times_s": {f"{n}:{impl}": v for (n, impl), v in times.items()},
+                "samples_s": {f"{n}:{impl}": v for (n, impl), v in all_samples.items()},
                 "model": model,
             }
         )
@@ -161,10 +174,39 @@ def report(rows, byte_sizes):
         print(f"{human(n):>6} " + " ".join(f"{c:>22}" for c in cells) + f"   {med['auto'] / best[0]:.2f} ({best[1]})")
 
 
+def per_job(rows, byte_sizes, tolerance):
+    """auto / best fixed per job and size, from all of a job's samples; the
+    jobs where auto was within `tolerance` of the best at every size."""
+    jobs = sorted({r.get("job", 0) for r in rows})
+    impls = ["auto"] + [i for i in fixed_reducers() if f"{byte_sizes[0]}:{i}" in rows[0]["times_s"]]
+    print("\nper job: auto / best fixed (the best's name), medians of every sample of the job's cycles")
+    print(f"{'size':>6} " + " ".join(f"{'job ' + str(j):>16}" for j in jobs))
+    worst = {j: 0.0 for j in jobs}
+    for n in byte_sizes:
+        line = f"{human(n):>6} "
+        for j in jobs:
+            mine = [r for r in rows if r.get("job", 0) == j]
+            med = {}
+            for i in impls:
+                pooled = [t for r in mine for t in r.get("samples_s", {}).get(f"{n}:{i}", [r["times_s"][f"{n}:{i}"]])]
+                med[i] = statistics.median(pooled)
+            best = min((v, k) for k, v in med.items() if k != "auto")
+            ratio = med["auto"] / best[0]
+            worst[j] = max(worst[j], ratio)
+            line += f"{ratio:>7.2f} ({best[1]:>7})"
+        print(line)
+    print("  worst size per job: " + "  ".join(f"job {j}: {worst[j]:.2f}" for j in jobs))
+    within = sum(w <= 1 + tolerance for w in worst.values())
+    print(f"  jobs where auto is within {tolerance:.0%} of the best fixed reducer at every size:", end=" ")
+    print(f"{within} of {len(jobs)}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--runs", type=int, default=10, help="fresh init()/shutdown() cycles")
+    p.add_argument("--runs", type=int, default=10, help="fresh init()/shutdown() cycles per job")
+    p.add_argument("--jobs", type=int, default=1, help="fresh jobs (launcher invocations)")
+    p.add_argument("--tolerance", type=float, default=0.10, help="auto / best - 1 counted as within")
     p.add_argument("--min-bytes", type=parse_bytes, default=4 << 10)
     p.add_argument("--max-bytes", type=parse_bytes, default=256 << 20)
     p.add_argument("--warmup", type=int, default=32, help="auto all-reduces per size before the `learnt` table")
@@ -176,8 +218,14 @@ def main():
     if args.worker:
         return worker(args)
     if args.report:
-        rows = [row for path in args.report for row in json.load(open(path))]
-        return report(rows, sorted({int(n) for row in rows for n in row["tables"]["init"]}))
+        rows = []
+        for k, path in enumerate(args.report):
+            for row in json.load(open(path)):
+                row.setdefault("job", k)  # files saved before --jobs: one job each
+                rows.append(row)
+        byte_sizes = sorted({int(n) for row in rows for n in row["tables"]["init"]})
+        report(rows, byte_sizes)
+        return per_job(rows, byte_sizes, args.tolerance)
     passed = ["--worker", "--runs", str(args.runs), "--min-bytes", str(args.min_bytes)]
     passed += ["--max-bytes", str(args.max_bytes), "--warmup", str(args.warmup)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
@@ -187,15 +235,22 @@ def main():
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}"]
     cmd += [os.path.abspath(__file__)] + passed
-    print(f"$ {' '.join(cmd)}", flush=True)
-    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"benchmark failed (exit {out.returncode})")
-    rows = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("ROWS "))[5:])
+    rows = []
+    for job in range(args.jobs):
+        print(f"$ {' '.join(cmd)}   # job {job}", flush=True)
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"benchmark job {job} failed (exit {out.returncode})")
+        got = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("ROWS "))[5:])
+        for row in got:
+            row["job"] = job
+        rows += got
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
-    report(rows, list(sizes(args.min_bytes, args.max_bytes)))
+    byte_sizes = list(sizes(args.min_bytes, args.max_bytes))
+    report(rows, byte_sizes)
+    per_job(rows, byte_sizes, args.tolerance)
     print(f"\nwrote {args.out}")
 
 

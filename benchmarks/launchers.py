@@ -1,15 +1,18 @@
 """The same all-reduces under mpirun and under torchrun: how much does the
 launcher cost? mpirun binds each rank to a core, torchrun binds nothing, so
-under torchrun the ranks' threads (compute, engine, executor) float over the
-machine's cores.
+under torchrun the ranks' threads float over the machine's cores, except the
+engine's own threads, which hvdtorch pins itself (HVDTORCH_THREAD_AFFINITY=auto,
+csrc/core/common/thread_placement.h).
 
     python benchmarks/launchers.py                        # 2 ranks, 1-64 MiB, 3 job pairs
     python benchmarks/launchers.py --pairs 5 --sizes 4M,16M,64M
     python benchmarks/launchers.py --bind                 # also torchrun with each rank bound to its cores
+    python benchmarks/launchers.py --unpinned             # also torchrun with HVDTORCH_THREAD_AFFINITY=off
 
 Each pair runs one mpirun job and one torchrun job (then, with --bind, a
 torchrun job whose ranks bind themselves to cores as mpirun would: local
-rank i to core i mod cores), alternating which launcher goes first. Inside a
+rank i to core i mod cores; with --unpinned, a torchrun job whose engine
+threads float too), alternating which launcher goes first. Inside a
 job, per size: hvd.allreduce_ (in place) and hvd.allreduce (a fresh output
 every call, whose pages fault in) with reducer auto, and Gloo's all_reduce,
 each --reps times, every op aligned by a barrier, the op's time the slowest
@@ -87,6 +90,8 @@ def run_job(launcher: str, args, port: int):
         cmd = [torchrun, "--standalone", f"--nproc_per_node={args.ranks}", *script]
         if launcher == "torchrun-bound":
             cmd.append("--bind")
+        if launcher == "torchrun-unpinned":
+            env["HVDTORCH_THREAD_AFFINITY"] = "off"
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=args.job_timeout)
     if out.returncode != 0:
         raise SystemExit(f"launchers.py: the {launcher} job failed (exit {out.returncode})")
@@ -103,6 +108,7 @@ def main():
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--bind", action="store_true", help="also torchrun with each rank bound to a core")
+    p.add_argument("--unpinned", action="store_true", help="also torchrun with the engine threads unpinned")
     p.add_argument("--job-timeout", type=float, default=600)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "launchers"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -111,6 +117,7 @@ def main():
         return worker(args)
     os.makedirs(args.out, exist_ok=True)
     launchers = ["mpirun", "torchrun"] + (["torchrun-bound"] if args.bind else [])
+    launchers += ["torchrun-unpinned"] if args.unpinned else []
     rows = []
     for pair in range(args.pairs):
         order = launchers if pair % 2 == 0 else launchers[::-1]
@@ -129,7 +136,7 @@ def main():
 
     print(f"\n{args.ranks} ranks, {args.pairs} job pairs: median [min-max] ms over the jobs")
     head = "".join(f"{lname:>26}" for lname in launchers)
-    ratios = "".join(f"{lname + ' / mpirun':>26}" for lname in launchers[1:])
+    ratios = "".join(f"{lname + ' / mpirun':>28}" for lname in launchers[1:])
     print(f"{'size':>8} {'op':>11}{head}{ratios}")
     for nbytes in [parse_bytes(s) for s in args.sizes.split(",")]:
         for op in OPS:
@@ -139,7 +146,7 @@ def main():
                 ts = cell(lname, nbytes, op)
                 line += f"{med[lname] * 1e3:>11.1f} [{min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}]".rjust(26)
             for lname in launchers[1:]:
-                line += f"{med[lname] / med['mpirun']:>26.2f}"
+                line += f"{med[lname] / med['mpirun']:>28.2f}"
             print(line)
 
 

@@ -276,7 +276,16 @@ def init(comm=None, process_sets=None, **options) -> None:
         # too: the ranks of a job share HVDTORCH_SIM_SEED, not its delays.
         _C.set_sim_rank(rank)
         device = _device_group(timeout)
-        engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token, device)
+        try:
+            engine = _C.Engine(opts, rank, host_of_rank, control, data, shm_token, device)
+        except BaseException:
+            # Refused here (a knob that needs the topology to check, such as
+            # THREAD_AFFINITY's CPU list) or failed: leave no group behind, so
+            # a corrected init() starts clean.
+            destroy_groups((device, data, control))
+            if owns_default:
+                _leave_default_group(store_path, rank, excepthook)
+            raise
         topo = engine.topology()
         _state = _State(
             engine=engine,
@@ -316,7 +325,13 @@ def shutdown() -> None:
     for groups in st.set_groups.values():
         destroy_groups(groups)
     destroy_groups((st.device_group, st.data_group, st.control_group))
-    if st.owns_default_group and dist.is_initialized():
+    if st.owns_default_group:
+        _leave_default_group(st.store_path, st.rank, st.excepthook)
+
+
+def _leave_default_group(store_path: Optional[str], rank: int, excepthook) -> None:
+    """Undoes what init() did to join the default group it created."""
+    if dist.is_initialized():
         try:
             dist.destroy_process_group()
         except Exception:
@@ -326,10 +341,10 @@ def shutdown() -> None:
         # grow the chain (and the prefixes) forever. A hook the user set since
         # is left alone.
         if getattr(sys.excepthook, "__qualname__", "").endswith("_distributed_excepthook"):
-            sys.excepthook = st.excepthook
-    if st.store_path and st.rank == 0:
+            sys.excepthook = excepthook
+    if store_path and rank == 0:
         try:
-            os.remove(st.store_path)
+            os.remove(store_path)
         except OSError:
             pass
 

@@ -171,3 +171,29 @@ def test_file_stores_of_exited_launchers_are_removed(tmp_path):
     removed = launch.remove_stale_file_stores(str(tmp_path))
     assert sorted(os.path.basename(p) for p in removed) == sorted([names["dead"], names["dead_mpich"]])
     assert sorted(os.listdir(tmp_path)) == sorted([names["live"], names["torchrun"], names["other"]])
+
+
+@pytest.mark.parametrize("setting", ["auto", "off", "reversed"])
+def test_engine_threads_are_placed_as_thread_affinity_says(setting):
+    if setting == "reversed":  # an explicit list: local rank 0 on the last CPU, local rank 1 on the first
+        cpus = sorted(os.sched_getaffinity(0))
+        setting = f"{cpus[-1]},{cpus[0]}"
+    run_ranks(
+        "tests.workers.runtime:engine_threads_placed",
+        2,
+        env={"HVDTORCH_THREAD_AFFINITY": setting},
+        args=[setting],
+        timeout=90,
+    )
+
+
+def test_a_bad_thread_affinity_is_refused_by_every_rank_and_init_can_be_retried():
+    # Too few CPUs for two local ranks: every rank refuses it in init(),
+    # none waits for the others, and a second init() works.
+    run_ranks(
+        "tests.workers.runtime:refuses_thread_affinity",
+        2,
+        env={"HVDTORCH_THREAD_AFFINITY": "0"},
+        args=["0"],
+        timeout=90,
+    )

@@ -91,3 +91,67 @@ def timeline(path: str):
         hvd.synchronize(h)
     hvd.allgather(torch.ones(2, 2), name="tl.gather")
     hvd.shutdown()
+
+
+def _thread_cpus():
+    """name -> [CPU sets] of this process's threads, from /proc."""
+    import os
+
+    threads = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = open(f"/proc/self/task/{tid}/comm").read().strip()
+            cpus = os.sched_getaffinity(int(tid))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended while we looked
+        threads.setdefault(name, []).append(set(cpus))
+    return threads
+
+
+def engine_threads_placed(setting: str):
+    """HVDTORCH_THREAD_AFFINITY=setting: the engine's threads on the CPUs the
+    rule gives (common/thread_placement.h), the caller's thread untouched."""
+    import os
+
+    allowed = sorted(os.sched_getaffinity(0))
+    hvd.init()
+    # 16 MiB through the ring reducer: more than a shared-memory link holds at
+    # once. A link starts its sender thread only when a send finds the ring
+    # full (a fast reader may always leave room), so a few ops may be needed.
+    x = torch.ones(4 << 20)
+    for _ in range(20):
+        x.fill_(1.0)
+        hvd.allreduce_(x, op=hvd.Sum, reducer="ring")
+        assert torch.equal(x, torch.full_like(x, hvd.size()))
+        started = torch.tensor(["hvd-shm-send" in _thread_cpus()], dtype=torch.int32)
+        if hvd.allreduce(started, op=hvd.Min).item():  # every rank stops together
+            break
+    lr, ls = hvd.local_rank(), hvd.local_size()
+    if setting == "off":
+        want = set(allowed)
+    elif setting == "auto":
+        share = len(allowed) // ls
+        placed = len(allowed) == os.cpu_count() and len(allowed) >= ls
+        want = set(allowed[lr * share : (lr + 1) * share]) if placed else set(allowed)
+    else:
+        want = {int(setting.split(",")[lr])}
+    threads = _thread_cpus()
+    for name in ("hvd-control", "hvd-executor", "hvd-shm-send"):
+        assert name in threads, f"rank {hvd.rank()}: no thread named {name} among {sorted(threads)}"
+        for cpus in threads[name]:
+            assert cpus == want, f"rank {hvd.rank()}: {name} on CPUs {sorted(cpus)}, expected {sorted(want)}"
+    assert set(os.sched_getaffinity(0)) == set(allowed), "the caller's own thread was moved"
+    hvd.shutdown()
+
+
+def refuses_thread_affinity(setting: str):
+    try:
+        hvd.init()
+    except ValueError as e:
+        assert "HVDTORCH_THREAD_AFFINITY" in str(e), str(e)
+    else:
+        raise AssertionError(f"init() accepted HVDTORCH_THREAD_AFFINITY={setting}")
+    assert not dist.is_initialized(), "the refused init() left its default group behind"
+    hvd.init(thread_affinity="off")  # corrected: this init starts clean
+    assert torch.equal(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), 2.0))
+    hvd.shutdown()

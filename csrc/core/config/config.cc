@@ -55,6 +55,11 @@ const std::vector<Config::Knob>& Config::knobs() {
        "ALLTOALL, REDUCESCATTER per op (and DEVICE_CALIBRATION on the op that timed the device routes); "
        "hvd.start_timeline()/stop_timeline() do the same at run time; empty: off"},
       {"CALIBRATE", "1", "time the reducers at 4-64 KiB at init for reducer=auto; 0 leaves that to the online timing"},
+      {"THREAD_AFFINITY", "auto",
+       "CPUs of the engine's own threads (control, executor, shared-memory senders; never the caller's threads "
+       "or its DataLoader workers): auto pins local rank i's to the i-th equal slice of the CPUs when nothing has "
+       "placed the process (torchrun; mpirun binds ranks itself) and the host's ranks do not outnumber its CPUs; "
+       "off: never; a list such as 0,4: local rank i's threads on the i-th CPU"},
       {"HOSTNAME", "",
        "this rank's host identity: ranks with equal names share memory (emulates several hosts on one machine); "
        "empty: the real host name"},
@@ -159,6 +164,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     timeline = v;
   } else if (key == "HOSTNAME") {
     hostname = v;
+  } else if (key == "THREAD_AFFINITY") {
+    thread_affinity = v;
   } else if (key == "CALIBRATE") {
     calibrate = toBool(key, v);
   } else if (key == "AUTOTUNE") {

@@ -30,6 +30,7 @@ struct Config {
   size_t device_calibration_bytes = 16u << 20;                        // HVDTORCH_DEVICE_CALIBRATION_BYTES
   int central_shards = 1;                                             // HVDTORCH_CENTRAL_SHARDS
   bool calibrate = true;                                              // HVDTORCH_CALIBRATE
+  std::string thread_affinity = "auto";                               // HVDTORCH_THREAD_AFFINITY
   std::string timeline;                                               // HVDTORCH_TIMELINE (path)
   std::string hostname;                                               // HVDTORCH_HOSTNAME (empty: the real one)
   // Read by the Python tuner (hvdtorch/autotune.py), not by the engine.

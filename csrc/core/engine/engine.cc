@@ -1,8 +1,11 @@
 #include "engine/engine.h"
 
+#include <unistd.h>
+
 #include <thread>
 
 #include "common/error.h"
+#include "common/thread_placement.h"
 #include "transport/shm/link.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/wait.h"
@@ -34,6 +37,11 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
   const unsigned cores = std::thread::hardware_concurrency();
   setShmSpinBudget(cores != 0 && static_cast<unsigned>(topo.local_size) <= cores ? kShmSpinBudget
                                                                                  : std::chrono::microseconds(0));
+  // Before the first engine thread starts (calibration below starts the
+  // shared-memory senders): common/thread_placement.h says why.
+  setEngineThreadCpus(engineThreadCpus(config_.thread_affinity, allowedCpus(),
+                                       static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)), topo.local_rank,
+                                       topo.local_size));
   // Every rank constructs its engine in init(), so this collective lines up.
   if (config_.calibrate) router_.reducers().calibrate(data_ctx_);
   controller_.start();

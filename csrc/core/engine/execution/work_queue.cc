@@ -1,12 +1,16 @@
 #include "engine/execution/work_queue.h"
 
 #include "common/error.h"
+#include "common/thread_placement.h"
 #include "engine/op_spec.h"
 
 namespace hvdtorch {
 
 void WorkQueue::start() {
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    placeEngineThread("hvd-executor");
+    loop();
+  });
 }
 
 void WorkQueue::stop() {

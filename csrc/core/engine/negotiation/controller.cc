@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/thread_placement.h"
 #include "device/devices.h"
 #include "engine/execution/device_tensor.h"
 #include "engine/negotiation/control_frame.h"
@@ -33,7 +34,10 @@ Controller::Controller(const Config& config, EngineState& state, ProcessSetTable
       cycle_time_us_(config.cycle_time.count()) {}
 
 void Controller::start() {
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    placeEngineThread("hvd-control");
+    loop();
+  });
 }
 
 void Controller::join() {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/thread_placement.h"
 #include "transport/shm/ring.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/wait.h"
@@ -418,7 +419,11 @@ std::unique_ptr<LinkRequest> ShmLink::isend(const void* data, size_t bytes) {
   } else {
     // Partly or not at all in the ring: the sender thread takes it from here.
     s.sends.push_back(op);
-    if (!s.sender.joinable()) s.sender = std::thread([&s] { s.senderLoop(); });
+    if (!s.sender.joinable())
+      s.sender = std::thread([&s] {
+        placeEngineThread("hvd-shm-send");
+        s.senderLoop();
+      });
     s.work_cv.notify_one();
   }
   return std::make_unique<ShmSendRequest>(state_, std::move(op));
