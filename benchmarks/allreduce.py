@@ -12,7 +12,8 @@ processes: the ranks then run the Python of the venv that
 benchmarks/peers/build_horovod.sh builds (same torch pin, hvdtorch from this
 tree on PYTHONPATH).
 
-Prints, per world size and message size, the median time of --reps runs,
+Prints, per world size and message size, the median time of --reps rounds
+(each round runs every implementation once, in a rotating order),
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' definitions),
 and each implementation's busbw ratio to Gloo; writes CSV and a PNG plot to
 --out. --breakdown N runs N 4 KiB all-reduces (reducer auto, a barrier before each)
@@ -140,16 +141,22 @@ def worker(args):
         hvd.shutdown()
         return
 
-    def timed(fn, reps):
-        fn()  # warm-up (and, for hvdtorch, negotiation + response cache)
-        times = []
-        for _ in range(reps):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        # The collective is done when the slowest rank is done.
-        return max(comm.allgather(statistics.median(times)))
+    def timed_interleaved(impls, reps):
+        """name -> the op's time: the median over `reps` rounds, each round
+        running every implementation once (barrier-aligned) in an order that
+        rotates, so a burst of load hits all alike and none always follows
+        the same one; the slowest rank's median, where the collective is done."""
+        for fn in impls.values():
+            fn()  # warm-up (and, for hvdtorch, negotiation + response cache)
+        names = list(impls)
+        times = {name: [] for name in names}
+        for rep in range(reps):
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                comm.Barrier()
+                t0 = time.perf_counter()
+                impls[name]()
+                times[name].append(time.perf_counter() - t0)
+        return {name: max(comm.allgather(statistics.median(ts))) for name, ts in times.items()}
 
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         count = nbytes // 4
@@ -163,8 +170,7 @@ def worker(args):
         impls["mpi"] = functools.partial(comm.Allreduce, MPI.IN_PLACE, x.numpy(), op=MPI.SUM)
         if peer is not None:
             impls["horovod"] = functools.partial(peer.allreduce_, x, op=peer.Sum, name=f"horovod.{nbytes}")
-        for name, fn in impls.items():
-            t = timed(fn, reps)
+        for name, t in timed_interleaved(impls, reps).items():
             algbw = nbytes / t
             rows.append(
                 {
