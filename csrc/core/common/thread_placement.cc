@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <mutex>
 #include <sstream>
 
@@ -28,8 +29,9 @@ std::vector<int> engineThreadCpus(const std::string& setting, const std::vector<
   if (setting == "auto") {
     const int n = static_cast<int>(allowed.size());
     if (n != online_cpus || local_size < 1 || n < local_size) return {};
-    const int share = n / local_size;
-    return std::vector<int>(allowed.begin() + local_rank * share, allowed.begin() + (local_rank + 1) * share);
+    const auto share = static_cast<std::ptrdiff_t>(n / local_size);
+    const auto first = allowed.begin() + static_cast<std::ptrdiff_t>(local_rank) * share;
+    return std::vector<int>(first, first + share);
   }
   std::vector<int> per_rank;
   std::stringstream in(setting);
@@ -43,24 +45,26 @@ std::vector<int> engineThreadCpus(const std::string& setting, const std::vector<
       used = 0;
     }
     if (used == 0 || used != item.size() || cpu < 0)
-      throw InvalidArgument("HVDTORCH_THREAD_AFFINITY: '" + item + "' in '" + setting +
-                            "' is not a CPU number (expected auto, off or one CPU per local rank, e.g. 0,4)");
+      throw InvalidArgument(strCat("HVDTORCH_THREAD_AFFINITY: '", item, "' in '", setting,
+                                   "' is not a CPU number (expected auto, off or one CPU per local rank, e.g. 0,4)"));
     per_rank.push_back(cpu);
   }
   if (static_cast<int>(per_rank.size()) != local_size)
-    throw InvalidArgument("HVDTORCH_THREAD_AFFINITY: '" + setting + "' names " + std::to_string(per_rank.size()) +
-                          " CPUs, but this host runs " + std::to_string(local_size) +
-                          " ranks (one CPU per local rank)");
+    throw InvalidArgument(strCat("HVDTORCH_THREAD_AFFINITY: '", setting, "' names ", per_rank.size(),
+                                 " CPUs, but this host runs ", local_size, " ranks (one CPU per local rank)"));
   // Every entry is checked, not only this rank's: the ranks of a host see
   // the same list, so all of them refuse it together in init() rather than
   // one failing while the others wait for it in the first collective.
   for (size_t i = 0; i < per_rank.size(); ++i) {
     if (std::find(allowed.begin(), allowed.end(), per_rank[i]) != allowed.end()) continue;
     std::string mask;
-    for (int a : allowed) mask += (mask.empty() ? "" : ",") + std::to_string(a);
-    throw InvalidArgument("HVDTORCH_THREAD_AFFINITY: CPU " + std::to_string(per_rank[i]) + " (local rank " +
-                          std::to_string(i) + "'s) is not among the CPUs this process may use (" + mask +
-                          "); where the launcher binds ranks itself (mpirun), leave the knob at auto");
+    for (int a : allowed) {
+      if (!mask.empty()) mask += ",";
+      mask += std::to_string(a);
+    }
+    throw InvalidArgument(strCat("HVDTORCH_THREAD_AFFINITY: CPU ", per_rank[i], " (local rank ", i,
+                                 "'s) is not among the CPUs this process may use (", mask,
+                                 "); where the launcher binds ranks itself (mpirun), leave the knob at auto"));
   }
   const int cpu = per_rank[local_rank];
   return {cpu};
