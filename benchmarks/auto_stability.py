@@ -247,7 +247,7 @@ def main():
         rows += got
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump(rows, f, separators=(",", ":"))  # every sample: compact
     byte_sizes = list(sizes(args.min_bytes, args.max_bytes))
     report(rows, byte_sizes)
     per_job(rows, byte_sizes, args.tolerance)
