@@ -148,6 +148,11 @@ def worker(args):
         print("ROWS " + json.dumps(rows), flush=True)
 
 
+def timed_impls(rows, byte_sizes):
+    """`auto` and the fixed reducers that the saved rows hold times of."""
+    return ["auto"] + [i for i in fixed_reducers() if f"{byte_sizes[0]}:{i}" in rows[0]["times_s"]]
+
+
 def report(rows, byte_sizes):
     runs = len(rows)
     init_ms = " ".join(f"{r['init_s'] * 1e3:.0f}" for r in rows)
@@ -161,7 +166,7 @@ def report(rows, byte_sizes):
             stable += same
             print(f"  {human(n):>5}  {' '.join(f'{p:<7}' for p in picks)}  {'same' if same else 'DIFFERS'}")
         print(f"  sizes with the same choice in {runs} of {runs} cycles: {stable} of {len(byte_sizes)}")
-    impls = ["auto"] + [i for i in fixed_reducers() if f"{byte_sizes[0]}:{i}" in rows[0]["times_s"]]
+    impls = timed_impls(rows, byte_sizes)
     print(f"\nms: median (min-max) over {runs} cycles of each cycle's median; auto / best fixed by median:")
     print(f"{'size':>6} " + " ".join(f"{i:>22}" for i in impls) + "   auto/best")
     for n in byte_sizes:
@@ -178,7 +183,7 @@ def per_job(rows, byte_sizes, tolerance):
     """auto / best fixed per job and size, from all of a job's samples; the
     jobs where auto was within `tolerance` of the best at every size."""
     jobs = sorted({r.get("job", 0) for r in rows})
-    impls = ["auto"] + [i for i in fixed_reducers() if f"{byte_sizes[0]}:{i}" in rows[0]["times_s"]]
+    impls = timed_impls(rows, byte_sizes)
     print("\nper job: auto / best fixed (the best's name), medians of every sample of the job's cycles")
     print(f"{'size':>6} " + " ".join(f"{'job ' + str(j):>16}" for j in jobs))
     worst = {j: 0.0 for j in jobs}

@@ -1,7 +1,5 @@
 #include "engine/engine.h"
 
-#include <unistd.h>
-
 #include <thread>
 
 #include "common/error.h"
@@ -32,15 +30,15 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
             }),
       controller_(config_, st_, sets_, work_, timeline_) {
   useOpTable(ops);
+  // The host's online CPUs (0: unknown, which neither spins nor pins).
+  const unsigned cores = std::thread::hardware_concurrency();
   // Shared-memory waits may spin a while when every rank of this host has
   // a core of its own (transport/shm/wait.h says why, and why not otherwise).
-  const unsigned cores = std::thread::hardware_concurrency();
   setShmSpinBudget(cores != 0 && static_cast<unsigned>(topo.local_size) <= cores ? kShmSpinBudget
                                                                                  : std::chrono::microseconds(0));
   // Before the first engine thread starts (calibration below starts the
   // shared-memory senders): common/thread_placement.h says why.
-  setEngineThreadCpus(engineThreadCpus(config_.thread_affinity, allowedCpus(),
-                                       static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)), topo.local_rank,
+  setEngineThreadCpus(engineThreadCpus(config_.thread_affinity, allowedCpus(), static_cast<int>(cores), topo.local_rank,
                                        topo.local_size));
   // Every rank constructs its engine in init(), so this collective lines up.
   if (config_.calibrate) router_.reducers().calibrate(data_ctx_);
