@@ -6,7 +6,7 @@ parameter unused in a pass contributes when gradients accumulate."""
 
 import torch
 
-from hvdtorch.training.buckets import complete_order, plan_buckets
+from hvdtorch.training.buckets import complete_order, layers_by_name, plan_buckets
 from tests.harness import run_ranks
 
 
@@ -42,6 +42,28 @@ def test_buckets_hold_one_dtype_and_fusion_bytes_zero_means_one_per_parameter():
     for b in layout:
         assert len({params[i].dtype for i in b}) == 1, layout
     assert plan_buckets(params, range(5), 0, 0) == [[0], [1], [2], [3], [4]]
+
+
+def test_a_layer_stays_in_one_bucket_where_it_fits():
+    f32 = torch.float32
+    params = _params(*[(25, f32)] * 6)  # 100 bytes each
+    layers = ["a", "a", "b", "b", "c", "c"]
+    assert plan_buckets(params, range(6), 300, 0) == [[0, 1, 2], [3, 4, 5]]
+    # The bucket that would end with layer b's first parameter closes before it.
+    assert plan_buckets(params, range(6), 300, 0, layer_of=layers) == [[0, 1], [2, 3], [4, 5]]
+    # A bucket that is all one layer is split by size as before.
+    assert plan_buckets(params, range(6), 300, 0, layer_of=["a"] * 6) == [[0, 1, 2], [3, 4, 5]]
+    # Parameters without a layer never move.
+    assert plan_buckets(params, range(6), 300, 0, layer_of=[None] * 6) == [[0, 1, 2], [3, 4, 5]]
+    # In reverse order (how backward produces them): bias then weight of each layer.
+    assert plan_buckets(params, reversed(range(6)), 300, 0, layer_of=layers) == [[5, 4], [3, 2], [1, 0]]
+    # The first bucket's smaller cap too.
+    assert plan_buckets(params, range(6), 400, 300, layer_of=layers) == [[0, 1], [2, 3, 4, 5]]
+
+
+def test_layers_by_name_are_the_owning_modules():
+    names = ["features.0.weight", "features.0.bias", "scale", "head.weight", None]
+    assert layers_by_name(names) == ["features.0", "features.0", None, "head", None]
 
 
 def test_complete_order_appends_unready_parameters_in_reverse_registration_order():

@@ -447,6 +447,42 @@ void GradientReducer::finalize() {
   waitAll();
 }
 
+bool GradientReducer::reducing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pass_active_ && reduce_this_pass_;
+}
+
+void GradientReducer::finishBucket(int64_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index < 0 || index >= static_cast<int64_t>(buckets_.size()))
+    throw InvalidArgument(strCat(opts_.name, ": finishBucket(", index, "): there are ", buckets_.size(), " buckets"));
+  if (!strategy_->keepsGradients())
+    throw InvalidArgument(strCat(opts_.name, ": finishBucket() needs a strategy that hands gradients back"));
+  if (!pass_active_ || !reduce_this_pass_) return;
+  launchRemaining();
+  Bucket& b = buckets_[static_cast<size_t>(index)];
+  if (!b.op) return;
+  try {
+    decode(b, b.op->finish());
+  } catch (...) {
+    b.op.reset();
+    try {
+      waitAll();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the first error is the one raised
+    }
+    pass_active_ = false;
+    throw;
+  }
+  b.op.reset();
+}
+
+std::vector<std::vector<int64_t>> GradientReducer::bucketParams() const {
+  std::vector<std::vector<int64_t>> out;
+  out.reserve(buckets_.size());
+  for (const auto& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
 std::vector<at::Tensor> GradientReducer::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (opts_.mode == ReducerMode::kDeltas)

@@ -136,6 +136,20 @@ class GradientReducer {
   // Launches what has not been launched and waits for every bucket; raises
   // the first error. A no-op when no reduced pass is in flight.
   void finalize();
+  // Whether a reduced pass is in flight: what finalize() would wait for.
+  bool reducing();
+  // finalize() one bucket at a time, so that the caller can use a bucket's
+  // result while later ones are still reduced (stepping the optimizer over
+  // its parameters): launches what has not been launched, waits for bucket
+  // `index` and puts its result into .grad. A no-op when no reduced pass is
+  // in flight or that bucket was waited for already; finalize() waits for
+  // the rest and ends the pass. On an error every other bucket is waited
+  // for too (nothing is left running) and the pass ends. InvalidArgument
+  // for a strategy that does not hand gradients back (a shard strategy) and
+  // for an index out of range.
+  void finishBucket(int64_t index);
+  // Each bucket's parameter indices, in bucket order (the layout in use).
+  std::vector<std::vector<int64_t>> bucketParams() const;
   // Every bucket's result in the parameters' dtype (the strategy's: the whole
   // bucket, or this rank's shard), then the step: the counter's reset().
   // After a reduced pass it waits for what backward launched; otherwise

@@ -29,7 +29,8 @@ from ..collectives import ops
 from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
-from .buckets import complete_order, plan_buckets
+from .bucketed_step import step_in_pieces, steps_in_pieces
+from .buckets import complete_order, layers_by_name, plan_buckets
 from .step_marks import StepMarks
 
 _instance_ids = itertools.count()
@@ -112,6 +113,9 @@ class DistributedModel(torch.nn.Module):
         psid = check_process_set(process_set)
         params = _trainable(module.parameters())
         self._params = params
+        names = {id(p): n for n, p in module.named_parameters()}
+        # A layer's gradients are computed together: buckets keep them together (buckets.py).
+        self._layers = layers_by_name([names.get(id(p)) for p in params])
         strategy = None
         check_bucket_compression(compression, "DistributedModel")
         if is_powersgd(compression):
@@ -138,7 +142,7 @@ class DistributedModel(torch.nn.Module):
         # The order buckets are filled in: reverse registration order until
         # the ranks agree on the observed one.
         self._order = list(reversed(range(len(params))))
-        layout = plan_buckets(params, self._order, self._fusion_bytes, self._first_bucket_bytes)
+        layout = self._plan(self._first_bucket_bytes)
         f = float(gradient_predivide_factor)
         # Names every bucket's all-reduce: models must be built in the same order on every rank.
         self._name = name or f"model{next(_instance_ids)}"
@@ -219,7 +223,7 @@ class DistributedModel(torch.nn.Module):
             return
         self._rebuild_pending = False
         self._order = (agreed - 1).tolist()
-        self._reducer.rebuild(plan_buckets(self._params, self._order, self._fusion_bytes, self._first_bucket_bytes))
+        self._reducer.rebuild(self._plan(self._first_bucket_bytes))
 
     def _set_fusion_bytes(self, fusion_bytes: int) -> None:
         """Rebuilds the buckets with a new cap (0: one gradient per bucket),
@@ -227,8 +231,11 @@ class DistributedModel(torch.nn.Module):
         boundary: bucket layouts must match across ranks."""
         self._reducer.finalize()  # nothing of the last pass may land in the old buckets later
         self._fusion_bytes = int(fusion_bytes)
-        first = min(self._first_bucket_bytes, self._fusion_bytes)
-        self._reducer.rebuild(plan_buckets(self._params, self._order, self._fusion_bytes, first))
+        self._reducer.rebuild(self._plan(min(self._first_bucket_bytes, self._fusion_bytes)))
+
+    def _plan(self, first_bucket_bytes: int):
+        """The bucket layout of the current order and cap."""
+        return plan_buckets(self._params, self._order, self._fusion_bytes, first_bucket_bytes, layer_of=self._layers)
 
     def sync_gradients(self) -> None:
         """Blocks until every gradient of the last backward pass is averaged
@@ -237,6 +244,26 @@ class DistributedModel(torch.nn.Module):
             self._gradient_owner.synchronize()
             return
         self._reducer.finalize()
+
+    def sync_and_step(self, optimizer) -> None:
+        """``sync_gradients()`` then ``optimizer.step()``, overlapped: each
+        bucket's parameters are stepped as soon as that bucket is averaged,
+        while later buckets are still on the wire (training/bucketed_step.py).
+        The result is the two calls'. It overlaps with sync="explicit" (with
+        sync="backward", backward has waited already); an optimizer that
+        cannot be stepped in pieces (anything but torch.optim's
+        per-parameter optimizers), or a sharded optimizer that took the
+        gradients over, gets the two calls."""
+        reducer = self._reducer
+        if reducer is None or not steps_in_pieces(type(optimizer)) or not reducer.reducing():
+            self.sync_gradients()
+            optimizer.step()
+            return
+        buckets = [[self._params[i] for i in bucket] for bucket in reducer.bucket_params()]
+        try:
+            step_in_pieces(optimizer.step, optimizer.param_groups, buckets, reducer.finish_bucket)
+        finally:
+            reducer.finalize()  # whatever an error left in flight
 
     @contextlib.contextmanager
     def no_sync(self):

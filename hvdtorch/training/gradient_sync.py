@@ -48,6 +48,7 @@ from ..collectives import ops, sparse
 from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
+from .bucketed_step import step_in_pieces
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:
@@ -186,6 +187,31 @@ class GradientSync:
             if p.grad is not None and not p.grad.is_sparse:
                 p.grad = p.grad.to_sparse(sparse_dim)
         self._counter.reset()
+
+    def synchronize_in_pieces(self, step, param_groups) -> bool:
+        """synchronize() and ``step()`` over ``param_groups``, overlapped:
+        each bucket's parameters are stepped as soon as it is reduced
+        (bucketed_step.py). Only after the reducing pass backward launched,
+        with no sparse gradients and no PowerSGD (whose buckets come back
+        together); otherwise returns False having done nothing."""
+        reducer = self._reducer
+        if (
+            reducer is None
+            or self._sparse
+            or self._densified
+            or is_powersgd(self._compression)
+            or not self._counter.due()
+            or not reducer.reducing()
+        ):
+            return False
+        dense = [self._params[i] for i in self._dense]
+        buckets = [[dense[i] for i in bucket] for bucket in reducer.bucket_params()]
+        try:
+            step_in_pieces(step, param_groups, buckets, reducer.finish_bucket)
+        finally:
+            reducer.finalize()  # whatever an error left in flight
+            self._counter.reset()
+        return True
 
     def _first_synchronize(self) -> None:
         if self._sparse_as_dense:

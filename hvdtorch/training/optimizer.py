@@ -25,7 +25,8 @@ from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
 from ..zero.optimizer import ShardedOptimizer
 from .adasum_optimizer import _DistributedAdasumOptimizer
-from .buckets import plan_buckets
+from .bucketed_step import steps_in_pieces
+from .buckets import layers_by_name, plan_buckets
 from .gradient_sync import GradientSync
 from .parameter_names import names_by_id
 
@@ -53,6 +54,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if op not in (ops.Average, ops.Sum):
             raise ValueError("hvdtorch: DistributedOptimizer supports op=hvd.Average or hvd.Sum")
         names = names_by_id(self.param_groups, named_parameters)
+        # Layers (buckets keep a layer's gradients together) come from the caller's names only.
+        layers = {} if named_parameters is None else dict(zip(names, layers_by_name(list(names.values()))))
         self._parameter_names = {p: names[id(p)] for group in self.param_groups for p in group["params"]}
         _check_groups(groups)
         trainable, seen = [], set()
@@ -83,7 +86,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 compression,
                 backward_passes_per_step,
                 sparse_as_dense,
-                lambda dense, fusion: _layout(dense, groups, fusion),
+                lambda dense, fusion: _layout(dense, groups, fusion, layers),
                 fusion_bytes,
                 reducer,
                 process_set,
@@ -117,6 +120,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "optimizer.skip_synchronize() when you synchronize yourself (e.g. to clip gradients)",
                     stacklevel=2,
                 )
+            # Step each bucket's parameters as soon as it is reduced (bucketed_step.py) where the result is the
+            # same as synchronize() and one step.
+            if (
+                closure is None
+                and self._hvd_sync is not None
+                and steps_in_pieces(self._hvd_class.__bases__[0])
+                and self._hvd_sync.synchronize_in_pieces(lambda: super(self._hvd_class, self).step(), self.param_groups)
+            ):
+                self._hvd_synchronized = False
+                if self._hvd_autotune is not None:
+                    self._hvd_autotune.step_boundary()
+                return None
             self.synchronize()
         self._hvd_synchronized = False
         result = super(self._hvd_class, self).step(closure)
@@ -203,10 +218,12 @@ def _check_groups(groups):
             seen.add(id(p))
 
 
-def _layout(params, groups, fusion_bytes):
-    """Bucket layout (lists of indices into ``params``) of the dense parameters."""
+def _layout(params, groups, fusion_bytes, layers=None):
+    """Bucket layout (lists of indices into ``params``) of the dense
+    parameters; ``layers``: id(parameter) -> its layer (buckets.py)."""
     if groups is None:
-        return plan_buckets(params, reversed(range(len(params))), fusion_bytes, 1 << 20)
+        layer_of = [(layers or {}).get(id(p)) for p in params]
+        return plan_buckets(params, reversed(range(len(params))), fusion_bytes, 1 << 20, layer_of=layer_of)
     if isinstance(groups, int):
         indices = list(range(len(params)))
         return _split_by_dtype(params, [b for b in (indices[k::groups] for k in range(groups)) if b])
