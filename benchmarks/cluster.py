@@ -19,9 +19,11 @@ delay: the links are narrow, not long.
 Configurations (one torchrun job per rate builds them all, then interleaves):
   solo            the same model and optimizer stepped without any gradient
                   exchange: the ceiling (barriers only, between windows)
-  dm:<reducer>    hvd.DistributedModel(reducer=...), pipelined, 25 MiB fusion:
-                  auto and each reducer of the registry that serves the
-                  standard ops (hvdtorch._C.reducer_registry())
+  dm:<reducer>    hvd.DistributedModel(reducer=..., sync="explicit"),
+                  pipelined, 25 MiB fusion, stepped with
+                  model.sync_and_step(optimizer) (each bucket's parameters
+                  as it arrives): auto and each reducer of the registry that
+                  serves the standard ops (hvdtorch._C.reducer_registry())
   dm:powersgd     hvd.DistributedModel(compression=hvd.Compression.powersgd(
                   rank 4, compression from the 3rd step on)), auto reducer:
                   the same compression as ddp-powersgd, in hvdtorch's buckets
@@ -124,7 +126,7 @@ class Config:
         self.name = name
         torch.manual_seed(0)  # the same initial weights on every rank
         self.model = FCHeavyNet(num_classes=NUM_CLASSES, image_size=IMAGE_SIZE)
-        self.sync = lambda: None  # solo; DDP waits inside backward
+        self.sync = lambda: None  # solo; DDP waits inside backward; DistributedModel in step()
         if name.startswith("ddp") and size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -146,12 +148,13 @@ class Config:
             self.model = hvd.DistributedModel(
                 self.model, compression=compression, sync="explicit", name=f"cluster.{name}"
             )
-            self.sync = self.model.sync_gradients
         elif name.startswith("dm:"):
             self.model = hvd.DistributedModel(self.model, reducer=name[3:], sync="explicit", name=f"cluster.{name}")
-            self.sync = self.model.sync_gradients
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.step = self.opt.step
+        if name.startswith("dm:"):
+            # The waits and the step in one: each bucket's parameters are stepped as it arrives (timed as "optim").
+            self.step = lambda: self.model.sync_and_step(self.opt)
         if name == "horovod":
             self.opt = horovod.DistributedOptimizer(self.opt, named_parameters=self.model.named_parameters())
             self.sync = self.opt.synchronize

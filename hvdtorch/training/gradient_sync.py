@@ -192,17 +192,10 @@ class GradientSync:
         """synchronize() and ``step()`` over ``param_groups``, overlapped:
         each bucket's parameters are stepped as soon as it is reduced
         (bucketed_step.py). Only after the reducing pass backward launched,
-        with no sparse gradients and no PowerSGD (whose buckets come back
-        together); otherwise returns False having done nothing."""
+        with no sparse gradients (they are reduced after the dense ones);
+        otherwise returns False having done nothing."""
         reducer = self._reducer
-        if (
-            reducer is None
-            or self._sparse
-            or self._densified
-            or is_powersgd(self._compression)
-            or not self._counter.due()
-            or not reducer.reducing()
-        ):
+        if reducer is None or self._sparse or self._densified or not self._counter.due() or not reducer.reducing():
             return False
         dense = [self._params[i] for i in self._dense]
         buckets = [[dense[i] for i in bucket] for bucket in reducer.bucket_params()]
