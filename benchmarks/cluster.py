@@ -24,6 +24,10 @@ Configurations (one torchrun job per rate builds them all, then interleaves):
                   model.sync_and_step(optimizer) (each bucket's parameters
                   as it arrives): auto and each reducer of the registry that
                   serves the standard ops (hvdtorch._C.reducer_registry())
+  dm:sizes        dm:auto with buckets planned by size alone, as before
+                  buckets kept layers together (an ablation, not a default)
+  dm:whole        dm:auto with sync_gradients() and then one optimizer step,
+                  as before sync_and_step (an ablation, not a default)
   dm:powersgd     hvd.DistributedModel(compression=hvd.Compression.powersgd(
                   rank 4, compression from the 3rd step on)), auto reducer:
                   the same compression as ddp-powersgd, in hvdtorch's buckets
@@ -106,6 +110,8 @@ HOROVOD_PYTHON = os.path.join(ROOT, "build", "horovod-venv", "bin", "python")
 IMAGE_SIZE = 32
 POWERSGD_RANK = 4
 PEERS = ("ddp", "ddp-powersgd", "horovod", "solo")
+# dm:auto without one of its parts (not in the defaults; --configs names them).
+ABLATIONS = ("dm:sizes", "dm:whole")
 TX_BYTES = "/sys/class/net/eth0/statistics/tx_bytes"
 
 
@@ -149,10 +155,15 @@ class Config:
                 self.model, compression=compression, sync="explicit", name=f"cluster.{name}"
             )
         elif name.startswith("dm:"):
-            self.model = hvd.DistributedModel(self.model, reducer=name[3:], sync="explicit", name=f"cluster.{name}")
+            reducer = "auto" if name in ABLATIONS else name[3:]
+            self.model = hvd.DistributedModel(self.model, reducer=reducer, sync="explicit", name=f"cluster.{name}")
+            if name == "dm:sizes":
+                self.model._layers = [None] * len(self.model._layers)  # the planner sees no layers
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.step = self.opt.step
-        if name.startswith("dm:"):
+        if name == "dm:whole":
+            self.sync = self.model.sync_gradients
+        elif name.startswith("dm:"):
             # The waits and the step in one: each bucket's parameters are stepped as it arrives (timed as "optim").
             self.step = lambda: self.model.sync_and_step(self.opt)
         if name == "horovod":

@@ -83,3 +83,7 @@ def test_pieces_under_distributed_model_and_optimizer_equal_one_process(nranks):
 
 def test_whole_steps_where_pieces_do_not_apply():
     run_ranks("tests.workers.bucketed_step:check_whole_steps_where_pieces_do_not_apply", 2, timeout=120)
+
+
+def test_pieces_with_fp16_wire_and_two_passes_per_step():
+    run_ranks("tests.workers.bucketed_step:check_pieces_with_fp16_and_accumulation", 2, timeout=120)

@@ -179,3 +179,54 @@ def check_whole_steps_where_pieces_do_not_apply():
     else:
         raise AssertionError("finish_bucket(99) was accepted")
     hvd.shutdown()
+
+
+def check_pieces_with_fp16_and_accumulation():
+    """Pieces under the fp16 wire codec (each bucket is decoded into .grad
+    when it is finished) and with backward_passes_per_step=2 (pieces only at
+    the reducing pass; the gradients of both passes are summed)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    base = Wide()
+    ref = reference(base, "sgd", n)
+
+    model = hvd.DistributedModel(
+        copy.deepcopy(base), sync="explicit", fusion_bytes=(1 << 20) + 4096, compression=hvd.Compression.fp16
+    )
+    opt = make_opt("sgd", model.parameters())
+    steps = []
+    opt.register_step_post_hook(lambda *_: steps.append(1))
+    for s in range(STEPS):
+        x, y = batch(s, n)
+        opt.zero_grad()
+        F.cross_entropy(model(x[r * PER_RANK : (r + 1) * PER_RANK]), y[r * PER_RANK : (r + 1) * PER_RANK]).backward()
+        model.sync_and_step(opt)
+    assert len(steps) > STEPS, f"rank {r}: fp16: {len(steps)} optimizer steps in {STEPS} steps: not in pieces"
+    for (name, p), q in zip(model.module.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(
+            p.detach(), q.detach(), atol=2e-3, rtol=1e-2, msg=lambda m, name=name: f"fp16 {name}: {m}"
+        )
+
+    # Two backward passes per step, each on half of the rank's shard: their gradients add up (Sum over passes,
+    # Average over ranks), so a loss scaled by 1/2 per pass gives the reference's gradient.
+    plain = copy.deepcopy(base)
+    dopt = hvd.DistributedOptimizer(
+        make_opt("sgd", plain.parameters()),
+        named_parameters=plain.named_parameters(),
+        fusion_bytes=(1 << 20) + 4096,
+        backward_passes_per_step=2,
+    )
+    steps.clear()
+    dopt.register_step_post_hook(lambda *_: steps.append(1))
+    for s in range(STEPS):
+        x, y = batch(s, n)
+        xs, ys = x[r * PER_RANK : (r + 1) * PER_RANK], y[r * PER_RANK : (r + 1) * PER_RANK]
+        dopt.zero_grad()
+        for half in range(2):
+            part = slice(half * PER_RANK // 2, (half + 1) * PER_RANK // 2)
+            (F.cross_entropy(plain(xs[part]), ys[part]) / 2).backward()
+        dopt.step()
+    assert len(steps) > STEPS, f"rank {r}: two passes: {len(steps)} optimizer steps in {STEPS} steps: not in pieces"
+    assert_close(plain, ref, f"rank {r}: DistributedOptimizer, backward_passes_per_step=2")
+    hvd.shutdown()
