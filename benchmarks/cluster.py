@@ -74,11 +74,16 @@ IP and TCP headers included, so a little above the payload), divided by
 hierarchical all-reduce must send with one rank per host on the wire: for H
 hosts and G gradient bytes, 2 (H-1)/H G per host per step.
 
-The ranks of all hosts share this machine's cores: compute is slower than on
-real hosts and rises with the ranks, and a 10gbit link is not the limit when
+The ranks of all hosts share this machine's cores (--host-cpus shared, the
+default): compute is slower than on real hosts and rises with the ranks, a
+host that computes slows the others, and a 10gbit link is not the limit when
 the cores cannot feed it (the unshaped veth pairs carry about 4-6 Gbit/s
-here). Read the ratios between configurations at one rate, not the absolute
-numbers.
+here). --host-cpus own gives each host its own share of the CPUs instead
+(host h's agent and ranks on the h-th equal run), as real hosts have their
+own; on this 2-core machine that leaves a host's 2 ranks one core, so every
+wait of one local rank for the other (a barrier of the intra-host phases)
+costs a switch between them. Neither is a real cluster: read the ratios
+between configurations at one rate and one setting, not absolute numbers.
 
 Output: a table per rate; rows appended as JSON lines to --out/cluster.jsonl
 (one per rate and configuration); the plot --out/cluster.png. The namespaces
@@ -118,6 +123,17 @@ TX_BYTES = "/sys/class/net/eth0/statistics/tx_bytes"
 def hvdtorch_reducers():
     """The registry's reducers of the standard ops, in its order (all of them run across hosts)."""
     return [r["name"] for r in hvd._C.reducer_registry() if r["own_op"] is None]
+
+
+def host_cpus(hosts: int):
+    """Each host's CPUs: this process's CPUs cut into `hosts` equal runs in
+    order (host h gets the h-th). With fewer CPUs than hosts, hosts share
+    them round-robin (host h gets CPU h mod count)."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < hosts:
+        return [[mine[h % len(mine)]] for h in range(hosts)]
+    per = len(mine) // hosts
+    return [mine[h * per : (h + 1) * per] for h in range(hosts)]
 
 
 def default_configs(horovod: bool):
@@ -415,7 +431,12 @@ def run(args):
             print(f"== {rate}: {args.hosts} hosts x {args.ranks_per_host} ranks, configs {configs}", flush=True)
             t0 = time.monotonic()
             job = hosts.torchrun(
-                os.path.abspath(__file__), *worker_args, nproc=args.ranks_per_host, env=env, python=python
+                os.path.abspath(__file__),
+                *worker_args,
+                nproc=args.ranks_per_host,
+                env=env,
+                python=python,
+                cpus=host_cpus(args.hosts) if args.host_cpus == "own" else None,
             )
             try:
                 follow(job, args.job_timeout)
@@ -425,7 +446,9 @@ def run(args):
             with open(rows_path) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
             for r in rows:
-                r.update(job_s=round(time.monotonic() - t0, 1), machine_load=os.getloadavg()[0])
+                r.update(
+                    job_s=round(time.monotonic() - t0, 1), machine_load=os.getloadavg()[0], host_cpus=args.host_cpus
+                )
             print_table(rows)
             with open(os.path.join(args.out, "cluster.jsonl"), "a") as f:
                 for r in rows:
@@ -447,6 +470,13 @@ def main():
     p.add_argument("--iters", type=int, default=3, help="timed steps per window")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before every window")
     p.add_argument("--prime", type=int, default=2, help="untimed steps of each configuration before the rounds")
+    p.add_argument(
+        "--host-cpus",
+        choices=["own", "shared"],
+        default="shared",
+        help="shared: every host's ranks may run on any CPU (one host's compute then slows the others); own: each "
+        "host runs on its own share of this machine's CPUs, as real hosts do",
+    )
     p.add_argument("--job-timeout", type=float, default=1800, help="seconds one rate's job may take")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cluster"))
     p.add_argument("--plot", metavar="FOLDER", help="only plot the rows in FOLDER")

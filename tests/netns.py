@@ -38,6 +38,7 @@ run that was itself SIGKILLed are swept at the next start (their names carry
 the creating pid).
 """
 
+import functools
 import itertools
 import os
 import select
@@ -379,6 +380,7 @@ class Hosts:
         elastic: Optional[str] = None,
         rdzv_conf: str = "",
         python: Optional[str] = None,
+        cpus: Optional[Sequence[Sequence[int]]] = None,
     ) -> Job:
         """Starts one torchrun agent per host: --nnodes=n with the static
         rendezvous at host 0, or with elastic="MIN:MAX" --nnodes=MIN:MAX and
@@ -386,7 +388,8 @@ class Hosts:
         Host 0's agent is told to host the rendezvous store (is_host): torchrun
         recognises its own address by the machine's host name, which resolves
         to no address inside a namespace. `python`: the interpreter whose
-        torchrun runs the agents and ranks (default: this one)."""
+        torchrun runs the agents and ranks (default: this one). `cpus[i]`:
+        the CPUs host i's agent, and so its ranks, may run on (default: any)."""
         torchrun = os.path.join(os.path.dirname(python or sys.executable), "torchrun")
         procs, logs = [], []
         for i, ns in enumerate(self.names):
@@ -431,8 +434,17 @@ class Hosts:
                 *args,
             ]
             with open(log, "w") as out:
+                place = None if cpus is None else functools.partial(os.sched_setaffinity, 0, set(cpus[i]))
                 procs.append(
-                    subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                    subprocess.Popen(
+                        cmd,
+                        cwd=ROOT,
+                        env=e,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=place,
+                    )
                 )
         job = Job(procs, logs)
         self.jobs.append(job)
