@@ -63,16 +63,20 @@ def test_stepping_in_pieces_equals_one_step(kind, monkeypatch):
         torch.testing.assert_close(p, q)
 
 
-def test_param_groups_are_restored_on_an_error():
+def test_param_groups_are_restored_on_an_error(monkeypatch):
+    monkeypatch.setattr("hvdtorch.training.bucketed_step.PIECE_BYTES", 1)
     model = _model_and_grads()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    params = list(model.parameters())
     before = list(opt.param_groups[0]["params"])
 
-    def fail(index):
-        raise RuntimeError(f"bucket {index} failed")
+    def fail_second(index):
+        if index == 1:
+            raise RuntimeError(f"bucket {index} failed")
 
-    with pytest.raises(RuntimeError, match="bucket 0 failed"):
-        step_in_pieces(opt.step, opt.param_groups, [list(model.parameters())], fail)
+    # The first piece is stepped (the group holds its parameters only), then the second bucket fails.
+    with pytest.raises(RuntimeError, match="bucket 1 failed"):
+        step_in_pieces(opt.step, opt.param_groups, [params[:2], params[2:]], fail_second)
     assert opt.param_groups[0]["params"] == before
 
 

@@ -105,7 +105,10 @@ def check_stepping_in_pieces():
                 model._reducer = Recorder(model._reducer, events)
                 events.clear()
             model.sync_and_step(opt)
-        assert len(model.bucket_bytes()) >= 4, model.bucket_bytes()
+        # A layer's weight and bias share a bucket: the head alone, then each 1 MiB layer with its bias (by
+        # size alone the first bucket would also hold layers.2's bias, and each bucket the next layer's).
+        layer = WIDTH * WIDTH * 4 + WIDTH * 4
+        assert model.bucket_bytes() == [(WIDTH + 1) * 4 * 4, layer, layer, layer], model.bucket_bytes()
         assert_interleaved(events, f"rank {r}: DistributedModel.sync_and_step, {kind}")
         assert_close(model.module, ref, f"rank {r}: DistributedModel.sync_and_step, {kind}")
 
@@ -128,6 +131,7 @@ def check_stepping_in_pieces():
                 events.clear()
             dopt.step()
         assert_interleaved(events, f"rank {r}: DistributedOptimizer.step, {kind}")
+        assert dopt._hvd_sync._reducer.bucket_bytes() == model.bucket_bytes(), "named parameters: layers kept whole"
         assert_close(plain, ref, f"rank {r}: DistributedOptimizer.step, {kind}")
     hvd.shutdown()
 
