@@ -492,8 +492,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("ready_order", &GradientReducer::readyOrder)
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())
       .def("reducing", &GradientReducer::reducing)
-      .def("finish_bucket", &GradientReducer::finishBucket, py::arg("index"),
-           py::call_guard<py::gil_scoped_release>())
+      .def("finish_bucket", &GradientReducer::finishBucket, py::arg("index"), py::call_guard<py::gil_scoped_release>())
       .def("bucket_params", &GradientReducer::bucketParams)
       .def("synchronize", &GradientReducer::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("reduce_now", &GradientReducer::reduceNow, py::arg("tensors"), py::call_guard<py::gil_scoped_release>())
