@@ -49,6 +49,19 @@ def reference(base, kind, n):
     return model
 
 
+def train(model, opt, step, r, n, before_last_step=None):
+    """STEPS steps on rank r's shard of each global batch: zero_grad(),
+    backward, ``before_last_step()`` once before the last step, ``step()``."""
+    for s in range(STEPS):
+        x, y = batch(s, n)
+        opt.zero_grad()
+        mine = slice(r * PER_RANK, (r + 1) * PER_RANK)
+        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        if s == STEPS - 1 and before_last_step is not None:
+            before_last_step()
+        step()
+
+
 class Recorder:
     """Forwards to the reducer and notes every finish_bucket() call."""
 
@@ -95,16 +108,12 @@ def check_stepping_in_pieces():
         opt = make_opt(kind, model.parameters())
         events = []
         opt.register_step_post_hook(lambda *_: events.append(("step",)))
-        for s in range(STEPS):
-            x, y = batch(s, n)
-            opt.zero_grad()
-            F.cross_entropy(
-                model(x[r * PER_RANK : (r + 1) * PER_RANK]), y[r * PER_RANK : (r + 1) * PER_RANK]
-            ).backward()
-            if s == STEPS - 1:
-                model._reducer = Recorder(model._reducer, events)
-                events.clear()
-            model.sync_and_step(opt)
+
+        def record(model=model, events=events):
+            model._reducer = Recorder(model._reducer, events)
+            events.clear()
+
+        train(model, opt, lambda model=model, opt=opt: model.sync_and_step(opt), r, n, record)
         # A layer's weight and bias share a bucket: the head alone, then each 1 MiB layer with its bias (by
         # size alone the first bucket would also hold layers.2's bias, and each bucket the next layer's).
         layer = WIDTH * WIDTH * 4 + WIDTH * 4
@@ -119,17 +128,12 @@ def check_stepping_in_pieces():
         )
         events = []
         dopt.register_step_post_hook(lambda *_: events.append(("step",)))
-        for s in range(STEPS):
-            x, y = batch(s, n)
-            dopt.zero_grad()
-            F.cross_entropy(
-                plain(x[r * PER_RANK : (r + 1) * PER_RANK]), y[r * PER_RANK : (r + 1) * PER_RANK]
-            ).backward()
-            if s == STEPS - 1:
-                sync = dopt._hvd_sync
-                sync._reducer = Recorder(sync._reducer, events)
-                events.clear()
-            dopt.step()
+
+        def record_optimizer(sync=dopt._hvd_sync, events=events):
+            sync._reducer = Recorder(sync._reducer, events)
+            events.clear()
+
+        train(plain, dopt, dopt.step, r, n, record_optimizer)
         assert_interleaved(events, f"rank {r}: DistributedOptimizer.step, {kind}")
         assert dopt._hvd_sync._reducer.bucket_bytes() == model.bucket_bytes(), "named parameters: layers kept whole"
         assert_close(plain, ref, f"rank {r}: DistributedOptimizer.step, {kind}")
@@ -165,13 +169,7 @@ def check_whole_steps_where_pieces_do_not_apply():
             calls = None
         else:
             opt.register_step_post_hook(lambda *_: calls.append(1))
-        for s in range(STEPS):
-            x, y = batch(s, n)
-            opt.zero_grad()
-            F.cross_entropy(
-                model(x[r * PER_RANK : (r + 1) * PER_RANK]), y[r * PER_RANK : (r + 1) * PER_RANK]
-            ).backward()
-            model.sync_and_step(opt)
+        train(model, opt, lambda model=model, opt=opt: model.sync_and_step(opt), r, n)
         count = opt.calls if calls is None else len(calls)
         assert count == STEPS, f"rank {r}: {what}: {count} optimizer steps in {STEPS} steps"
         assert_close(model.module, ref, f"rank {r}: {what}")
@@ -201,11 +199,7 @@ def check_pieces_with_fp16_and_accumulation():
     opt = make_opt("sgd", model.parameters())
     steps = []
     opt.register_step_post_hook(lambda *_: steps.append(1))
-    for s in range(STEPS):
-        x, y = batch(s, n)
-        opt.zero_grad()
-        F.cross_entropy(model(x[r * PER_RANK : (r + 1) * PER_RANK]), y[r * PER_RANK : (r + 1) * PER_RANK]).backward()
-        model.sync_and_step(opt)
+    train(model, opt, lambda: model.sync_and_step(opt), r, n)
     assert len(steps) > STEPS, f"rank {r}: fp16: {len(steps)} optimizer steps in {STEPS} steps: not in pieces"
     for (name, p), q in zip(model.module.named_parameters(), ref.parameters()):
         torch.testing.assert_close(
