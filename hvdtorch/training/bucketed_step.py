@@ -98,6 +98,17 @@ def step_in_pieces(
             group["params"] = params
 
 
+def step_as_reduced(reducer, params: Sequence[torch.Tensor], step: Callable[[], object], param_groups) -> None:
+    """step_in_pieces() over the buckets of ``reducer`` (a _C.GradientReducer
+    whose parameter i is ``params[i]``), then its finalize(), which also
+    waits for whatever an error left in flight."""
+    buckets = [[params[i] for i in bucket] for bucket in reducer.bucket_params()]
+    try:
+        step_in_pieces(step, param_groups, buckets, reducer.finish_bucket)
+    finally:
+        reducer.finalize()
+
+
 def _step_only(step, param_groups, saved, ids) -> None:
     chosen = [[p for p in params if id(p) in ids] for params in saved]
     if not any(chosen):

@@ -29,7 +29,7 @@ from ..collectives import ops
 from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
-from .bucketed_step import step_in_pieces, steps_in_pieces
+from .bucketed_step import step_as_reduced, steps_in_pieces
 from .buckets import complete_order, layers_by_name, plan_buckets
 from .step_marks import StepMarks
 
@@ -259,11 +259,7 @@ class DistributedModel(torch.nn.Module):
             self.sync_gradients()
             optimizer.step()
             return
-        buckets = [[self._params[i] for i in bucket] for bucket in reducer.bucket_params()]
-        try:
-            step_in_pieces(optimizer.step, optimizer.param_groups, buckets, reducer.finish_bucket)
-        finally:
-            reducer.finalize()  # whatever an error left in flight
+        step_as_reduced(reducer, self._params, optimizer.step, optimizer.param_groups)
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -48,7 +48,7 @@ from ..collectives import ops, sparse
 from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
-from .bucketed_step import step_in_pieces
+from .bucketed_step import step_as_reduced
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:
@@ -197,12 +197,9 @@ class GradientSync:
         reducer = self._reducer
         if reducer is None or self._sparse or self._densified or not self._counter.due() or not reducer.reducing():
             return False
-        dense = [self._params[i] for i in self._dense]
-        buckets = [[dense[i] for i in bucket] for bucket in reducer.bucket_params()]
         try:
-            step_in_pieces(step, param_groups, buckets, reducer.finish_bucket)
+            step_as_reduced(reducer, [self._params[i] for i in self._dense], step, param_groups)
         finally:
-            reducer.finalize()  # whatever an error left in flight
             self._counter.reset()
         return True
 
