@@ -1,5 +1,6 @@
-"""The collectives, DistributedModel and the sharded optimizer on CUDA
-tensors, at 1, 2 and 4 processes sharing cuda:0. Needs a GPU and a CUDA
+"""The collectives, DistributedModel, the sharded optimizer, PowerSGD, the
+optimizer stepped bucket by bucket and the Adasum optimizer on CUDA tensors,
+at 1 to 4 processes sharing cuda:0. Needs a GPU and a CUDA
 build of hvdtorch: make gpu-check runs these on the GPU machine; elsewhere
 they are skipped, saying why. Everything device-generic they exercise also
 runs on every CI machine through the simulated device
@@ -32,3 +33,36 @@ def test_distributed_model_on_cuda_equals_one_process(nranks):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_sharded_optimizer_on_cuda_equals_one_process(nranks):
     run_ranks("tests.workers.gpu:check_sharded_optimizer", nranks, timeout=100)
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_powersgd_on_cuda_matches_the_reference(tmp_path, nranks):
+    # PowerSGD's factors, orthogonalisation and error feedback on device tensors, against the
+    # one-process float64 reference on the CPU (every configuration of tests/workers/powersgd.py).
+    from tests.test_powersgd import reference
+    from tests.workers.powersgd import CONFIGS, OPTIONS, STEPS, configs_for
+
+    run_ranks("tests.workers.powersgd:train", nranks, timeout=120, args=[str(tmp_path), "cuda"])
+    for name in configs_for(nranks):
+        got = torch.load(tmp_path / f"{name}.pt")
+        options = {**OPTIONS, **CONFIGS[name][1]}
+        op_sum = options.pop("sum", False)
+        want = reference(nranks, options, op_sum=op_sum)
+        # float64 on the GPU sums in another order than on the CPU; float16 factors are close, not equal.
+        rtol, atol = (1e-2, 1e-4) if options.get("fp16") else (1e-7, 1e-10)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+        if nranks > 1 and name == "model":
+            plain = reference(nranks, {**options, "start_iter": STEPS})
+            assert any((g - w).abs().max() > 1e-6 for g, w in zip(got, plain)), "no compression showed"
+
+
+@pytest.mark.parametrize("check", ["check_stepping_in_pieces", "check_pieces_with_fp16_and_accumulation"])
+def test_stepping_in_pieces_on_cuda_equals_one_process(check):
+    # The optimizer stepped bucket by bucket (torch's CUDA Adam and SGD over subsets of each group).
+    run_ranks(f"tests.workers.bucketed_step:{check}", 2, timeout=150, args=["cuda"])
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_adasum_optimizer_on_cuda_equals_the_reference(nranks):
+    run_ranks("tests.workers.adasum_optimizer:check_equivalence_on", nranks, timeout=150, args=["cuda"])

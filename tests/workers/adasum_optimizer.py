@@ -61,8 +61,8 @@ def _reference_run(ranks, opt_name, passes, steps):
     return [p.detach() for p in replicas[0].parameters()]
 
 
-def _distributed_run(rank, opt_name, passes, steps, process_set=None):
-    model = _model()
+def _distributed_run(rank, opt_name, passes, steps, process_set=None, device="cpu"):
+    model = _model().to(device)
     opt = hvd.DistributedOptimizer(
         OPTIMIZERS[opt_name](model.parameters()),
         named_parameters=model.named_parameters(),
@@ -73,7 +73,7 @@ def _distributed_run(rank, opt_name, passes, steps, process_set=None):
     for step in range(steps):
         opt.zero_grad()
         for rep in range(passes):
-            x, y = _batch(rank, step, rep)
+            x, y = (t.to(device) for t in _batch(rank, step, rep))
             F.mse_loss(model(x), y).backward()
         opt.step()
     return model, opt
@@ -95,6 +95,28 @@ def check_equivalence(*ranks_in_set):
             for (name, got), w in zip(model.named_parameters(), want):
                 torch.testing.assert_close(
                     got.detach(), w, atol=1e-10, rtol=1e-9, msg=lambda m: f"{opt_name} passes={passes} {name}: {m}"
+                )
+    hvd.barrier()
+    hvd.shutdown()
+
+
+def check_equivalence_on(device: str):
+    """check_equivalence's training with every rank's model on `device`
+    ("cuda": cuda:0, where the deltas' Adasum all-reduces take device
+    tensors) against the reference on the CPU."""
+    hvd.init()
+    if device == "cuda":
+        torch.cuda.set_device(0)
+        device = "cuda:0"
+    r, n = hvd.rank(), hvd.size()
+    for opt_name in OPTIMIZERS:
+        for passes in (1, 2):
+            model, _ = _distributed_run(r, opt_name, passes, 3, device=device)
+            want = _reference_run(list(range(n)), opt_name, passes, 3)
+            for (name, got), w in zip(model.named_parameters(), want):
+                assert got.device == torch.device(device), name
+                torch.testing.assert_close(
+                    got.detach().cpu(), w, atol=1e-9, rtol=1e-8, msg=lambda m: f"{opt_name} passes={passes} {name}: {m}"
                 )
     hvd.barrier()
     hvd.shutdown()

@@ -38,11 +38,24 @@ def make_opt(kind, params):
     return torch.optim.Adam(params, lr=0.01, eps=1e-3)
 
 
+def on_device(x, y, model):
+    dev = next(model.parameters()).device
+    return x.to(dev), y.to(dev)
+
+
+def device_of(device: str) -> torch.device:
+    """The device a check runs on: "cpu", or "cuda" (every rank on cuda:0)."""
+    if device == "cuda":
+        torch.cuda.set_device(0)
+        return torch.device("cuda:0")
+    return torch.device(device)
+
+
 def reference(base, kind, n):
     model = copy.deepcopy(base)
     opt = make_opt(kind, model.parameters())
     for s in range(STEPS):
-        x, y = batch(s, n)
+        x, y = on_device(*batch(s, n), model)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
@@ -53,7 +66,7 @@ def train(model, opt, step, r, n, before_last_step=None):
     """STEPS steps on rank r's shard of each global batch: zero_grad(),
     backward, ``before_last_step()`` once before the last step, ``step()``."""
     for s in range(STEPS):
-        x, y = batch(s, n)
+        x, y = on_device(*batch(s, n), model)
         opt.zero_grad()
         mine = slice(r * PER_RANK, (r + 1) * PER_RANK)
         F.cross_entropy(model(x[mine]), y[mine]).backward()
@@ -95,12 +108,13 @@ def assert_interleaved(events, what):
     assert steps[0] < last_finish, f"{what}: the first piece was stepped after the last bucket: {events}"
 
 
-def check_stepping_in_pieces():
+def check_stepping_in_pieces(device: str = "cpu"):
     hvd.init()
+    dev = device_of(device)
     r, n = hvd.rank(), hvd.size()
     for kind in ("sgd", "adam"):
         torch.manual_seed(0)
-        base = Wide()
+        base = Wide().to(dev)
         ref = reference(base, kind, n)
 
         # DistributedModel, sync="explicit": sync_and_step() steps piece by piece.
@@ -183,14 +197,15 @@ def check_whole_steps_where_pieces_do_not_apply():
     hvd.shutdown()
 
 
-def check_pieces_with_fp16_and_accumulation():
+def check_pieces_with_fp16_and_accumulation(device: str = "cpu"):
     """Pieces under the fp16 wire codec (each bucket is decoded into .grad
     when it is finished) and with backward_passes_per_step=2 (pieces only at
     the reducing pass; the gradients of both passes are summed)."""
     hvd.init()
+    dev = device_of(device)
     r, n = hvd.rank(), hvd.size()
     torch.manual_seed(0)
-    base = Wide()
+    base = Wide().to(dev)
     ref = reference(base, "sgd", n)
 
     model = hvd.DistributedModel(
@@ -218,7 +233,7 @@ def check_pieces_with_fp16_and_accumulation():
     steps.clear()
     dopt.register_step_post_hook(lambda *_: steps.append(1))
     for s in range(STEPS):
-        x, y = batch(s, n)
+        x, y = on_device(*batch(s, n), plain)
         xs, ys = x[r * PER_RANK : (r + 1) * PER_RANK], y[r * PER_RANK : (r + 1) * PER_RANK]
         dopt.zero_grad()
         for half in range(2):

@@ -47,7 +47,8 @@ def batch(step: int, rank: int):
 
 
 def loss_of(model, step: int, rank: int):
-    x, y = batch(step, rank)
+    dev = next(model.parameters()).device  # the batch is drawn on the CPU and moved: the same on every device
+    x, y = (t.to(dev) for t in batch(step, rank))
     return ((model(x) - y) ** 2).mean()
 
 
@@ -84,21 +85,26 @@ def configs_for(nranks: int):
     return list(CONFIGS) if nranks == 2 else ["model", "optimizer"] if nranks == 3 else ["model"]
 
 
-def train(out_dir: str) -> None:
-    """STEPS steps of every configuration of this job's size; rank 0 saves each one's parameters."""
+def train(out_dir: str, device: str = "cpu") -> None:
+    """STEPS steps of every configuration of this job's size on `device`
+    (every rank on cuda:0 for "cuda"); rank 0 saves each one's parameters."""
     hvd.init()
+    dev = torch.device("cuda:0" if device == "cuda" else device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(0)
     for name in configs_for(hvd.size()):
         kind, options = CONFIGS[name]
         options = {**OPTIONS, **options}
         op = hvd.Sum if options.pop("sum", False) else hvd.Average
-        net = make_net()
+        net = make_net().to(dev)
         compressor = hvd.Compression.powersgd(**options)
         model, opt = _wrap(net, kind, compressor, op)
         _steps(model, opt, range(STEPS))
         # Alone in the job nothing travels and PowerSGD is never asked; otherwise every step is a reduced pass.
         assert compressor.iteration == (STEPS if hvd.size() > 1 else 0), (name, compressor.iteration)
         if hvd.rank() == 0:
-            torch.save([p.detach().clone() for p in net.parameters()], os.path.join(out_dir, f"{name}.pt"))
+            assert all(p.device == dev for p in net.parameters()), name
+            torch.save([p.detach().cpu() for p in net.parameters()], os.path.join(out_dir, f"{name}.pt"))
     hvd.shutdown()
 
 
