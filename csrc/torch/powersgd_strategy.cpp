@@ -1,9 +1,9 @@
 #include "powersgd_strategy.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/sub.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 namespace hvdtorch {
 
 // The buffers of one bucket of a layout (reused every pass; a bucket has at most one pass in flight).
+// Packed slot by slot: P as n x r, Q as its transpose, r x m (see the header on why).
 struct PowerSGDBuffers {
   at::Tensor p, q;            // the parameters' dtype
   at::Tensor p_wire, q_wire;  // what travels: p and q themselves, or float16 copies
@@ -25,6 +26,9 @@ struct PowerSGDBuffers {
 namespace {
 
 bool compressibleDtype(at::ScalarType t) { return t == at::kFloat || t == at::kDouble; }
+
+// An m x r copy of `q` stored column by column (its transpose contiguous).
+at::Tensor columnMajorCopy(const at::Tensor& q) { return q.t().clone(at::MemoryFormat::Contiguous).t(); }
 
 // A buffer one all-reduce reads and writes: registered memory on the host.
 at::Tensor wireBuffer(Engine& engine, int64_t numel, at::ScalarType dtype, const at::Device& device) {
@@ -52,11 +56,11 @@ void orthogonalize(const at::Tensor& p) {
 // One compressed parameter during a pass: views into the bucket, the packed
 // buffers and the parameter's state.
 struct Factorized {
-  at::Tensor m;      // n x m, the bucket slot: gradient + error, then the result
-  at::Tensor p;      // n x r in the packed P buffer
-  at::Tensor q;      // m x r in the packed Q buffer
-  at::Tensor error;  // the parameter's state
-  at::Tensor q_kept;
+  at::Tensor m;       // n x m, the bucket slot: gradient + error, then the result
+  at::Tensor p;       // n x r in the packed P buffer
+  at::Tensor qt;      // r x m in the packed Q buffer: Q transposed
+  at::Tensor error;   // the parameter's state
+  at::Tensor q_kept;  // the parameter's state, m x r column-major
 };
 
 // A plain slot: copied out into the packed buffer and back.
@@ -85,16 +89,18 @@ class PowerSGDOp : public BucketOp {
     waitForOp(*p_op_);
     if (!bufs_->p_wire.is_same(bufs_->p)) bufs_->p.copy_(bufs_->p_wire);
     for (Factorized& f : mats_) orthogonalize(f.p);
-    for (Factorized& f : mats_) at::mm_out(f.q, f.m.t(), f.p);  // Q = M^T P
+    for (Factorized& f : mats_) at::mm_out(f.qt, f.p.t(), f.m);  // Q^T = P^T M
     if (!bufs_->q_wire.is_same(bufs_->q)) bufs_->q_wire.copy_(bufs_->q);
     q_op_ = allreduceInPlace(engine_, average_, bufs_->q_wire, name_ + ".q");
     waitForOp(*q_op_);
     if (!bufs_->q_wire.is_same(bufs_->q)) bufs_->q.copy_(bufs_->q_wire);
     for (Factorized& f : mats_) {
-      f.q_kept.copy_(f.q);  // the next pass's warm start
-      const at::Tensor approx = at::mm(f.p, f.q.t());
-      at::sub_out(f.error, f.m, approx);  // error feedback: what this pass left out
-      f.m.copy_(approx);
+      f.q_kept.t().copy_(f.qt);  // the next pass's warm start
+      // Error feedback, what this pass left out: error = M - P Q^T in one product, no n x m temporary.
+      at::addmm_out(f.error, f.m, f.p, f.qt, /*beta=*/1, /*alpha=*/-1);
+      // The slot gets P Q^T itself, not M - error: M is this rank's, and its rounding would make the
+      // ranks' results differ in the last bits.
+      at::mm_out(f.m, f.p, f.qt);
       if (factor_ != 1.0) f.m.mul_(factor_);
     }
     if (plain_op_) {
@@ -177,7 +183,8 @@ PowerSGDParamState& PowerSGDStrategy::stateFor(const Slot& slot, const at::Tenso
     st.error = at::zeros({slot.n, slot.m}, like.options());
     // The same Q on every rank: a generator of its own, seeded by the parameter's index.
     const at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opts_.seed + static_cast<uint64_t>(slot.param));
-    st.q = at::randn({slot.m, slot.r}, gen, at::TensorOptions().dtype(like.scalar_type())).to(like.device());
+    st.q = columnMajorCopy(
+        at::randn({slot.m, slot.r}, gen, at::TensorOptions().dtype(like.scalar_type())).to(like.device()));
     return state_.emplace(slot.param, std::move(st)).first->second;
   }
   PowerSGDParamState& st = it->second;
@@ -186,7 +193,7 @@ PowerSGDParamState& PowerSGDStrategy::stateFor(const Slot& slot, const at::Tenso
     return t.scalar_type() != like.scalar_type() || t.device() != like.device();
   };
   if (differs(st.error)) st.error = st.error.to(like.options());
-  if (differs(st.q)) st.q = st.q.to(like.options());
+  if (differs(st.q)) st.q = columnMajorCopy(st.q.to(like.options()));
   return st;
 }
 
@@ -240,7 +247,7 @@ std::unique_ptr<BucketOp> PowerSGDStrategy::launch(const StrategyContext& ctx, c
     }
     PowerSGDParamState& st = stateFor(s, flat);
     Factorized f{slot.view({s.n, s.m}), bufs->p.narrow(0, p_at, s.n * s.r).view({s.n, s.r}),
-                 bufs->q.narrow(0, q_at, s.m * s.r).view({s.m, s.r}), st.error, st.q};
+                 bufs->q.narrow(0, q_at, s.m * s.r).view({s.r, s.m}), st.error, st.q};
     p_at += s.n * s.r;
     q_at += s.m * s.r;
     f.m.add_(f.error);               // M = gradient + error
@@ -271,7 +278,7 @@ int64_t PowerSGDStrategy::iteration() const {
 std::map<int64_t, PowerSGDParamState> PowerSGDStrategy::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<int64_t, PowerSGDParamState> out;
-  for (const auto& [param, st] : state_) out[param] = {st.error.clone(), st.q.clone()};
+  for (const auto& [param, st] : state_) out[param] = {st.error.clone(), st.q.clone(at::MemoryFormat::Contiguous)};
   return out;
 }
 
@@ -287,7 +294,7 @@ void PowerSGDStrategy::loadState(int64_t iteration, const std::map<int64_t, Powe
   for (const auto& [param, st] : state) {
     if (!st.error.defined() || !st.q.defined())
       throw InvalidArgument(strCat("hvdtorch: PowerSGD state of parameter ", param, " lacks its error or Q"));
-    state_[param] = {st.error.clone(), st.q.clone()};
+    state_[param] = {st.error.clone(), columnMajorCopy(st.q)};
   }
   iteration_ = iteration;
   launched_ = 0;

@@ -22,7 +22,13 @@
 //    a zero column stays zero); Q = M^T P, all-reduced (Average) in one
 //    buffer per bucket; M_hat = P Q^T (the average of the ranks' M,
 //    approximated); error = M - M_hat; the slot gets M_hat times the scale
-//    factors, times the set's size under Sum. Q is kept for the next pass.
+//    factors, times the set's size under Sum (bit for bit the same on every
+//    rank: it is computed from the all-reduced P and Q alone). Q is kept for
+//    the next pass.
+//  * Layouts, for speed: no product reads M transposed. Q travels as Q^T
+//    (r x m, computed as P^T M) and is kept column-major, so P = M Q reads
+//    it as a transposed operand. On the CPU (one MKL thread) M^T P took 10x
+//    as long as P^T M for a 2048 x 4096 M at rank 4 (49 ms against 5 ms).
 //  * fp16: P and Q travel as float16 (computed in the parameters' dtype);
 //    the uncompressed slots travel in their own dtype.
 //  * Only Average and Sum (InvalidArgument otherwise).
@@ -57,7 +63,7 @@ struct PowerSGDOptions {
 // What a compressed parameter carries from one pass to the next.
 struct PowerSGDParamState {
   at::Tensor error;  // n x m: what the last compressed pass left out of this rank's M
-  at::Tensor q;      // m x r: the last all-reduced Q (warm start)
+  at::Tensor q;      // m x r: the last all-reduced Q (warm start); kept column-major, handed out row-major
 };
 
 class PowerSGDStrategy : public BucketStrategy {
