@@ -442,14 +442,14 @@ void GradientReducer::endOfBackward() {
 
 void GradientReducer::finalize() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!pass_active_ || !reduce_this_pass_) return;
+  if (!reducingLocked()) return;
   launchRemaining();
   waitAll();
 }
 
 bool GradientReducer::reducing() {
   std::lock_guard<std::mutex> lock(mu_);
-  return pass_active_ && reduce_this_pass_;
+  return reducingLocked();
 }
 
 void GradientReducer::finishBucket(int64_t index) {
@@ -458,7 +458,7 @@ void GradientReducer::finishBucket(int64_t index) {
     throw InvalidArgument(strCat(opts_.name, ": finishBucket(", index, "): there are ", buckets_.size(), " buckets"));
   if (!strategy_->keepsGradients())
     throw InvalidArgument(strCat(opts_.name, ": finishBucket() needs a strategy that hands gradients back"));
-  if (!pass_active_ || !reduce_this_pass_) return;
+  if (!reducingLocked()) return;
   launchRemaining();
   Bucket& b = buckets_[static_cast<size_t>(index)];
   if (!b.op) return;
@@ -487,7 +487,7 @@ std::vector<at::Tensor> GradientReducer::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (opts_.mode == ReducerMode::kDeltas)
     throw InvalidArgument(strCat(opts_.name, ": in deltas mode the reducer reduces what reduceNow() hands it"));
-  if (!(pass_active_ && reduce_this_pass_)) startReductionNow();
+  if (!reducingLocked()) startReductionNow();
   launchRemaining();
   std::vector<at::Tensor> results = waitAll();
   counter_->reset();

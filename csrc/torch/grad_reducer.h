@@ -232,6 +232,8 @@ class GradientReducer {
   bool pass_active_ = false;
   bool pass_ended_ = false;  // backward finished, results not yet waited for
   bool reduce_this_pass_ = false;
+  // A reduced pass is in flight (its buckets may still be launched or waited for); mu_ held.
+  bool reducingLocked() const { return pass_active_ && reduce_this_pass_; }
   std::shared_ptr<PassCounter> counter_;     // setSyncEnabled(false) makes passes local (uncounted)
   std::vector<PassCounter> param_counters_;  // deltas mode: one per parameter, counter_'s rules
 
