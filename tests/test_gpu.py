@@ -38,7 +38,7 @@ def test_sharded_optimizer_on_cuda_equals_one_process(nranks):
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_powersgd_on_cuda_matches_the_reference(tmp_path, nranks):
     # PowerSGD's factors, orthogonalisation and error feedback on device tensors, against the
-    # one-process float64 reference on the CPU (every configuration of tests/workers/powersgd.py).
+    # one-process float64 reference on the CPU (the configurations tests/workers/powersgd.py runs at that size).
     from tests.test_powersgd import reference
     from tests.workers.powersgd import CONFIGS, OPTIONS, STEPS, configs_for
 
