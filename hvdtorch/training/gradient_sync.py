@@ -172,7 +172,7 @@ class GradientSync:
         self._fusion_bytes = int(fusion_bytes)
         if self._reducer is not None:
             self._reducer.finalize()
-            self._reducer.rebuild(self._plan_layout([self._params[i] for i in self._dense], self._fusion_bytes))
+            self._reducer.rebuild(self._plan_layout(self._dense_params(), self._fusion_bytes))
 
     def synchronize(self) -> None:
         if self._sparse_dims is None:
@@ -198,7 +198,7 @@ class GradientSync:
         if reducer is None or self._sparse or self._densified or not self._counter.due() or not reducer.reducing():
             return False
         try:
-            step_as_reduced(reducer, [self._params[i] for i in self._dense], step, param_groups)
+            step_as_reduced(reducer, self._dense_params(), step, param_groups)
         finally:
             self._counter.reset()
         return True
@@ -236,10 +236,14 @@ class GradientSync:
         self._reducer = self._make_reducer(self._compression.strategy_for(self))
         self._reducer.synchronize()
 
+    def _dense_params(self):
+        """The dense parameters: the reducer's parameter list, in its order."""
+        return [self._params[i] for i in self._dense]
+
     def _make_reducer(self, strategy=None):
         """The C++ reducer over the dense parameters; it copies their .grad into its buckets and makes
         .grad views of them."""
-        dense_params = [self._params[i] for i in self._dense]
+        dense_params = self._dense_params()
         return _C.GradientReducer(
             runtime.state().engine,
             dense_params,

@@ -111,6 +111,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._hvd_should_synchronize = True
 
     def step(self, closure=None):
+        stepped = False  # the reduction stepped the optimizer bucket by bucket
         if self._hvd_should_synchronize:
             if self._hvd_synchronized:
                 # Horovod's wording first: log filters and tests written for it look for it.
@@ -122,19 +123,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
             # Step each bucket's parameters as soon as it is reduced (bucketed_step.py) where the result is the
             # same as synchronize() and one step.
-            if (
+            stepped = (
                 closure is None
                 and self._hvd_sync is not None
                 and steps_in_pieces(self._hvd_class.__bases__[0])
                 and self._hvd_sync.synchronize_in_pieces(lambda: super(self._hvd_class, self).step(), self.param_groups)
-            ):
-                self._hvd_synchronized = False
-                if self._hvd_autotune is not None:
-                    self._hvd_autotune.step_boundary()
-                return None
-            self.synchronize()
+            )
+            if not stepped:
+                self.synchronize()
         self._hvd_synchronized = False
-        result = super(self._hvd_class, self).step(closure)
+        result = None if stepped else super(self._hvd_class, self).step(closure)
         if self._hvd_autotune is not None:
             self._hvd_autotune.step_boundary()  # every gradient of this step is reduced
         return result

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import hvdtorch as hvd
 from hvdtorch.compression import Compressor
 from tests.workers.adasum import reference as adasum_reference
+from tests.workers.common import device_of
 
 
 def _model():
@@ -105,16 +106,14 @@ def check_equivalence_on(device: str):
     ("cuda": cuda:0, where the deltas' Adasum all-reduces take device
     tensors) against the reference on the CPU."""
     hvd.init()
-    if device == "cuda":
-        torch.cuda.set_device(0)
-        device = "cuda:0"
+    device = device_of(device)
     r, n = hvd.rank(), hvd.size()
     for opt_name in OPTIMIZERS:
         for passes in (1, 2):
             model, _ = _distributed_run(r, opt_name, passes, 3, device=device)
             want = _reference_run(list(range(n)), opt_name, passes, 3)
             for (name, got), w in zip(model.named_parameters(), want):
-                assert got.device == torch.device(device), name
+                assert got.device == device, name
                 torch.testing.assert_close(
                     got.detach().cpu(), w, atol=1e-9, rtol=1e-8, msg=lambda m: f"{opt_name} passes={passes} {name}: {m}"
                 )

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdtorch as hvd
+from tests.workers.common import device_of
 
 STEPS = 3
 PER_RANK = 2
@@ -41,14 +42,6 @@ def make_opt(kind, params):
 def on_device(x, y, model):
     dev = next(model.parameters()).device
     return x.to(dev), y.to(dev)
-
-
-def device_of(device: str) -> torch.device:
-    """The device a check runs on: "cpu", or "cuda" (every rank on cuda:0)."""
-    if device == "cuda":
-        torch.cuda.set_device(0)
-        return torch.device("cuda:0")
-    return torch.device(device)
 
 
 def reference(base, kind, n):

@@ -1,6 +1,18 @@
 """Helpers shared by the rank-side workers."""
 
+import torch
+
 from hvdtorch import _C
+
+
+def device_of(device: str) -> torch.device:
+    """The device a check runs on, by its argument: "cuda" is cuda:0 (the
+    test machine has one GPU, which every rank shares, made this process's
+    current device); anything else as torch names it ("cpu")."""
+    if device == "cuda":
+        torch.cuda.set_device(0)
+        return torch.device("cuda:0")
+    return torch.device(device)
 
 
 def registered_reducers(own_op: bool = False):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdtorch as hvd
-from tests.workers.common import registered_reducers
+from tests.workers.common import device_of, registered_reducers
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 SLEEP_CYCLES = 20_000_000  # ~10 ms on an H100: longer than the engine's whole negotiation cycle
@@ -52,9 +52,7 @@ def written_late(cpu_values: torch.Tensor, side) -> torch.Tensor:
 def check_collectives(device: str = "cuda", reducers: str = ""):
     """``reducers``: a comma list; empty: auto and every registered reducer."""
     hvd.init()
-    cuda = device == "cuda"
-    if cuda:
-        torch.cuda.set_device(0)
+    cuda = device_of(device).type == "cuda"
     r, n = hvd.rank(), hvd.size()
     side = torch.cuda.Stream() if cuda else None
     kind = "cuda" if cuda else "cpu"
@@ -195,9 +193,7 @@ def train_against_one_process(model, opt, ref, ref_opt, dev, steps: int) -> None
 def check_distributed_model(device: str = "cuda", steps: str = "4"):
     """DistributedModel on cuda:0 equals one process on the whole global batch."""
     hvd.init()
-    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
-    if device == "cuda":
-        torch.cuda.set_device(0)
+    dev = device_of(device)
     torch.manual_seed(0)
     base = Net().to(dev)
     ref = copy.deepcopy(base)
@@ -216,9 +212,7 @@ def check_sharded_optimizer(device: str = "cuda", steps: str = "4"):
     on cuda:0: once step() has returned, parameters equal one process's Adam
     on the whole global batch."""
     hvd.init()
-    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
-    if device == "cuda":
-        torch.cuda.set_device(0)
+    dev = device_of(device)
     for shard in (1, 2):
         torch.manual_seed(0)
         # No BatchNorm here: behind it a bias has a gradient of rounding noise only, which Adam

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdtorch as hvd
+from tests.workers.common import device_of
 
 # min_compression_rate 1.0: conv (4 x 6) and fc1 (8 x 24) are compressed at rank 2, fc2 (2 x 8) is not.
 OPTIONS = dict(rank=2, start_iter=2, min_compression_rate=1.0, seed=7)
@@ -89,9 +90,7 @@ def train(out_dir: str, device: str = "cpu") -> None:
     """STEPS steps of every configuration of this job's size on `device`
     (every rank on cuda:0 for "cuda"); rank 0 saves each one's parameters."""
     hvd.init()
-    dev = torch.device("cuda:0" if device == "cuda" else device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(0)
+    dev = device_of(device)
     for name in configs_for(hvd.size()):
         kind, options = CONFIGS[name]
         options = {**OPTIONS, **options}
