@@ -11,7 +11,8 @@ through hvdtorch (reducer="native") and NCCL called directly
 one GPU): the device ring over CUDA IPC (reducer="ring"), staging through
 pinned host memory (reducer="node": the host reduction in shared memory;
 reducer="central"), reducer="auto", and torch.distributed's Gloo on the same
-CUDA tensors. Per size (4 KiB .. --max-bytes, x4): the median time of --reps
+CUDA tensors (--routes: some of them). Per size (--min-bytes, 4 KiB, .. --max-bytes,
+x4): the median time of --reps
 interleaved rounds (a barrier before each, the GPU drained after), its
 min-max, algbw = bytes / time, busbw = algbw * 2(n-1)/n (at one rank:
 algbw), and busbw over the copy's bandwidth (bytes / copy time). Every
@@ -26,7 +27,8 @@ rank, 224 px synthetic images, SGD with momentum: images/s of the bare model
 and of DistributedModel at one rank (the overhead), and at two ranks sharing
 the GPU DistributedModel against DDP (Gloo: NCCL cannot share a GPU) and
 hvd.DistributedOptimizer; interleaved rounds (a barrier before each), medians
-with min-max.
+with min-max. --profile then runs 3 steps of DistributedModel and of DDP
+under torch.profiler and prints where they went (profile_steps).
 
 --device cpu runs both on CPU tensors (memcpy as the copy, Gloo where NCCL
 would be), which only checks the script itself on a machine without a GPU.
@@ -108,8 +110,8 @@ def allreduce_worker(a) -> None:
     groups = {"gloo": dist.group.WORLD}
     if n == 1:
         groups["nccl"] = dist.new_group(backend="nccl" if dev.cuda else "gloo")
-    table = routes(n)
-    sizes, b = [], 4 << 10
+    table = [r for r in routes(n) if not a.routes or r[0] in a.routes.split(",")]
+    sizes, b = [], a.min_bytes
     while b <= a.max_bytes:
         sizes.append(b)
         b *= 4
@@ -189,9 +191,11 @@ def report_allreduce(rows, out: str, n: int, where: str, calibration: str) -> No
             f"{by[(size, label)]['busbw_GBps']:9.2f} {by[(size, label)]['busbw_over_copy']:4.2f}x" for label in labels
         ]
         routes_here = [by[(size, label)] for label in labels if label.startswith("hvd ") and label != "hvd auto"]
-        best = min(routes_here, key=lambda r: r["median_s"])
-        auto = by[(size, "hvd auto")]
-        verdict = f"{auto['auto_took']}, {auto['median_s'] / best['median_s']:.2f}x the time of {best['route']}"
+        verdict = ""
+        if (size, "hvd auto") in by and routes_here:  # --routes may leave auto or its peers out
+            best = min(routes_here, key=lambda r: r["median_s"])
+            auto = by[(size, "hvd auto")]
+            verdict = f"{auto['auto_took']}, {auto['median_s'] / best['median_s']:.2f}x the time of {best['route']}"
         print(f"  {size:>10} " + " ".join(f"{c:>16}" for c in cells) + "  " + verdict)
     print(f"CSV: {path}")
     try:
@@ -262,6 +266,8 @@ def googlenet_worker(a) -> None:
             dev.sync()
             if rnd:
                 rates[k].append(a.steps * a.batch * n / (time.perf_counter() - t0))
+    if a.profile and n > 1:
+        profile_steps(a, setups, x, y, dev, me)
     if me == 0:
         ref = "bare" if n == 1 else "ddp"
         print(
@@ -285,12 +291,54 @@ def googlenet_worker(a) -> None:
     dist.destroy_process_group()
 
 
+def profile_steps(a, setups, x, y, dev, me) -> None:
+    """--profile: where a step of DistributedModel and of DDP goes, from
+    torch.profiler over 3 steps each (after the timed rounds): rank 0 prints
+    the step's wall time, the time the GPU was busy with this process's
+    kernels and copies, and the operators that took the most GPU and CPU
+    time; the full tables go to profile_<kind>.txt under --out."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.cuda else [])
+    for kind in ("hvdtorch", "ddp"):
+        model, opt = setups[kind]
+        dev.sync()
+        dist.barrier()
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            for _ in range(3):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            dev.sync()
+            wall = (time.perf_counter() - t0) / 3
+        if me != 0:
+            continue
+        events = prof.key_averages()
+        device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events) / 3
+        by_device = events.table(sort_by="self_device_time_total" if dev.cuda else "self_cpu_time_total", row_limit=25)
+        by_cpu = events.table(sort_by="self_cpu_time_total", row_limit=25)
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, f"profile_{kind.replace(' ', '_')}.txt"), "w") as f:
+            f.write(f"{kind}: {wall * 1e3:.1f} ms per step, device busy {device_us / 1e3:.1f} ms\n\n")
+            f.write(by_device + "\n\n" + by_cpu + "\n")
+        print(f"\nprofile {kind}: {wall * 1e3:.1f} ms per step (rank 0), GPU busy with its work {device_us / 1e3:.1f} ms")
+        for line in by_device.splitlines()[:14]:
+            print("  " + line[:150])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["allreduce", "googlenet"])
     p.add_argument("--ranks", default="1,2")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("256M"))
+    p.add_argument("--min-bytes", type=parse_bytes, default=parse_bytes("4K"), help="all-reduce: smallest size (x4)")
+    p.add_argument("--routes", default="", help="all-reduce: comma-separated route labels to run (default: all)")
+    p.add_argument("--profile", action="store_true", help="googlenet: torch.profiler over 3 steps at 2+ ranks")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--image", type=int, default=224)
@@ -306,6 +354,9 @@ def main() -> None:
         a.what,
         f"--device={a.device}",
         f"--max-bytes={a.max_bytes}",
+        f"--min-bytes={a.min_bytes}",
+        f"--routes={a.routes}",
+        *(["--profile"] if a.profile else []),
         f"--reps={a.reps}",
         f"--batch={a.batch}",
         f"--image={a.image}",

@@ -25,6 +25,32 @@ def test_collectives_on_cuda_tensors(nranks):
     run_ranks("tests.workers.gpu:check_collectives", nranks, timeout=150)
 
 
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_device_ring_with_small_slots(nranks):
+    # 4 KiB slots: every all-reduce is many segments, each slot and its
+    # stream flags reused many times, the segment numbers going on across
+    # all-reduces.
+    env = {"HVDTORCH_DEVICE_RING_SLOT_BYTES": "4096"}
+    run_ranks("tests.workers.gpu:check_collectives", nranks, timeout=200, env=env)
+
+
+def test_a_rank_dying_in_the_device_ring_releases_its_peers():
+    env = {"HVDTORCH_DEVICE_RING_SLOT_BYTES": "65536", "HVDTORCH_TIMEOUT": "20"}
+    results = run_ranks(
+        "tests.workers.device_ring_faults:peer_dies_in_the_ring",
+        3,
+        args=["cuda"],
+        timeout=120,
+        env=env,
+        expect_success=False,
+        kill_rank=2,
+        kill_after="looping",
+    )
+    for r in results[:2]:
+        assert r.returncode == 0, f"rank {r.rank} failed:\n{r.output}"
+        assert "shutdown took" in r.output, r.output
+
+
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_distributed_model_on_cuda_equals_one_process(nranks):
     run_ranks("tests.workers.gpu:check_distributed_model", nranks, timeout=100)

@@ -62,13 +62,16 @@ def test_through_the_simulated_device(target, args, nranks, hosts, env):
     )
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_the_device_ring(nranks):
-    # Small slots: many segments per chunk, each slot reused many times.
+@pytest.mark.parametrize("nranks,slots", [(2, 4), (3, 1), (4, 2)], ids=["2", "3", "4"])
+def test_the_device_ring(nranks, slots):
+    # Small slots: many segments per chunk, each slot reused many times; few
+    # of them, so a sender that did not wait for the slot's "acked" flag
+    # would overwrite a segment its neighbour has not read.
     env = {
         **SIM,
         "HVDTORCH_SIM_INTERPROCESS": "1",
         "HVDTORCH_DEVICE_RING_SLOT_BYTES": "256",
+        "HVDTORCH_DEVICE_RING_SLOTS": str(slots),
         "HVDTORCH_SIM_MAX_DELAY_US": "400",
     }
     run_ranks("tests.workers.sim_device:device_path", nranks, args=["ring"], timeout=240, env=env)
@@ -80,17 +83,44 @@ def test_the_device_ring_back_to_back():
     # each all-reduce and starts writing the next into rank 1's slots while
     # rank 1 may still be reading the last segments of the one before, so
     # the result is right only if the slots are reused after rank 1's
-    # "consumed" events (the drain at the end of each all-reduce). With
-    # equal devices that interleaving almost never happens.
+    # stream wrote its "acked" flags (the segment numbers and the flags go
+    # on from one all-reduce to the next). With equal devices that
+    # interleaving almost never happens.
     env = {
         **SIM,
         "HVDTORCH_SIM_INTERPROCESS": "1",
         "HVDTORCH_DEVICE_RING_SLOT_BYTES": "256",
+        "HVDTORCH_DEVICE_RING_SLOTS": "1",
         "HVDTORCH_SIM_MAX_DELAY_US": "400",
         "HVDTORCH_FUSION_THRESHOLD": "0",
     }
     slow = {1: {"HVDTORCH_SIM_MAX_DELAY_US": "6000"}}
     run_ranks("tests.workers.sim_device:back_to_back", 3, args=["12", "300"], timeout=240, env=env, rank_env=slow)
+
+
+def test_a_rank_dying_in_the_device_ring_releases_its_peers():
+    # Small slots and slow streams: the survivors' streams are likely waiting
+    # on a flag of the dead rank's when it goes.
+    env = {
+        **SIM,
+        "HVDTORCH_SIM_INTERPROCESS": "1",
+        "HVDTORCH_DEVICE_RING_SLOT_BYTES": "4096",
+        "HVDTORCH_SIM_MAX_DELAY_US": "2000",
+        "HVDTORCH_TIMEOUT": "20",
+    }
+    results = run_ranks(
+        "tests.workers.device_ring_faults:peer_dies_in_the_ring",
+        3,
+        args=["cpu"],
+        timeout=120,
+        env=env,
+        expect_success=False,
+        kill_rank=2,
+        kill_after="looping",
+    )
+    for r in results[:2]:
+        assert r.returncode == 0, f"rank {r.rank} failed:\n{r.output}"
+        assert "shutdown took" in r.output and "nothing writes" not in r.output, r.output
 
 
 def test_each_rank_seeds_its_device_apart():

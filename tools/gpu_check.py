@@ -4,7 +4,9 @@ phases that each fit a few minutes:
     make gpu-check PHASE=tests OUT=<dir>     # build, hvdtorch.check, the CUDA device and engine
                                              # suites, compute-sanitizer memcheck on both, the gpu
                                              # tests at 1-4 processes sharing cuda:0
-    make gpu-check PHASE=bench OUT=<dir>     # all-reduce per route, GoogLeNet (BENCHMARKS.md "GPU")
+    make gpu-check PHASE=bench OUT=<dir>     # hand-over latency, all-reduce per route, the device
+                                             # ring's slot sizes, GoogLeNet and its profile
+                                             # (BENCHMARKS.md "GPU")
     make gpu-check PHASE=tests ONLY=gpu_tests,engine_cuda OUT=<dir>   # some steps again
 
 Each step has a timeout, and the phase a budget (BUDGET seconds: a step that
@@ -217,6 +219,13 @@ def cuda_tool(name: str) -> Optional[str]:
     return None
 
 
+def torch_cuda_version() -> Optional[str]:
+    """The CUDA version this interpreter's torch was built with; None for a CPU build."""
+    import torch
+
+    return torch.version.cuda
+
+
 def extension_path() -> str:
     return os.path.join(ROOT, "hvdtorch", "_C" + sysconfig.get_config_var("EXT_SUFFIX"))
 
@@ -228,7 +237,10 @@ def suite(name: str) -> str:
 def build_steps(jobs: int, reuse: bool) -> Tuple[List[Step], bool]:
     """The build of the extension and the CUDA suites against this
     interpreter's torch, and whether it takes the tree's build as it is."""
-    targets = "hvdtorch_ext" + (" test_cuda_device test_engine_cuda" if cuda_tool("nvcc") else "")
+    # The CUDA suites exist where nvcc is there and torch is a CUDA build (a rehearsal on a
+    # CPU torch builds the extension alone).
+    cuda = cuda_tool("nvcc") is not None and torch_cuda_version() is not None
+    targets = "hvdtorch_ext" + (" test_cuda_device test_engine_cuda" if cuda else "")
     env = {"HVDTORCH_BUILD_DIR": BUILD, "HVDTORCH_BUILD_TESTS": "1", "MAX_JOBS": str(jobs)}
     built = os.path.exists(extension_path()) and os.path.exists(suite("test_engine_cuda"))
     if reuse and built:
@@ -308,6 +320,16 @@ def test_steps() -> List[List[Step]]:
     ]
 
 
+def slot_sweep(bench: List[str], results: str, sizes: str) -> str:
+    """The device ring alone at 2 ranks, once per slot size."""
+    runs = [
+        f"echo 'device ring slots of {mib} MiB:'; HVDTORCH_DEVICE_RING_SLOT_BYTES={mib << 20} {' '.join(bench)} "
+        f"allreduce --ranks 2 --routes 'hvd ring' {sizes} --out {results}/slots-{mib}MiB"
+        for mib in (2, 8, 32)
+    ]
+    return "set -e; " + "; ".join(runs)
+
+
 def bench_steps(results: str) -> List[Step]:
     """PHASE=bench: one after another (they time the GPU)."""
     env = {"PYTHONPATH": ROOT}
@@ -322,25 +344,43 @@ def bench_steps(results: str) -> List[Step]:
             env=env,
             rehearsal=[*bench, "allreduce", "--ranks", "1,2", *small, "--out", results],
         ),
+        # One hand-over between two processes on the GPU, by IPC event and by stream flag.
         Step(
-            "bench_googlenet",
-            [*bench, "googlenet", "--ranks", "1,2", "--out", results],
+            "bench_handoff",
+            ["bash", "-c", f"nvcc -O2 -arch=sm_90 -o {WORK}/handoff benchmarks/gpu_handoff.cu && {WORK}/handoff 2000"],
+            120,
+            needs_gpu=True,
+            rehearsal=["bash", "-c", f"nvcc -O2 -arch=sm_90 -o {WORK}/handoff benchmarks/gpu_handoff.cu"],
+        ),
+        # The device ring's slot size, 16-256 MiB (HVDTORCH_DEVICE_RING_SLOT_BYTES is read at init).
+        Step(
+            "bench_ring_slots",
+            ["bash", "-c", slot_sweep(bench, results, "--max-bytes 256M --min-bytes 16M")],
             240,
             needs_gpu=True,
             env=env,
-            rehearsal=[*bench, "googlenet", "--ranks", "1,2", *small, "--image", "32", "--out", results],
+            rehearsal=["bash", "-c", slot_sweep(bench, results, "--device cpu --max-bytes 1M --min-bytes 64K --reps 2")],
+        ),
+        Step(
+            "bench_googlenet",
+            [*bench, "googlenet", "--ranks", "1,2", "--profile", "--out", results],
+            240,
+            needs_gpu=True,
+            env=env,
+            rehearsal=[*bench, "googlenet", "--ranks", "1,2", "--profile", *small, "--image", "32", "--out", results],
         ),
     ]
 
 
 def report_tables(logs: str) -> None:
     """The benchmarks' own tables (from their logs), for the console."""
-    for name in ("bench_allreduce", "bench_googlenet"):
+    heads = ("  ", "all-reduce", "GoogLeNet", "auto", "profile", "device ring", "event", "flag", "spin", "copy", "\n")
+    for name in ("bench_handoff", "bench_allreduce", "bench_ring_slots", "bench_googlenet"):
         path = os.path.join(logs, f"{name}.log")
         if not os.path.exists(path):
             continue
         with open(path, errors="replace") as f:
-            lines = [ln.rstrip() for ln in f if ln.startswith(("  ", "all-reduce", "GoogLeNet", "auto", "\n"))]
+            lines = [ln.rstrip() for ln in f if ln.startswith(heads)]
         table = [ln for ln in lines if ln.strip()]
         if table:
             print(f"\n==== {name}\n" + "\n".join(table[-60:]))

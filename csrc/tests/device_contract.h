@@ -320,3 +320,81 @@ TEST(contract_synchronize_and_lifetimes) {
   CHECK(d.query(*done));
   CHECK(host == std::vector<char>(n, 3));
 }
+
+// ---- stream flags (devices with streamFlags()) ------------------------------------
+
+// A flag orders two streams like an event, but the wait may be enqueued
+// before the write it waits for (the device ring's streams wait for their
+// peers' writes that way).
+TEST(contract_flag_orders_two_streams) {
+  using namespace hvdtorch;
+  using namespace hvdtorch::contract;
+  Device& d = contractDevice();
+  if (!d.streamFlags()) {
+    CHECK_THROWS(d.writeFlag(nullptr, 1, nullptr), CollectiveError);
+    std::printf("  (%s has no stream flags: only the refusal checked)\n", d.id().str().c_str());
+    return;
+  }
+  const size_t n = 1 << 14;
+  Buffer x(d, n * 4), y(d, n * 4), z(d, n * 4), flag(d, 64);
+  d.fill(flag.get(), 64, 0, nullptr);
+  finish(d, nullptr);
+  auto producer = d.newStream();
+  auto consumer = d.newStream();
+  std::vector<int32_t> ones(n, 1);
+  for (uint32_t trial = 1; trial <= 20; ++trial) {
+    // Before the producer's write is even enqueued; device to device, since
+    // a copy into pageable host memory returns only once it ran (it would
+    // wait here for a write this thread has not enqueued yet).
+    d.waitFlag(flag.get(), trial, consumer.get());
+    d.copy(z.get(), x.get(), n * 4, consumer.get());
+    d.fill(x.get(), n * 4, 0, producer.get());
+    d.copyFromHost(y.get(), ones.data(), n * 4, producer.get());
+    for (int k = 0; k < 4; ++k) d.reduceInto(x.get(), y.get(), n, DataType::kInt32, ReduceOp::kSum, producer.get());
+    d.writeFlag(flag.get(), trial, producer.get());
+    std::vector<int32_t> out(n, -1);
+    d.copyToHost(out.data(), z.get(), n * 4, consumer.get());
+    finish(d, consumer.get());
+    CHECK_MSG(out.front() == 4 && out[n / 2] == 4 && out.back() == 4, "trial %u: %d %d %d", trial, out.front(),
+              out[n / 2], out.back());
+    finish(d, producer.get());
+  }
+}
+
+// Waits compare modulo 2^32: a counter that wrapped past zero still
+// satisfies a wait for a value just below the wrap, a value already passed
+// satisfies at once, and a write from a third stream releases a wait nobody
+// else would satisfy (DeviceRing::releaseWaits).
+TEST(contract_flag_wraps_and_releases) {
+  using namespace hvdtorch;
+  using namespace hvdtorch::contract;
+  Device& d = contractDevice();
+  if (!d.streamFlags()) return;
+  Buffer flag(d, 64), x(d, 4), y(d, 4);
+  auto waiter = d.newStream();
+  auto releaser = d.newStream();
+  d.writeFlag(flag.get(), 0xfffffff0u, nullptr);
+  finish(d, nullptr);
+  d.waitFlag(flag.get(), 0xffffffe0u, waiter.get());  // already passed
+  finish(d, waiter.get());
+  d.writeFlag(flag.get(), 0x10u, nullptr);  // wrapped: 0x20 past 0xfffffff0
+  finish(d, nullptr);
+  d.waitFlag(flag.get(), 0xfffffffeu, waiter.get());
+  d.waitFlag(flag.get(), 0x10u, waiter.get());
+  finish(d, waiter.get());
+  // A wait for 0x1000 that only a far-ahead write from another stream releases.
+  const int32_t seven = 7;
+  int32_t seen = -1;
+  d.waitFlag(flag.get(), 0x1000u, waiter.get());
+  d.copy(y.get(), x.get(), 4, waiter.get());  // device to device: the call must not block (see above)
+  auto copied = d.newEvent();
+  d.record(*copied, waiter.get());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_MSG(!d.query(*copied), "a wait for a value never written passed");
+  d.copyFromHost(x.get(), &seven, 4, releaser.get());
+  d.writeFlag(flag.get(), 0x10u + (1u << 30), releaser.get());
+  d.synchronize(*copied);
+  d.copyToHost(&seen, y.get(), 4, waiter.get());
+  finish(d, waiter.get());
+  CHECK_MSG(seen == 7, "the released stream saw %d, want 7", seen);
+}

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -402,6 +403,74 @@ TEST(sim_leaves_nothing_behind) {
   }
   CHECK_MSG(shmLeft(getpid()).empty(), "%zu names left in /dev/shm", shmLeft(getpid()).size());
   CHECK_MSG(threadCount() == threads_before, "%d threads, %d before", threadCount(), threads_before);
+}
+
+// A stream flag waited for and never written: the simulator lets the wait
+// go after SimOptions::flag_timeout_ms and reports it (stderr, and the
+// device's sticky error from the next synchronize), where a GPU would hang
+// the stream for good. A flag in host memory or unaligned is refused.
+TEST(sim_flag_never_written_is_reported) {
+  SimOptions o = options(5);
+  o.flag_timeout_ms = 100;
+  auto d = makeSimDevice(o);
+  char* flag = static_cast<char*>(d->allocate(64));
+  d->fill(flag, 64, 0, nullptr);
+  d->waitFlag(flag, 3, nullptr);
+  auto after = d->newEvent();
+  d->record(*after, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool thrown = false;
+  try {
+    d->synchronize(*after);
+  } catch (const CollectiveError& e) {
+    thrown = std::strstr(e.what(), "waitFlag") != nullptr && std::strstr(e.what(), "nothing writes") != nullptr;
+    CHECK_MSG(thrown, "message: %s", e.what());
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK_MSG(thrown, "a wait for a value never written was not reported");
+  CHECK_MSG(waited >= 0.09 && waited < 5.0, "reported after %.3f s (timeout 0.1 s)", waited);
+  uint32_t host_flag = 0;
+  CHECK_THROWS(d->waitFlag(&host_flag, 1, nullptr), InvalidArgument);  // host memory
+  CHECK_THROWS(d->writeFlag(flag + 2, 1, nullptr), InvalidArgument);   // unaligned
+  d->release(flag);
+}
+
+// Copies through pageable (unregistered) host memory follow CUDA: a copy to
+// the host returns only once it ran, so a host thread that copies behind a
+// wait for a flag nobody has written yet blocks until it is written (on a
+// GPU, forever if the writer is the same thread: the deadlock the flag tests
+// must avoid); a copy from the host stages the bytes, so the caller may
+// overwrite its memory at once. Through registered memory both return at once.
+TEST(sim_pageable_copies_follow_cuda) {
+  auto d = makeSimDevice(options(6));
+  char* flag = static_cast<char*>(d->allocate(64));
+  char* x = static_cast<char*>(d->allocate(64));
+  d->fill(flag, 64, 0, nullptr);
+  d->fill(x, 64, 7, nullptr);
+  finish(*d, nullptr);
+  auto waiter = d->newStream();
+  auto writer = d->newStream();
+  d->waitFlag(flag, 1, waiter.get());
+  std::atomic<bool> returned{false};
+  char seen[64] = {};
+  std::thread copier([&] {
+    d->copyToHost(seen, x, 64, waiter.get());
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_MSG(!returned.load(), "a copy into pageable memory returned before the stream's wait passed");
+  d->writeFlag(flag, 1, writer.get());
+  copier.join();
+  CHECK(returned.load() && seen[0] == 7 && seen[63] == 7);
+  // From the host: staged, so overwriting the source right after the call is safe.
+  char src[64];
+  std::memset(src, 3, sizeof(src));
+  d->copyFromHost(x, src, 64, waiter.get());
+  std::memset(src, 9, sizeof(src));
+  d->copyToHost(seen, x, 64, waiter.get());
+  CHECK_MSG(seen[0] == 3 && seen[63] == 3, "the device got %d, want the 3 the source held at the call", seen[0]);
+  d->release(flag);
+  d->release(x);
 }
 
 TEST(sim_bad_pointers_and_handles_are_named) {

@@ -15,15 +15,22 @@ std::atomic<uint64_t> g_runs{0};
 
 // What each rank offers its neighbours at setup.
 struct Offer {
-  IpcMemoryHandle inbox;
-  IpcEventHandle ready[2];
-  IpcEventHandle consumed[2];
+  IpcMemoryHandle memory;  // its allocation: the inbox, then the flags
 };
 
 // The 8-byte messages: kind in the top bit, the segment's sequence number below.
 constexpr uint64_t kConsumed = uint64_t{1} << 63;
 // The teardown's message (a "consumed" number no allreduce reaches).
 constexpr uint64_t kClosed = ~uint64_t{0};
+
+// The flags after the inbox's slots: ready[slots], then acked[slots] in
+// the next 64 bytes (each 4 bytes; the page is 256 bytes).
+constexpr size_t kFlagBytes = 256;
+constexpr size_t kAckedAt = 64;
+static_assert(DeviceRing::kMaxSlots * sizeof(uint32_t) <= kAckedAt, "flags overlap");
+
+// What releaseWaits() writes ahead of the counters (waits compare modulo 2^32).
+constexpr uint32_t kReleaseAhead = uint32_t{1} << 30;
 
 // Host slots are page aligned (registered memory is pinned by pages).
 constexpr size_t kHostAlign = 4096;
@@ -55,14 +62,17 @@ bool DeviceRing::applicable(const Context& ctx, const Device& device) {
   return true;
 }
 
-DeviceRing::DeviceRing(Context& ctx, Device& device, size_t slot_bytes)
-    : ctx_(ctx), dev_(device), slot_bytes_(slot_bytes) {
+DeviceRing::DeviceRing(Context& ctx, Device& device, const DeviceRingOptions& options)
+    : ctx_(ctx), dev_(device), slot_bytes_(options.slot_bytes), slots_(options.slots) {
+  if (slots_ < 1 || slots_ > kMaxSlots)
+    throw InvalidArgument(strCat("device ring: ", slots_, " slots; 1 to ", kMaxSlots, " are possible"));
   const int p = ctx_.size(), me = ctx_.rank();
   next_ = (me + 1) % p;
   prev_ = (me + p - 1) % p;
   next_staged_ = !ctx_.topo().sameHost(next_);
   prev_staged_ = !ctx_.topo().sameHost(prev_);
-  inbox_ = dev_.allocate(2 * slot_bytes_);
+  const size_t own_bytes = slots_ * slot_bytes_ + kFlagBytes;
+  own_ = dev_.allocate(own_bytes);
   if (next_staged_ || prev_staged_) {
     // Two out slots, then two in slots; registered once, so the copies run at pinned speed.
     host_storage_ = std::make_unique<char[]>(4 * slot_bytes_ + kHostAlign);
@@ -73,48 +83,79 @@ DeviceRing::DeviceRing(Context& ctx, Device& device, size_t slot_bytes)
     for (auto& e : landed_) e = dev_.newEvent();
   }
   if (next_staged_ && prev_staged_) return;  // nothing to map
-  Offer mine;
-  mine.inbox = dev_.exportMemory(inbox_);
-  for (int k = 0; k < 2; ++k) {
-    ready_[k] = dev_.newEvent(true);
-    consumed_[k] = dev_.newEvent(true);
-    mine.ready[k] = dev_.exportEvent(*ready_[k]);
-    mine.consumed[k] = dev_.exportEvent(*consumed_[k]);
-  }
-  // Each neighbour on this host (the one peer when p == 2) gets the same
-  // offer; each keeps what it needs: prev my inbox and consumed events, next
-  // my ready events.
+  // The flags start at zero, before any neighbour can see them.
+  dev_.fill(static_cast<char*>(own_) + slots_ * slot_bytes_, kFlagBytes, 0, nullptr);
+  auto zeroed = dev_.newEvent();
+  dev_.record(*zeroed, nullptr);
+  dev_.synchronize(*zeroed);
+  // Each neighbour on this host (the one peer when p == 2) gets the offer
+  // and opens it once: prev writes the inbox and its ready flags, next the
+  // acked flags.
+  const Offer mine{dev_.exportMemory(own_)};
   Offer from_prev, from_next;
+  const bool one_peer = next_ == prev_;
   const Deadline deadline = ctx_.deadline();
   std::vector<std::unique_ptr<LinkRequest>> requests;
   if (!prev_staged_) requests.push_back(ctx_.link(prev_).irecv(&from_prev, sizeof(Offer)));
-  if (!next_staged_) requests.push_back(ctx_.link(next_).irecv(&from_next, sizeof(Offer)));
-  if (!next_staged_) requests.push_back(ctx_.link(next_).isend(&mine, sizeof(Offer)));
+  if (!next_staged_ && !one_peer) requests.push_back(ctx_.link(next_).irecv(&from_next, sizeof(Offer)));
+  if (!next_staged_ && !one_peer) requests.push_back(ctx_.link(next_).isend(&mine, sizeof(Offer)));
   if (!prev_staged_) requests.push_back(ctx_.link(prev_).isend(&mine, sizeof(Offer)));
   for (auto& r : requests) r->wait(deadline);
-  if (!next_staged_) {
-    next_inbox_ = dev_.openMemory(from_next.inbox);
-    for (int k = 0; k < 2; ++k) next_consumed_[k] = dev_.openEvent(from_next.consumed[k]);
-  }
-  if (!prev_staged_)
-    for (int k = 0; k < 2; ++k) prev_ready_[k] = dev_.openEvent(from_prev.ready[k]);
+  if (!prev_staged_) prev_mem_ = dev_.openMemory(from_prev.memory);
+  if (!next_staged_) next_mem_ = one_peer ? prev_mem_ : dev_.openMemory(from_next.memory);
 }
 
 DeviceRing::~DeviceRing() {
   // Nothing of ours may still be reading or writing. Without close() (the
-  // engine failed) a peer may still have the inbox mapped: freed anyway.
+  // engine failed) a peer may still have our memory mapped: freed anyway.
+  releaseWaits();  // a wait for a dead peer's write would hold the stream forever
   try {
     auto done = dev_.newEvent();
     dev_.record(*done, nullptr);
     dev_.synchronize(*done);
-    if (next_inbox_) dev_.closeMemory(next_inbox_);
+    unmapNeighbours();
   } catch (const std::exception& e) {
     // Shutting down after a failure: the device may be gone already. Say so and go on freeing.
     std::fprintf(stderr, "hvdtorch: rank %d: device ring teardown on %s: %s\n", ctx_.rank(), dev_.id().str().c_str(),
                  e.what());
   }
-  dev_.release(inbox_);
+  dev_.release(own_);
   freeHostSlots(true);
+}
+
+uint32_t* DeviceRing::readyFlag(void* mem, uint64_t q) const {
+  return reinterpret_cast<uint32_t*>(static_cast<char*>(mem) + slots_ * slot_bytes_) + q % slots_;
+}
+
+uint32_t* DeviceRing::ackedFlag(void* mem, uint64_t q) const {
+  return reinterpret_cast<uint32_t*>(static_cast<char*>(mem) + slots_ * slot_bytes_ + kAckedAt) + q % slots_;
+}
+
+void DeviceRing::releaseWaits() {
+  std::lock_guard<std::mutex> lk(release_mu_);
+  if (own_ == nullptr || (next_staged_ && prev_staged_)) return;
+  try {
+    // On a stream of its own: the engine stream may be the one waiting.
+    auto stream = dev_.newStream();
+    const auto ready = static_cast<uint32_t>(received_.load()) + kReleaseAhead;
+    const auto acked = static_cast<uint32_t>(sent_.load()) + kReleaseAhead;
+    for (uint64_t k = 0; k < slots_; ++k) {
+      dev_.writeFlag(readyFlag(own_, k), ready, stream.get());
+      dev_.writeFlag(ackedFlag(own_, k), acked, stream.get());
+    }
+    auto written = dev_.newEvent();
+    dev_.record(*written, stream.get());
+    dev_.synchronize(*written);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hvdtorch: rank %d: releasing the device ring's waits on %s: %s\n", ctx_.rank(),
+                 dev_.id().str().c_str(), e.what());
+  }
+}
+
+void DeviceRing::unmapNeighbours() {
+  if (next_mem_ != nullptr && next_mem_ != prev_mem_) dev_.closeMemory(next_mem_);
+  if (prev_mem_ != nullptr) dev_.closeMemory(prev_mem_);
+  next_mem_ = prev_mem_ = nullptr;
 }
 
 void DeviceRing::freeHostSlots(bool transfers_may_be_open) {
@@ -134,38 +175,44 @@ void DeviceRing::freeHostSlots(bool transfers_may_be_open) {
 }
 
 void DeviceRing::close() {
-  if (inbox_ == nullptr) return;
+  std::lock_guard<std::mutex> lk(release_mu_);
+  if (own_ == nullptr) return;
   // Our copies into next's inbox and our kernels reading ours are done.
   auto done = dev_.newEvent();
   dev_.record(*done, nullptr);
   dev_.synchronize(*done);
-  if (next_inbox_ != nullptr) dev_.closeMemory(next_inbox_);
-  next_inbox_ = nullptr;
+  unmapNeighbours();
   // Peers stop in the same cycle and have run the same units: a peer that
   // has not answered within seconds is not coming (the words are members:
   // a late delivery must not land in a dead stack frame).
   const Deadline deadline = Deadline::after(std::min(ctx_.timeout(), std::chrono::milliseconds(30000)));
-  // Only a neighbour on this host maps memory: the handshake runs on those links.
+  // Only a neighbour on this host maps our memory: the handshake runs on
+  // those links, once per neighbour (one when p == 2).
+  const bool one_peer = next_ == prev_;
   closed_out_ = kClosed;
-  closed_in_ = prev_staged_ ? kClosed : 0;
+  closed_in_[0] = prev_staged_ ? kClosed : 0;
+  closed_in_[1] = next_staged_ || one_peer ? kClosed : 0;
   std::vector<std::unique_ptr<LinkRequest>> requests;
-  if (!prev_staged_) requests.push_back(ctx_.link(prev_).irecv(&closed_in_, sizeof(closed_in_)));
-  if (!next_staged_) requests.push_back(ctx_.link(next_).isend(&closed_out_, sizeof(closed_out_)));
+  if (!prev_staged_) requests.push_back(ctx_.link(prev_).irecv(&closed_in_[0], sizeof(uint64_t)));
+  if (!next_staged_ && !one_peer) requests.push_back(ctx_.link(next_).irecv(&closed_in_[1], sizeof(uint64_t)));
+  if (!next_staged_ && !one_peer) requests.push_back(ctx_.link(next_).isend(&closed_out_, sizeof(closed_out_)));
+  if (!prev_staged_) requests.push_back(ctx_.link(prev_).isend(&closed_out_, sizeof(closed_out_)));
   for (auto& r : requests) r->wait(deadline);
-  if (closed_in_ != kClosed)
-    throw CollectiveError(strCat("device ring teardown: rank ", ctx_.rank(), " expected 'closed' from rank ", prev_,
-                                 ", got message ", closed_in_));
-  dev_.release(inbox_);  // prev has unmapped it
-  inbox_ = nullptr;
+  for (int side = 0; side < 2; ++side)
+    if (closed_in_[side] != kClosed)
+      throw CollectiveError(strCat("device ring teardown: rank ", ctx_.rank(), " expected 'closed' from rank ",
+                                   side == 0 ? prev_ : next_, ", got message ", closed_in_[side]));
+  dev_.release(own_);  // both neighbours have unmapped it
+  own_ = nullptr;
   freeHostSlots(false);  // the engine stream is drained and every transfer waited for
 }
 
 void DeviceRing::send(const char* src, size_t bytes) {
-  const uint64_t q = sent_++;
-  const int k = static_cast<int>(q % 2);
-  if (q >= 2) {
-    // Slot k is free once next's kernel read segment q-2 out of it.
-    while (acked_ < q - 1) {
+  const uint64_t q = sent_.load(std::memory_order_relaxed);
+  if (q >= slots_) {
+    // The slot is free once next's kernel read segment q - slots_ out of it:
+    // its message says the flag's write is enqueued.
+    while (acked_ < q - slots_ + 1) {
       uint64_t word = 0;
       ctx_.link(next_).recv(&word, sizeof(word), ctx_.deadline());
       if (word == (kConsumed | acked_)) {
@@ -178,17 +225,17 @@ void DeviceRing::send(const char* src, size_t bytes) {
                                      next_, ", got message ", word));
       }
     }
-    dev_.wait(nullptr, *next_consumed_[k]);
+    dev_.waitFlag(ackedFlag(own_, q), static_cast<uint32_t>(q - slots_ + 1), nullptr);
   }
-  dev_.copy(static_cast<char*>(next_inbox_) + k * slot_bytes_, src, bytes, nullptr);
-  dev_.record(*ready_[k], nullptr);
+  dev_.copy(static_cast<char*>(next_mem_) + (q % slots_) * slot_bytes_, src, bytes, nullptr);
+  dev_.writeFlag(readyFlag(next_mem_, q), static_cast<uint32_t>(q + 1), nullptr);
+  sent_.store(q + 1, std::memory_order_relaxed);
   out_words_.push_back(q);
   out_requests_.push_back(ctx_.link(next_).isend(&out_words_.back(), sizeof(uint64_t)));
 }
 
 void DeviceRing::receive(char* dst, size_t bytes, DataType dtype, bool reduce, ReduceOp op) {
-  const uint64_t q = received_++;
-  const int k = static_cast<int>(q % 2);
+  const uint64_t q = received_.load(std::memory_order_relaxed);
   uint64_t word = 0;
   if (!pending_data_.empty()) {
     word = pending_data_.front();
@@ -206,14 +253,15 @@ void DeviceRing::receive(char* dst, size_t bytes, DataType dtype, bool reduce, R
   if (word != q)
     throw CollectiveError(strCat("device ring: rank ", ctx_.rank(), " expected segment ", q, " from rank ", prev_,
                                  ", got message ", word));
-  dev_.wait(nullptr, *prev_ready_[k]);
-  const char* slot = static_cast<const char*>(inbox_) + k * slot_bytes_;
+  dev_.waitFlag(readyFlag(own_, q), static_cast<uint32_t>(q + 1), nullptr);
+  const char* slot = static_cast<const char*>(own_) + (q % slots_) * slot_bytes_;
   if (reduce) {
     dev_.reduceInto(dst, slot, bytes / dtypeSize(dtype), dtype, op, nullptr);
   } else {
     dev_.copy(dst, slot, bytes, nullptr);
   }
-  dev_.record(*consumed_[k], nullptr);
+  dev_.writeFlag(ackedFlag(prev_mem_, q), static_cast<uint32_t>(q + 1), nullptr);
+  received_.store(q + 1, std::memory_order_relaxed);
   out_words_.push_back(kConsumed | q);
   out_requests_.push_back(ctx_.link(prev_).isend(&out_words_.back(), sizeof(uint64_t)));
 }
@@ -240,7 +288,7 @@ void DeviceRing::receiveStaged(char* dst, size_t bytes, DataType dtype, bool red
   if (landed_valid_ & (uint64_t{1} << k)) dev_.synchronize(*landed_[k]);
   ctx_.link(prev_).recv(slot, bytes, ctx_.deadline());
   if (reduce) {
-    char* in = static_cast<char*>(inbox_) + k * slot_bytes_;  // after this slot's last kernel: stream order
+    char* in = static_cast<char*>(own_) + k * slot_bytes_;  // after this slot's last kernel: stream order
     dev_.copyFromHost(in, slot, bytes, nullptr);
     dev_.reduceInto(dst, in, bytes / dtypeSize(dtype), dtype, op, nullptr);
   } else {
@@ -259,8 +307,9 @@ void DeviceRing::drain() {
     for (auto& r : out_requests_) r->wait(ctx_.deadline());
     return;
   }
-  // Every "consumed" message next still owes us, so the links are clean.
-  while (acked_ < sent_) {
+  // Every "consumed" message next still owes us, so the links are clean
+  // (the next all-reduce's copies into next's slots wait on the flags).
+  while (acked_ < sent_.load(std::memory_order_relaxed)) {
     uint64_t word = 0;
     ctx_.link(next_).recv(&word, sizeof(word), ctx_.deadline());
     if (word != (kConsumed | acked_))
@@ -268,8 +317,6 @@ void DeviceRing::drain() {
                                    next_, ", got message ", word));
     ++acked_;
   }
-  // The next allreduce writes these slots again: after next's last reads.
-  for (int k = 0; k < 2 && k < static_cast<int>(sent_); ++k) dev_.wait(nullptr, *next_consumed_[k]);
   for (auto& r : out_requests_) r->wait(ctx_.deadline());
 }
 
@@ -277,7 +324,7 @@ void DeviceRing::allreduce(void* data, size_t count, DataType dtype, ReduceOp op
   const int p = ctx_.size(), me = ctx_.rank();
   if (p == 1 || count == 0) return;
   ++g_runs;
-  sent_ = received_ = acked_ = 0;
+  // The segment numbers go on from the last all-reduce (the flags count them).
   pending_data_.clear();
   out_words_.clear();
   out_requests_.clear();

@@ -6,20 +6,33 @@
 // kernel, all on the engine stream. The host only orders: it never touches
 // the data and never waits for the device.
 //
-// Links: each rank owns an inbox of two slots (device memory) and, per slot,
-// an interprocess "data ready" event (recorded by the previous rank after it
-// wrote the slot) and a "consumed" event (recorded by this rank after its
-// kernel read the slot). A segment's hand-over:
-//   sender:   [slot free: "consumed q-2" message received, its event waited]
-//             copy into next's inbox slot q%2; record ready[q%2]; send "data q"
-//   receiver: recv "data q"; wait ready[q%2] (prev's); reduce or copy out of
-//             the slot; record consumed[q%2]; send "consumed q"
-// Every wait on a peer's event is issued after the message that says it was
-// recorded, so it binds to that record (a CUDA wait binds to the most recent
-// record) and never to an older or absent one. The messages travel on the
-// host links of the data context (shared memory on a host), 8 bytes each,
-// and every one is received before allreduce() returns, so the links are
-// left clean for the next algorithm.
+// Links: each rank owns one allocation of device memory, mapped by its
+// neighbours on this host: an inbox of `slots` slots, written by prev, and
+// a page of stream flags (device.h), 32-bit counters: ready[k], which prev's
+// stream writes after copying a segment into slot k, and acked[k], which
+// next's stream writes after its kernel read a segment this rank copied into
+// next's slot k. Every flag a rank's stream waits on is in its own memory.
+// Segments are numbered per link, on from one all-reduce to the next (q);
+// segment q uses slot k = q % slots. A segment's hand-over:
+//   sender:   [slot free: "consumed q-slots" message received]
+//             stream: wait acked[k] >= q-slots+1 (own memory); copy into
+//             next's slot k; write next's ready[k] = q+1; host: send "data q"
+//   receiver: recv "data q"; stream: wait ready[k] >= q+1 (own memory);
+//             reduce or copy out of the slot; write prev's acked[k] = q+1;
+//             host: send "consumed q"
+// The GPU hands over by itself (one stream waits on the flag another
+// writes: about 5 us each way between two processes on one H200, where an
+// interprocess event took 140 us); the host only enqueues. The 8-byte
+// messages on the host links of the data context (shared memory on a host)
+// keep two guarantees: a stream waits only for a write a live peer has
+// already enqueued (so a stream never hangs on a peer that stopped before
+// it got there; the host's receive has the context's deadline and names the
+// peer), and the links are left clean for the next algorithm (every message
+// is received before allreduce() returns). A peer that dies after enqueuing
+// leaves writes that never run: releaseWaits() writes far-ahead values into
+// this rank's own flags, from a stream of its own, and the engine calls it
+// when it fails, so the streams run on (over data that no longer counts) and
+// nothing waits on them forever.
 //
 // Host-staged links: a neighbour on another host cannot map the inbox, so
 // that link carries the data itself. The sender copies the segment into
@@ -33,10 +46,10 @@
 // request; the event after its copy to the device). Which links are staged
 // follows from the topology, the same on every rank.
 //
-// Teardown: an inbox must not be freed while a peer still has it mapped
-// (CUDA IPC leaves that undefined). close(), collective, is the handshake:
-// each rank unmaps next's inbox, sends "closed" to next, and frees its own
-// inbox once prev's "closed" arrived. The engine calls it on every rank
+// Teardown: an allocation must not be freed while a peer still has it
+// mapped (CUDA IPC leaves that undefined). close(), collective, is the
+// handshake: each rank unmaps its neighbours' allocations, sends "closed" to
+// each neighbour on this host, and frees its own once theirs arrived. The engine calls it on every rank
 // when it stops cleanly, and on every member when a process set is
 // removed. After a failure the destructor frees without it, on purpose: a
 // peer may be gone, and waiting for it would hang. The failure stops every
@@ -53,6 +66,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "common/dtype.h"
@@ -62,20 +76,24 @@
 namespace hvdtorch {
 
 // Whether device tensors may take the device ring at all (HVDTORCH_DEVICE_RING),
-// and its slot size (HVDTORCH_DEVICE_RING_SLOT_BYTES). Each slot of a step costs
-// a handshake between neighbours, so the slots are far larger than the host
-// ring's segments: measured on one H200 shared by two ranks, 256 MiB went at
-// 6 GB/s bus bandwidth with 1 MiB slots and 96 GB/s with 32 MiB.
+// its slot size (HVDTORCH_DEVICE_RING_SLOT_BYTES) and how many slots each
+// rank holds (HVDTORCH_DEVICE_RING_SLOTS: segments in flight on a link).
+// Each segment costs its two neighbours a hand-over on the GPU, so the
+// slots are larger than the host ring's segments.
 struct DeviceRingOptions {
   bool enabled = true;
-  size_t slot_bytes = 32u << 20;
+  size_t slot_bytes = 8u << 20;
+  uint32_t slots = 4;
 };
 
 class DeviceRing {
  public:
+  // The most slots an inbox may have (its flags fill 64 bytes).
+  static constexpr uint32_t kMaxSlots = 16;
+
   static bool applicable(const Context& ctx, const Device& device);
 
-  DeviceRing(Context& ctx, Device& device, size_t slot_bytes = DeviceRingOptions().slot_bytes);
+  DeviceRing(Context& ctx, Device& device, const DeviceRingOptions& options = DeviceRingOptions());
   ~DeviceRing();
   DeviceRing(const DeviceRing&) = delete;
   DeviceRing& operator=(const DeviceRing&) = delete;
@@ -93,6 +111,11 @@ class DeviceRing {
   // (the inbox is then left to the destructor).
   void close();
 
+  // After a failure: lets every wait this rank's streams issued, or will
+  // issue for segments numbered below 2^30 more, pass (see above). Any
+  // thread; idempotent; a no-op once closed.
+  void releaseWaits();
+
   // All-reduces run on device rings in this process (tests, diagnostics).
   static uint64_t runs();
 
@@ -103,6 +126,10 @@ class DeviceRing {
   void sendStaged(const char* src, size_t bytes);
   void receiveStaged(char* dst, size_t bytes, DataType dtype, bool reduce, ReduceOp op);
   void drain();
+  // Flag q % slots_ of a ring allocation (own_, next_mem_ or prev_mem_).
+  uint32_t* readyFlag(void* mem, uint64_t q) const;
+  uint32_t* ackedFlag(void* mem, uint64_t q) const;
+  void unmapNeighbours();
   // Unregisters the host slots and frees them; after a failure
   // (`transfers_may_be_open`), hands them to a staged link instead, which
   // keeps them while a transfer it gave up on may still touch them.
@@ -111,20 +138,23 @@ class DeviceRing {
   Context& ctx_;
   Device& dev_;
   size_t slot_bytes_;
+  uint64_t slots_;
   int next_ = 0, prev_ = 0;
-  bool next_staged_ = false, prev_staged_ = false;           // the link crosses hosts
-  void* inbox_ = nullptr;                                    // mine: two slots, written by prev (null once closed)
-  void* next_inbox_ = nullptr;                               // next's, opened here
-  std::unique_ptr<Event> ready_[2], consumed_[2];            // mine (interprocess)
-  std::unique_ptr<Event> prev_ready_[2], next_consumed_[2];  // the neighbours', opened
-  uint64_t sent_ = 0, received_ = 0;  // segments sent to next / received from prev this allreduce
-  uint64_t acked_ = 0;                // "consumed" messages received from next this allreduce
+  bool next_staged_ = false, prev_staged_ = false;  // the link crosses hosts
+  void* own_ = nullptr;        // mine: slots_ slots written by prev, then the flags (null once closed)
+  void* next_mem_ = nullptr;   // next's, opened here (not staged)
+  void* prev_mem_ = nullptr;   // prev's, opened here (not staged; next's when p == 2)
+  std::mutex release_mu_;      // releaseWaits() against close()
+  // Segments sent to next / received from prev, over every all-reduce so far
+  // (atomic: releaseWaits() reads them from another thread).
+  std::atomic<uint64_t> sent_{0}, received_{0};
+  uint64_t acked_ = 0;  // "consumed" messages received from next, likewise
   // p == 2 (next is prev, one link): data messages read while looking for a
   // "consumed" one, in order.
   std::deque<uint64_t> pending_data_;
   // Messages this allreduce sent, kept (with their requests) until delivered.
   std::deque<uint64_t> out_words_;
-  uint64_t closed_out_ = 0, closed_in_ = 0;  // close()'s messages
+  uint64_t closed_out_ = 0, closed_in_[2] = {0, 0};  // close()'s messages
   std::vector<std::unique_ptr<LinkRequest>> out_requests_;
   // Staged links: pinned host slots (two to send, two to receive), the
   // pending send of each out slot, and the event after each in slot's copy

@@ -47,21 +47,33 @@ bool DeviceRouter::calibratesNext(Device& device, ReducerId asked) const {
 }
 
 DeviceRing* DeviceRouter::ring(Device& device) {
-  auto it = rings_.find(&device);
-  if (it == rings_.end()) {
-    std::unique_ptr<DeviceRing> ring;
-    if (options_.device_ring.enabled && DeviceRing::applicable(ctx_, device))
-      ring = std::make_unique<DeviceRing>(ctx_, device, options_.device_ring.slot_bytes);
-    it = rings_.emplace(&device, std::move(ring)).first;
+  {
+    std::lock_guard<std::mutex> lk(rings_mu_);
+    auto it = rings_.find(&device);
+    if (it != rings_.end()) return it->second.get();
   }
-  return it->second.get();
+  // Made outside the lock: construction is a collective with the neighbours.
+  std::unique_ptr<DeviceRing> ring;
+  if (options_.device_ring.enabled && DeviceRing::applicable(ctx_, device))
+    ring = std::make_unique<DeviceRing>(ctx_, device, options_.device_ring);
+  std::lock_guard<std::mutex> lk(rings_mu_);
+  return rings_.emplace(&device, std::move(ring)).first->second.get();
+}
+
+void DeviceRouter::releaseRingWaits() {
+  std::lock_guard<std::mutex> lk(rings_mu_);
+  for (auto& [device, ring] : rings_)
+    if (ring) ring->releaseWaits();
 }
 
 void DeviceRouter::closeRings() {
   // In device order, the same on every rank (the map's is by address).
   std::vector<std::pair<DeviceId, DeviceRing*>> rings;
-  for (auto& [device, ring] : rings_)
-    if (ring) rings.emplace_back(device->id(), ring.get());
+  {
+    std::lock_guard<std::mutex> lk(rings_mu_);
+    for (auto& [device, ring] : rings_)
+      if (ring) rings.emplace_back(device->id(), ring.get());
+  }
   std::sort(rings.begin(), rings.end(), [](const auto& a, const auto& b) {
     return std::make_pair(a.first.kind, a.first.index) < std::make_pair(b.first.kind, b.first.index);
   });

@@ -27,12 +27,14 @@
 // and device kind are in the op's signature; the times are min-reduced.
 // Only the device index is this rank's own.
 //
-// Thread-safety: the executor's thread only (path(), ring(), closeRings()).
+// Thread-safety: the executor's thread only (path(), ring(), closeRings()),
+// but releaseRingWaits(), from any thread.
 #pragma once
 
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -88,6 +90,9 @@ class DeviceRouter {
   // and every member of a process set when the set is removed. Errors are
   // reported on stderr; the rings are then freed without it.
   void closeRings();
+  // After a failure: DeviceRing::releaseWaits on every ring made so far. Any
+  // thread (the engine calls it from whichever thread saw the failure).
+  void releaseRingWaits();
 
  private:
   struct Routes {
@@ -100,6 +105,7 @@ class DeviceRouter {
 
   Context& ctx_;
   DeviceRouterOptions options_;
+  std::mutex rings_mu_;  // rings_ against releaseRingWaits() from another thread
   std::map<Device*, std::unique_ptr<DeviceRing>> rings_;  // null: does not apply
   std::map<Device*, Routes> routes_;
 };

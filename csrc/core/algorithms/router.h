@@ -86,6 +86,8 @@ class Router {
   DeviceRing* ring(Device& device) { return devices_.ring(device); }
   // The device rings' teardown handshake (DeviceRouter::closeRings), a collective.
   void closeRings() { devices_.closeRings(); }
+  // After a failure, from any thread (DeviceRouter::releaseRingWaits).
+  void releaseRingWaits() { devices_.releaseRingWaits(); }
   // Device memory of at least `bytes` on `device` for one fused unit of
   // any op with a device path; valid until the next call for that device.
   // Grows by doubling; a smaller buffer is released in stream order, after

@@ -38,5 +38,7 @@ IpcEventHandle Device::exportEvent(Event&) { notSupported(*this, "exportEvent (i
 std::unique_ptr<Event> Device::openEvent(const IpcEventHandle&) {
   notSupported(*this, "openEvent (interprocess events)");
 }
+void Device::writeFlag(void*, uint32_t, Stream*) { notSupported(*this, "writeFlag (stream flags)"); }
+void Device::waitFlag(const void*, uint32_t, Stream*) { notSupported(*this, "waitFlag (stream flags)"); }
 
 }  // namespace hvdtorch

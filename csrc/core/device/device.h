@@ -141,6 +141,28 @@ class Device {
   virtual void closeMemory(void* opened);
   virtual IpcEventHandle exportEvent(Event& event);
   virtual std::unique_ptr<Event> openEvent(const IpcEventHandle& handle);
+
+  // ---- stream flags (optional; the default throws "not supported") --------
+  // 32-bit counters in device memory (an allocate() allocation, or memory
+  // opened with openMemory; 4-byte aligned) that streams write and wait on,
+  // so that a stream of one process waits for a stream of another without
+  // either host waiting (cuStreamWriteValue32/cuStreamWaitValue32 on CUDA).
+  // Contract:
+  //  * writeFlag: once the stream's earlier work has finished, *flag = value;
+  //    work that waited for the value sees everything that earlier work wrote.
+  //  * waitFlag: the stream's later work starts once the counter reached
+  //    `value`, compared modulo 2^32: (int32_t)(*flag - value) >= 0. Counters
+  //    may wrap, as long as a wait's value is within 2^31 of the flag's.
+  //  * A wait for a value nobody writes never ends, and with it everything
+  //    queued behind it on the stream: issue a wait only for a write already
+  //    enqueued by a live peer, and write far-ahead values into one's own
+  //    flags (from another stream) to release the waits when a peer is gone.
+  //    The simulated device reports such a wait (SimOptions::flag_timeout_ms).
+  // Whether the two calls below work (a property of the device kind: the
+  // CUDA and simulated devices; every device with interprocess() has them).
+  virtual bool streamFlags() const { return false; }
+  virtual void writeFlag(void* flag, uint32_t value, Stream* stream);
+  virtual void waitFlag(const void* flag, uint32_t value, Stream* stream);
 };
 
 // The host: shared, stateless, always available.

@@ -365,7 +365,7 @@ class SimDevice : public Device {
     checkHost(host_dst, bytes, "copyToHost", "host_dst");
     countIfUnpinned(host_dst, bytes, s);
     const char* x = shadow(src, bytes, "copyToHost", "src");
-    enqueue(s, "copyToHost", [host_dst, x, bytes, us = opt_.host_copy_us] {
+    enqueueHostCopy(s, host_dst, bytes, "copyToHost", [host_dst, x, bytes, us = opt_.host_copy_us] {
       std::memcpy(host_dst, x, bytes);
       costs(us);
     });
@@ -375,6 +375,20 @@ class SimDevice : public Device {
     checkHost(host_src, bytes, "copyFromHost", "host_src");
     countIfUnpinned(host_src, bytes, s);
     char* d = shadow(dst, bytes, "copyFromHost", "dst");
+    if (!isPinned(host_src, bytes)) {
+      // CUDA's rule for pageable memory: the host waits for the stream's
+      // earlier work, the bytes are staged, and the copy to the device runs
+      // later (the caller may reuse its memory at once).
+      const std::shared_ptr<Worker> w = worker(s);
+      w->drain();
+      auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(host_src),
+                                                        static_cast<const char*>(host_src) + bytes);
+      enqueueOn(w, "copyFromHost", [d, staged, us = opt_.host_copy_us] {
+        std::memcpy(d, staged->data(), staged->size());
+        costs(us);
+      });
+      return;
+    }
     enqueue(s, "copyFromHost", [d, host_src, bytes, us = opt_.host_copy_us] {
       std::memcpy(d, host_src, bytes);
       costs(us);
@@ -463,6 +477,30 @@ class SimDevice : public Device {
   void synchronize(Event& e) override {
     asSim(e).synchronize();
     throwSticky();
+  }
+
+  bool streamFlags() const override { return true; }
+  void writeFlag(void* flag, uint32_t value, Stream* s) override {
+    char* f = flagShadow(flag, "writeFlag");
+    enqueue(s, "writeFlag", [f, value] { __atomic_store_n(reinterpret_cast<uint32_t*>(f), value, __ATOMIC_RELEASE); });
+  }
+  void waitFlag(const void* flag, uint32_t value, Stream* s) override {
+    const char* f = flagShadow(flag, "waitFlag");
+    enqueue(s, "waitFlag", [f, flag, value, timeout = opt_.flag_timeout_ms, at = where()] {
+      const auto* word = reinterpret_cast<const uint32_t*>(f);
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout);
+      for (;;) {
+        const uint32_t now = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if (static_cast<int32_t>(now - value) >= 0) return;
+        if (std::chrono::steady_clock::now() > give_up) {
+          const std::string why = strCat("the flag at ", flag, " stayed at ", now, " while a stream waited for ", value,
+                                         " for ", timeout, " ms: nothing writes that value (on a GPU this hangs)");
+          std::fprintf(stderr, "%swaitFlag: %s\n", at.c_str(), why.c_str());
+          throw CollectiveError(why);
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    });
   }
 
   IpcMemoryHandle exportMemory(void* base) override {
@@ -610,6 +648,12 @@ class SimDevice : public Device {
         strCat(where(), op, ": ", arg, " = ", p, " (", bytes, " bytes) is not inside one allocation of this device"));
   }
 
+  char* flagShadow(const void* flag, const char* op) {
+    if (reinterpret_cast<uintptr_t>(flag) % alignof(uint32_t) != 0)
+      throw InvalidArgument(strCat(where(), op, ": flag = ", flag, " is not 4-byte aligned"));
+    return shadow(flag, sizeof(uint32_t), op, "flag");
+  }
+
   // Host memory handed to a copy must not be device memory.
   void checkHost(const void* p, size_t bytes, const char* op, const char* arg) {
     const auto addr = reinterpret_cast<uintptr_t>(p);
@@ -625,15 +669,7 @@ class SimDevice : public Device {
   // was not registered: on a GPU each would be a synchronous copy, so the
   // engine's staging must never make one (tests read the count).
   void countIfUnpinned(const void* host, size_t bytes, Stream* s) {
-    if (s != nullptr) return;
-    const auto addr = reinterpret_cast<uintptr_t>(host);
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = pinned_.upper_bound(addr);
-    if (it != pinned_.begin()) {
-      --it;
-      if (addr - it->first <= it->second && bytes <= it->second - (addr - it->first)) return;
-    }
-    ++unpinned_engine_copies_;
+    if (s == nullptr && !isPinned(host, bytes)) ++unpinned_engine_copies_;
   }
 
   std::shared_ptr<Worker> worker(Stream* s) {
@@ -651,8 +687,9 @@ class SimDevice : public Device {
 
   // An operation's failure on a stream thread is kept (the first one) and
   // thrown by the next query() or synchronize(), as CUDA's errors are.
-  void enqueue(Stream* s, const char* what, std::function<void()> fn) {
-    worker(s)->enqueue([this, what, fn = std::move(fn)] {
+  void enqueue(Stream* s, const char* what, std::function<void()> fn) { enqueueOn(worker(s), what, std::move(fn)); }
+  uint64_t enqueueOn(const std::shared_ptr<Worker>& w, const char* what, std::function<void()> fn) {
+    return w->enqueue([this, what, fn = std::move(fn)] {
       try {
         fn();
       } catch (const std::exception& e) {
@@ -660,6 +697,22 @@ class SimDevice : public Device {
         if (error_.empty()) error_ = strCat(where(), what, ": ", e.what());
       }
     });
+  }
+  // A copy into host memory that is not registered (pageable, on a GPU)
+  // returns only once it ran, as CUDA's does: the host waits for the
+  // stream's earlier work, including waits on events and flags.
+  void enqueueHostCopy(Stream* s, const void* host, size_t bytes, const char* what, std::function<void()> fn) {
+    const std::shared_ptr<Worker> w = worker(s);
+    const uint64_t seq = enqueueOn(w, what, std::move(fn));
+    if (!isPinned(host, bytes)) w->waitDone(seq);
+  }
+  bool isPinned(const void* host, size_t bytes) {
+    const auto addr = reinterpret_cast<uintptr_t>(host);
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pinned_.upper_bound(addr);
+    if (it == pinned_.begin()) return false;
+    --it;
+    return addr - it->first <= it->second && bytes <= it->second - (addr - it->first);
   }
 
   void throwSticky() {

@@ -19,10 +19,19 @@
 //    "native handle"), or nullptr for the device's engine stream.
 //  * The arithmetic of reduce_kernels.h (the same functions, run on the
 //    read-write mapping), so results are bit-identical to the CPU device's.
-//  * Pinned host memory: registerHost/unregisterHost keep a table, and
-//    copies on the engine stream through host memory not in it are counted
-//    (simUnpinnedEngineCopies), standing for the synchronous copies a GPU
-//    would make from pageable memory.
+//  * Pinned host memory: registerHost/unregisterHost keep a table. Copies
+//    through host memory not in it follow CUDA's rules for pageable memory:
+//    copyToHost returns only once the copy ran; copyFromHost first waits
+//    for the stream's earlier work and stages the bytes, and the copy to
+//    the device runs later (either way the host waits on the stream's
+//    waits for events and flags). Those on the engine stream are counted
+//    (simUnpinnedEngineCopies): the engine's staging must never make one.
+//  * Stream flags (writeFlag/waitFlag): 32-bit atomics in device memory
+//    (shared memory in interprocess mode, so a peer process's stream sees
+//    them); a waiting stream's thread polls. A wait whose value is not
+//    written within SimOptions::flag_timeout_ms is reported (stderr, and the
+//    device's sticky error, thrown by the next query() or synchronize()) and
+//    let go, so a missing write fails a test instead of hanging it.
 //  * Interprocess mode (SimOptions::interprocess): allocations live in named
 //    shared memory and events made with newEvent(true) are generation
 //    counters in shared memory, so exportMemory/openMemory and
@@ -62,6 +71,9 @@ struct SimOptions {
   // route of the all-reduce measurably slower than another with them.
   int host_copy_us = 0;
   int kernel_us = 0;
+  // How long a waitFlag may wait before the simulator reports it (a GPU
+  // would wait forever).
+  int flag_timeout_ms = 30000;
 
   // Defaults overridden by HVDTORCH_SIM_SEED, HVDTORCH_SIM_MAX_DELAY_US,
   // HVDTORCH_SIM_INTERPROCESS (0/1), HVDTORCH_SIM_HOST_COPY_US and

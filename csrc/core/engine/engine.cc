@@ -27,6 +27,10 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
             [this] {
               for (const auto& ps : sets_.snapshot())
                 if (ps->member() && ps->router) ps->router->closeRings();
+            },
+            [this] {
+              for (const auto& ps : sets_.snapshot())
+                if (ps->member() && ps->router) ps->router->releaseRingWaits();
             }),
       controller_(config_, st_, sets_, work_, timeline_) {
   useOpTable(ops);

@@ -40,7 +40,7 @@ ReducerEnv ProcessSetTable::reducerEnv(const Config& config, const std::string& 
 // device calibration) and the executor's (the staging segments).
 DeviceRouterOptions ProcessSetTable::routerOptions(const Config& config) {
   DeviceRouterOptions o;
-  o.device_ring = {config.device_ring, config.device_ring_slot_bytes};
+  o.device_ring = {config.device_ring, config.device_ring_slot_bytes, config.device_ring_slots};
   o.calibration_bytes = config.device_calibration_bytes;
   return o;
 }

@@ -45,6 +45,9 @@ void Executor::reduceOnHost(const WorkUnit& unit, Reducer& reducer, void* data, 
 }
 
 Executor::~Executor() {
+  // A device ring's stream may wait for a flag a failed peer never writes:
+  // released first (a no-op for rings closed cleanly).
+  router_.releaseRingWaits();
   for (auto& f : in_flight_) {
     try {
       f.device->synchronize(*f.done);

@@ -28,6 +28,8 @@ void WorkQueue::stopping(bool clean) {
     // handshake can rely on every peer taking part.
     std::lock_guard<std::mutex> lock(exec_mu_);
     close_rings_ = true;
+  } else {
+    release_ring_waits_fn_();
   }
   exec_cv_.notify_all();
 }
@@ -85,6 +87,7 @@ void WorkQueue::failEverything(const std::string& why) {
   for (auto& e : incoming) e->state->fail(strCat(e->request.describe(), ": ", why));
   for (auto& q : queued)
     for (auto& p : q.unit.pieces) p.entry->state->fail(strCat(p.entry->request.describe(), ": ", why));
+  release_ring_waits_fn_();
 }
 
 void WorkQueue::settleHeld() {

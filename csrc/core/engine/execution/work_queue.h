@@ -57,8 +57,16 @@ class WorkQueue {
   // `rank`: this rank's, for errors. `close_rings`: the device rings'
   // teardown handshake of every set this rank is a member of, run on the
   // executor thread once every unit queued before a clean stop has run.
-  WorkQueue(EngineState& state, const Config& config, int rank, std::function<void()> close_rings)
-      : st_(state), config_(config), rank_(rank), close_rings_fn_(std::move(close_rings)) {}
+  // `release_ring_waits`: their DeviceRing::releaseWaits, run on whichever
+  // thread fails the engine or sees it stop on an error (device work queued
+  // behind a dead peer's flag then runs on instead of waiting forever).
+  WorkQueue(EngineState& state, const Config& config, int rank, std::function<void()> close_rings,
+            std::function<void()> release_ring_waits)
+      : st_(state),
+        config_(config),
+        rank_(rank),
+        close_rings_fn_(std::move(close_rings)),
+        release_ring_waits_fn_(std::move(release_ring_waits)) {}
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
@@ -116,6 +124,7 @@ class WorkQueue {
   const Config& config_;
   const int rank_;
   std::function<void()> close_rings_fn_;
+  std::function<void()> release_ring_waits_fn_;
 
   std::vector<HeldUnit> held_;                          // under st_.mu
   std::chrono::steady_clock::time_point held_until_{};  // under st_.mu: when settleHeld() stops waiting

@@ -1,0 +1,44 @@
+"""A rank of the device ring dies while its peers' streams may be waiting on
+flags its stream was to write (algorithms/device_ring.h): the survivors must
+fail at once, naming the op, and shut down at once, because the engine
+releases those waits when it fails (DeviceRing::releaseWaits). Without the
+release a GPU stream would wait forever; the simulated device gives up after
+SimOptions::flag_timeout_ms (30 s) and says so, which these bounds catch."""
+
+import time
+
+import torch
+
+import hvdtorch as hvd
+from tests.workers.common import device_of
+
+
+def peer_dies_in_the_ring(device: str) -> None:
+    """The test kills the last rank once it printed "looping"."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    dev = device_of(device)
+    x = torch.ones(1 << 16, device=dev)
+    for i in range(3):
+        hvd.allreduce_(x.fill_(1), op=hvd.Sum, name="warm", reducer="ring")
+        assert float(x[0]) == n, f"rank {r}: warm-up {i} gave {float(x[0])}"
+    before = hvd._C.device_ring_runs()
+    print("looping", flush=True)
+    started = time.monotonic()
+    failed = None
+    try:
+        for i in range(1_000_000):
+            hvd.allreduce_(x.fill_(1), op=hvd.Sum, name="loop", reducer="ring")
+    except hvd.HvdError as e:
+        failed = time.monotonic()
+        print(f"rank {r}: failed after {failed - started:.2f} s: {e}", flush=True)
+    assert failed is not None, "unreachable: the loop only ends by an error"
+    assert hvd._C.device_ring_runs() > before, "the loop never took the device ring"
+    assert failed - started < 15, f"rank {r}: the failure took {failed - started:.1f} s to surface"
+    t0 = time.monotonic()
+    hvd.shutdown()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()  # nothing of ours is left waiting on the stream
+    took = time.monotonic() - t0
+    print(f"rank {r}: shutdown took {took:.2f} s", flush=True)
+    assert took < 10, f"rank {r}: shutdown took {took:.1f} s (a stream waited on a flag nobody writes?)"
