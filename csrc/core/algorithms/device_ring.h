@@ -82,8 +82,8 @@ namespace hvdtorch {
 // slots are larger than the host ring's segments.
 struct DeviceRingOptions {
   bool enabled = true;
-  size_t slot_bytes = 8u << 20;
-  uint32_t slots = 4;
+  size_t slot_bytes = 32u << 20;
+  uint32_t slots = 2;
 };
 
 class DeviceRing {

@@ -33,13 +33,13 @@ const std::vector<Config::Knob>& Config::knobs() {
        "device tensors may take the device ring (GPU memory shared between the processes of a host through CUDA "
        "IPC); 0: never (where the processes cannot share GPU memory, as in containers without a shared IPC "
        "namespace); must be the same on every rank"},
-      {"DEVICE_RING_SLOT_BYTES", "8388608",
-       "bytes of each of the device ring's four slots per rank (GPU memory; a link to another host also pins four "
-       "host slots): each slot a ring step fills costs the two neighbours a hand-over on the GPU, so small slots "
-       "leave the ring waiting on them; must be the same on every rank"},
-      {"DEVICE_RING_SLOTS", "4",
-       "slots of HVDTORCH_DEVICE_RING_SLOT_BYTES each rank's device ring holds, 1 to 16: segments in flight on a "
-       "link; must be the same on every rank"},
+      {"DEVICE_RING_SLOT_BYTES", "33554432",
+       "bytes of each slot of the device ring's inbox (GPU memory, HVDTORCH_DEVICE_RING_SLOTS of them per rank; a "
+       "link to another host also pins four host slots): each segment costs the two neighbours a hand-over on the "
+       "GPU, so small slots leave the ring waiting on them; must be the same on every rank"},
+      {"DEVICE_RING_SLOTS", "2",
+       "slots of the device ring's inbox per rank, 1 to 16: segments in flight on a link; must be the same on every "
+       "rank"},
       {"STAGING_SEGMENT_BYTES", "8388608",
        "bytes per segment of an all-reduce of device tensors staged through host memory: the copies of each "
        "segment to and from the GPU overlap the host reduction of the others; 0: the whole unit at once; must be "

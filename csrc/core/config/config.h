@@ -25,8 +25,8 @@ struct Config {
   size_t ring_segment_bytes = 1u << 20;                               // HVDTORCH_RING_SEGMENT_BYTES
   int ring_window = 4;                                                // HVDTORCH_RING_WINDOW
   bool device_ring = true;                                            // HVDTORCH_DEVICE_RING
-  size_t device_ring_slot_bytes = 8u << 20;                           // HVDTORCH_DEVICE_RING_SLOT_BYTES
-  uint32_t device_ring_slots = 4;                                     // HVDTORCH_DEVICE_RING_SLOTS
+  size_t device_ring_slot_bytes = 32u << 20;                          // HVDTORCH_DEVICE_RING_SLOT_BYTES
+  uint32_t device_ring_slots = 2;                                     // HVDTORCH_DEVICE_RING_SLOTS
   size_t staging_segment_bytes = 8u << 20;                            // HVDTORCH_STAGING_SEGMENT_BYTES
   size_t device_calibration_bytes = 16u << 20;                        // HVDTORCH_DEVICE_CALIBRATION_BYTES
   int central_shards = 1;                                             // HVDTORCH_CENTRAL_SHARDS
