@@ -169,6 +169,34 @@ def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
     return path
 
 
+def _export_torch_env(st: "_State") -> None:
+    """Code written for torchrun looks for RANK, WORLD_SIZE, LOCAL_RANK and
+    LOCAL_WORLD_SIZE (torch.distributed's env:// names): under mpirun, srun
+    or a plain `python`, where the launcher set none of them, init() sets
+    them to this job's, so such code after init() sees the job it runs in.
+    Values the launcher set are left alone; those set here go at shutdown(),
+    so that a later init() reads the launcher's environment as it was."""
+    for key, value in (
+        ("RANK", st.rank),
+        ("WORLD_SIZE", st.size),
+        ("LOCAL_RANK", st.local_rank),
+        ("LOCAL_WORLD_SIZE", st.local_size),
+    ):
+        if key not in os.environ:
+            os.environ[key] = str(value)
+            _exported_env.add(key)
+
+
+def _unexport_torch_env() -> None:
+    for key in _exported_env:
+        os.environ.pop(key, None)
+    _exported_env.clear()
+
+
+# The torch.distributed variables init() set (_export_torch_env).
+_exported_env = set()
+
+
 def _device_backend() -> Optional[str]:
     """The backend of the groups the engine moves device tensors through,
     without the host (reducers "native" and "auto" where it serves, and the
@@ -307,6 +335,7 @@ def init(comm=None, process_sets=None, **options) -> None:
             excepthook=excepthook,
             options=opts,
         )
+        _export_torch_env(_state)
     # Outside the lock: adding sets runs collectives, which need the state.
     for hook in _init_hooks:
         hook(process_sets)
@@ -319,6 +348,7 @@ def shutdown() -> None:
         st, _state = _state, None
     if st is None:
         return
+    _unexport_torch_env()
     for hook in _shutdown_hooks:
         hook()
     st.engine.shutdown()

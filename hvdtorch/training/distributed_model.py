@@ -31,6 +31,8 @@ from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .bucketed_step import step_as_reduced, steps_in_pieces
 from .buckets import complete_order, layers_by_name, plan_buckets
+from .buffer_sync import BufferSync
+from .coming_from_ddp import ddp_arguments
 from .step_marks import StepMarks
 
 _instance_ids = itertools.count()
@@ -86,8 +88,32 @@ class DistributedModel(torch.nn.Module):
         rebuild_buckets: bool = True,
         name: Optional[str] = None,
         process_set=None,
+        *,
+        broadcast_buffers: bool = True,
+        init_sync: bool = True,
+        # DistributedDataParallel's other arguments (coming_from_ddp.py says what each means here).
+        device_ids=None,
+        output_device=None,
+        dim: int = 0,
+        process_group=None,
+        bucket_cap_mb=None,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        **unsupported,
     ):
         super().__init__()
+        fusion_bytes = ddp_arguments(
+            module,
+            fusion_bytes,
+            device_ids=device_ids,
+            output_device=output_device,
+            dim=dim,
+            process_group=process_group,
+            bucket_cap_mb=bucket_cap_mb,
+            unsupported=unsupported,
+        )
         if sync not in ("backward", "explicit"):
             raise ValueError(f"hvdtorch: sync must be 'backward' or 'explicit', got {sync!r}")
         if op not in (ops.Average, ops.Sum):
@@ -111,6 +137,14 @@ class DistributedModel(torch.nn.Module):
         # Gradients are averaged over the process set's ranks (all by default).
         self._process_set = process_set or ops.global_process_set
         psid = check_process_set(process_set)
+        # As DDP: every rank starts from the set's first rank's parameters and
+        # buffers, and buffers (BatchNorm's running statistics) follow that
+        # rank's before every forward that builds a graph (buffer_sync.py).
+        # Names every collective of this model: models must be built in the same order on every rank.
+        self._name = name or f"model{next(_instance_ids)}"
+        self._buffers_sync = BufferSync(module, self._process_set, self._name, enabled=broadcast_buffers)
+        if init_sync:
+            self._buffers_sync.broadcast_state()
         params = _trainable(module.parameters())
         self._params = params
         names = {id(p): n for n, p in module.named_parameters()}
@@ -144,8 +178,6 @@ class DistributedModel(torch.nn.Module):
         self._order = list(reversed(range(len(params))))
         layout = self._plan(self._first_bucket_bytes)
         f = float(gradient_predivide_factor)
-        # Names every bucket's all-reduce: models must be built in the same order on every rank.
-        self._name = name or f"model{next(_instance_ids)}"
         self._reducer = _C.GradientReducer(
             st.engine,
             params,
@@ -179,6 +211,8 @@ class DistributedModel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled():
+            if self._sync_enabled():
+                self._buffers_sync.before_forward()
             if self._rebuild_pending:
                 self._maybe_rebuild()
             # Step boundaries count once the bucket order is agreed.
@@ -263,16 +297,24 @@ class DistributedModel(torch.nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside accumulate gradients locally, without communication."""
-        if self._gradient_owner is not None:
-            with self._gradient_owner.no_sync():
-                yield
-            return
-        self._reducer.set_sync_enabled(False)
+        """Backward passes inside accumulate gradients locally, without
+        communication (and, as DDP's, forwards inside leave buffers as they are)."""
+        self._in_no_sync = True
         try:
-            yield
+            if self._gradient_owner is not None:
+                with self._gradient_owner.no_sync():
+                    yield
+                return
+            self._reducer.set_sync_enabled(False)
+            try:
+                yield
+            finally:
+                self._reducer.set_sync_enabled(True)
         finally:
-            self._reducer.set_sync_enabled(True)
+            self._in_no_sync = False
+
+    def _sync_enabled(self) -> bool:
+        return not self.__dict__.get("_in_no_sync", False)
 
     def bucket_bytes(self):
         if self._gradient_owner is not None:

@@ -12,6 +12,14 @@ Contract (the same as Horovod's DistributedOptimizer):
     without a gradient contributes zeros.
   * zero_grad() after a backward pass and before synchronize() raises
     AssertionError: it would discard gradients other ranks are reducing.
+  * A gradient changed in place or replaced between the end of backward and
+    synchronize() (torch.nn.utils.clip_grad_norm_, GradScaler.unscale_, a
+    manual scale) is an error at synchronize(), naming the parameters: its
+    reduction was in flight (or, in the first step, had not started), so
+    the change would race with it or act on this rank's gradient alone,
+    where DDP changes the average. The fix, named in the message:
+    optimizer.synchronize() first, then change the gradients, then step()
+    inside optimizer.skip_synchronize(). Reading gradients is not detected.
   * Sparse gradients (nn.Embedding(sparse=True)) are reduced at
     synchronize() by all-gathering indices and values (collectives/sparse.py); with
     sparse_as_dense they are densified as they arrive, reduced with the dense
@@ -63,6 +71,12 @@ def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
         sync.densify(index, param)
 
 
+def _note_gradients(sync_ref) -> None:
+    sync = sync_ref()
+    if sync is not None:
+        sync.note_gradients()
+
+
 def _remove_hooks(handles) -> None:
     for h in handles:
         h.remove()
@@ -106,7 +120,10 @@ class GradientSync:
         # sparse_as_dense: parameter -> sparse_dim its gradient had when it
         # came sparse (in any step so far); made sparse again after reduction.
         self._densified: Dict[int, int] = {}
+        # Each gradient's (storage, version) at the end of the last backward pass (note_gradients).
+        self._noted: Optional[List[Optional[tuple]]] = None
         me = weakref.ref(self)
+        self._me = me
         # Held so that the accumulators, and the hooks on them, live as long as this.
         with torch.enable_grad():
             self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]
@@ -150,7 +167,33 @@ class GradientSync:
     def _begin_pass(self) -> None:
         self._counter.set_rank(runtime.rank())  # named by the error; an elastic job may renumber ranks
         self._counter.begin_pass()  # AssertionError on a (k+1)-th pass
-        torch.autograd.Variable._execution_engine.queue_callback(self._counter.end_pass)
+        engine = torch.autograd.Variable._execution_engine
+        engine.queue_callback(self._counter.end_pass)
+        engine.queue_callback(lambda me=self._me: _note_gradients(me))
+
+    def note_gradients(self) -> None:
+        """End of a backward pass: what each gradient is now, so that
+        synchronize() can tell whether the user changed it since."""
+        self._noted = [None if p.grad is None else (p.grad.data_ptr(), p.grad._version) for p in self._params]
+
+    def _check_untouched(self) -> None:
+        noted, self._noted = self._noted, None
+        if noted is None:
+            return
+        changed = [
+            self._names[i]
+            for i, (p, was) in enumerate(zip(self._params, noted))
+            if was is not None and (p.grad is None or (p.grad.data_ptr(), p.grad._version) != was)
+        ]
+        if changed:
+            shown = ", ".join(repr(n) for n in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: the gradients of {shown} were changed between backward and "
+                "step() while their all-reduce was still to finish (torch.nn.utils.clip_grad_norm_, "
+                "GradScaler.unscale_, ...): that races with the reduction, or changes this rank's gradient alone "
+                "where DDP changes the average. Call optimizer.synchronize() first, then change the gradients, then "
+                "call optimizer.step() inside `with optimizer.skip_synchronize():`"
+            )
 
     # ---- between backward and step -----------------------------------------
 
@@ -164,6 +207,7 @@ class GradientSync:
         them, so this rank alone can wait), so nothing writes into .grad later."""
         if self._reducer is not None:
             self._reducer.finalize()
+        self._noted = None
         self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))
 
     def set_fusion_bytes(self, fusion_bytes: int) -> None:
@@ -175,6 +219,7 @@ class GradientSync:
             self._reducer.rebuild(self._plan_layout(self._dense_params(), self._fusion_bytes))
 
     def synchronize(self) -> None:
+        self._check_untouched()
         if self._sparse_dims is None:
             self._first_synchronize()
         elif self._counter.due() and self._reducer is not None:
@@ -197,6 +242,7 @@ class GradientSync:
         reducer = self._reducer
         if reducer is None or self._sparse or self._densified or not self._counter.due() or not reducer.reducing():
             return False
+        self._check_untouched()
         try:
             step_as_reduced(reducer, self._dense_params(), step, param_groups)
         finally:

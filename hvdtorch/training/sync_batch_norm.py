@@ -154,3 +154,35 @@ class SyncBatchNorm(_BatchNorm):
         return _SyncBatchNormFn.apply(
             input, self.weight, self.bias, running_mean, running_var, self.eps, factor, self.process_set
         )
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: torch.nn.Module, process_set=None) -> torch.nn.Module:
+        """Every BatchNorm*D layer of ``module`` (torch's SyncBatchNorm too)
+        replaced by this SyncBatchNorm with the same options, parameters and
+        running statistics, as torch.nn.SyncBatchNorm.convert_sync_batchnorm
+        does (which refuses modules on the CPU; this one serves CPU and CUDA
+        modules). Returns the converted module (``module`` itself is changed
+        in place unless it is a BatchNorm layer)."""
+        out = module
+        if isinstance(module, _BatchNorm) and not isinstance(module, cls):
+            out = cls(
+                module.num_features,
+                module.eps,
+                module.momentum,
+                module.affine,
+                module.track_running_stats,
+                process_set=process_set,
+            )
+            if module.affine:
+                with torch.no_grad():
+                    out.weight = module.weight
+                    out.bias = module.bias
+            out.running_mean = module.running_mean
+            out.running_var = module.running_var
+            out.num_batches_tracked = module.num_batches_tracked
+            out.training = module.training
+            if hasattr(module, "qconfig"):
+                out.qconfig = module.qconfig
+        for name, child in module.named_children():
+            out.add_module(name, cls.convert_sync_batchnorm(child, process_set))
+        return out

@@ -1,0 +1,82 @@
+"""DistributedDataParallel's module-state semantics for DistributedModel.
+
+* broadcast_state(): when the model is wrapped, every rank of the process
+  set takes the set's first rank's parameters and buffers (DDP's
+  ``init_sync``), so that forgetting hvd.broadcast_parameters() cannot train
+  one model per rank.
+* before_forward(): before every forward that builds a graph, outside
+  no_sync(), every rank takes the first rank's buffers (DDP's
+  ``broadcast_buffers=True``): BatchNorm's running statistics stay equal on
+  every rank, so what one rank evaluates or saves is what every rank holds.
+  Buffers of SyncBatchNorm layers (ours and torch's) are left out: they are
+  equal on every rank by construction. A model without other buffers
+  broadcasts nothing.
+
+Tensors are packed per device and dtype into one flat tensor each, and each
+is one broadcast: a BatchNorm network's few hundred small buffers cost two
+collectives a step, not hundreds. Buffers are looked up at every call, so a
+buffer the module replaced (``module.running_mean = ...``) is the one synced.
+"""
+
+from typing import Dict, List, Tuple
+
+import torch
+
+from ..collectives import ops
+from .sync_batch_norm import SyncBatchNorm
+
+
+def _synced_by_construction(module: torch.nn.Module) -> set:
+    """ids of the buffers of SyncBatchNorm layers."""
+    out = set()
+    for m in module.modules():
+        if isinstance(m, (SyncBatchNorm, torch.nn.SyncBatchNorm)):
+            out.update(id(b) for b in m.buffers(recurse=False))
+    return out
+
+
+class BufferSync:
+    def __init__(self, module: torch.nn.Module, process_set, name: str, enabled: bool):
+        self._module = module
+        self._set = process_set
+        self._name = name
+        self._enabled = bool(enabled)
+
+    def broadcast_state(self) -> None:
+        """Parameters and buffers from the set's first rank (once, at wrap)."""
+        with torch.no_grad():
+            tensors = [p.data for p in self._module.parameters()] + list(self._module.buffers())
+            self._broadcast(tensors, "init_sync")
+
+    def before_forward(self) -> None:
+        if not self._enabled:
+            return
+        skip = _synced_by_construction(self._module)
+        buffers = [b for b in self._module.buffers() if id(b) not in skip]
+        with torch.no_grad():
+            self._broadcast(buffers, "buffers")
+
+    def _broadcast(self, tensors: List[torch.Tensor], what: str) -> None:
+        if self._set.size() <= 1:
+            return
+        groups: Dict[Tuple[torch.device, torch.dtype], List[torch.Tensor]] = {}
+        seen = set()
+        for t in tensors:
+            if id(t) in seen or t.numel() == 0:
+                continue  # tied tensors once
+            seen.add(id(t))
+            groups.setdefault((t.device, t.dtype), []).append(t)
+        root = self._set.ranks[0]
+        # In an order, and under names, that hold on every rank (ranks may use different GPUs).
+        order = sorted(groups, key=lambda k: (k[0].type, k[0].index if k[0].index is not None else -1, str(k[1])))
+        for k, key in enumerate(order):
+            group = groups[key]
+            flat = torch.cat([t.reshape(-1) for t in group])
+            ops.broadcast_(flat, root, name=f"{self._name}.{what}.{k}", process_set=self._set)
+            if self._set.rank() == 0:
+                continue  # the root's tensors are what was sent
+            offset = 0
+            for t in group:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t))
+                offset += n

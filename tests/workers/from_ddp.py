@@ -1,0 +1,210 @@
+"""Checks that a DDP user's patterns train as under DistributedDataParallel,
+or are refused with a message naming the fix (docs/guide.md, "Coming from
+DDP"). Each rank seeds its own models differently, as a script that forgot
+to broadcast would; DDP runs over torch.distributed's default group, which
+hvd.init() made."""
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import hvdtorch as hvd
+
+
+def _bn_net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 6, 3),
+        torch.nn.BatchNorm2d(6),
+        torch.nn.ReLU(),
+        torch.nn.Sequential(torch.nn.Conv2d(6, 4, 3), torch.nn.BatchNorm2d(4)),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 4 * 4, 3),
+    )
+
+
+def _batches(rank: int, steps: int):
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own shard, shifted so BN stats differ
+    return [(torch.randn(6, 3, 8, 8, generator=g) + rank, torch.randint(0, 3, (6,), generator=g)) for _ in range(steps)]
+
+
+def _gathered(t: torch.Tensor, name: str) -> torch.Tensor:
+    return hvd.allgather(t.detach().reshape(1, -1).double(), name=name)
+
+
+def equals_ddp_with_batchnorm() -> None:
+    """Unbroadcast, differently seeded BatchNorm nets: DistributedModel and
+    DDP end with the same parameters and buffers on every rank, rank by rank
+    (parameters and buffers broadcast at wrap, buffers before each forward)."""
+    hvd.init()
+    r = hvd.rank()
+    ddp = torch.nn.parallel.DistributedDataParallel(_bn_net(seed=r))
+    ours = hvd.DistributedModel(_bn_net(seed=r))
+    for name, t in ours.module.state_dict().items():
+        everyone = _gathered(t, f"wrap.{name}")
+        assert torch.equal(everyone[0], everyone[-1]), f"rank {r}: {name} differs across ranks after the wrap"
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ddp, ours)]
+    for x, y in _batches(r, 5):
+        for model, opt in zip((ddp, ours), opts):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    want, got = ddp.module.state_dict(), ours.module.state_dict()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r}: {name}: {m}")
+    # As DDP's: buffers equal on every rank before a forward (the last forward updated each rank's own).
+    ours(torch.zeros(2, 3, 8, 8))
+    mean = _gathered(ours.module[1].running_mean, "running_mean")
+    assert torch.equal(mean[0], mean[-1]), f"rank {r}: running means differ across ranks: {mean}"
+    print(f"rank {r}: equal to DDP", flush=True)
+
+
+def buffer_sync_off_and_no_sync() -> None:
+    """broadcast_buffers=False leaves each rank's buffers its own, as DDP's;
+    forwards inside no_sync() do not sync them either."""
+    hvd.init()
+    r = hvd.rank()
+    ours = hvd.DistributedModel(_bn_net(seed=0), broadcast_buffers=False)
+    for x, _ in _batches(r, 2):
+        ours(x).sum().backward()
+    mean = _gathered(ours.module[1].running_mean, "off")
+    assert not torch.equal(mean[0], mean[1]), "broadcast_buffers=False synced the buffers"
+    synced = hvd.DistributedModel(_bn_net(seed=0))
+    x = _batches(r, 1)[0][0]
+    with synced.no_sync():
+        synced(x).sum().backward()
+        synced(x).sum().backward()
+    mean = _gathered(synced.module[1].running_mean, "no_sync")
+    assert not torch.equal(mean[0], mean[1]), "forwards inside no_sync() synced the buffers"
+
+
+def ddp_arguments() -> None:
+    """DDP's constructor arguments: accepted where they mean something here,
+    refused naming the argument where they would mean something else."""
+    import torch.distributed as dist
+
+    hvd.init()
+    net = _bn_net(0)
+    model = hvd.DistributedModel(
+        net,
+        device_ids=None,
+        output_device=None,
+        dim=0,
+        bucket_cap_mb=1,
+        find_unused_parameters=True,
+        gradient_as_bucket_view=True,
+        static_graph=True,
+        check_reduction=False,
+        process_group=dist.group.WORLD,
+    )
+    assert max(model.bucket_bytes()) <= 1 << 20
+    x, y = _batches(hvd.rank(), 1)[0]
+    F.cross_entropy(model(x), y).backward()
+    refused = {
+        "device_ids": dict(device_ids=[0]),
+        "output_device": dict(output_device="cuda:0"),
+        "dim": dict(dim=1),
+        "process_group": dict(process_group=dist.new_group([0])),
+        "mixed_precision": dict(mixed_precision=object()),
+        "bucket_cap_mb": dict(bucket_cap_mb=0),
+    }
+    for arg, kwargs in refused.items():
+        try:
+            hvd.DistributedModel(_bn_net(0), **kwargs)
+        except (TypeError, ValueError) as e:
+            assert arg in str(e) and str(e).startswith("hvdtorch:"), f"{arg}: {e}"
+        else:
+            raise AssertionError(f"DistributedModel accepted {kwargs}")
+
+
+def convert_sync_batchnorm() -> None:
+    """hvd.SyncBatchNorm.convert_sync_batchnorm replaces every BatchNorm
+    layer, nested ones too, keeping parameters and statistics, and the
+    converted net normalizes over every rank's batch."""
+    hvd.init()
+    r = hvd.rank()
+    net = _bn_net(0)
+    for x, _ in _batches(r, 1):
+        net(x)  # statistics of its own
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    converted = hvd.SyncBatchNorm.convert_sync_batchnorm(net)
+    kinds = [type(m) for m in converted.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert kinds == [hvd.SyncBatchNorm, hvd.SyncBatchNorm], kinds
+    for k, v in converted.state_dict().items():
+        assert torch.equal(v, before[k]), f"{k} changed in the conversion"
+    # The union of the ranks' batches: from equal statistics, the same on every rank after a step.
+    for m in converted.modules():
+        if isinstance(m, hvd.SyncBatchNorm):
+            m.reset_running_stats()
+    x = _batches(r, 1)[0][0]
+    converted(x)
+    mean = _gathered(converted[1].running_mean, "sync_bn")
+    torch.testing.assert_close(mean[0], mean[1])
+    lone = torch.nn.BatchNorm1d(3)
+    assert isinstance(hvd.SyncBatchNorm.convert_sync_batchnorm(lone), hvd.SyncBatchNorm)
+
+
+def clipping_between_backward_and_step() -> None:
+    """DistributedOptimizer: clipping between backward and step() is refused
+    naming synchronize(); the pattern the message gives ends equal to DDP
+    with clipping."""
+    hvd.init()
+    r = hvd.rank()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 3)
+    ref = torch.nn.Linear(5, 3)
+    ref.load_state_dict(net.state_dict())
+    ddp = torch.nn.parallel.DistributedDataParallel(ref)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters())
+    ref_opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(7 + r)
+    for step in range(4):
+        x = torch.randn(8, 5, generator=g) * (3 + r)
+        opt.zero_grad()
+        net(x).pow(2).sum().backward()
+        if step == 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+            try:
+                opt.step()
+            except RuntimeError as e:
+                assert "synchronize()" in str(e) and "skip_synchronize" in str(e), str(e)
+            else:
+                raise AssertionError("clipping before step() was not refused")
+            opt.synchronize()  # what was reduced is thrown away: redo the step the documented way
+            opt.zero_grad()
+            net(x).pow(2).sum().backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        with opt.skip_synchronize():
+            opt.step()
+        ref_opt.zero_grad()
+        ddp(x).pow(2).sum().backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+        ref_opt.step()
+    for (name, p), q in zip(net.named_parameters(), ddp.module.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r}: {name}: {m}")
+
+
+def torch_env_after_init() -> None:
+    """Under mpirun (no torch variables set by the launcher) init() sets
+    RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; shutdown() takes
+    them away again."""
+    hvd.init()
+    got = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    want = {
+        "RANK": str(hvd.rank()),
+        "WORLD_SIZE": str(hvd.size()),
+        "LOCAL_RANK": str(hvd.local_rank()),
+        "LOCAL_WORLD_SIZE": str(hvd.local_size()),
+    }
+    assert got == want, f"{got} != {want}"
+    hvd.shutdown()
+    left = [k for k in want if k in os.environ]
+    assert not left, f"left after shutdown: {left}"
+    print(f"rank {want['RANK']}: torch env ok", flush=True)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
