@@ -65,6 +65,8 @@ class BufferSync:
             if id(t) in seen or t.numel() == 0:
                 continue  # tied tensors once
             seen.add(id(t))
+            if t.is_complex():
+                t = torch.view_as_real(t)  # the same memory, as real pairs
             groups.setdefault((t.device, t.dtype), []).append(t)
         root = self._set.ranks[0]
         # In an order, and under names, that hold on every rank (ranks may use different GPUs).

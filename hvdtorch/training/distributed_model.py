@@ -143,8 +143,6 @@ class DistributedModel(torch.nn.Module):
         # Names every collective of this model: models must be built in the same order on every rank.
         self._name = name or f"model{next(_instance_ids)}"
         self._buffers_sync = BufferSync(module, self._process_set, self._name, enabled=broadcast_buffers)
-        if init_sync:
-            self._buffers_sync.broadcast_state()
         params = _trainable(module.parameters())
         self._params = params
         names = {id(p): n for n, p in module.named_parameters()}
@@ -208,6 +206,9 @@ class DistributedModel(torch.nn.Module):
             if self._fusion_bytes > 0 and params
             else None
         )
+        # Last, once every argument is checked: a refused model broadcasts nothing.
+        if init_sync:
+            self._buffers_sync.broadcast_state()
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled():

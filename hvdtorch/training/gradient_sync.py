@@ -77,6 +77,18 @@ def _note_gradients(sync_ref) -> None:
         sync.note_gradients()
 
 
+def _mark(grad: Optional[torch.Tensor]) -> Optional[tuple]:
+    """What tells a gradient changed: its memory (another tensor put in
+    .grad) and its version counter (written in place)."""
+    if grad is None:
+        return None
+    try:
+        where = grad.data_ptr()
+    except RuntimeError:  # no storage (sparse, and tensor subclasses): the object itself
+        where = id(grad)
+    return (where, grad._version)
+
+
 def _remove_hooks(handles) -> None:
     for h in handles:
         h.remove()
@@ -173,8 +185,19 @@ class GradientSync:
 
     def note_gradients(self) -> None:
         """End of a backward pass: what each gradient is now, so that
-        synchronize() can tell whether the user changed it since."""
-        self._noted = [None if p.grad is None else (p.grad.data_ptr(), p.grad._version) for p in self._params]
+        synchronize() can tell whether the user changed it since. Queued
+        once more, so that it runs after every callback queued in the pass,
+        the C++ reducer's too (it writes the slots of parameters without a
+        gradient there, and a write to a bucket moves the version of every
+        gradient viewing it)."""
+        me = self._me
+
+        def note() -> None:
+            sync = me()
+            if sync is not None:
+                sync._noted = [_mark(p.grad) for p in sync._params]
+
+        torch.autograd.Variable._execution_engine.queue_callback(note)
 
     def _check_untouched(self) -> None:
         noted, self._noted = self._noted, None
@@ -183,7 +206,7 @@ class GradientSync:
         changed = [
             self._names[i]
             for i, (p, was) in enumerate(zip(self._params, noted))
-            if was is not None and (p.grad is None or (p.grad.data_ptr(), p.grad._version) != was)
+            if was is not None and _mark(p.grad) != was
         ]
         if changed:
             shown = ", ".join(repr(n) for n in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
