@@ -297,7 +297,6 @@ def profile_steps(a, setups, x, y, dev, me) -> None:
     the step's wall time, the time the GPU was busy with this process's
     kernels and copies, and the operators that took the most GPU and CPU
     time; the full tables go to profile_<kind>.txt under --out."""
-    import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
@@ -325,7 +324,9 @@ def profile_steps(a, setups, x, y, dev, me) -> None:
         with open(os.path.join(a.out, f"profile_{kind.replace(' ', '_')}.txt"), "w") as f:
             f.write(f"{kind}: {wall * 1e3:.1f} ms per step, device busy {device_us / 1e3:.1f} ms\n\n")
             f.write(by_device + "\n\n" + by_cpu + "\n")
-        print(f"\nprofile {kind}: {wall * 1e3:.1f} ms per step (rank 0), GPU busy with its work {device_us / 1e3:.1f} ms")
+        print(
+            f"\nprofile {kind}: {wall * 1e3:.1f} ms per step (rank 0), GPU busy with its work {device_us / 1e3:.1f} ms"
+        )
         for line in by_device.splitlines()[:14]:
             print("  " + line[:150])
 

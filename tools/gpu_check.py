@@ -359,7 +359,11 @@ def bench_steps(results: str) -> List[Step]:
             240,
             needs_gpu=True,
             env=env,
-            rehearsal=["bash", "-c", slot_sweep(bench, results, "--device cpu --max-bytes 1M --min-bytes 64K --reps 2")],
+            rehearsal=[
+                "bash",
+                "-c",
+                slot_sweep(bench, results, "--device cpu --max-bytes 1M --min-bytes 64K --reps 2"),
+            ],
         ),
         Step(
             "bench_googlenet",

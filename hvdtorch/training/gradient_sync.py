@@ -209,7 +209,9 @@ class GradientSync:
             if was is not None and _mark(p.grad) != was
         ]
         if changed:
-            shown = ", ".join(repr(n) for n in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            shown = ", ".join(repr(n) for n in changed[:5]) + (
+                f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+            )
             raise RuntimeError(
                 f"hvdtorch: rank {runtime.rank()}: the gradients of {shown} were changed between backward and "
                 "step() while their all-reduce was still to finish (torch.nn.utils.clip_grad_norm_, "

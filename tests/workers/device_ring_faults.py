@@ -27,7 +27,7 @@ def peer_dies_in_the_ring(device: str) -> None:
     started = time.monotonic()
     failed = None
     try:
-        for i in range(1_000_000):
+        for _ in range(1_000_000):
             hvd.allreduce_(x.fill_(1), op=hvd.Sum, name="loop", reducer="ring")
     except hvd.HvdError as e:
         failed = time.monotonic()

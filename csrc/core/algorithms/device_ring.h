@@ -141,10 +141,10 @@ class DeviceRing {
   uint64_t slots_;
   int next_ = 0, prev_ = 0;
   bool next_staged_ = false, prev_staged_ = false;  // the link crosses hosts
-  void* own_ = nullptr;        // mine: slots_ slots written by prev, then the flags (null once closed)
-  void* next_mem_ = nullptr;   // next's, opened here (not staged)
-  void* prev_mem_ = nullptr;   // prev's, opened here (not staged; next's when p == 2)
-  std::mutex release_mu_;      // releaseWaits() against close()
+  void* own_ = nullptr;       // mine: slots_ slots written by prev, then the flags (null once closed)
+  void* next_mem_ = nullptr;  // next's, opened here (not staged)
+  void* prev_mem_ = nullptr;  // prev's, opened here (not staged; next's when p == 2)
+  std::mutex release_mu_;     // releaseWaits() against close()
   // Segments sent to next / received from prev, over every all-reduce so far
   // (atomic: releaseWaits() reads them from another thread).
   std::atomic<uint64_t> sent_{0}, received_{0};

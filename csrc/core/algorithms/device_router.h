@@ -34,8 +34,8 @@
 #include <cstddef>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -105,7 +105,7 @@ class DeviceRouter {
 
   Context& ctx_;
   DeviceRouterOptions options_;
-  std::mutex rings_mu_;  // rings_ against releaseRingWaits() from another thread
+  std::mutex rings_mu_;                                   // rings_ against releaseRingWaits() from another thread
   std::map<Device*, std::unique_ptr<DeviceRing>> rings_;  // null: does not apply
   std::map<Device*, Routes> routes_;
 };

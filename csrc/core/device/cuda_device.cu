@@ -430,8 +430,10 @@ class CudaDevice : public Device {
     if (ops.write) {
       // The default flags: a memory barrier before the write, so the value
       // publishes what the stream wrote before it.
-      const CUresult r = ops.write(native(s), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT);
-      if (r != CUDA_SUCCESS) throw CollectiveError(strCat("cuda:", ordinal_, ": cuStreamWriteValue32 failed: error ", r));
+      const CUresult r =
+          ops.write(native(s), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (r != CUDA_SUCCESS)
+        throw CollectiveError(strCat("cuda:", ordinal_, ": cuStreamWriteValue32 failed: error ", r));
     } else {
       writeFlagKernel<<<1, 1, 0, native(s)>>>(static_cast<uint32_t*>(flag), value);
       check(cudaGetLastError(), ordinal_, "writeFlag kernel launch");
@@ -441,9 +443,9 @@ class CudaDevice : public Device {
     DeviceGuard g(ordinal_);
     const StreamMemOps& ops = streamMemOps();
     if (ops.wait) {
-      const CUresult r =
-          ops.wait(native(s), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WAIT_VALUE_GEQ);
-      if (r != CUDA_SUCCESS) throw CollectiveError(strCat("cuda:", ordinal_, ": cuStreamWaitValue32 failed: error ", r));
+      const CUresult r = ops.wait(native(s), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WAIT_VALUE_GEQ);
+      if (r != CUDA_SUCCESS)
+        throw CollectiveError(strCat("cuda:", ordinal_, ": cuStreamWaitValue32 failed: error ", r));
     } else {
       waitFlagKernel<<<1, 1, 0, native(s)>>>(static_cast<const uint32_t*>(flag), value);
       check(cudaGetLastError(), ordinal_, "waitFlag kernel launch");

@@ -23,15 +23,16 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       shm_token_(transports.shm_token),
       sets_(
           SetParts{config_, shm_token_, registered_, timeline_, control_ctx_, data_ctx_, router_, executor_, control_}),
-      work_(st_, config_, data_ctx_.rank(),
-            [this] {
-              for (const auto& ps : sets_.snapshot())
-                if (ps->member() && ps->router) ps->router->closeRings();
-            },
-            [this] {
-              for (const auto& ps : sets_.snapshot())
-                if (ps->member() && ps->router) ps->router->releaseRingWaits();
-            }),
+      work_(
+          st_, config_, data_ctx_.rank(),
+          [this] {
+            for (const auto& ps : sets_.snapshot())
+              if (ps->member() && ps->router) ps->router->closeRings();
+          },
+          [this] {
+            for (const auto& ps : sets_.snapshot())
+              if (ps->member() && ps->router) ps->router->releaseRingWaits();
+          }),
       controller_(config_, st_, sets_, work_, timeline_) {
   useOpTable(ops);
   // The host's online CPUs (0: unknown, which neither spins nor pins).
