@@ -19,6 +19,8 @@ from tests.harness import ROOT, run_ranks
         "ddp_arguments",
         "convert_sync_batchnorm",
         "clipping_between_backward_and_step",
+        "scheduler_built_before_sharding",
+        "sharded_optimizer_before_the_model",
     ],
 )
 def test_ddp_pattern(check):

@@ -47,6 +47,33 @@ def owner_of(param: torch.Tensor) -> Optional["DistributedModel"]:
     return _models_by_param.get(id(param))
 
 
+# id(parameter) -> the live sharded optimizer that steps it, so that a
+# DistributedModel made after it refuses the parameter (claim_for_sharding).
+_sharded_by_param = weakref.WeakValueDictionary()
+
+
+def claim_for_sharding(param: torch.Tensor, optimizer) -> None:
+    """A sharded optimizer steps ``param`` from now on (zero/optimizer.py)."""
+    _sharded_by_param[id(param)] = optimizer
+
+
+def _check_not_sharded(module: torch.nn.Module) -> None:
+    """A sharded optimizer built before the model reduces the gradients
+    itself and has made the parameters views of its buckets: a
+    DistributedModel over them would reduce every gradient a second time,
+    racing with it. Refused, naming the order that works."""
+    for name, p in module.named_parameters():
+        opt = _sharded_by_param.get(id(p))
+        if opt is not None and owner_of(p) is None:
+            raise ValueError(
+                f"hvdtorch: DistributedModel: parameter '{name}' is already stepped by a sharded optimizer "
+                f"(hvd.DistributedOptimizer(..., shard={getattr(opt, '_stage', '?')})) made before this model; wrap "
+                "the module in DistributedModel first and build the optimizer after it (it then takes the "
+                "model's gradients over), or leave DistributedModel out: the sharded optimizer reduces the "
+                "gradients itself"
+            )
+
+
 def _trainable(module_or_params):
     """Parameters that require grad, each once (tied parameters appear once)."""
     seen, out = set(), []
@@ -132,6 +159,7 @@ class DistributedModel(torch.nn.Module):
                 "all-gathers sparse gradients"
             )
         _check_devices(module)
+        _check_not_sharded(module)
         self.module = module
         st = runtime.state()
         # Gradients are averaged over the process set's ranks (all by default).

@@ -41,9 +41,11 @@ How:
     a reference kept from before (a tensor held by the caller, the
     optimizer's param_groups, a weight shared with another module) may be
     half gathered; call wait_parameters() first.
-  * The wrapper is a torch Optimizer: param_groups are the caller's groups
-    (model parameters and hyper-parameters; learning-rate schedulers work
-    on them), copied into the inner groups at every step.
+  * The wrapper is a torch Optimizer: param_groups are the wrapped
+    optimizer's group dicts themselves (model parameters and
+    hyper-parameters; a learning-rate scheduler built on either optimizer,
+    before or after the wrap, works on them), copied into the inner groups
+    at every step.
   * Only optimizers whose update is element-wise can step a flat shard
     exactly as they would step the parameters (zero/state.py); others are
     refused with the reason (check_shardable).
@@ -67,7 +69,7 @@ from ..collectives.broadcast import allgather_object, broadcast_object
 from ..collectives.compression import Compression
 from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
-from ..training.distributed_model import DistributedModel, owner_of
+from ..training.distributed_model import DistributedModel, claim_for_sharding, owner_of
 from ..training.parameter_names import names_by_id
 
 # Imported under these names so the code reads which module each call goes to.
@@ -289,9 +291,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             inner_groups.append(dict(hyper, params=shards))
         accepted = inspect.signature(type(optimizer).__init__).parameters
         self.optim = type(optimizer)(inner_groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+        # The wrapped optimizer's own group dicts, not copies: a learning-rate
+        # scheduler built on it before the wrap drives this optimizer too.
         self._adding_groups = True
-        super().__init__([dict(group) for group in optimizer.param_groups], dict(optimizer.defaults))
+        super().__init__(optimizer.param_groups, dict(optimizer.defaults))
         self._adding_groups = False
+        for p in all_params:
+            claim_for_sharding(p, self)
 
         f = float(gradient_predivide_factor)
         self._grads = BucketGradients(

@@ -187,6 +187,58 @@ def clipping_between_backward_and_step() -> None:
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r}: {name}: {m}")
 
 
+def scheduler_built_before_sharding() -> None:
+    """A learning-rate scheduler built on the optimizer before shard=1/2
+    wraps it drives the sharded optimizer: parameters end as one process's
+    with the same schedule (every rank feeds the same batch, so the average
+    gradient is the local one)."""
+    import copy
+
+    hvd.init()
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(3))
+    for shard in (1, 2):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(6, 4)
+        ref = copy.deepcopy(net)
+        inner = torch.optim.SGD(net.parameters(), lr=0.4, momentum=0.5)
+        schedule = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.5)
+        opt = hvd.DistributedOptimizer(inner, named_parameters=net.named_parameters(), shard=shard)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.4, momentum=0.5)
+        ref_schedule = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+        for _ in range(4):
+            for model, o, s in ((net, opt, schedule), (ref, ref_opt, ref_schedule)):
+                o.zero_grad()
+                model(x).pow(2).sum().backward()
+                o.step()
+                s.step()
+        assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 0.4 / 16, opt.param_groups[0]["lr"]
+        for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, msg=lambda m: f"shard={shard}, {name}: {m}")
+
+
+def sharded_optimizer_before_the_model() -> None:
+    """A sharded optimizer built before DistributedModel wraps the module is
+    refused by the model, naming the order that works; that order trains."""
+    hvd.init()
+    for shard in (1, 2):
+        net = torch.nn.Linear(6, 4)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(), shard=shard
+        )
+        try:
+            hvd.DistributedModel(net)
+        except ValueError as e:
+            assert "build the optimizer after it" in str(e) and "weight" in str(e), str(e)
+        else:
+            raise AssertionError(f"shard={shard}: DistributedModel took parameters a sharded optimizer steps")
+        del opt
+    net = torch.nn.Linear(6, 4)
+    model = hvd.DistributedModel(net)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), shard=1)
+    model(torch.randn(3, 6)).sum().backward()
+    opt.step()
+
+
 def torch_env_after_init() -> None:
     """Under mpirun (no torch variables set by the launcher) init() sets
     RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; shutdown() takes
