@@ -19,7 +19,9 @@ DistributedSampler).
 
 Configurations (--configs):
   <reducer>:<mode>  hvdtorch's DistributedModel; mode none / P (pipeline) /
-                    F (25 MiB fusion) / P+F / a fusion size in bytes
+                    F (25 MiB fusion) / P+F / a fusion size in bytes;
+                    "/nobuffers" after it: broadcast_buffers=False (buffers
+                    not synced before each forward)
   horovod           Horovod's DistributedOptimizer over its MPI operations;
                     MPI launchers only (Horovod cannot join a torchrun job), and
                     the ranks must run build/horovod-venv's Python
@@ -85,7 +87,9 @@ def is_hvdtorch(name):
 
 
 def hvdtorch_options(name):
-    """(reducer, pipeline, fusion bytes) of a <reducer>:<mode> configuration."""
+    """(reducer, pipeline, fusion bytes, broadcast buffers) of a
+    <reducer>:<mode>[/nobuffers] configuration."""
+    name, nobuffers = (name[: -len("/nobuffers")], True) if name.endswith("/nobuffers") else (name, False)
     reducer, _, mode = name.partition(":")
     if not reducer or not (mode in MODES or mode.isdigit()):
         raise SystemExit(
@@ -93,7 +97,7 @@ def hvdtorch_options(name):
             f"(auto, node, ring, ...) and mode one of {', '.join(MODES)} or a fusion size in bytes"
         )
     pipeline, fusion = MODES[mode] if mode in MODES else (True, int(mode))
-    return reducer, pipeline, fusion
+    return reducer, pipeline, fusion, not nobuffers
 
 
 class Config:
@@ -109,9 +113,15 @@ class Config:
 
             self.model = DistributedDataParallel(self.model)
         elif is_hvdtorch(name):
-            reducer, pipeline, fusion = hvdtorch_options(name)
+            reducer, pipeline, fusion, buffers = hvdtorch_options(name)
             self.model = hvd.DistributedModel(
-                self.model, reducer=reducer, pipeline=pipeline, fusion_bytes=fusion, sync="explicit", name=f"b.{name}"
+                self.model,
+                reducer=reducer,
+                pipeline=pipeline,
+                fusion_bytes=fusion,
+                sync="explicit",
+                name=f"b.{name}",
+                broadcast_buffers=buffers,
             )
             self.sync = self.model.sync_gradients
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
