@@ -43,3 +43,43 @@ def test_mpirun_exports_torch_variables():
     out = subprocess.run(cmd + ["torch_env_after_init"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("torch env ok") == 2, out.stdout + out.stderr
+
+
+ROUTES = ["dm", "opt", "shard1"]
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory):
+    """tests/workers/ddp_reference.py on 2 ranks, once per route and once with DDP."""
+    out = tmp_path_factory.mktemp("ddp_reference")
+    for route in ["ddp", *ROUTES]:
+        run_ranks("tests.workers.ddp_reference:train", 2, timeout=180, args=[str(out), route])
+    import torch
+
+    return {route: torch.load(out / f"{route}.pt", weights_only=False) for route in ["ddp", *ROUTES]}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_reference_script_trains_as_under_ddp(reference_runs, route):
+    # Parameters, buffers and the EMA equal to DDP's (rank 0's: each rank's
+    # last forward updates its own buffers, under DDP too); parameters equal
+    # on every rank; the run resumed from rank 0's checkpoint equal to the
+    # uninterrupted one.
+    import torch
+
+    want, got = reference_runs["ddp"]["whole"], reference_runs[route]["whole"]
+    for part in ("model", "ema"):
+        for key, w in want[part].items():
+            torch.testing.assert_close(
+                got[part][key], w, rtol=1e-5, atol=1e-6, msg=lambda m: f"{route}, {part}.{key} against DDP: {m}"
+            )
+    ranks = reference_runs[route]["ranks"]
+    for key, p in ranks[0]["model"].items():
+        if "running" not in key and "num_batches" not in key:
+            assert torch.equal(p, ranks[1]["model"][key]), f"{route}: {key} differs across ranks"
+    resumed = reference_runs[route]["resumed"]
+    for part in ("model", "ema"):
+        for key, w in got[part].items():
+            torch.testing.assert_close(
+                resumed[part][key], w, rtol=1e-6, atol=1e-7, msg=lambda m: f"{route}, resumed {part}.{key}: {m}"
+            )

@@ -1,7 +1,8 @@
-"""DistributedDataParallel's constructor arguments, as DistributedModel takes
-them (docs/guide.md, "Coming from DDP"), so that a DDP script's wrapping line
-works with the class name changed, and an argument that would mean something
-else here is an error naming it instead of being ignored.
+"""DistributedDataParallel's constructor arguments, as DistributedModel takes them.
+
+A DDP script's wrapping line works with the class name changed, and an
+argument that would mean something else here is an error naming it instead
+of being ignored (docs/guide.md, "Coming from DDP").
 
 | DDP argument | here |
 |---|---|

@@ -163,7 +163,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             powersgd = state_dict.pop(_POWERSGD_KEY)
             if is_powersgd(self._hvd_compression):
                 self._hvd_compression.load_state_dict(powersgd)
-        return super(self._hvd_class, self).load_state_dict(state_dict, *args, **kwargs)
+        # torch's load puts new group dicts in place; the wrapped optimizer's
+        # own dicts are kept, with the loaded values, so that a learning-rate
+        # scheduler built on the wrapped optimizer still drives this one.
+        shared = list(self.param_groups)
+        result = super(self._hvd_class, self).load_state_dict(state_dict, *args, **kwargs)
+        for mine, loaded in zip(shared, self.param_groups):
+            mine.update(loaded)
+        self.param_groups = shared
+        return result
 
     def set_backward_passes_per_step(self, passes: int):
         """Changes how many backward passes are accumulated before each reduction."""

@@ -1,0 +1,168 @@
+"""A training script shaped like the well-known DDP reference scripts, run
+once with DistributedDataParallel and once per hvdtorch route on the same
+data, for the migration test (tests/test_from_ddp.py): a BatchNorm CNN,
+label smoothing, SGD with momentum and weight decay, a linear warm-up then
+cosine schedule, gradient clipping between backward and step, an EMA of the
+weights through torch's AveragedModel, bfloat16 autocast on the CPU, and a
+checkpoint written by rank 0 halfway and resumed by a fresh model,
+optimizer, schedule and EMA.
+
+Routes, each with the change a DDP user makes:
+  ddp     the reference
+  dm      hvd.DistributedModel(model): the rest of the script unchanged
+  opt     hvd.DistributedOptimizer: synchronize(), clip, step() inside
+          skip_synchronize() (guide, "Coming from DDP")
+  shard1  hvd.DistributedModel + hvd.DistributedOptimizer(shard=1): the
+          optimizer's own clip_grad_norm_, consolidate_state_dict() saved
+
+Each run saves {parameters, buffers, EMA} of rank 0 and of every rank (for
+the across-ranks check) to <out>/<route>.<run>.pt.
+"""
+
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+import hvdtorch as hvd
+
+STEPS = 6
+RESUME_AT = 3
+BATCH = 8
+WARMUP = 2
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 5),
+    )
+
+
+def _shard(rank: int, size: int, step: int):
+    """This rank's batch of the global batch of ``step`` (a fixed synthetic set)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH * size, 3, 12, 12, generator=g)
+    y = torch.randint(0, 5, (BATCH * size,), generator=g)
+    x += y.view(-1, 1, 1, 1).float() * 0.3  # learnable
+    return x[rank * BATCH : (rank + 1) * BATCH], y[rank * BATCH : (rank + 1) * BATCH]
+
+
+def _schedule(opt):
+    def factor(step):
+        if step < WARMUP:
+            return (step + 1) / WARMUP
+        return 0.5 * (1 + math.cos(math.pi * (step - WARMUP) / (STEPS - WARMUP)))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class Run:
+    """One route's model, optimizer, schedule and EMA."""
+
+    made = 0  # names models the same on every rank
+
+    def __init__(self, route: str):
+        self.route = route
+        Run.made += 1
+        net = _net()
+        if route == "ddp":
+            self.model = torch.nn.parallel.DistributedDataParallel(net)
+        elif route in ("dm", "shard1"):
+            self.model = hvd.DistributedModel(net, name=f"ref.{route}.{Run.made}")
+        else:
+            self.model = net
+        self.net = net
+        inner = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9, weight_decay=1e-3)
+        self.schedule = _schedule(inner)
+        if route == "opt":
+            self.opt = hvd.DistributedOptimizer(inner, named_parameters=net.named_parameters())
+            hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+        elif route == "shard1":
+            self.opt = hvd.DistributedOptimizer(inner, shard=1)
+        else:
+            self.opt = inner
+        self.ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.8), use_buffers=True)
+
+    def step(self, step: int) -> None:
+        x, y = _shard(hvd.rank(), hvd.size(), step)
+        self.opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(self.model(x), y, label_smoothing=0.1)
+        loss.float().backward()
+        if self.route == "opt":
+            self.opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
+            with self.opt.skip_synchronize():
+                self.opt.step()
+        elif self.route == "shard1":
+            self.opt.clip_grad_norm_(1.0)
+            self.opt.step()
+        else:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+        self.schedule.step()
+        self.ema.update_parameters(self.net)
+
+    def checkpoint(self):
+        """What rank 0 saves (every rank calls this: a consolidation is collective)."""
+        opt = self.opt.consolidate_state_dict(to=0) if self.route == "shard1" else self.opt.state_dict()
+        return {
+            "model": self.net.state_dict(),
+            "optimizer": opt,
+            "schedule": self.schedule.state_dict(),
+            "ema": self.ema.state_dict(),
+        }
+
+    def resume(self, ckpt) -> None:
+        self.net.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["optimizer"])
+        self.schedule.load_state_dict(ckpt["schedule"])
+        self.ema.load_state_dict(ckpt["ema"])
+
+    def result(self):
+        return {
+            "model": {k: v.detach().clone() for k, v in self.net.state_dict().items()},
+            "ema": {k: v.detach().clone() for k, v in self.ema.state_dict().items()},
+        }
+
+
+def _everyone(result) -> list:
+    """Every rank's result, on every rank (for the across-ranks check)."""
+    return hvd.allgather_object(result, name="ref.results")
+
+
+def train(out: str, route: str) -> None:
+    hvd.init()
+    torch.set_num_threads(1)
+    path = os.path.join(out, f"ckpt.{route}.pt")
+    # Uninterrupted, writing the checkpoint at RESUME_AT on the way.
+    run = Run(route)
+    for step in range(STEPS):
+        if step == RESUME_AT:
+            ckpt = run.checkpoint()
+            if hvd.rank() == 0:
+                torch.save(ckpt, path)
+        run.step(step)
+    whole = run.result()
+    hvd.barrier()
+    # Resumed: a fresh everything, loaded from rank 0's file.
+    resumed = Run(route)
+    resumed.resume(torch.load(path, weights_only=False))
+    for step in range(RESUME_AT, STEPS):
+        resumed.step(step)
+    again = resumed.result()
+    everyone = _everyone(whole)
+    if hvd.rank() == 0:
+        torch.save({"whole": whole, "resumed": again, "ranks": everyone}, os.path.join(out, f"{route}.pt"))
