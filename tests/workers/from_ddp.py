@@ -72,10 +72,11 @@ def buffer_sync_off_and_no_sync() -> None:
     mean = _gathered(ours.module[1].running_mean, "off")
     assert not torch.equal(mean[0], mean[1]), "broadcast_buffers=False synced the buffers"
     synced = hvd.DistributedModel(_bn_net(seed=0))
-    x = _batches(r, 1)[0][0]
+    own = _batches(r, 1)[0][0]
+    common = _batches(0, 1)[0][0]
     with synced.no_sync():
-        synced(x).sum().backward()
-        synced(x).sum().backward()
+        synced(own).sum().backward()  # each rank's statistics its own
+        synced(common).sum().backward()  # had they been synced before this, they would now be equal
     mean = _gathered(synced.module[1].running_mean, "no_sync")
     assert not torch.equal(mean[0], mean[1]), "forwards inside no_sync() synced the buffers"
 
@@ -99,7 +100,10 @@ def ddp_arguments() -> None:
         check_reduction=False,
         process_group=dist.group.WORLD,
     )
-    assert max(model.bucket_bytes()) <= 1 << 20
+    wide = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])  # 1 MiB of weights each
+    assert len(hvd.DistributedModel(wide, name="wide.default").bucket_bytes()) <= 2  # 25 MiB cap
+    wide = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    assert len(hvd.DistributedModel(wide, bucket_cap_mb=1, name="wide.1mb").bucket_bytes()) >= 4
     x, y = _batches(hvd.rank(), 1)[0]
     F.cross_entropy(model(x), y).backward()
     refused = {
