@@ -19,6 +19,7 @@ from tests.harness import ROOT, run_ranks
         "ddp_arguments",
         "convert_sync_batchnorm",
         "clipping_between_backward_and_step",
+        "torch_clipping_with_shard1",
         "scheduler_built_before_sharding",
         "sharded_optimizer_before_the_model",
     ],

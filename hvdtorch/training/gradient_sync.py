@@ -77,7 +77,7 @@ def _note_gradients(sync_ref) -> None:
         sync.note_gradients()
 
 
-def _mark(grad: Optional[torch.Tensor]) -> Optional[tuple]:
+def grad_mark(grad: Optional[torch.Tensor]) -> Optional[tuple]:
     """What tells a gradient changed: its memory (another tensor put in
     .grad) and its version counter (written in place)."""
     if grad is None:
@@ -195,7 +195,7 @@ class GradientSync:
         def note() -> None:
             sync = me()
             if sync is not None:
-                sync._noted = [_mark(p.grad) for p in sync._params]
+                sync._noted = [grad_mark(p.grad) for p in sync._params]
 
         torch.autograd.Variable._execution_engine.queue_callback(note)
 
@@ -206,7 +206,7 @@ class GradientSync:
         changed = [
             self._names[i]
             for i, (p, was) in enumerate(zip(self._params, noted))
-            if was is not None and _mark(p.grad) != was
+            if was is not None and grad_mark(p.grad) != was
         ]
         if changed:
             shown = ", ".join(repr(n) for n in changed[:5]) + (

@@ -55,9 +55,17 @@ counter, _C.PassCounter, here the one the reducer is given):
     compression.wire_dtype).
   * Sparse gradients are refused (ValueError naming the parameter): a flat
     bucket is dense.
+  * shard=1: a gradient changed in place or replaced between the end of
+    backward and synchronize() (torch.nn.utils.clip_grad_norm_ on the
+    model's parameters, GradScaler.unscale_) is an error at synchronize(),
+    naming the parameters and the fix (optimizer.clip_grad_norm_, or
+    synchronize() first): it would race with the bucket's all-reduce, as in
+    training/gradient_sync.py. shard=2 frees .grad: torch's clipping then
+    finds no gradient and does nothing, which is not detected.
 """
 
 import contextlib
+import weakref
 from typing import List, Optional, Sequence
 
 import torch
@@ -66,12 +74,24 @@ from .. import _C, runtime
 from ..collectives import ops
 from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
+from ..training.gradient_sync import grad_mark
 from .layout import Bucket
 
 _SPARSE_REFUSAL = (
     "a sharded optimizer reduces flat dense buckets: use sparse=False, or hvd.DistributedOptimizer "
     "without shard= (it all-gathers sparse gradients)"
 )
+
+
+def _pass_ran(me) -> None:
+    grads = me()
+    if grads is not None:
+        grads.queue_note()
+
+
+def _remove_hooks(handles) -> None:
+    for h in handles:
+        h.remove()
 
 
 class BucketGradients:
@@ -103,6 +123,7 @@ class BucketGradients:
         self._buckets = list(buckets)
         self._params = params
         order = [i for b in self._buckets for i in b.params]  # the reducer's parameters, bucket by bucket
+        self._order = order
         layout, start = [], 0
         for b in self._buckets:
             layout.append(list(range(start, start + len(b.params))))
@@ -134,6 +155,15 @@ class BucketGradients:
         )
         if self._reducer.bucket_offsets() != [b.offsets for b in self._buckets]:
             raise RuntimeError(f"hvdtorch: {name}: the reducer packs the buckets unlike the shard layout")
+        # shard=1: each gradient as the end of the last backward pass left it (see the top).
+        self._names = names
+        self._noted: Optional[list] = None
+        self._note_queued = False
+        self._held = [params[i] for i in order]
+        if not scatter:
+            me = weakref.ref(self)
+            handles = [p.register_post_accumulate_grad_hook(lambda p, me=me: _pass_ran(me)) for p in self._held]
+            weakref.finalize(self, _remove_hooks, handles)
 
     @property
     def _flats(self) -> List[torch.Tensor]:
@@ -165,12 +195,52 @@ class BucketGradients:
         """Every bucket's reduced gradient: this rank's shard (shard=2; a view
         of the flat buffer when in place) or the whole flat bucket (shard=1),
         in the parameters' dtype."""
+        self._check_untouched()
         return self._reducer.synchronize()
+
+    def queue_note(self) -> None:
+        """A gradient of this pass arrived: note every gradient once the
+        pass's callbacks (the reducer's too) have run."""
+        if self._note_queued:
+            return
+        self._note_queued = True
+        me = weakref.ref(self)
+
+        def note() -> None:
+            sync = me()
+            if sync is not None:
+                sync._noted = [grad_mark(p.grad) for p in sync._held]
+                sync._note_queued = False
+
+        engine = torch.autograd.Variable._execution_engine
+        engine.queue_callback(lambda: engine.queue_callback(note))
+
+    def _check_untouched(self) -> None:
+        noted, self._noted = self._noted, None
+        if noted is None:
+            return
+        changed = [
+            self._names[self._order[k]]
+            for k, (p, was) in enumerate(zip(self._held, noted))
+            if was is not None and grad_mark(p.grad) != was
+        ]
+        if changed:
+            shown = ", ".join(repr(n) for n in changed[:5]) + (
+                f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+            )
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: the gradients of {shown} were changed between backward and "
+                "step() while their all-reduce was still to finish (torch.nn.utils.clip_grad_norm_, "
+                "GradScaler.unscale_, ...): that races with the reduction. Clip with "
+                "optimizer.clip_grad_norm_(max_norm) (it reduces first), or call optimizer.synchronize() first, "
+                "then change the gradients, then call optimizer.step() inside `with optimizer.skip_synchronize():`"
+            )
 
     def reset(self, backward_passes_per_step: Optional[int] = None) -> None:
         """Forgets the passes counted so far; reductions backward launched
         are waited for (every rank launched them) and dropped."""
         self._reducer.finalize()
+        self._noted = None
         self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))
 
     @contextlib.contextmanager

@@ -318,7 +318,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             dm.hand_gradients_to(self)
         self._grads.view_gradients_from_the_start()
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
-        self._synchronized = False  # gradients reduced since the last step()
+        # Gradients reduced since the last step() (_reduced_now: and no backward pass since).
+        self._synchronized = False
         self._reduced: List[Optional[torch.Tensor]] = [None] * len(buckets)  # shard=1: the last reduced buckets
         self._should_synchronize = True
         # Whether step() returns before the parameters are gathered (the opt-in; see the top).
@@ -446,6 +447,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._announce(shard_join.SYNC)
         self._synchronize()
 
+    def _reduced_now(self) -> bool:
+        """synchronize() ran since the last step() and no backward pass since:
+        a pass after synchronize() (without a step between) is reduced again,
+        not stepped on unreduced."""
+        return self._synchronized and not self._grads.pending()
+
     def _synchronize(self) -> None:
         results = self._grads.synchronize()
         if self._stage == 2:
@@ -514,7 +521,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         norm across the shards (one all-reduce), scales the gradients this
         rank steps. Returns the total norm; the same on every rank."""
         self._announce(shard_join.CLIP, (max_norm, norm_type, error_if_nonfinite))
-        if not self._synchronized:
+        if not self._reduced_now():
             self._synchronize()
         if self._stage == 1:
             # Every rank holds the whole averaged gradient: the local norm is the global one.
@@ -556,7 +563,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._announce(shard_join.STEP)
-        if self._should_synchronize and not self._synchronized:
+        if self._should_synchronize and not self._reduced_now():
             self._synchronize()
         if self._stage == 1:
             self._shard_gradients_from_grad(self._reduced)

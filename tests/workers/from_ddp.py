@@ -191,6 +191,49 @@ def clipping_between_backward_and_step() -> None:
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r}: {name}: {m}")
 
 
+def torch_clipping_with_shard1() -> None:
+    """shard=1: torch's clip_grad_norm_ between backward and step() is refused
+    naming optimizer.clip_grad_norm_; that one ends equal to DDP with clipping."""
+    import copy
+
+    hvd.init()
+    r = hvd.rank()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 3)
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), shard=1
+    )
+    ref_opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(7 + r)
+    x = torch.randn(8, 5, generator=g) * (3 + r)
+    opt.zero_grad()
+    net(x).pow(2).sum().backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+    try:
+        opt.step()
+    except RuntimeError as e:
+        assert "optimizer.clip_grad_norm_" in str(e) and "weight" in str(e), str(e)
+    else:
+        raise AssertionError("shard=1: torch's clipping before step() was not refused")
+    # Drains the refused step's reduction without stepping; the next
+    # backward pass is then reduced again by clip_grad_norm_ (not taken as
+    # already reduced: that synchronize() had no step() after it).
+    opt.synchronize()
+    for _ in range(3):
+        x = torch.randn(8, 5, generator=g) * (3 + r)
+        opt.zero_grad()
+        net(x).pow(2).sum().backward()
+        opt.clip_grad_norm_(0.5)
+        opt.step()
+        ref_opt.zero_grad()
+        ddp(x).pow(2).sum().backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+        ref_opt.step()
+    for (name, p), q in zip(net.named_parameters(), ddp.module.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r}: {name}: {m}")
+
+
 def scheduler_built_before_sharding() -> None:
     """A learning-rate scheduler built on the optimizer before shard=1/2
     wraps it drives the sharded optimizer: parameters end as one process's
