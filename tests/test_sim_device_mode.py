@@ -121,6 +121,24 @@ def test_a_rank_dying_in_the_device_ring_releases_its_peers():
     for r in results[:2]:
         assert r.returncode == 0, f"rank {r.rank} failed:\n{r.output}"
         assert "shutdown took" in r.output and "nothing writes" not in r.output, r.output
+    # The killed rank's simulated device memory (shared-memory files, where a
+    # GPU's memory goes with its process) is the test's to remove.
+    _remove_dead_sim_segments()
+
+
+def _remove_dead_sim_segments():
+    import os
+
+    for name in os.listdir("/dev/shm"):
+        if not name.startswith("hvdtorch-sim-"):
+            continue
+        pid = int(name.split("-")[2])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os.unlink(os.path.join("/dev/shm", name))
+        except PermissionError:
+            pass
 
 
 def test_each_rank_seeds_its_device_apart():
