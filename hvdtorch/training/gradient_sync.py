@@ -57,6 +57,7 @@ from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .bucketed_step import step_as_reduced
+from .gradient_marks import GradientMarks
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:
@@ -71,25 +72,8 @@ def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
         sync.densify(index, param)
 
 
-def _note_gradients(sync_ref) -> None:
-    sync = sync_ref()
-    if sync is not None:
-        sync.note_gradients()
-
-
-def grad_mark(grad: Optional[torch.Tensor]) -> Optional[tuple]:
-    """What tells a gradient changed: its memory (another tensor put in
-    .grad) and its version counter (written in place)."""
-    if grad is None:
-        return None
-    try:
-        where = grad.data_ptr()
-    except RuntimeError:  # no storage (sparse, and tensor subclasses): the object itself
-        where = id(grad)
-    return (where, grad._version)
-
-
-def _remove_hooks(handles) -> None:
+def remove_hooks(handles) -> None:
+    """Removes hook handles (a weakref.finalize target: holds no owner)."""
     for h in handles:
         h.remove()
 
@@ -132,10 +116,15 @@ class GradientSync:
         # sparse_as_dense: parameter -> sparse_dim its gradient had when it
         # came sparse (in any step so far); made sparse again after reduction.
         self._densified: Dict[int, int] = {}
-        # Each gradient's (storage, version) at the end of the last backward pass (note_gradients).
-        self._noted: Optional[List[Optional[tuple]]] = None
+        # Gradients changed between backward and synchronize() are an error (gradient_marks.py).
+        self._marks = GradientMarks(
+            self._params,
+            self._names,
+            "that races with the reduction, or changes this rank's gradient alone where DDP changes the average. "
+            "Call optimizer.synchronize() first, then change the gradients, then call optimizer.step() inside "
+            "`with optimizer.skip_synchronize():`",
+        )
         me = weakref.ref(self)
-        self._me = me
         # Held so that the accumulators, and the hooks on them, live as long as this.
         with torch.enable_grad():
             self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]
@@ -147,7 +136,7 @@ class GradientSync:
                 p.register_post_accumulate_grad_hook(lambda p, i=i: _on_accumulated(me, i, p))
                 for i, p in enumerate(self._params)
             ]
-        weakref.finalize(self, _remove_hooks, handles)
+        weakref.finalize(self, remove_hooks, handles)
 
     # ---- during backward ----------------------------------------------------
 
@@ -179,46 +168,8 @@ class GradientSync:
     def _begin_pass(self) -> None:
         self._counter.set_rank(runtime.rank())  # named by the error; an elastic job may renumber ranks
         self._counter.begin_pass()  # AssertionError on a (k+1)-th pass
-        engine = torch.autograd.Variable._execution_engine
-        engine.queue_callback(self._counter.end_pass)
-        engine.queue_callback(lambda me=self._me: _note_gradients(me))
-
-    def note_gradients(self) -> None:
-        """End of a backward pass: what each gradient is now, so that
-        synchronize() can tell whether the user changed it since. Queued
-        once more, so that it runs after every callback queued in the pass,
-        the C++ reducer's too (it writes the slots of parameters without a
-        gradient there, and a write to a bucket moves the version of every
-        gradient viewing it)."""
-        me = self._me
-
-        def note() -> None:
-            sync = me()
-            if sync is not None:
-                sync._noted = [grad_mark(p.grad) for p in sync._params]
-
-        torch.autograd.Variable._execution_engine.queue_callback(note)
-
-    def _check_untouched(self) -> None:
-        noted, self._noted = self._noted, None
-        if noted is None:
-            return
-        changed = [
-            self._names[i]
-            for i, (p, was) in enumerate(zip(self._params, noted))
-            if was is not None and grad_mark(p.grad) != was
-        ]
-        if changed:
-            shown = ", ".join(repr(n) for n in changed[:5]) + (
-                f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-            )
-            raise RuntimeError(
-                f"hvdtorch: rank {runtime.rank()}: the gradients of {shown} were changed between backward and "
-                "step() while their all-reduce was still to finish (torch.nn.utils.clip_grad_norm_, "
-                "GradScaler.unscale_, ...): that races with the reduction, or changes this rank's gradient alone "
-                "where DDP changes the average. Call optimizer.synchronize() first, then change the gradients, then "
-                "call optimizer.step() inside `with optimizer.skip_synchronize():`"
-            )
+        torch.autograd.Variable._execution_engine.queue_callback(self._counter.end_pass)
+        self._marks.note_after_pass()
 
     # ---- between backward and step -----------------------------------------
 
@@ -232,7 +183,7 @@ class GradientSync:
         them, so this rank alone can wait), so nothing writes into .grad later."""
         if self._reducer is not None:
             self._reducer.finalize()
-        self._noted = None
+        self._marks.forget()
         self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))
 
     def set_fusion_bytes(self, fusion_bytes: int) -> None:
@@ -244,7 +195,7 @@ class GradientSync:
             self._reducer.rebuild(self._plan_layout(self._dense_params(), self._fusion_bytes))
 
     def synchronize(self) -> None:
-        self._check_untouched()
+        self._marks.check()
         if self._sparse_dims is None:
             self._first_synchronize()
         elif self._counter.due() and self._reducer is not None:
@@ -267,7 +218,7 @@ class GradientSync:
         reducer = self._reducer
         if reducer is None or self._sparse or self._densified or not self._counter.due() or not reducer.reducing():
             return False
-        self._check_untouched()
+        self._marks.check()
         try:
             step_as_reduced(reducer, self._dense_params(), step, param_groups)
         finally:

@@ -74,7 +74,8 @@ from .. import _C, runtime
 from ..collectives import ops
 from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
-from ..training.gradient_sync import grad_mark
+from ..training.gradient_marks import GradientMarks
+from ..training.gradient_sync import remove_hooks
 from .layout import Bucket
 
 _SPARSE_REFUSAL = (
@@ -83,15 +84,10 @@ _SPARSE_REFUSAL = (
 )
 
 
-def _pass_ran(me) -> None:
-    grads = me()
-    if grads is not None:
-        grads.queue_note()
-
-
-def _remove_hooks(handles) -> None:
-    for h in handles:
-        h.remove()
+def _pass_ran(marks_ref) -> None:
+    marks = marks_ref()
+    if marks is not None:
+        marks.note_after_pass()
 
 
 class BucketGradients:
@@ -123,7 +119,6 @@ class BucketGradients:
         self._buckets = list(buckets)
         self._params = params
         order = [i for b in self._buckets for i in b.params]  # the reducer's parameters, bucket by bucket
-        self._order = order
         layout, start = [], 0
         for b in self._buckets:
             layout.append(list(range(start, start + len(b.params))))
@@ -155,15 +150,19 @@ class BucketGradients:
         )
         if self._reducer.bucket_offsets() != [b.offsets for b in self._buckets]:
             raise RuntimeError(f"hvdtorch: {name}: the reducer packs the buckets unlike the shard layout")
-        # shard=1: each gradient as the end of the last backward pass left it (see the top).
-        self._names = names
-        self._noted: Optional[list] = None
-        self._note_queued = False
-        self._held = [params[i] for i in order]
+        # shard=1: gradients changed between backward and synchronize() are an error (see the top).
+        held = [params[i] for i in order]
+        self._marks = GradientMarks(
+            held,
+            [names[i] for i in order],
+            "that races with the reduction. Clip with optimizer.clip_grad_norm_(max_norm) (it reduces first), or "
+            "call optimizer.synchronize() first, then change the gradients, then call optimizer.step() inside "
+            "`with optimizer.skip_synchronize():`",
+        )
         if not scatter:
-            me = weakref.ref(self)
-            handles = [p.register_post_accumulate_grad_hook(lambda p, me=me: _pass_ran(me)) for p in self._held]
-            weakref.finalize(self, _remove_hooks, handles)
+            marks = weakref.ref(self._marks)
+            handles = [p.register_post_accumulate_grad_hook(lambda p, m=marks: _pass_ran(m)) for p in held]
+            weakref.finalize(self, remove_hooks, handles)
 
     @property
     def _flats(self) -> List[torch.Tensor]:
@@ -195,52 +194,14 @@ class BucketGradients:
         """Every bucket's reduced gradient: this rank's shard (shard=2; a view
         of the flat buffer when in place) or the whole flat bucket (shard=1),
         in the parameters' dtype."""
-        self._check_untouched()
+        self._marks.check()
         return self._reducer.synchronize()
-
-    def queue_note(self) -> None:
-        """A gradient of this pass arrived: note every gradient once the
-        pass's callbacks (the reducer's too) have run."""
-        if self._note_queued:
-            return
-        self._note_queued = True
-        me = weakref.ref(self)
-
-        def note() -> None:
-            sync = me()
-            if sync is not None:
-                sync._noted = [grad_mark(p.grad) for p in sync._held]
-                sync._note_queued = False
-
-        engine = torch.autograd.Variable._execution_engine
-        engine.queue_callback(lambda: engine.queue_callback(note))
-
-    def _check_untouched(self) -> None:
-        noted, self._noted = self._noted, None
-        if noted is None:
-            return
-        changed = [
-            self._names[self._order[k]]
-            for k, (p, was) in enumerate(zip(self._held, noted))
-            if was is not None and grad_mark(p.grad) != was
-        ]
-        if changed:
-            shown = ", ".join(repr(n) for n in changed[:5]) + (
-                f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-            )
-            raise RuntimeError(
-                f"hvdtorch: rank {runtime.rank()}: the gradients of {shown} were changed between backward and "
-                "step() while their all-reduce was still to finish (torch.nn.utils.clip_grad_norm_, "
-                "GradScaler.unscale_, ...): that races with the reduction. Clip with "
-                "optimizer.clip_grad_norm_(max_norm) (it reduces first), or call optimizer.synchronize() first, "
-                "then change the gradients, then call optimizer.step() inside `with optimizer.skip_synchronize():`"
-            )
 
     def reset(self, backward_passes_per_step: Optional[int] = None) -> None:
         """Forgets the passes counted so far; reductions backward launched
         are waited for (every rank launched them) and dropped."""
         self._reducer.finalize()
-        self._noted = None
+        self._marks.forget()
         self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))
 
     @contextlib.contextmanager

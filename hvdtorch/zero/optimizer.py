@@ -70,6 +70,7 @@ from ..collectives.compression import Compression
 from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
 from ..training.distributed_model import DistributedModel, claim_for_sharding, owner_of
+from ..training.gradient_sync import remove_hooks
 from ..training.parameter_names import names_by_id
 
 # Imported under these names so the code reads which module each call goes to.
@@ -125,11 +126,6 @@ def _wait(opt_ref, buckets) -> None:
         opt.wait_parameters()
     else:
         opt._wait(buckets)
-
-
-def _remove_hooks(handles) -> None:
-    for h in handles:
-        h.remove()
 
 
 class _WaitForGathers:
@@ -374,7 +370,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 read = _ReadAfterGathers(m, method, me)
                 object.__setattr__(m, method, read)  # an instance attribute shadows the class's method
                 handles.append(read)
-        weakref.finalize(self, _remove_hooks, handles)
+        weakref.finalize(self, remove_hooks, handles)
 
     def add_param_group(self, param_group) -> None:
         if not getattr(self, "_adding_groups", False):
