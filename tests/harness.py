@@ -34,6 +34,26 @@ class RankResult:
     output: str
 
 
+def launcher_free_env() -> Dict[str, str]:
+    """This environment without any launcher's variables (Open MPI's, PMI,
+    Slurm's, torchrun's), for starting mpirun or torchrun from a test as a
+    user's shell would; Open MPI allowed to run as root."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI", "SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))
+    }
+    env.update(
+        {
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMP_NUM_THREADS": "1",
+            "HVDTORCH_TIMEOUT": "30",
+        }
+    )
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

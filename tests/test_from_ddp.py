@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.harness import ROOT, run_ranks
+from tests.harness import ROOT, launcher_free_env, run_ranks
 
 
 @pytest.mark.parametrize(
@@ -29,17 +29,8 @@ def test_ddp_pattern(check):
 
 
 def test_mpirun_exports_torch_variables():
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMI", "SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))
-    }
-    env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-    )
+    env = launcher_free_env()
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     cmd = ["mpirun", "--oversubscribe", "-np", "2", sys.executable, "-m", "tests.workers.from_ddp"]
     out = subprocess.run(cmd + ["torch_env_after_init"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

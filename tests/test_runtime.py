@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hvdtorch import launch
-from tests.harness import ROOT, run_ranks
+from tests.harness import ROOT, launcher_free_env, run_ranks
 
 
 def test_detect_torchrun():
@@ -85,29 +85,12 @@ def test_autograd(nranks):
     run_ranks("tests.workers.runtime:autograd", nranks, timeout=90)
 
 
-def _clean_env():
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OMPI_", "PMI", "SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))
-    }
-    env.update(
-        {
-            "OMPI_ALLOW_RUN_AS_ROOT": "1",
-            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-            "OMP_NUM_THREADS": "1",
-            "HVDTORCH_TIMEOUT": "30",
-        }
-    )
-    return env
-
-
 def test_torchrun_runs_the_checked_example():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = subprocess.run(
         [torchrun, "--nproc_per_node=3", "examples/collectives.py"],
         cwd=ROOT,
-        env=_clean_env(),
+        env=launcher_free_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -121,7 +104,7 @@ def test_mpirun_runs_the_checked_example_without_extra_environment():
     out = subprocess.run(
         ["mpirun", "--oversubscribe", "-np", "3", sys.executable, "examples/collectives.py"],
         cwd=ROOT,
-        env=_clean_env(),
+        env=launcher_free_env(),
         capture_output=True,
         text=True,
         timeout=120,

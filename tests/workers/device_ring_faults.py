@@ -42,3 +42,24 @@ def peer_dies_in_the_ring(device: str) -> None:
     took = time.monotonic() - t0
     print(f"rank {r}: shutdown took {took:.2f} s", flush=True)
     assert took < 10, f"rank {r}: shutdown took {took:.1f} s (a stream waited on a flag nobody writes?)"
+
+
+def run_with_the_last_rank_killed(device: str, env: dict) -> None:
+    """The test side: 3 ranks, the last killed once it printed "looping";
+    the others must finish well (as peer_dies_in_the_ring checks), and no
+    simulated wait may have been left for the simulator to report."""
+    from tests.harness import run_ranks
+
+    results = run_ranks(
+        "tests.workers.device_ring_faults:peer_dies_in_the_ring",
+        3,
+        args=[device],
+        timeout=120,
+        env={**env, "HVDTORCH_TIMEOUT": "20"},
+        expect_success=False,
+        kill_rank=2,
+        kill_after="looping",
+    )
+    for r in results[:2]:
+        assert r.returncode == 0, f"rank {r.rank} failed:\n{r.output}"
+        assert "shutdown took" in r.output and "nothing writes" not in r.output, r.output

@@ -150,6 +150,19 @@ def convert_sync_batchnorm() -> None:
     assert isinstance(hvd.SyncBatchNorm.convert_sync_batchnorm(lone), hvd.SyncBatchNorm)
 
 
+def _clipped_ddp_step(ddp, opt, x) -> None:
+    """The reference: DDP's step with torch's clipping between backward and step."""
+    opt.zero_grad()
+    ddp(x).pow(2).sum().backward()
+    torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+    opt.step()
+
+
+def _assert_equal_to_ddp(net, ddp) -> None:
+    for (name, p), q in zip(net.named_parameters(), ddp.module.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {hvd.rank()}: {name}: {m}")
+
+
 def clipping_between_backward_and_step() -> None:
     """DistributedOptimizer: clipping between backward and step() is refused
     naming synchronize(); the pattern the message gives ends equal to DDP
@@ -183,12 +196,8 @@ def clipping_between_backward_and_step() -> None:
         torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
         with opt.skip_synchronize():
             opt.step()
-        ref_opt.zero_grad()
-        ddp(x).pow(2).sum().backward()
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
-        ref_opt.step()
-    for (name, p), q in zip(net.named_parameters(), ddp.module.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r}: {name}: {m}")
+        _clipped_ddp_step(ddp, ref_opt, x)
+    _assert_equal_to_ddp(net, ddp)
 
 
 def torch_clipping_with_shard1() -> None:
@@ -226,12 +235,8 @@ def torch_clipping_with_shard1() -> None:
         net(x).pow(2).sum().backward()
         opt.clip_grad_norm_(0.5)
         opt.step()
-        ref_opt.zero_grad()
-        ddp(x).pow(2).sum().backward()
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
-        ref_opt.step()
-    for (name, p), q in zip(net.named_parameters(), ddp.module.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r}: {name}: {m}")
+        _clipped_ddp_step(ddp, ref_opt, x)
+    _assert_equal_to_ddp(net, ddp)
 
 
 def scheduler_built_before_sharding() -> None:
