@@ -23,16 +23,8 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
       shm_token_(transports.shm_token),
       sets_(
           SetParts{config_, shm_token_, registered_, timeline_, control_ctx_, data_ctx_, router_, executor_, control_}),
-      work_(
-          st_, config_, data_ctx_.rank(),
-          [this] {
-            for (const auto& ps : sets_.snapshot())
-              if (ps->member() && ps->router) ps->router->closeRings();
-          },
-          [this] {
-            for (const auto& ps : sets_.snapshot())
-              if (ps->member() && ps->router) ps->router->releaseRingWaits();
-          }),
+      work_(st_, config_, data_ctx_.rank(), onMemberRouters(&Router::closeRings),
+            onMemberRouters(&Router::releaseRingWaits)),
       controller_(config_, st_, sets_, work_, timeline_) {
   useOpTable(ops);
   // The host's online CPUs (0: unknown, which neither spins nor pins).
@@ -52,6 +44,13 @@ Engine::Engine(Config config, const Topology& topo, const Transports& transports
 }
 
 Engine::~Engine() { shutdown(); }
+
+std::function<void()> Engine::onMemberRouters(void (Router::*what)()) {
+  return [this, what] {
+    for (const auto& ps : sets_.snapshot())
+      if (ps->member() && ps->router) (ps->router->*what)();
+  };
+}
 
 std::shared_ptr<RegisteredMemory> Engine::makeRegistered(const Config& config, const Topology& topo,
                                                          const std::string& shm_token) {

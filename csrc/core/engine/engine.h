@@ -39,6 +39,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -152,6 +153,9 @@ class Engine {
   size_t fusionBufferBytes() const { return executor_.fusionBytes(); }
 
  private:
+  // Calls `what` on the router of every process set this rank is a member
+  // of (the work queue's ring teardown and release).
+  std::function<void()> onMemberRouters(void (Router::*what)());
   static std::shared_ptr<RegisteredMemory> makeRegistered(const Config& config, const Topology& topo,
                                                           const std::string& shm_token);
   // Same-host links of one plane ("c" control, "d" data): shared memory
