@@ -20,6 +20,9 @@ from tests.harness import ROOT, launcher_free_env, run_ranks
         "convert_sync_batchnorm",
         "clipping_between_backward_and_step",
         "torch_clipping_with_shard1",
+        "torch_clipping_with_shard2",
+        "sharded_checkpoint_the_usual_way",
+        "elastic_state_keeps_a_scheduler_in_place",
         "scheduler_built_before_sharding",
         "sharded_optimizer_before_the_model",
     ],
@@ -37,7 +40,7 @@ def test_mpirun_exports_torch_variables():
     assert out.stdout.count("torch env ok") == 2, out.stdout + out.stderr
 
 
-ROUTES = ["dm", "opt", "shard1"]
+ROUTES = ["dm", "opt", "shard1", "shard2", "elastic"]
 
 
 @pytest.fixture(scope="module")

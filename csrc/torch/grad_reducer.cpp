@@ -271,15 +271,26 @@ std::string GradientReducer::paramName(size_t index) const {
 }
 
 void GradientReducer::beforeGrad(size_t index, const variable_list& grads) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (opts_.mode == ReducerMode::kDeltas) {
-    countParameterPass(index);
-  } else if (!pass_active_ || pass_ended_) {
-    startPass();
+  bool started = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (opts_.mode == ReducerMode::kDeltas) {
+      countParameterPass(index);
+    } else if (!pass_active_ || pass_ended_) {
+      startPass();
+      started = true;
+    }
+    if (!opts_.sparse_refusal.empty() && !grads.empty() && grads[0].defined() && grads[0].layout() != c10::kStrided)
+      throw InvalidArgument(strCat("hvdtorch: rank ", engine_->topo().rank, ": parameter '", paramName(index),
+                                   "' got a sparse gradient; ", opts_.sparse_refusal));
   }
-  if (!opts_.sparse_refusal.empty() && !grads.empty() && grads[0].defined() && grads[0].layout() != c10::kStrided)
-    throw InvalidArgument(strCat("hvdtorch: rank ", engine_->topo().rank, ": parameter '", paramName(index),
-                                 "' got a sparse gradient; ", opts_.sparse_refusal));
+  if (started && at_pass_start_) at_pass_start_();  // outside the lock: it may be Python
+}
+
+void GradientReducer::setPassCallbacks(std::function<void()> at_start, std::function<void()> after_drop) {
+  std::lock_guard<std::mutex> lock(mu_);
+  at_pass_start_ = std::move(at_start);
+  after_grads_drop_ = std::move(after_drop);
 }
 
 void GradientReducer::countParameterPass(size_t index) {
@@ -427,17 +438,22 @@ std::vector<at::Tensor> GradientReducer::waitAll() {
 }
 
 void GradientReducer::endOfBackward() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!pass_active_ || pass_ended_) return;
-  counter_->endPass();
-  if (!reduce_this_pass_ || lone_identity_) {
-    pass_active_ = false;
-    return;
+  bool dropped = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!pass_active_ || pass_ended_) return;
+    counter_->endPass();
+    if (!reduce_this_pass_ || lone_identity_) {
+      pass_active_ = false;
+      return;
+    }
+    launchRemaining();
+    recorded_order_ = true;
+    pass_ended_ = true;
+    dropped = !strategy_->keepsGradients();
+    if (opts_.sync_on_backward) waitAll();
   }
-  launchRemaining();
-  recorded_order_ = true;
-  pass_ended_ = true;
-  if (opts_.sync_on_backward) waitAll();
+  if (dropped && after_grads_drop_) after_grads_drop_();  // outside the lock: it may be Python
 }
 
 void GradientReducer::finalize() {

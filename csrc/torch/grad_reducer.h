@@ -61,6 +61,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -172,6 +173,13 @@ class GradientReducer {
   // accumulates in place. Buckets with a reduction in flight are left alone.
   void viewGradients();
   void setSyncEnabled(bool enabled);
+  // Called once per backward pass on the autograd thread, outside the
+  // reducer's lock: `at_start` when the pass begins, before anything of it
+  // accumulates into .grad; `after_drop` at the end of a reduced pass whose
+  // strategy dropped .grad (the shard strategies). shard=2's stand-in
+  // gradients hang on them (hvdtorch/zero/held_gradients.py). Set before
+  // the first backward pass.
+  void setPassCallbacks(std::function<void()> at_start, std::function<void()> after_drop);
   const std::shared_ptr<PassCounter>& counter() const { return counter_; }
   std::vector<at::Tensor> flats() const;
   std::vector<std::vector<int64_t>> bucketOffsets() const;
@@ -234,6 +242,8 @@ class GradientReducer {
   bool reduce_this_pass_ = false;
   // A reduced pass is in flight (its buckets may still be launched or waited for); mu_ held.
   bool reducingLocked() const { return pass_active_ && reduce_this_pass_; }
+  std::function<void()> at_pass_start_;      // setPassCallbacks
+  std::function<void()> after_grads_drop_;   // setPassCallbacks
   std::shared_ptr<PassCounter> counter_;     // setSyncEnabled(false) makes passes local (uncounted)
   std::vector<PassCounter> param_counters_;  // deltas mode: one per parameter, counter_'s rules
 

@@ -70,6 +70,19 @@ const at::Tensor& onlyTensor(const std::string& where, const char* what, const s
   return ts[0];
 }
 
+// A Python callable as a std::function that may be called, copied and
+// destroyed on any thread (the autograd engine's): each takes the GIL.
+std::function<void()> pythonCallback(py::function fn) {
+  std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+  return [held] {
+    py::gil_scoped_acquire gil;
+    (*held)();
+  };
+}
+
 // Outputs of an op without input tensors (join's int32 scalar): CPU tensors,
 // never device buffers.
 OutputAllocator cpuAllocator() {
@@ -501,6 +514,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_backward_passes_per_step", &GradientReducer::setPassesPerStep)
       .def("view_gradients", &GradientReducer::viewGradients)
       .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
+      .def(
+          "set_pass_callbacks",
+          [](GradientReducer& r, py::function at_start, py::function after_drop) {
+            r.setPassCallbacks(pythonCallback(std::move(at_start)), pythonCallback(std::move(after_drop)));
+          },
+          py::arg("at_start"), py::arg("after_drop"))
       .def_property_readonly("counter", &GradientReducer::counter)
       .def("flats", &GradientReducer::flats)
       .def("bucket_offsets", &GradientReducer::bucketOffsets)

@@ -214,9 +214,21 @@ class ObjectState(State):
         self._saved_objects = saved["objects"]
 
 
+def _is_stateful(value) -> bool:
+    """Has torch's state_dict()/load_state_dict() pair (and is not a class)."""
+    return (
+        not isinstance(value, type)
+        and callable(getattr(value, "state_dict", None))
+        and callable(getattr(value, "load_state_dict", None))
+    )
+
+
 class TorchState(ObjectState):
     """A model, an optimizer and extras; ElasticSampler extras are kept in step
-    across ranks (their processed indices are the union over ranks).
+    across ranks (their processed indices are the union over ranks); extras
+    with state_dict()/load_state_dict() (schedulers, GradScaler, an EMA's
+    AveragedModel) are saved and restored through them, in place; other
+    extras are deep-copied values (ObjectState).
 
     A sharded optimizer (hvd.DistributedOptimizer(shard=1|2)) keeps its shard
     in memory on each rank (restore() is local), writes the whole state,
@@ -232,9 +244,21 @@ class TorchState(ObjectState):
         self.model = model
         self.optimizer = optimizer
         self._samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
-        for k, v in self._samplers.items():
+        # Extras with state_dict()/load_state_dict() (a learning-rate scheduler, a GradScaler, an EMA
+        # model, another module or optimizer) are saved and restored in place, as model and optimizer
+        # are: a deep copy would restore a scheduler that drives a copy of the optimizer, silently.
+        self._stateful = {k: v for k, v in kwargs.items() if k not in self._samplers and _is_stateful(v)}
+        for k, v in self._stateful.items():
+            if isinstance(v, ShardedOptimizer):
+                raise ValueError(
+                    f"hvdtorch.elastic: TorchState extra {k!r} is a sharded optimizer: pass it as optimizer= "
+                    "(its state is gathered and cut anew when the number of ranks changes)"
+                )
+        for k, v in {**self._samplers, **self._stateful}.items():
             setattr(self, k, v)
-        super().__init__(commit_dir, **{k: v for k, v in kwargs.items() if k not in self._samplers})
+        self._saved_stateful: Dict = {}
+        plain = {k: v for k, v in kwargs.items() if k not in self._samplers and k not in self._stateful}
+        super().__init__(commit_dir, **plain)
         self._saved_model = None
         self._saved_optimizer = None
         self._saved_samplers = {}
@@ -252,10 +276,13 @@ class TorchState(ObjectState):
         if self.model is not None:
             self._saved_model = copy.deepcopy(self.model.state_dict())
         if self.optimizer is not None:
-            self._saved_optimizer = copy.deepcopy(self.optimizer.state_dict())
+            # Sharded: each rank keeps its own shard in memory (a restore happens at the same size).
+            state = self.optimizer.sharded_state_dict() if self._sharded else self.optimizer.state_dict()
+            self._saved_optimizer = copy.deepcopy(state)
         if self._model_powersgd is not None:
             self._saved_powersgd = self._model_powersgd.state_dict()  # a copy
         self._saved_samplers = {k: s.state_dict() for k, s in self._samplers.items()}
+        self._saved_stateful = {k: copy.deepcopy(v.state_dict()) for k, v in self._stateful.items()}
 
     def restore(self) -> None:
         super().restore()
@@ -267,6 +294,9 @@ class TorchState(ObjectState):
             self._model_powersgd.load_state_dict(self._saved_powersgd)
         for k, s in self._samplers.items():
             s.load_state_dict(self._saved_samplers[k])
+        for k, v in self._stateful.items():
+            if k in self._saved_stateful:
+                v.load_state_dict(copy.deepcopy(self._saved_stateful[k]))
 
     def _gather(self) -> None:
         for k, s in self._samplers.items():
@@ -313,13 +343,19 @@ class TorchState(ObjectState):
         self._gather()
         for k, s in self._samplers.items():
             s.load_state_dict(broadcast.broadcast_object(s.state_dict(), 0, name=f"elastic.sampler.{k}.state"))
+        for k, v in self._stateful.items():
+            v.load_state_dict(broadcast.broadcast_object(v.state_dict(), 0, name=f"elastic.extra.{k}.state"))
         super().sync()  # extras and bookkeeping, then save()
 
     def _saved(self) -> Dict:
         out = super()._saved()
         optimizer = self._full_optimizer if self._sharded else self._saved_optimizer
         out.update(
-            model=self._saved_model, optimizer=optimizer, samplers=self._saved_samplers, powersgd=self._saved_powersgd
+            model=self._saved_model,
+            optimizer=optimizer,
+            samplers=self._saved_samplers,
+            powersgd=self._saved_powersgd,
+            stateful=self._saved_stateful,
         )
         return out
 
@@ -328,5 +364,6 @@ class TorchState(ObjectState):
         self._saved_model = saved["model"]
         self._saved_optimizer = saved["optimizer"]
         self._saved_samplers = saved["samplers"]
+        self._saved_stateful = saved.get("stateful", {})
         self._saved_powersgd = saved.get("powersgd")  # absent from commits written before it was carried
         self._optimizer_from_disk = self._sharded

@@ -2,14 +2,15 @@
 the full state gathered from every shard, and loading either.
 
 Formats:
-  shard  ``{"state": {bucket: state}, "param_groups": [...], "hvdtorch_shard":
+  shard  sharded_state_dict(): ``{"state": {bucket: state}, "param_groups": [...], "hvdtorch_shard":
          {"rank", "size", "buckets"}}``: this rank's shard of every bucket,
          the caller's groups (hyper-parameters, parameter numbers) and the
          layout it was cut from (signature in zero/layout.py), which is all it
          takes to put the shards of every rank back together anywhere.
   full   torch's format over the caller's parameters, as the unsharded
          optimizer's state_dict() holds it (zero/state.py): what
-         consolidate_state_dict() returns and what a plain optimizer loads.
+         consolidate_state_dict() returns (and state_dict() after it, on the
+         ranks it went to) and what a plain optimizer loads.
 
 Loading a full state (or the list of every rank's shards, merged into one)
 works at any number of ranks and with any bucket cap: each rank cuts its own
@@ -21,6 +22,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from .. import runtime
 from ..collectives import ops
 from ..collectives.alltoall import alltoall_async
 from ..collectives.broadcast import allgather_object
@@ -39,6 +41,19 @@ def _outer_groups(opt) -> List[Dict]:
         n += len(group["params"])
         out.append(g)
     return out
+
+
+def consolidated_state_dict(opt) -> Dict:
+    """state_dict(): the full state consolidate_state_dict() left here, or the error naming the way."""
+    if opt._consolidated is not None:
+        return opt._consolidated
+    raise RuntimeError(
+        f"hvdtorch: rank {runtime.rank()}: state_dict() of a sharded optimizer (shard={opt._stage}) needs "
+        "consolidate_state_dict() first: each rank holds only its shard of the state, so a checkpoint of it "
+        "would silently hold one rank's part. Call optimizer.consolidate_state_dict(to=0) on every rank, then "
+        "state_dict() on rank 0 (to=None: on every rank), after the last step(); or save each rank's "
+        "optimizer.sharded_state_dict() and load the list of them"
+    )
 
 
 def shard_state_dict(opt) -> Dict:

@@ -60,8 +60,10 @@ counter, _C.PassCounter, here the one the reducer is given):
     model's parameters, GradScaler.unscale_) is an error at synchronize(),
     naming the parameters and the fix (optimizer.clip_grad_norm_, or
     synchronize() first): it would race with the bucket's all-reduce, as in
-    training/gradient_sync.py. shard=2 frees .grad: torch's clipping then
-    finds no gradient and does nothing, which is not detected.
+    training/gradient_sync.py. shard=2 frees .grad: from the end of a
+    reduced pass until step() or zero_grad() a stand-in in .grad raises on
+    any use, naming the fix (zero/held_gradients.py), where torch's
+    clipping would otherwise find no gradient and silently do nothing.
 """
 
 import contextlib
@@ -76,6 +78,7 @@ from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from ..training.gradient_marks import GradientMarks
 from ..training.gradient_sync import remove_hooks
+from .held_gradients import HeldGradients
 from .layout import Bucket
 
 _SPARSE_REFUSAL = (
@@ -163,6 +166,8 @@ class BucketGradients:
             marks = weakref.ref(self._marks)
             handles = [p.register_post_accumulate_grad_hook(lambda p, m=marks: _pass_ran(m)) for p in held]
             weakref.finalize(self, remove_hooks, handles)
+        # shard=2 drops each .grad: stand-ins say why (see the top).
+        self._held = HeldGradients(held, [names[i] for i in order], self._reducer) if scatter else None
 
     @property
     def _flats(self) -> List[torch.Tensor]:
@@ -197,9 +202,15 @@ class BucketGradients:
         self._marks.check()
         return self._reducer.synchronize()
 
+    def remove_held(self) -> None:
+        """shard=2: the stand-ins in .grad back to None (step(), zero_grad())."""
+        if self._held is not None:
+            self._held.remove()
+
     def reset(self, backward_passes_per_step: Optional[int] = None) -> None:
         """Forgets the passes counted so far; reductions backward launched
         are waited for (every rank launched them) and dropped."""
+        self.remove_held()
         self._reducer.finalize()
         self._marks.forget()
         self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))

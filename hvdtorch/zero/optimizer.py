@@ -318,6 +318,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._reduced: List[Optional[torch.Tensor]] = [None] * len(buckets)  # shard=1: the last reduced buckets
         self._should_synchronize = True
+        self._consolidated = None  # the last consolidate_state_dict()'s state here, until the next step()
         # Whether step() returns before the parameters are gathered (the opt-in; see the top).
         self._overlap = bool(overlap_gathers) and self._size > 1
         if self._overlap:
@@ -450,7 +451,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return self._synchronized and not self._grads.pending()
 
     def _synchronize(self) -> None:
+        # shard=2: gradients synchronize() left in the shards, neither stepped on nor zeroed.
+        unconsumed = self._stage == 2 and self._synchronized and any(s.grad is not None for s in self._shards)
         results = self._grads.synchronize()
+        if unconsumed:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: a backward pass after synchronize() with neither step() nor "
+                "zero_grad() between: with shard=2 the earlier pass's gradients live only in this rank's shard and "
+                "would be replaced by the new pass's, where DDP adds them. Call step() or zero_grad() after "
+                "synchronize(), or accumulate passes inside optimizer.no_sync() (or backward_passes_per_step)"
+            )
         if self._stage == 2:
             for shard, grad in zip(self._shards, results):
                 shard.grad = grad
@@ -563,6 +573,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._synchronize()
         if self._stage == 1:
             self._shard_gradients_from_grad(self._reduced)
+        self._grads.remove_held()  # shard=2's stand-ins end with the pass they stood for
         for outer, inner in zip(self.param_groups, self.optim.param_groups):
             inner.update({k: v for k, v in outer.items() if k not in ("params", "param_names")})
         if self._flats and self._flats[0].device.type == "cpu":
@@ -571,6 +582,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             host_heap.fix_mmap_threshold()
         self.optim.step()
         self._synchronized = False
+        self._consolidated = None  # the state moved on
         self._gather()
         return loss
 
@@ -613,13 +625,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "(or synchronize()): the gradients of that backward pass are being reduced "
                 "across ranks; zero them before backward or after step()"
             )
+        self._grads.remove_held()
         for p in itertools.chain(self._all_params, self._shards):
             if p.grad is None:
                 continue
             if set_to_none:
                 p.grad = None
             else:
-                p.grad.detach_()
+                # torch's Optimizer.zero_grad: a view (the shard's gradient in the flat bucket) cannot detach_().
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
                 p.grad.zero_()
         self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
 
@@ -640,25 +657,38 @@ class ShardedOptimizer(torch.optim.Optimizer):
     # ---- checkpoints (zero/checkpoint.py) ------------------------------------
 
     def state_dict(self):
-        """This rank's shard of the optimizer state (local; load it back with
-        the same number of ranks, or pass every rank's to load_state_dict)."""
+        """The whole optimizer state in torch's format, as the last
+        consolidate_state_dict() gave it to this rank (torch's
+        ZeroRedundancyOptimizer's contract, which Lightning follows). Without
+        one since the last step(), or on a rank it did not go to, it raises
+        naming the fix: a rank's own state is only a shard, and a checkpoint
+        of it saved from rank 0 would silently hold rank 0's part alone."""
+        return sharded_checkpoint.consolidated_state_dict(self)
+
+    def sharded_state_dict(self):
+        """This rank's shard of the optimizer state (local, cheap; every rank
+        saves its own: load it back at the same number of ranks, or pass
+        every rank's to load_state_dict at any number)."""
         return sharded_checkpoint.shard_state_dict(self)
 
     def load_state_dict(self, state_dict) -> None:
         """Takes a full state (an unsharded optimizer's state_dict(), or
-        consolidate_state_dict()'s), this rank's shard from state_dict(), or
-        the list of every rank's shards (any number of ranks then)."""
+        consolidate_state_dict()'s), this rank's shard from
+        sharded_state_dict(), or the list of every rank's shards (any number
+        of ranks then)."""
         self.wait_parameters()
         self._grads.reset()
         self._synchronized = False
+        self._consolidated = None
         sharded_checkpoint.load(self, state_dict)
 
     def consolidate_state_dict(self, to=0):
         """Collective: the whole optimizer state in torch's format (as the
         unsharded optimizer's state_dict() would hold it, tensors on the CPU)
         on rank ``to`` (a global rank, a list of them, or None: every rank);
-        None elsewhere."""
-        return sharded_checkpoint.consolidate(self, to)
+        None elsewhere. state_dict() returns it there until the next step()."""
+        self._consolidated = sharded_checkpoint.consolidate(self, to)
+        return self._consolidated
 
     def _hvd_broadcast_state(self, root_rank: int) -> None:
         """hvd.broadcast_optimizer_state on a sharded optimizer: the job's state as root_rank sees it."""

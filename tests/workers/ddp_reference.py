@@ -13,10 +13,16 @@ Routes, each with the change a DDP user makes:
   opt     hvd.DistributedOptimizer: synchronize(), clip, step() inside
           skip_synchronize() (guide, "Coming from DDP")
   shard1  hvd.DistributedModel + hvd.DistributedOptimizer(shard=1): the
-          optimizer's own clip_grad_norm_, consolidate_state_dict() saved
+          optimizer's own clip_grad_norm_; consolidate_state_dict(to=None)
+          before the usual checkpoint code (state_dict() on every rank)
+  shard2  the same with shard=2
+  elastic hvd.DistributedModel, the loop inside hvd.elastic.run with a
+          TorchState holding the model, optimizer, schedule and EMA; the
+          checkpoint is a commit to disk, the resumed run a fresh state
+          that hvd.elastic.run loads it into
 
-Each run saves {parameters, buffers, EMA} of rank 0 and of every rank (for
-the across-ranks check) to <out>/<route>.<run>.pt.
+Each route saves {parameters, buffers, EMA} of rank 0 and of every rank (for
+the across-ranks check), uninterrupted and resumed, to <out>/<route>.pt.
 """
 
 import math
@@ -59,13 +65,15 @@ def _shard(rank: int, size: int, step: int):
     return x[rank * BATCH : (rank + 1) * BATCH], y[rank * BATCH : (rank + 1) * BATCH]
 
 
-def _schedule(opt):
-    def factor(step):
-        if step < WARMUP:
-            return (step + 1) / WARMUP
-        return 0.5 * (1 + math.cos(math.pi * (step - WARMUP) / (STEPS - WARMUP)))
+def _lr_factor(step: int) -> float:
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    return 0.5 * (1 + math.cos(math.pi * (step - WARMUP) / (STEPS - WARMUP)))
 
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+def _schedule(opt):
+    # A module-level factor: the schedule pickles, as a user's usually does.
+    return torch.optim.lr_scheduler.LambdaLR(opt, _lr_factor)
 
 
 class Run:
@@ -73,13 +81,13 @@ class Run:
 
     made = 0  # names models the same on every rank
 
-    def __init__(self, route: str):
+    def __init__(self, route: str, commit_dir: str = ""):
         self.route = route
         Run.made += 1
         net = _net()
         if route == "ddp":
             self.model = torch.nn.parallel.DistributedDataParallel(net)
-        elif route in ("dm", "shard1"):
+        elif route in ("dm", "shard1", "shard2", "elastic"):
             self.model = hvd.DistributedModel(net, name=f"ref.{route}.{Run.made}")
         else:
             self.model = net
@@ -89,11 +97,15 @@ class Run:
         if route == "opt":
             self.opt = hvd.DistributedOptimizer(inner, named_parameters=net.named_parameters())
             hvd.broadcast_parameters(net.state_dict(), root_rank=0)
-        elif route == "shard1":
-            self.opt = hvd.DistributedOptimizer(inner, shard=1)
+        elif route in ("shard1", "shard2"):
+            self.opt = hvd.DistributedOptimizer(inner, shard=int(route[-1]))
         else:
             self.opt = inner
         self.ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.8), use_buffers=True)
+        if route == "elastic":
+            self.state = hvd.elastic.TorchState(
+                net, self.opt, commit_dir=commit_dir, schedule=self.schedule, ema=self.ema, step=0
+            )
 
     def step(self, step: int) -> None:
         x, y = _shard(hvd.rank(), hvd.size(), step)
@@ -106,7 +118,7 @@ class Run:
             torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
             with self.opt.skip_synchronize():
                 self.opt.step()
-        elif self.route == "shard1":
+        elif self.route in ("shard1", "shard2"):
             self.opt.clip_grad_norm_(1.0)
             self.opt.step()
         else:
@@ -117,10 +129,11 @@ class Run:
 
     def checkpoint(self):
         """What rank 0 saves (every rank calls this: a consolidation is collective)."""
-        opt = self.opt.consolidate_state_dict(to=0) if self.route == "shard1" else self.opt.state_dict()
+        if self.route in ("shard1", "shard2"):
+            self.opt.consolidate_state_dict(to=None)  # then state_dict() is the whole state, on every rank
         return {
             "model": self.net.state_dict(),
-            "optimizer": opt,
+            "optimizer": self.opt.state_dict(),
             "schedule": self.schedule.state_dict(),
             "ema": self.ema.state_dict(),
         }
@@ -143,9 +156,35 @@ def _everyone(result) -> list:
     return hvd.allgather_object(result, name="ref.results")
 
 
+def _elastic(run: Run) -> None:
+    """The loop as an elastic job writes it: from the state's step to the
+    end, committing at RESUME_AT (the commit is the checkpoint)."""
+
+    @hvd.elastic.run
+    def loop(state):
+        for step in range(state.step, STEPS):
+            if step == RESUME_AT and state.commit_count == 0:
+                state.step = step
+                state.commit()
+            run.step(step)
+
+    loop(run.state)
+
+
 def train(out: str, route: str) -> None:
     hvd.init()
     torch.set_num_threads(1)
+    if route == "elastic":
+        commit_dir = os.path.join(out, "elastic")
+        run = Run(route, commit_dir)
+        _elastic(run)
+        whole = run.result()
+        hvd.barrier()
+        resumed = Run(route, commit_dir)  # a restarted job: hvd.elastic.run loads the commit
+        _elastic(resumed)
+        assert resumed.state.step == RESUME_AT, resumed.state.step
+        _save(out, route, whole, resumed.result())
+        return
     path = os.path.join(out, f"ckpt.{route}.pt")
     # Uninterrupted, writing the checkpoint at RESUME_AT on the way.
     run = Run(route)
@@ -162,7 +201,10 @@ def train(out: str, route: str) -> None:
     resumed.resume(torch.load(path, weights_only=False))
     for step in range(RESUME_AT, STEPS):
         resumed.step(step)
-    again = resumed.result()
+    _save(out, route, whole, resumed.result())
+
+
+def _save(out: str, route: str, whole, again) -> None:
     everyone = _everyone(whole)
     if hvd.rank() == 0:
         torch.save({"whole": whole, "resumed": again, "ranks": everyone}, os.path.join(out, f"{route}.pt"))

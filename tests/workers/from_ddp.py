@@ -239,6 +239,154 @@ def torch_clipping_with_shard1() -> None:
     _assert_equal_to_ddp(net, ddp)
 
 
+def _expect_held(what: str, fn) -> None:
+    try:
+        fn()
+    except RuntimeError as e:
+        assert "shard=2" in str(e) and "optimizer.clip_grad_norm_" in str(e) and "weight" in str(e), str(e)
+    else:
+        raise AssertionError(f"shard=2: {what} between backward and step() was not refused")
+
+
+def torch_clipping_with_shard2() -> None:
+    """shard=2 keeps no .grad: torch's clip_grad_norm_ (and any other use of
+    .grad: GradScaler, a manual norm) between backward and step() raises
+    naming optimizer.clip_grad_norm_, which ends equal to DDP with clipping.
+    A pass after synchronize() (refused at step(): it would not add up as
+    under DDP), a no_sync() pass and zero_grad(set_to_none=False) find no
+    stand-in left in their way."""
+    import copy
+
+    hvd.init()
+    r = hvd.rank()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 3)
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), shard=2
+    )
+    ref_opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(7 + r)
+    x = torch.randn(8, 5, generator=g) * (3 + r)
+    opt.zero_grad()
+    net(x).pow(2).sum().backward()
+    _expect_held("torch.nn.utils.clip_grad_norm_", lambda: torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5))
+    _expect_held("torch.nn.utils.clip_grad_value_", lambda: torch.nn.utils.clip_grad_value_(net.parameters(), 0.5))
+    _expect_held("a norm of .grad", lambda: net.weight.grad.norm())
+    opt.synchronize()
+    _expect_held("clipping after synchronize()", lambda: torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5))
+    # A second pass finds the stand-ins gone before it accumulates; its gradients would replace the
+    # synchronized ones where DDP adds them, so step() refuses.
+    net(x).pow(2).sum().backward()
+    try:
+        opt.step()
+    except RuntimeError as e:
+        assert "after synchronize()" in str(e) and "zero_grad()" in str(e), str(e)
+    else:
+        raise AssertionError("shard=2: a pass after synchronize() replaced its gradients silently")
+    opt.zero_grad(set_to_none=False)  # drops the synchronized gradients; no stand-in in the way
+    assert net.weight.grad is None or type(net.weight.grad) is torch.Tensor, type(net.weight.grad)
+    with opt.no_sync():
+        net(x).pow(2).sum().backward()  # accumulates locally: real gradients, left alone
+    assert type(net.weight.grad) is torch.Tensor, type(net.weight.grad)
+    opt.zero_grad()
+    for step in range(3):
+        x = torch.randn(8, 5, generator=g) * (3 + r)
+        opt.zero_grad(set_to_none=step % 2 == 0)
+        net(x).pow(2).sum().backward()
+        opt.clip_grad_norm_(0.5)
+        opt.step()
+        assert net.weight.grad is None, "shard=2: a stand-in .grad outlived step()"
+        _clipped_ddp_step(ddp, ref_opt, x)
+    _assert_equal_to_ddp(net, ddp)
+
+
+def sharded_checkpoint_the_usual_way() -> None:
+    """A sharded optimizer's state_dict() without consolidate_state_dict()
+    raises naming it (a rank's own state is a shard); after it, state_dict()
+    is the whole state on the ranks it went to, until the next step(); it
+    resumes an unsharded optimizer exactly. sharded_state_dict() is the
+    per-rank form."""
+    hvd.init()
+    r = hvd.rank()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 3)
+    twin = torch.nn.Linear(5, 3)
+    twin.load_state_dict(net.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=0.1), shard=2)
+    plain = torch.optim.Adam(twin.parameters(), lr=0.1)
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(3))  # the same batch on every rank
+
+    def refused(what: str) -> None:
+        try:
+            opt.state_dict()
+        except RuntimeError as e:
+            assert "consolidate_state_dict" in str(e) and "sharded_state_dict" in str(e), str(e)
+        else:
+            raise AssertionError(f"rank {r}: state_dict() {what} was not refused")
+
+    for _ in range(2):
+        opt.zero_grad()
+        net(x).pow(2).sum().backward()
+        opt.step()
+        plain.zero_grad()
+        twin(x).pow(2).sum().backward()
+        plain.step()
+    refused("before consolidate_state_dict()")
+    full = opt.consolidate_state_dict(to=0)
+    if r == 0:
+        assert opt.state_dict() is full
+        fresh = torch.optim.Adam(torch.nn.Linear(5, 3).parameters(), lr=0.1)
+        fresh.load_state_dict(opt.state_dict())  # an unsharded optimizer resumes from it
+        for k, v in plain.state_dict()["state"].items():
+            for key, want in v.items():
+                torch.testing.assert_close(full["state"][k][key], want, msg=lambda m, k=k, key=key: f"{k}.{key}: {m}")
+    else:
+        refused("on a rank consolidate_state_dict(to=0) did not give it to")
+    opt.consolidate_state_dict(to=None)
+    assert opt.state_dict()["state"].keys() == plain.state_dict()["state"].keys()
+    opt.zero_grad()
+    net(x).pow(2).sum().backward()
+    opt.step()
+    refused("after a step() that made the consolidated state stale")
+    shard = opt.sharded_state_dict()
+    assert shard["hvdtorch_shard"]["rank"] == r, shard["hvdtorch_shard"]
+    every = hvd.allgather_object(shard, name="from_ddp.shards")
+    opt.load_state_dict(every)  # the list of every rank's shards loads anywhere
+
+
+def elastic_state_keeps_a_scheduler_in_place() -> None:
+    """hvd.elastic.TorchState with a scheduler and a GradScaler as extras:
+    restore() and sync() put their state back into those same objects, so
+    the schedule goes on driving the real optimizer (a deep copy of the
+    scheduler would drive a copy of it, silently)."""
+    hvd.init()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=1.0)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    state = hvd.elastic.TorchState(net, opt, schedule=schedule, scaler=scaler, epoch=0)
+    assert state.schedule is schedule and state.scaler is scaler
+    state.commit()
+    for _ in range(2):
+        opt.step()
+        schedule.step()
+    scaler.scale(torch.ones(()))  # the scale starts to exist
+    scaler.update(new_scale=2.0)
+    assert opt.param_groups[0]["lr"] == 0.25
+    state.restore()
+    assert state.schedule is schedule and state.scaler is scaler, "restore() replaced the extras"
+    assert schedule.last_epoch == 0 and opt.param_groups[0]["lr"] == 1.0, (schedule.last_epoch, opt.param_groups)
+    assert scaler.get_scale() == 8.0, scaler.get_scale()
+    schedule.step()
+    assert opt.param_groups[0]["lr"] == 0.5, "the restored schedule does not drive the optimizer"
+    if hvd.rank() == 1:
+        schedule.step()  # rank 1 ahead; sync() makes it rank 0's again
+    state.sync()
+    assert schedule.last_epoch == 1 and state.schedule is schedule, schedule.last_epoch
+
+
 def scheduler_built_before_sharding() -> None:
     """A learning-rate scheduler built on the optimizer before shard=1/2
     wraps it drives the sharded optimizer: parameters end as one process's
