@@ -23,6 +23,9 @@ from tests.harness import ROOT, launcher_free_env, run_ranks
         "torch_clipping_with_shard2",
         "sharded_checkpoint_the_usual_way",
         "elastic_state_keeps_a_scheduler_in_place",
+        "uneven_data_with_join",
+        "adasum_state_of_another_rank",
+        "powersgd_state_of_another_rank",
         "scheduler_built_before_sharding",
         "sharded_optimizer_before_the_model",
     ],
@@ -40,7 +43,9 @@ def test_mpirun_exports_torch_variables():
     assert out.stdout.count("torch env ok") == 2, out.stdout + out.stderr
 
 
-ROUTES = ["dm", "opt", "shard1", "shard2", "elastic"]
+# Routes whose update rule is DDP's; adasum's is not (Adasum combines the ranks' updates otherwise).
+EQUAL_TO_DDP = ["dm", "opt", "shard1", "shard2", "elastic", "powersgd"]
+ROUTES = [*EQUAL_TO_DDP, "adasum"]
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +68,16 @@ def test_reference_script_trains_as_under_ddp(reference_runs, route):
     import torch
 
     want, got = reference_runs["ddp"]["whole"], reference_runs[route]["whole"]
-    for part in ("model", "ema"):
-        for key, w in want[part].items():
-            torch.testing.assert_close(
-                got[part][key], w, rtol=1e-5, atol=1e-6, msg=lambda m: f"{route}, {part}.{key} against DDP: {m}"
-            )
+    if route in EQUAL_TO_DDP:
+        # PowerSGD at full rank is exact up to the orthogonalization's rounding.
+        rtol, atol = (1e-3, 5e-5) if route == "powersgd" else (1e-5, 1e-6)
+        for part in ("model", "ema"):
+            for key, w in want[part].items():
+                torch.testing.assert_close(
+                    got[part][key], w, rtol=rtol, atol=atol, msg=lambda m: f"{route}, {part}.{key} against DDP: {m}"
+                )
+    else:  # it ran its own rule, not DDP's under another name
+        assert any(not torch.allclose(got["model"][k], w) for k, w in want["model"].items()), f"{route} is DDP's"
     ranks = reference_runs[route]["ranks"]
     for key, p in ranks[0]["model"].items():
         if "running" not in key and "num_batches" not in key:

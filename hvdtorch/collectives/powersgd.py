@@ -11,8 +11,14 @@ Contract:
   * state_dict() is {"options", "iteration", "errors", "qs"}: the reduced
     passes counted, and each compressed parameter's error (this rank's) and
     Q (the same on every rank), keyed by the parameter's position among the
-    reducer's parameters. load_state_dict() restores it now, or, before the
-    model or optimizer is built, when it is. Call both between steps.
+    reducer's parameters, and "rank": the global rank it came from.
+    load_state_dict() restores it now, or, before the model or optimizer is
+    built, when it is. Call both between steps.
+  * The errors are each rank's own: another rank's state (the usual rank-0
+    checkpoint) is refused, naming the ways out (every rank's state saved,
+    or the list of them, of which each rank takes its own), since it would
+    not resume this rank as it was. A state without "rank" (elastic's
+    sync, which averages the errors on purpose) is taken as it is.
   * It compresses buckets, not single tensors: hvd.allreduce(...,
     compression=) with it is ValueError.
 """
@@ -22,7 +28,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .. import _C
+from .. import _C, runtime
 
 _OPTIONS = ("rank", "start_iter", "min_compression_rate", "fp16", "seed")
 
@@ -137,9 +143,29 @@ class PowerSGDCompressor:
             "iteration": int(iteration),
             "errors": {int(k): v.clone() for k, v in errors.items()},
             "qs": {int(k): v.clone() for k, v in qs.items()},
+            "rank": runtime.rank() if runtime.is_initialized() else 0,
         }
 
-    def load_state_dict(self, state_dict: Dict) -> None:
+    def load_state_dict(self, state_dict) -> None:
+        """This rank's state, the list of every rank's (it takes its own), or a state without a rank."""
+        me = runtime.rank() if runtime.is_initialized() else 0
+        if isinstance(state_dict, (list, tuple)):
+            mine = [s for s in state_dict if isinstance(s, dict) and s.get("rank") == me]
+            if len(mine) != 1:
+                raise ValueError(
+                    f"hvdtorch: rank {me}: Compression.powersgd.load_state_dict() got a list of states of ranks "
+                    f"{[s.get('rank') if isinstance(s, dict) else None for s in state_dict]}, none or several of "
+                    "them this rank's; pass the list of every rank's state_dict()"
+                )
+            state_dict = mine[0]
+        owner = state_dict.get("rank")
+        if owner is not None and owner != me and state_dict.get("errors"):
+            raise ValueError(
+                f"hvdtorch: rank {me}: this Compression.powersgd state is rank {owner}'s: its error feedback is "
+                "that rank's own and would not resume this one as it was. Save every rank's state (a file per "
+                "rank, or hvd.allgather_object(compressor.state_dict()) saved as one list) and load this rank's "
+                "or the list"
+            )
         options = state_dict.get("options", {})
         for key in ("rank", "seed"):
             if key in options and options[key] != getattr(self, key):

@@ -16,14 +16,25 @@ Tensors are packed per device and dtype into one flat tensor each, and each
 is one broadcast: a BatchNorm network's few hundred small buffers cost two
 collectives a step, not hundreds. Buffers are looked up at every call, so a
 buffer the module replaced (``module.running_mean = ...``) is the one synced.
+
+Uneven data (hvd.join()): once the first rank has joined it has nothing to
+send, and every rank still training gets the engine's refusal of that
+broadcast alike. They then agree which ranks still train (a Sum of one-hot
+rows, to which joined ranks add zeros) and take the buffers from the first of
+them, so training goes on as under DDP's join (which takes them from a rank
+still training too: the last).
 """
 
 from typing import Dict, List, Tuple
 
 import torch
 
+from .. import runtime
 from ..collectives import ops
 from .sync_batch_norm import SyncBatchNorm
+
+# How the engine refuses a broadcast whose root has joined (Coordinator::whileJoinedError).
+_ROOT_JOINED = "has joined and has nothing to send"
 
 
 def _synced_by_construction(module: torch.nn.Module) -> set:
@@ -74,11 +85,24 @@ class BufferSync:
         for k, key in enumerate(order):
             group = groups[key]
             flat = torch.cat([t.reshape(-1) for t in group])
-            ops.broadcast_(flat, root, name=f"{self._name}.{what}.{k}", process_set=self._set)
-            if self._set.rank() == 0:
+            try:
+                ops.broadcast_(flat, root, name=f"{self._name}.{what}.{k}", process_set=self._set)
+            except ops.HvdError as e:
+                if _ROOT_JOINED not in str(e):
+                    raise
+                root = self._first_rank_training(f"{self._name}.{what}.{k}")
+                ops.broadcast_(flat, root, name=f"{self._name}.{what}.{k}.joined", process_set=self._set)
+            if runtime.rank() == root:
                 continue  # the root's tensors are what was sent
             offset = 0
             for t in group:
                 n = t.numel()
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
+
+    def _first_rank_training(self, name: str) -> int:
+        """The lowest global rank that has not joined (joined ranks add zeros to the Sum)."""
+        mine = torch.zeros(runtime.size())
+        mine[runtime.rank()] = 1.0
+        training = ops.allreduce(mine, op=ops.Sum, name=f"{name}.training_ranks", process_set=self._set)
+        return int(torch.nonzero(training)[0])

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from .. import autotune
+from .. import autotune, runtime
 from ..collectives import ops
 from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.powersgd import is_powersgd
@@ -29,6 +29,7 @@ from .bucketed_step import steps_in_pieces
 from .buckets import layers_by_name, plan_buckets
 from .gradient_sync import GradientSync
 from .parameter_names import names_by_id
+from .shared_groups import load_keeping_groups
 
 _instance_ids = itertools.count()
 # The key of a Compression.powersgd compressor's state in DistributedOptimizer.state_dict().
@@ -163,15 +164,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             powersgd = state_dict.pop(_POWERSGD_KEY)
             if is_powersgd(self._hvd_compression):
                 self._hvd_compression.load_state_dict(powersgd)
-        # torch's load puts new group dicts in place; the wrapped optimizer's
-        # own dicts are kept, with the loaded values, so that a learning-rate
-        # scheduler built on the wrapped optimizer still drives this one.
-        shared = list(self.param_groups)
-        result = super(self._hvd_class, self).load_state_dict(state_dict, *args, **kwargs)
-        for mine, loaded in zip(shared, self.param_groups):
-            mine.update(loaded)
-        self.param_groups = shared
-        return result
+        return load_keeping_groups(self, super(self._hvd_class, self).load_state_dict, state_dict, *args, **kwargs)
+
+    def _hvd_broadcast_state(self, root_rank: int, process_set=None) -> None:
+        """hvd.broadcast_optimizer_state: every rank takes root_rank's state,
+        the PowerSGD compressor's errors included, on purpose (Horovod's)."""
+        from ..collectives.broadcast import broadcast_object
+
+        ps = process_set or ops.global_process_set
+        state = broadcast_object(self.state_dict(), root_rank, name="broadcast_optimizer_state", process_set=ps)
+        if runtime.rank() == root_rank:
+            return
+        if _POWERSGD_KEY in state:
+            state[_POWERSGD_KEY] = {k: v for k, v in state[_POWERSGD_KEY].items() if k != "rank"}
+        self.load_state_dict(state)
 
     def set_backward_passes_per_step(self, passes: int):
         """Changes how many backward passes are accumulated before each reduction."""

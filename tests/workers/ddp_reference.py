@@ -16,6 +16,15 @@ Routes, each with the change a DDP user makes:
           optimizer's own clip_grad_norm_; consolidate_state_dict(to=None)
           before the usual checkpoint code (state_dict() on every rank)
   shard2  the same with shard=2
+  powersgd hvd.DistributedModel(compression=Compression.powersgd) at full
+          rank from the third step (exact: P P^T M = M; equal to DDP within
+          the orthogonalization's rounding); the checkpoint holds every
+          rank's compressor state (its errors are each rank's own)
+  adasum  hvd.DistributedOptimizer(op=hvd.Adasum), clipping the local
+          gradients its local step takes (Adasum combines the steps), the
+          checkpoint holding every rank's optimizer state (each rank's is
+          its own): a different update rule, so only equal across ranks
+          and resumable, not equal to DDP
   elastic hvd.DistributedModel, the loop inside hvd.elastic.run with a
           TorchState holding the model, optimizer, schedule and EMA; the
           checkpoint is a commit to disk, the resumed run a fresh state
@@ -89,13 +98,17 @@ class Run:
             self.model = torch.nn.parallel.DistributedDataParallel(net)
         elif route in ("dm", "shard1", "shard2", "elastic"):
             self.model = hvd.DistributedModel(net, name=f"ref.{route}.{Run.made}")
+        elif route == "powersgd":
+            self.powersgd = hvd.Compression.powersgd(rank=8, start_iter=2, min_compression_rate=0)
+            self.model = hvd.DistributedModel(net, name=f"ref.{route}.{Run.made}", compression=self.powersgd)
         else:
             self.model = net
         self.net = net
         inner = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9, weight_decay=1e-3)
         self.schedule = _schedule(inner)
-        if route == "opt":
-            self.opt = hvd.DistributedOptimizer(inner, named_parameters=net.named_parameters())
+        if route in ("opt", "adasum"):
+            op = hvd.Adasum if route == "adasum" else hvd.Average
+            self.opt = hvd.DistributedOptimizer(inner, named_parameters=net.named_parameters(), op=op)
             hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         elif route in ("shard1", "shard2"):
             self.opt = hvd.DistributedOptimizer(inner, shard=int(route[-1]))
@@ -131,14 +144,22 @@ class Run:
         """What rank 0 saves (every rank calls this: a consolidation is collective)."""
         if self.route in ("shard1", "shard2"):
             self.opt.consolidate_state_dict(to=None)  # then state_dict() is the whole state, on every rank
-        return {
+        opt = self.opt.state_dict()
+        if self.route == "adasum":  # each rank's state is its own: rank 0 saves every rank's
+            opt = hvd.allgather_object(opt, name="ref.adasum.states")
+        ckpt = {
             "model": self.net.state_dict(),
-            "optimizer": self.opt.state_dict(),
+            "optimizer": opt,
             "schedule": self.schedule.state_dict(),
             "ema": self.ema.state_dict(),
         }
+        if self.route == "powersgd":  # Q factors, pass count and every rank's own errors
+            ckpt["powersgd"] = hvd.allgather_object(self.powersgd.state_dict(), name="ref.powersgd.states")
+        return ckpt
 
     def resume(self, ckpt) -> None:
+        if self.route == "powersgd":
+            self.powersgd.load_state_dict(ckpt["powersgd"])
         self.net.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["optimizer"])
         self.schedule.load_state_dict(ckpt["schedule"])

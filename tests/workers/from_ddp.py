@@ -387,6 +387,115 @@ def elastic_state_keeps_a_scheduler_in_place() -> None:
     assert schedule.last_epoch == 1 and state.schedule is schedule, schedule.last_epoch
 
 
+def uneven_data_with_join() -> None:
+    """Uneven data (rank 0 runs out first): DistributedModel with hvd.join(),
+    then the model broadcast from the rank that joined last, ends with DDP's
+    parameters under ddp.join() (which averages with zeros from joined ranks
+    and syncs the final model from the last joiner, as here), and with equal
+    buffers on every rank."""
+    import copy
+
+    hvd.init()
+    r = hvd.rank()
+    net = _bn_net(seed=0)
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
+    ours = hvd.DistributedModel(net)
+    batches = _batches(r, 2 + 2 * r)
+    ref_opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    with ddp.join():
+        for x, y in batches:
+            ref_opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            ref_opt.step()
+    opt = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(ours(x), y).backward()
+        opt.step()
+    last = hvd.join()
+    assert last == 1, last
+    hvd.broadcast_parameters(ours.module.state_dict(), root_rank=last)
+    want = dict(ddp.module.named_parameters())
+    for name, p in ours.module.named_parameters():
+        torch.testing.assert_close(p, want[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r}: {name}: {m}")
+    for name, t in ours.module.named_buffers():
+        everyone = _gathered(t, f"join.{name}")
+        assert torch.equal(everyone[0], everyone[-1]), f"rank {r}: buffer {name} differs across ranks"
+
+
+def adasum_state_of_another_rank() -> None:
+    """op=hvd.Adasum: each rank's optimizer state is its own, so rank 0's
+    state loaded on rank 1 (the usual rank-0 checkpoint) is refused naming
+    the ways out; the list of every rank's states loads each its own, and
+    hvd.broadcast_optimizer_state starts every rank from the root's."""
+    hvd.init()
+    r = hvd.rank()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), op=hvd.Adasum)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(r))
+    opt.zero_grad()
+    net(x).pow(2).sum().backward()
+    opt.step()
+    mine = opt.state_dict()
+    every = hvd.allgather_object(mine, name="from_ddp.adasum.states")
+    rank0 = every[0]
+    if r == 1:
+        try:
+            opt.load_state_dict(rank0)
+        except ValueError as e:
+            assert "rank 0's" in str(e) and "broadcast_optimizer_state" in str(e), str(e)
+        else:
+            raise AssertionError("rank 1 took rank 0's Adasum optimizer state silently")
+    opt.load_state_dict(every)
+    buf = opt.state_dict()["state"][0]["momentum_buffer"]
+    assert torch.equal(buf, mine["state"][0]["momentum_buffer"]), "the list did not give this rank its own state"
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    buf = opt.state_dict()["state"][0]["momentum_buffer"]
+    assert torch.equal(buf, rank0["state"][0]["momentum_buffer"]), "broadcast_optimizer_state did not give rank 0's"
+
+
+def powersgd_state_of_another_rank() -> None:
+    """Compression.powersgd's error feedback is each rank's own: rank 0's
+    state loaded on rank 1 is refused naming the ways out, inside a
+    DistributedOptimizer's state too; the list of every rank's loads each
+    its own; hvd.broadcast_optimizer_state still gives every rank the root's."""
+    hvd.init()
+    r = hvd.rank()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 2))
+    compression = hvd.Compression.powersgd(rank=1, start_iter=0, min_compression_rate=0)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(), compression=compression
+    )
+    for step in range(2):
+        x = torch.randn(3, 6, generator=torch.Generator().manual_seed(10 * r + step))
+        opt.zero_grad()
+        net(x).pow(2).sum().backward()
+        opt.step()
+    mine = compression.state_dict()
+    assert mine["errors"], "nothing was compressed"
+    every = hvd.allgather_object(mine, name="from_ddp.powersgd.states")
+    whole = hvd.allgather_object(opt.state_dict(), name="from_ddp.powersgd.opt_states")
+    if r == 1:
+        for what, load in (
+            ("the compressor", lambda: compression.load_state_dict(every[0])),
+            ("the optimizer", lambda: opt.load_state_dict(whole[0])),
+        ):
+            try:
+                load()
+            except ValueError as e:
+                assert "rank 0's" in str(e) and "every rank's state" in str(e), str(e)
+            else:
+                raise AssertionError(f"rank 1 took rank 0's PowerSGD errors through {what} silently")
+    compression.load_state_dict(every)
+    for k, v in compression.state_dict()["errors"].items():
+        assert torch.equal(v, mine["errors"][k]), "the list did not give this rank its own errors"
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for k, v in compression.state_dict()["errors"].items():
+        assert torch.equal(v, every[0]["errors"][k]), "broadcast_optimizer_state did not give rank 0's errors"
+
+
 def scheduler_built_before_sharding() -> None:
     """A learning-rate scheduler built on the optimizer before shard=1/2
     wraps it drives the sharded optimizer: parameters end as one process's
