@@ -145,7 +145,6 @@ def late_rank_waits_for_the_cycle(cycle_ms: str) -> None:
     millisecond)."""
     hvd.init()
     cycle = float(cycle_ms) / 1000.0
-    assert runtime.state().engine.cycle_time_ms() == float(cycle_ms)
     waits = []
     for i in range(6):
         hvd.allreduce(torch.ones(1), name=f"knobs.align.{i}")
