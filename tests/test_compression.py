@@ -41,3 +41,7 @@ def test_gradient_paths_send_float32_as_float16_and_bfloat16_as_it_is(nranks):
 
 def test_gradient_buckets_refuse_a_compressor_of_the_users_own():
     run_ranks("tests.workers.compression:check_own_compressor_refused_by_gradient_buckets", 2, timeout=90)
+
+
+def test_a_compressor_of_the_users_own_is_refused_or_applied_with_every_op():
+    run_ranks("tests.workers.compression:check_own_compressor_with_every_op", 2, timeout=90)

@@ -1,6 +1,7 @@
 """Errors, never hangs: mismatches, bad arguments, a dead peer, a missing rank."""
 
 import re
+import signal
 
 import pytest
 
@@ -44,6 +45,30 @@ def test_killed_peer_makes_others_raise_at_once():
         # Every survivor names the rank that died, not a survivor that closed
         # its links on the way out.
         assert re.search(r"peer rank 1 \(pid \d+\) died", m.group(2)), r.output
+
+
+def test_every_op_of_a_failed_fused_unit_raises():
+    # A fused unit of several all-reduces fails in execution on rank 0: rank 1
+    # negotiated it, then froze before sending any of its data (the worker
+    # makes both certain, with no timing). Rank 0's unit fails at the
+    # deadline, and each of its ops must raise, none waiting forever (this
+    # test's deadline). The test kills the frozen rank 1 at the end.
+    timeout = 5
+    results = run_ranks(
+        "tests.workers.errors:fused_unit_fails",
+        2,
+        timeout=60,
+        expect_success=False,
+        env={"HVDTORCH_TIMEOUT": str(timeout), "HVDTORCH_SHM": "0"},
+        kill_rank=1,
+        kill_after="FREEZE-ME",
+        kill_signal=signal.SIGSTOP,
+    )
+    out = results[0].output
+    assert results[0].returncode == 0, out
+    assert "FREEZE-ME" in results[1].output, results[1].output
+    m = re.search(r"rank 0: \d+ ops raised after ([0-9.]+)s, failed in unit", out)
+    assert m and float(m.group(1)) < 4 * timeout, out
 
 
 def test_live_rank_that_never_submits_gets_a_stall_warning_then_the_timeout(tmp_path):

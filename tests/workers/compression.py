@@ -162,3 +162,58 @@ def check_own_compressor_refused_by_gradient_buckets():
         op=hvd.Adasum,
     )
     hvd.shutdown()
+
+
+class _Counting(Compressor):
+    """A compressor of the user's own that counts its calls (and changes nothing)."""
+
+    calls = 0
+
+    @staticmethod
+    def compress(tensor):
+        _Counting.calls += 1
+        return tensor.clone(), None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+def check_own_compressor_with_every_op():
+    """A compressor of the user's own is never silently left unapplied, whatever the op: every gradient
+    front refuses it (ValueError naming the front) for op=hvd.Average and op=hvd.Sum alike, sharded or
+    not; op=hvd.Adasum, which accepts it, calls it in step()."""
+    hvd.init()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+
+    def sgd():
+        return torch.optim.SGD(net.parameters(), lr=0.1)
+
+    for op, op_name in ((hvd.Average, "Average"), (hvd.Sum, "Sum")):
+        fronts = {
+            "DistributedModel": lambda op=op: hvd.DistributedModel(net, compression=_Counting, op=op),
+            "DistributedOptimizer": lambda op=op: hvd.DistributedOptimizer(
+                sgd(), named_parameters=net.named_parameters(), compression=_Counting, op=op
+            ),
+        }
+        for shard in (1, 2):
+            fronts[f"DistributedOptimizer shard={shard}"] = lambda op=op, shard=shard: hvd.DistributedOptimizer(
+                sgd(), named_parameters=net.named_parameters(), compression=_Counting, op=op, shard=shard
+            )
+        for what, make in fronts.items():
+            where = what.split()[0]
+            try:
+                made = make()
+            except ValueError as e:
+                assert f"hvdtorch: {where}: compression=" in str(e) and "of your own" in str(e), (op_name, what, e)
+            else:
+                del made
+                raise AssertionError(f"{what} with op=hvd.{op_name} accepted a compressor of the user's own")
+    opt = hvd.DistributedOptimizer(sgd(), named_parameters=net.named_parameters(), compression=_Counting, op=hvd.Adasum)
+    before = _Counting.calls
+    opt.zero_grad()
+    net(torch.full((3, 4), float(hvd.rank() + 1))).sum().backward()
+    opt.step()
+    assert _Counting.calls > before, "op=hvd.Adasum accepted the compressor but never called it"
+    hvd.shutdown()

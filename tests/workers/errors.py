@@ -181,3 +181,113 @@ def missing_rank_times_out():
             open(flag, "w").close()
     assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after"), torch.full((2,), 3.0))
     hvd.shutdown()
+
+
+FUSED_OPS = 4
+
+
+class _GatedGroup(torch.distributed.ProcessGroup):
+    """A Gloo group whose point-to-point calls (the engine's links over it)
+    first call `gate()`, on the engine thread that posts them."""
+
+    def __init__(self, inner, gate):
+        super().__init__(inner.rank(), inner.size())
+        self.inner, self.gate = inner, gate
+
+    def send(self, tensors, dst, tag):
+        self.gate()
+        return self.inner.send(tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        self.gate()
+        return self.inner.recv(tensors, src, tag)
+
+
+def fused_unit_fails():
+    """FUSED_OPS all-reduces, negotiated together and so one fused unit, fail
+    in execution on rank 0: rank 1 negotiated them, then froze before it
+    posted any of their data. Every op of the unit must raise, none left
+    waiting (the test's deadline catches one that waits). An op that failed
+    in its unit says so: "rank 0: allreduce '<the unit's first op>' failed".
+
+    Both are certain, by order, not timing. Rank 1's engine talks through
+    gates: its control and data groups wrapped (links over c10d:
+    HVDTORCH_SHM=0), each point-to-point call first calling the gate.
+    - One unit. Rank 0 submits the ops, then an all-reduce: once that
+      returns on rank 1, rank 0's control thread has taken the ops into a
+      cycle no later than the one it negotiated in. Rank 1 then holds its
+      control thread at its next link call (inside a cycle, after that
+      cycle took its new ops; rank 0's cycle waits on it meanwhile),
+      submits all the ops and lets it go: its next cycle takes them
+      together, and it is the first in which any of them is pending on
+      every rank, so one answer holds them all and they fuse.
+    - Negotiated, never exchanged. Rank 1 has nothing else in flight: the
+      first data-link call its engine makes after that is the unit's first
+      message, posted by its executor. There rank 1 stops (SIGSTOP), and
+      that call never returns. Rank 0 gets none of rank 1's data: its unit
+      fails at the deadline. The test kills rank 1 at the end (FREEZE-ME)."""
+    import re
+    import signal
+    import threading
+
+    from hvdtorch import _C
+
+    timeout = float(os.environ["HVDTORCH_TIMEOUT"])
+    held, release, freeze = threading.Event(), threading.Event(), threading.Event()
+    hold = threading.Event()
+
+    def control_gate():
+        if hold.is_set():
+            hold.clear()
+            held.set()
+            release.wait()
+
+    def data_gate():
+        if freeze.is_set():
+            print("FREEZE-ME", flush=True)
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # the whole rank, from this thread on
+            threading.Event().wait()  # and this call never returns, whenever the stop lands
+
+    engine_class, gated = _C.Engine, []
+    if os.environ["RANK"] == "1":
+
+        def gated_engine(opts, rank, hosts, control, data, *rest):
+            # Kept: the engine's calls reach the Python methods only while the objects live.
+            gated.extend([_GatedGroup(control, control_gate), _GatedGroup(data, data_gate)])
+            return engine_class(opts, rank, hosts, *gated, *rest)
+
+        _C.Engine = gated_engine
+    try:
+        hvd.init()
+    finally:
+        _C.Engine = engine_class
+    r, n = hvd.rank(), hvd.size()
+    tensors = [torch.full((1 << 16,), float(k + 1)) for k in range(FUSED_OPS)]  # 256 KB each
+
+    def submit(tag):
+        return [hvd.allreduce_async(t, op=hvd.Sum, name=f"{tag}.{k}", reducer="ring") for k, t in enumerate(tensors)]
+
+    for k, h in enumerate(submit("warm")):  # links made, rank 1's gates in use
+        assert torch.equal(hvd.synchronize(h), tensors[k] * n)
+    t0 = time.time()
+    if r == 0:
+        hs = submit("fused")
+    hvd.allreduce(torch.ones(1), op=hvd.Sum, name="submitted", reducer="ring")
+    if r == 1:
+        hold.set()
+        assert held.wait(4 * timeout), "rank 1: the control thread never reached a link"
+        freeze.set()
+        hs = submit("fused")
+        release.set()
+    errors = []
+    for h in hs:
+        try:
+            hvd.synchronize(h)
+        except hvd.HvdError as e:
+            errors.append(str(e))
+    took = time.time() - t0
+    for e in errors:
+        print(f"rank {r} op error: {e[:300]}", flush=True)
+    units = [m.group(1) for m in (re.match(r"rank \d+: allreduce '([^']+)' failed: ", e) for e in errors) if m]
+    print(f"rank {r}: {len(errors)} ops raised after {took:.1f}s, failed in unit: {units}", flush=True)
+    assert len(units) == FUSED_OPS and len(set(units)) == 1, f"rank {r}: the ops did not all fail in one unit: {errors}"

@@ -156,3 +156,72 @@ def check_mismatch_in_set():
             raise AssertionError("mismatch in a set did not raise")
     assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), 4.0))
     hvd.shutdown()
+
+
+class _TwoWays(torch.nn.Module):
+    """Layers a and b applied in an order each rank chooses: the order their gradients become
+    ready in backward (DistributedModel's observed order) differs between ranks."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+        self.c = torch.nn.Linear(4, 2)
+
+    def forward(self, x, a_first):
+        h = self.b(torch.relu(self.a(x))) if a_first else self.a(torch.relu(self.b(x)))
+        return self.c(h)
+
+
+def check_bucket_order_in_a_set_without_rank_0():
+    """DistributedModel in the set [1, 2] of 3 ranks: after the first pass
+    every member rebuilds its buckets in the order the set's first rank
+    (global rank 1) observed, although the two members observed different
+    orders, and gradients still average right in the rebuilt buckets. Rank 0,
+    outside the set, takes no part."""
+    hvd.init()
+    r = hvd.rank()
+    assert hvd.size() == 3
+    tail = hvd.add_process_set([1, 2])
+    if tail.included():
+        torch.manual_seed(0)
+        base = _TwoWays()
+        net = copy.deepcopy(base)
+        # One parameter per bucket (beyond the first): the layout is the order.
+        model = hvd.DistributedModel(net, process_set=tail, fusion_bytes=64, first_bucket_bytes=64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        a_first = r == 1
+
+        def batch(step):
+            g = torch.Generator().manual_seed(10 * step + r)
+            return torch.randn(3, 4, generator=g)
+
+        opt.zero_grad()
+        model(batch(0), a_first).sum().backward()
+        opt.step()
+        observed = model._reducer.ready_order()
+        orders = hvd.allgather_object(list(observed), process_set=tail)
+        assert orders[0] != orders[1], f"the members observed the same order {orders[0]}: nothing is tested"
+        from hvdtorch.training.buckets import complete_order
+
+        want = complete_order(orders[0], len(list(net.parameters())))
+        # The next forward rebuilds the buckets in the agreed order.
+        opt.zero_grad()
+        x = batch(1)
+        model(x, a_first).sum().backward()
+        assert not model._rebuild_pending, f"rank {r}: the buckets were never rebuilt"
+        assert model._order == want, f"rank {r}: buckets in order {model._order}, the set's first rank saw {want}"
+        layouts = hvd.allgather_object(model._reducer.bucket_params(), process_set=tail)
+        assert layouts[0] == layouts[1], f"the members' buckets differ: {layouts}"
+        # The gradients of this pass average the members' own, bucket by bucket.
+        local = copy.deepcopy(base)
+        with torch.no_grad():
+            for p, q in zip(local.parameters(), net.parameters()):
+                p.copy_(q)
+        local(x, a_first).sum().backward()
+        grads = hvd.allgather_object([p.grad for p in local.parameters()], process_set=tail)
+        for (name, p), g0, g1 in zip(net.named_parameters(), *grads):
+            torch.testing.assert_close(p.grad, (g0 + g1) / 2, msg=lambda m, name=name: f"rank {r}, {name}: {m}")
+        opt.step()
+    hvd.barrier()
+    hvd.shutdown()
