@@ -138,6 +138,46 @@ def test_cable_cut_during_a_large_allreduce(netns_hosts):
     _check_shm_clean(token)
 
 
+class _BusyMachine:
+    """Two processes spinning beside the ranks (another job on both cores, as
+    on a shared training host), for the length of a `with`."""
+
+    def __enter__(self):
+        spin = "import os\nos.nice(0)\nwhile True: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+LOADED_ROUNDS = 2
+
+
+def test_cable_cut_under_load_every_rank_raises_in_time_naming_the_other_host(netns_hosts):
+    """The node reducer (shared memory inside a host, each local rank's slice
+    across the cable) with both cores busy: when the cable goes down, every
+    rank raises within the bound (one deadline per operation: a wait that
+    begins after another timed out gets what is left, so timeouts do not add
+    up along ranks waiting for each other) and names a rank on the other host
+    (a rank that waited in a node barrier for its host-mate reports the
+    host-mate's cause, not the barrier), in every round."""
+    for i in range(LOADED_ROUNDS):
+        hosts = netns_hosts(2)
+        job = _start(hosts, "large_allreduce_until_fault", "16", "node")
+        job.wait_for("i=2", timeout=180, count=4)
+        with _BusyMachine():
+            time.sleep(1.0)  # the load is there when the cable goes
+            hosts.link_down(1)
+            t_fault = time.time()
+            token = _check_survivors(hosts, job, t_fault, peers={0: [2, 3], 1: [2, 3], 2: [0, 1], 3: [0, 1]})
+        job.kill()
+        _check_shm_clean(token)
+        hosts.close()
+
+
 def _worker_pid(hosts, job, rank):
     """Pid of a torchrun worker by its global rank (its RANK variable)."""
     agents = {p.pid for p in job.procs}

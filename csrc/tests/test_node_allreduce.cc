@@ -12,10 +12,12 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "algorithms/node_allreduce.h"
 #include "check.h"
+#include "common/deadline.h"
 #include "common/error.h"
 #include "dtype_values.h"
 #include "ranks.h"
@@ -188,6 +190,80 @@ TEST(node_rank_leaving_fails_peers_fast) {
   }
   // "At once" must differ clearly from "at the deadline".
   CHECK(std::chrono::duration_cast<milliseconds>(Clock::now() - t0) < deadline / 4);
+}
+
+TEST(node_waits_share_the_operations_deadline) {
+  // One operation deadline of 1 s (the engine sets one per unit): rank 1
+  // comes 600 ms late to the first barrier, then stays away (alive and
+  // attached). Rank 0's later barrier ends at the operation's deadline (plus
+  // the arena's grace for a peer to leave), not a fresh 20 s timeout.
+  const NodeOptions o = options(256);
+  const auto t0 = Clock::now();
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      std::vector<int>{0, 0},
+      [&](Context& ctx) {
+        NodeAllreduce reducer(o);
+        const OperationDeadline op(Deadline::after(milliseconds(1000)));
+        std::vector<float> buf(100, 1.f);
+        if (ctx.rank() == 1) std::this_thread::sleep_for(milliseconds(600));
+        reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        if (ctx.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(3000));
+          return;
+        }
+        reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      },
+      milliseconds(20000));
+  const auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
+  bool timed_out = false;
+  try {
+    if (outcomes[0].error) std::rethrow_exception(outcomes[0].error);
+  } catch (const TimeoutError&) {
+    timed_out = true;
+  } catch (...) {
+  }
+  CHECK_MSG(timed_out, "rank 0: %s", outcomes[0].what.c_str());
+  CHECK_MSG(outcomes[0].what.find("local rank 1 (rank 1)") != std::string::npos, "%s", outcomes[0].what.c_str());
+  // The 3 s rank 1 sleeps end the run; rank 0's error came before: measured from its own end would need
+  // more plumbing, so the bound is on the rank's message: it waited at most what the operation had left.
+  const auto waited = std::stoi(outcomes[0].what.substr(outcomes[0].what.find("timed out after ") + 16));
+  CHECK_MSG(waited <= 1000, "rank 0 waited %d ms in its second barrier: not the operation's deadline", waited);
+  CHECK(took < milliseconds(15000));
+}
+
+TEST(node_barrier_gives_a_failing_peer_time_to_leave) {
+  // Rank 1 fails the operation a little after the others' deadline (a host's
+  // leader whose cross-host link ended by the same deadline) and leaves the
+  // arena: ranks 0 and 2, past their deadline, wait the arena's grace and so
+  // report that it left (PeerClosed, whose cause the engine then waits for),
+  // not a timeout that names the wrong story.
+  const NodeOptions o = options(256);
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      std::vector<int>{0, 0, 0},
+      [&](Context& ctx) {
+        NodeAllreduce reducer(o);
+        std::vector<float> buf(100, 1.f);
+        reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+        if (ctx.rank() == 1) {
+          std::this_thread::sleep_for(milliseconds(850));
+          return;  // leaves: its arena mapping goes away
+        }
+        const OperationDeadline op(Deadline::after(milliseconds(800)));
+        reducer.allreduce(ctx, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      },
+      milliseconds(20000));
+  for (int r : {0, 2}) {
+    bool closed = false;
+    try {
+      if (outcomes[r].error) std::rethrow_exception(outcomes[r].error);
+    } catch (const PeerClosed&) {
+      closed = true;
+    } catch (...) {
+    }
+    CHECK_MSG(closed, "rank %d: %s", r, outcomes[r].what.c_str());
+    CHECK_MSG(outcomes[r].what.find("left the node arena") != std::string::npos, "rank %d: %s", r,
+              outcomes[r].what.c_str());
+  }
 }
 
 TEST(node_between_processes_and_killed_peer) {

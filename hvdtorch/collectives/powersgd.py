@@ -11,14 +11,14 @@ Contract:
   * state_dict() is {"options", "iteration", "errors", "qs"}: the reduced
     passes counted, and each compressed parameter's error (this rank's) and
     Q (the same on every rank), keyed by the parameter's position among the
-    reducer's parameters, and "rank": the global rank it came from.
+    reducer's parameters, and "process_rank": the global rank it came from.
     load_state_dict() restores it now, or, before the model or optimizer is
     built, when it is. Call both between steps.
   * The errors are each rank's own: another rank's state (the usual rank-0
     checkpoint) is refused, naming the ways out (every rank's state saved,
     or the list of them, of which each rank takes its own), since it would
-    not resume this rank as it was. A state without "rank" (elastic's
-    sync, which averages the errors on purpose) is taken as it is.
+    not resume this rank as it was. A state without "process_rank"
+    (elastic's sync, which averages the errors on purpose) is taken as it is.
   * It compresses buckets, not single tensors: hvd.allreduce(...,
     compression=) with it is ValueError.
 """
@@ -28,7 +28,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .. import _C, runtime
+from .. import _C
 
 _OPTIONS = ("rank", "start_iter", "min_compression_rate", "fp16", "seed")
 
@@ -61,6 +61,7 @@ class PowerSGDCompressor:
         self._strategy: Optional[_C.PowerSGDStrategy] = None
         self._owner = None  # a weak reference to what reduces with it
         self._pending: Optional[Dict] = None  # a state loaded before the strategy existed
+        self._process_rank: Optional[int] = None  # the global rank of the model or optimizer using it
 
     def __repr__(self):
         return "Compression.powersgd(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in _OPTIONS) + ")"
@@ -99,9 +100,10 @@ class PowerSGDCompressor:
                 "compression=Compression.none for it"
             )
 
-    def strategy_for(self, owner) -> "_C.PowerSGDStrategy":
+    def strategy_for(self, owner, rank: int) -> "_C.PowerSGDStrategy":
         """The C++ strategy ``owner`` (a DistributedModel or a GradientSync) hands its GradientReducer;
-        made on the first call, with the state loaded so far."""
+        made on the first call, with the state loaded so far. ``rank``: this process's global rank (whose
+        error feedback the state holds)."""
         current = self._owner() if self._owner is not None else None
         if current is not None and current is not owner:
             raise ValueError(
@@ -109,6 +111,7 @@ class PowerSGDCompressor:
                 "make one compressor per model or optimizer"
             )
         self._owner = weakref.ref(owner)
+        self._process_rank = int(rank)
         if self._strategy is None:
             self._strategy = _C.PowerSGDStrategy(
                 rank=self.rank,
@@ -119,6 +122,7 @@ class PowerSGDCompressor:
             )
             if self._pending is not None:
                 pending, self._pending = self._pending, None
+                self._check_owner(pending)
                 self._strategy.load_state(pending["iteration"], pending["errors"], pending["qs"])
         return self._strategy
 
@@ -143,29 +147,25 @@ class PowerSGDCompressor:
             "iteration": int(iteration),
             "errors": {int(k): v.clone() for k, v in errors.items()},
             "qs": {int(k): v.clone() for k, v in qs.items()},
-            "rank": runtime.rank() if runtime.is_initialized() else 0,
+            "process_rank": self._process_rank,  # None before a model or optimizer took it: no errors yet
         }
 
     def load_state_dict(self, state_dict) -> None:
         """This rank's state, the list of every rank's (it takes its own), or a state without a rank."""
-        me = runtime.rank() if runtime.is_initialized() else 0
         if isinstance(state_dict, (list, tuple)):
-            mine = [s for s in state_dict if isinstance(s, dict) and s.get("rank") == me]
+            if self._process_rank is None:
+                raise ValueError(
+                    "hvdtorch: Compression.powersgd.load_state_dict(): a list of every rank's states is taken once "
+                    "a model or optimizer compresses with it (it then knows its rank); build that first"
+                )
+            mine = [s for s in state_dict if isinstance(s, dict) and s.get("process_rank") == self._process_rank]
             if len(mine) != 1:
                 raise ValueError(
-                    f"hvdtorch: rank {me}: Compression.powersgd.load_state_dict() got a list of states of ranks "
-                    f"{[s.get('rank') if isinstance(s, dict) else None for s in state_dict]}, none or several of "
-                    "them this rank's; pass the list of every rank's state_dict()"
+                    f"hvdtorch: rank {self._process_rank}: Compression.powersgd.load_state_dict() got a list of states of "
+                    f"ranks {[s.get('process_rank') if isinstance(s, dict) else None for s in state_dict]}, none or several "
+                    "of them this rank's; pass the list of every rank's state_dict()"
                 )
             state_dict = mine[0]
-        owner = state_dict.get("rank")
-        if owner is not None and owner != me and state_dict.get("errors"):
-            raise ValueError(
-                f"hvdtorch: rank {me}: this Compression.powersgd state is rank {owner}'s: its error feedback is "
-                "that rank's own and would not resume this one as it was. Save every rank's state (a file per "
-                "rank, or hvd.allgather_object(compressor.state_dict()) saved as one list) and load this rank's "
-                "or the list"
-            )
         options = state_dict.get("options", {})
         for key in ("rank", "seed"):
             if key in options and options[key] != getattr(self, key):
@@ -177,11 +177,24 @@ class PowerSGDCompressor:
             "iteration": int(state_dict["iteration"]),
             "errors": {int(k): torch.as_tensor(v) for k, v in state_dict["errors"].items()},
             "qs": {int(k): torch.as_tensor(v) for k, v in state_dict["qs"].items()},
+            "process_rank": state_dict.get("process_rank"),
         }
         if self._strategy is not None:
+            self._check_owner(state)
             self._strategy.load_state(state["iteration"], state["errors"], state["qs"])
         else:
             self._pending = state
+
+    def _check_owner(self, state: Dict) -> None:
+        """Another rank's error feedback is refused (see the top)."""
+        owner = state.get("process_rank")
+        if owner is not None and owner != self._process_rank and state["errors"]:
+            raise ValueError(
+                f"hvdtorch: rank {self._process_rank}: this Compression.powersgd state is rank {owner}'s: its error feedback "
+                "is that rank's own and would not resume this one as it was. Save every rank's state (a file per "
+                "rank, or hvd.allgather_object(compressor.state_dict()) saved as one list) and load this rank's "
+                "or the list"
+            )
 
 
 def is_powersgd(compression) -> bool:

@@ -182,7 +182,7 @@ class DistributedModel(torch.nn.Module):
             where = "DistributedModel"
             compression.check_parameters(((n, p) for n, p in module.named_parameters() if p.requires_grad), where)
             compression.check_process_set(process_set, where)
-            strategy = compression.strategy_for(self)
+            strategy = compression.strategy_for(self, runtime.rank())
         for p in params:
             _models_by_param[id(p)] = self
         # What a sharded optimizer that takes over the gradients reduces them with (hand_gradients_to).

@@ -255,7 +255,7 @@ class GradientSync:
                 "DistributedOptimizer(sparse_as_dense=True), or Compression.none for them"
             )
         self._sparse_dims = dims
-        self._reducer = self._make_reducer(self._compression.strategy_for(self))
+        self._reducer = self._make_reducer(self._compression.strategy_for(self, runtime.rank()))
         self._reducer.synchronize()
 
     def _dense_params(self):

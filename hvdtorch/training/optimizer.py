@@ -176,7 +176,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if runtime.rank() == root_rank:
             return
         if _POWERSGD_KEY in state:
-            state[_POWERSGD_KEY] = {k: v for k, v in state[_POWERSGD_KEY].items() if k != "rank"}
+            state[_POWERSGD_KEY] = {k: v for k, v in state[_POWERSGD_KEY].items() if k != "process_rank"}
         self.load_state_dict(state)
 
     def set_backward_passes_per_step(self, passes: int):

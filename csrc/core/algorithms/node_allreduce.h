@@ -43,8 +43,9 @@
 // ranks. The intra-host phases always use shared memory, whatever link
 // factories the Context has.
 //
-// Every barrier has its own deadline (ctx.deadline() when it starts), so the
-// timeout bounds the time without progress, not the whole call. After a
+// Every barrier waits until ctx.deadline(): the operation's, which the
+// engine sets once per unit (OperationDeadline), so a barrier that begins
+// after a slow phase gets what is left, not a fresh timeout. After a
 // failure the arena is released (peers fail fast) and the reducer refuses
 // further calls: the ranks can no longer be in step.
 #pragma once

@@ -13,7 +13,9 @@ namespace hvdtorch {
 const std::vector<Config::Knob>& Config::knobs() {
   // The meanings are the README's knob table (tools/gen_docs.py writes it from here).
   static const std::vector<Knob> k = {
-      {"TIMEOUT", "600", "seconds any collective may wait for a peer before it fails on every rank"},
+      {"TIMEOUT", "600",
+       "seconds an operation may wait for its peers, all its waits together (one deadline per operation), before it "
+       "fails on every rank"},
       {"STALL_CHECK_TIME", "60", "seconds before a warning names the ranks that have not submitted an op"},
       {"CYCLE_TIME", "1", "milliseconds between negotiation cycles of the background thread"},
       {"FUSION_THRESHOLD", "67108864", "bytes of the engine's fusion buffer; 0 disables fusion"},

@@ -1,9 +1,10 @@
 // Everything an algorithm needs to talk to the other ranks: the topology, a
 // Link per peer (chosen per hop: shared memory on the same host, the c10d
 // link otherwise, as NCCL chooses per hop), the backend's native collectives
-// and the deadline that bounds every wait.
+// and the deadline that bounds every wait (one per operation).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -43,7 +44,19 @@ class Context {
   int size() const { return topo_.size; }
   NativeCollectives* native() const { return native_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  Deadline deadline() const { return Deadline::after(timeout_); }
+  // How much longer than a peer a rank waits for what that peer relays (its
+  // result, or its last word naming the rank that stalled it): a quarter of
+  // the timeout, at most 1 s. Waiting exactly as long as the relaying peer
+  // could only end in blaming it.
+  std::chrono::milliseconds relayGrace() const {
+    return std::min<std::chrono::milliseconds>(timeout_ / 4, std::chrono::seconds(1));
+  }
+  // The running operation's deadline (OperationDeadline, common/deadline.h)
+  // where one is set on this thread, else the timeout from now.
+  Deadline deadline() const {
+    const Deadline* op = OperationDeadline::current();
+    return op ? *op : Deadline::after(timeout_);
+  }
 
   // The link to `peer`, created on first use. Both ends must ask for their
   // link in a compatible order (any algorithm that talks to a peer does).

@@ -1,5 +1,6 @@
 #include "engine/execution/work_queue.h"
 
+#include "common/deadline.h"
 #include "common/error.h"
 #include "common/thread_placement.h"
 #include "engine/op_spec.h"
@@ -186,6 +187,8 @@ void WorkQueue::runUnit(QueuedUnit& item) {
     }
     const auto started = OpTimes::now();
     for (auto& p : unit.pieces) p.entry->state->times.started = started;
+    // Every wait of this unit ends by one deadline (common/deadline.h says why).
+    const OperationDeadline deadline(Deadline::after(config_.timeout));
     item.site->executor->run(unit);
   } catch (const InvalidArgument& e) {
     for (auto& p : unit.pieces) p.entry->state->fail(strCat("rank ", me, ": ", e.what()));

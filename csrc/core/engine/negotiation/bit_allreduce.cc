@@ -139,7 +139,12 @@ void bitAndAllreduce(Context& ctx, std::vector<uint64_t>& words, Deadline deadli
       if (leaders[t.host_of_rank[r]] < 0) leaders[t.host_of_rank[r]] = r;
     recursiveDoubling(io, Group{leaders, indexOf(leaders, t.rank)}, words);
   }
-  treeBroadcast(io, local, words);
+  // The host's result comes down from its leader, which waited on the other
+  // hosts until the same deadline: wait a little longer, so that its last
+  // word (the link to another host that failed) arrives before this rank
+  // could only blame the leader.
+  Steps down(ctx, deadline.extendedBy(ctx.relayGrace()), cost, words.size() * sizeof(uint64_t));
+  treeBroadcast(t.local_rank == 0 ? io : down, local, words);
 }
 
 }  // namespace hvdtorch

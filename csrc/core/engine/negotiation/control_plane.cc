@@ -31,10 +31,9 @@ std::vector<char> ControlPlane::exchange(std::vector<char> mine, const Decide& d
     // Rank 0 gathers with the plain deadline; waiting a little longer here
     // lets its last word (sendLastWord), naming the rank that stalled or
     // died, arrive before this rank gives up and can only blame rank 0.
-    const auto grace = std::min<std::chrono::milliseconds>(ctx_.timeout() / 4, std::chrono::seconds(1));
     // A last word from rank 0 is a ResponseList too (shutdown set, naming
     // the cause): the caller handles it like any shutdown.
-    return recvFrame(root, Deadline::after(ctx_.timeout() + grace)).payload;
+    return recvFrame(root, ctx_.deadline().extendedBy(ctx_.relayGrace())).payload;
   }
   std::vector<std::vector<char>> all(p);
   all[0] = std::move(mine);

@@ -91,29 +91,42 @@ void ShmArena::barrier(Deadline deadline, const char* what) {
     return;
   }
   const int self = local_ranks_[local_rank_];
-  shmWait(
-      control()->barrier, deadline, [&] { return allArrived(n); },
-      [&]() -> ShmGone {
-        for (int j = 0; j < localSize(); ++j) {
-          if (j == local_rank_ || arrivals(j).load(std::memory_order_acquire) >= n) continue;
-          switch (seg_.peer(j)) {
-            case ShmSegment::Peer::kDead:
-              return strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j, ", pid ", seg_.pidOf(j),
-                            ") died; node barrier ", what, " cannot complete");
-            case ShmSegment::Peer::kDetached:
-              // It left on purpose (a failure elsewhere stopped it): it says why on the control plane.
-              return {strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j,
-                             ") left the node arena ", seg_.name(), "; node barrier ", what, " cannot complete"),
-                      true};
-            default: break;
-          }
-        }
-        return {};
-      },
-      [&](std::chrono::milliseconds waited) {
-        return strCat("rank ", self, ": timed out after ", waited.count(), " ms in node barrier ", what, " (segment ",
-                      seg_.name(), "); still waiting for ", missing(n));
-      });
+  const auto arrived = [&] { return allArrived(n); };
+  const auto gone = [&]() -> ShmGone {
+    for (int j = 0; j < localSize(); ++j) {
+      if (j == local_rank_ || arrivals(j).load(std::memory_order_acquire) >= n) continue;
+      switch (seg_.peer(j)) {
+        case ShmSegment::Peer::kDead:
+          return strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j, ", pid ", seg_.pidOf(j),
+                        ") died; node barrier ", what, " cannot complete");
+        case ShmSegment::Peer::kDetached:
+          // It left on purpose (a failure elsewhere stopped it): it says why on the control plane.
+          return {strCat("rank ", self, ": peer rank ", local_ranks_[j], " (local rank ", j, ") left the node arena ",
+                         seg_.name(), "; node barrier ", what, " cannot complete"),
+                  true};
+        default: break;
+      }
+    }
+    return {};
+  };
+  try {
+    shmWait(control()->barrier, deadline, arrived, gone, [&](std::chrono::milliseconds waited) {
+      return strCat("rank ", self, ": timed out after ", waited.count(), " ms in node barrier ", what, " (segment ",
+                    seg_.name(), "); still waiting for ", missing(n));
+    });
+  } catch (const PeerClosed&) {
+    throw;
+  } catch (const TimeoutError& timed_out) {
+    // The local rank waited for is alive and attached: it may be failing the
+    // same operation for a cause of its own at about the same moment (a
+    // host's leader whose link to another host went down ends by the same
+    // operation deadline). It leaves the arena as it fails, and its cause
+    // then leads (PeerClosed: the engine waits for the word). Give it that
+    // long before this timeout is the story.
+    const std::string told = timed_out.what();
+    shmWait(control()->barrier, Deadline::after(kLeaveGrace), arrived, gone,
+            [&](std::chrono::milliseconds) { return told; });
+  }
 }
 
 }  // namespace hvdtorch

@@ -21,6 +21,7 @@
 // local rank that died or left is reported within ~100 ms.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -53,8 +54,12 @@ class ShmArena {
 
   // Returns once every local rank has entered barrier() as many times as
   // this one. Memory written before the barrier by any local rank is visible
-  // after it. `what` names the phase in error messages.
+  // after it. `what` names the phase in error messages. Past the deadline it
+  // waits kLeaveGrace more for a live local rank to arrive or leave the arena
+  // (PeerClosed: a rank that failed for a cause of its own), then throws
+  // TimeoutError naming the ranks it waited for.
   void barrier(Deadline deadline, const char* what);
+  static constexpr std::chrono::milliseconds kLeaveGrace{500};
 
  private:
   struct Control;
