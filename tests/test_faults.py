@@ -164,7 +164,7 @@ def test_cable_cut_under_load_every_rank_raises_in_time_naming_the_other_host(ne
     up along ranks waiting for each other) and names a rank on the other host
     (a rank that waited in a node barrier for its host-mate reports the
     host-mate's cause, not the barrier), in every round."""
-    for i in range(LOADED_ROUNDS):
+    for _ in range(LOADED_ROUNDS):
         hosts = netns_hosts(2)
         job = _start(hosts, "large_allreduce_until_fault", "16", "node")
         job.wait_for("i=2", timeout=180, count=4)

@@ -158,12 +158,13 @@ class PowerSGDCompressor:
                     "hvdtorch: Compression.powersgd.load_state_dict(): a list of every rank's states is taken once "
                     "a model or optimizer compresses with it (it then knows its rank); build that first"
                 )
-            mine = [s for s in state_dict if isinstance(s, dict) and s.get("process_rank") == self._process_rank]
+            owners = [s.get("process_rank") if isinstance(s, dict) else None for s in state_dict]
+            mine = [s for s, owner in zip(state_dict, owners) if owner == self._process_rank]
             if len(mine) != 1:
                 raise ValueError(
-                    f"hvdtorch: rank {self._process_rank}: Compression.powersgd.load_state_dict() got a list of states of "
-                    f"ranks {[s.get('process_rank') if isinstance(s, dict) else None for s in state_dict]}, none or several "
-                    "of them this rank's; pass the list of every rank's state_dict()"
+                    f"hvdtorch: rank {self._process_rank}: Compression.powersgd.load_state_dict() got a list of "
+                    f"states of ranks {owners}, none or several of them this rank's; pass the list of every rank's "
+                    "state_dict()"
                 )
             state_dict = mine[0]
         options = state_dict.get("options", {})
@@ -190,10 +191,10 @@ class PowerSGDCompressor:
         owner = state.get("process_rank")
         if owner is not None and owner != self._process_rank and state["errors"]:
             raise ValueError(
-                f"hvdtorch: rank {self._process_rank}: this Compression.powersgd state is rank {owner}'s: its error feedback "
-                "is that rank's own and would not resume this one as it was. Save every rank's state (a file per "
-                "rank, or hvd.allgather_object(compressor.state_dict()) saved as one list) and load this rank's "
-                "or the list"
+                f"hvdtorch: rank {self._process_rank}: this Compression.powersgd state is rank {owner}'s: its error "
+                "feedback is that rank's own and would not resume this one as it was. Save every rank's state (a "
+                "file per rank, or hvd.allgather_object(compressor.state_dict()) saved as one list) and load this "
+                "rank's or the list"
             )
 
 

@@ -123,7 +123,7 @@ void ShmArena::barrier(Deadline deadline, const char* what) {
     // operation deadline). It leaves the arena as it fails, and its cause
     // then leads (PeerClosed: the engine waits for the word). Give it that
     // long before this timeout is the story.
-    const std::string told = timed_out.what();
+    std::string told = timed_out.what();
     shmWait(control()->barrier, Deadline::after(kLeaveGrace), arrived, gone,
             [&](std::chrono::milliseconds) { return told; });
   }
