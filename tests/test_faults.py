@@ -178,6 +178,24 @@ def test_cable_cut_under_load_every_rank_raises_in_time_naming_the_other_host(ne
         hosts.close()
 
 
+def test_rank_killed_under_load_every_survivor_in_time_naming_it(netns_hosts):
+    """Rank 3 killed in the middle of backward with both cores busy: every
+    survivor raises within the bound and names rank 3, in every round."""
+    for _ in range(LOADED_ROUNDS):
+        hosts = netns_hosts(2)
+        job = _start(hosts, "train_until_fault", "3", "5")
+        job.wait_for("VICTIM pid=", timeout=180)
+        pid = int(_field(r"VICTIM pid=(\d+)", "\n".join(job.outputs()), "victim").group(1))
+        with _BusyMachine():
+            time.sleep(1.0)  # the load is there when the rank dies
+            os.kill(pid, signal.SIGKILL)
+            t_fault = time.time()
+            token = _check_survivors(hosts, job, t_fault, peers={0: [3], 1: [3], 2: [3]})
+        job.kill()
+        _check_shm_clean(token)
+        hosts.close()
+
+
 def _worker_pid(hosts, job, rank):
     """Pid of a torchrun worker by its global rank (its RANK variable)."""
     agents = {p.pid for p in job.procs}
