@@ -225,3 +225,46 @@ def check_bucket_order_in_a_set_without_rank_0():
         opt.step()
     hvd.barrier()
     hvd.shutdown()
+
+
+def check_module_state_and_shards_in_a_set_without_rank_0():
+    """In the set [1, 2] of 3 ranks: DistributedModel's wrap-time broadcast
+    and its buffer broadcast take global rank 1's (the set's first rank's)
+    parameters and running statistics, not global rank 0's; a shard=2
+    optimizer over the set steps equal to the set's average (its members'
+    parameters equal after training). Rank 0, outside the set, takes part in
+    nothing and keeps its own."""
+    hvd.init()
+    r = hvd.rank()
+    assert hvd.size() == 3
+    tail = hvd.add_process_set([1, 2])
+    torch.manual_seed(r)  # each rank its own weights: the wrap must replace rank 2's by rank 1's
+    net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 2))
+    mine = {k: v.clone() for k, v in net.state_dict().items()}
+    if tail.included():
+        model = hvd.DistributedModel(net, process_set=tail)
+        every = hvd.allgather_object(net.state_dict(), name="set.wrap", process_set=tail)
+        for k, v in every[1].items():
+            assert torch.equal(every[0][k], v), f"rank {r}: {k} differs in the set after the wrap"
+            if r == 1:
+                assert torch.equal(v, mine[k]), f"rank 1: {k} is not its own after the wrap"
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), shard=2, model=model)
+        for step in range(3):
+            x = torch.randn(5, 4, generator=torch.Generator().manual_seed(10 * step + r)) + r
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        # Before a forward the members hold rank 1's running statistics (the last forward updated each its own).
+        model(torch.zeros(2, 4))
+        every = hvd.allgather_object(
+            {k: v.clone() for k, v in net.state_dict().items()}, name="set.trained", process_set=tail
+        )
+        for k, v in every[1].items():
+            if "running" not in k and "num_batches" not in k:
+                assert torch.equal(every[0][k], v), f"rank {r}: {k} differs in the set after training"
+        hvd.barrier(process_set=tail)
+    else:
+        for k, v in net.state_dict().items():
+            assert torch.equal(v, mine[k]), f"rank 0 (outside the set): {k} changed"
+    hvd.barrier()
+    hvd.shutdown()
