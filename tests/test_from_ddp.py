@@ -34,6 +34,12 @@ def test_ddp_pattern(check):
     run_ranks(f"tests.workers.from_ddp:{check}", 2, timeout=120)
 
 
+def test_adasum_commit_of_another_host(tmp_path):
+    run_ranks(
+        "tests.workers.from_ddp:adasum_commit_of_another_host", 2, timeout=120, args=[str(tmp_path)], hosts=["a", "b"]
+    )
+
+
 def test_mpirun_exports_torch_variables():
     env = launcher_free_env()
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")

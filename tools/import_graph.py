@@ -30,6 +30,7 @@ LAYERS = {
     "hvdtorch.launch": 0,
     "hvdtorch.exceptions": 0,
     "hvdtorch.collectives.compression": 0,
+    "hvdtorch.collectives.own_state": 0,
     "hvdtorch.collectives.powersgd": 0,  # the compressor object; its algorithm is in _C
     "hvdtorch.training.parameter_names": 0,
     "hvdtorch.training.buckets": 0,

@@ -7,7 +7,7 @@ from typing import Any, List
 import torch
 
 from .. import runtime
-from . import ops
+from . import ops, own_state
 from .handles import check_process_set, op_name
 
 
@@ -75,18 +75,17 @@ def broadcast_optimizer_state(
 ) -> None:
     """Makes every rank's (of the set's) optimizer state and hyper-parameters root_rank's.
 
-    ``model`` is accepted for Horovod compatibility and not needed. An
-    hvdtorch optimizer whose ranks hold state of their own does this itself
-    (_hvd_broadcast_state): a sharded optimizer gathers the state to
-    root_rank, broadcasts it, and each rank takes its shard; Adasum's and
-    PowerSGD's per-rank state (momentum, error feedback) become the root's,
-    on purpose."""
-    own = getattr(optimizer, "_hvd_broadcast_state", None)
-    if own is not None:  # a wrapper with state of each rank's own (shards, Adasum, PowerSGD errors)
-        own(root_rank, process_set)
+    ``model`` is accepted for Horovod compatibility and not needed. A sharded
+    optimizer (shard=1/2) holds a shard of the state on each rank; it does
+    this itself (gathers the state to root_rank, broadcasts, each rank takes
+    its shard). State of each rank's own (Adasum's momentum, PowerSGD's
+    error feedback: own_state.py) becomes the root's, on purpose."""
+    sharded = getattr(optimizer, "_hvd_broadcast_state", None)
+    if sharded is not None:
+        sharded(root_rank)
         return
     state = broadcast_object(
         optimizer.state_dict(), root_rank, name="broadcast_optimizer_state", process_set=process_set
     )
     if runtime.rank() != root_rank:
-        optimizer.load_state_dict(state)
+        optimizer.load_state_dict(own_state.disown(state))

@@ -11,14 +11,15 @@ Contract:
   * state_dict() is {"options", "iteration", "errors", "qs"}: the reduced
     passes counted, and each compressed parameter's error (this rank's) and
     Q (the same on every rank), keyed by the parameter's position among the
-    reducer's parameters, and "process_rank": the global rank it came from.
-    load_state_dict() restores it now, or, before the model or optimizer is
-    built, when it is. Call both between steps.
+    reducer's parameters, and, once there are errors, the global rank whose
+    they are (own_state.OWNER_KEY). load_state_dict() restores it now, or,
+    before the model or optimizer is built, when it is. Call both between
+    steps.
   * The errors are each rank's own: another rank's state (the usual rank-0
-    checkpoint) is refused, naming the ways out (every rank's state saved,
-    or the list of them, of which each rank takes its own), since it would
-    not resume this rank as it was. A state without "process_rank"
-    (elastic's sync, which averages the errors on purpose) is taken as it is.
+    checkpoint) is refused, naming the ways out, and the list of every
+    rank's states gives each rank its own (collectives/own_state.py). A
+    state of no rank's (elastic's sync, which averages the errors on
+    purpose; a disowned one) is taken as it is.
   * It compresses buckets, not single tensors: hvd.allreduce(...,
     compression=) with it is ValueError.
 """
@@ -29,6 +30,7 @@ from typing import Dict, Optional
 import torch
 
 from .. import _C
+from . import own_state
 
 _OPTIONS = ("rank", "start_iter", "min_compression_rate", "fp16", "seed")
 
@@ -122,7 +124,7 @@ class PowerSGDCompressor:
             )
             if self._pending is not None:
                 pending, self._pending = self._pending, None
-                self._check_owner(pending)
+                pending = self._own(pending)
                 self._strategy.load_state(pending["iteration"], pending["errors"], pending["qs"])
         return self._strategy
 
@@ -142,31 +144,25 @@ class PowerSGDCompressor:
             iteration, errors, qs = self._pending["iteration"], self._pending["errors"], self._pending["qs"]
         else:
             iteration, errors, qs = 0, {}, {}
-        return {
+        state = {
             "options": {k: getattr(self, k) for k in _OPTIONS},
             "iteration": int(iteration),
             "errors": {int(k): v.clone() for k, v in errors.items()},
             "qs": {int(k): v.clone() for k, v in qs.items()},
-            "process_rank": self._process_rank,  # None before a model or optimizer took it: no errors yet
         }
+        # Its own errors: whose they are (none yet, or before a model or optimizer took it: no one's).
+        return own_state.mark(state, self._process_rank if errors else None)
 
     def load_state_dict(self, state_dict) -> None:
-        """This rank's state, the list of every rank's (it takes its own), or a state without a rank."""
-        if isinstance(state_dict, (list, tuple)):
+        """This rank's state, the list of every rank's (it takes its own), or a state of no rank's
+        (own_state.py); before a model or optimizer took it, the owner is checked when one does."""
+        if isinstance(state_dict, (list, tuple)) or self._process_rank is not None:
             if self._process_rank is None:
                 raise ValueError(
                     "hvdtorch: Compression.powersgd.load_state_dict(): a list of every rank's states is taken once "
                     "a model or optimizer compresses with it (it then knows its rank); build that first"
                 )
-            owners = [s.get("process_rank") if isinstance(s, dict) else None for s in state_dict]
-            mine = [s for s, owner in zip(state_dict, owners) if owner == self._process_rank]
-            if len(mine) != 1:
-                raise ValueError(
-                    f"hvdtorch: rank {self._process_rank}: Compression.powersgd.load_state_dict() got a list of "
-                    f"states of ranks {owners}, none or several of them this rank's; pass the list of every rank's "
-                    "state_dict()"
-                )
-            state_dict = mine[0]
+            state_dict = self._own(state_dict)
         options = state_dict.get("options", {})
         for key in ("rank", "seed"):
             if key in options and options[key] != getattr(self, key):
@@ -178,24 +174,16 @@ class PowerSGDCompressor:
             "iteration": int(state_dict["iteration"]),
             "errors": {int(k): torch.as_tensor(v) for k, v in state_dict["errors"].items()},
             "qs": {int(k): torch.as_tensor(v) for k, v in state_dict["qs"].items()},
-            "process_rank": state_dict.get("process_rank"),
         }
+        if own_state.OWNER_KEY in state_dict:  # checked once a model or optimizer takes it
+            state[own_state.OWNER_KEY] = state_dict[own_state.OWNER_KEY]
         if self._strategy is not None:
-            self._check_owner(state)
             self._strategy.load_state(state["iteration"], state["errors"], state["qs"])
         else:
             self._pending = state
 
-    def _check_owner(self, state: Dict) -> None:
-        """Another rank's error feedback is refused (see the top)."""
-        owner = state.get("process_rank")
-        if owner is not None and owner != self._process_rank and state["errors"]:
-            raise ValueError(
-                f"hvdtorch: rank {self._process_rank}: this Compression.powersgd state is rank {owner}'s: its error "
-                "feedback is that rank's own and would not resume this one as it was. Save every rank's state (a "
-                "file per rank, or hvd.allgather_object(compressor.state_dict()) saved as one list) and load this "
-                "rank's or the list"
-            )
+    def _own(self, state):
+        return own_state.own(state, self._process_rank, "Compression.powersgd.load_state_dict()", "its error feedback")
 
 
 def is_powersgd(compression) -> bool:

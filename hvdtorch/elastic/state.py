@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from .. import runtime
-from ..collectives import broadcast, ops
+from ..collectives import broadcast, ops, own_state
 from ..collectives.powersgd import is_powersgd
 from ..training.distributed_model import owner_of
 from ..zero.optimizer import ShardedOptimizer
@@ -362,8 +362,11 @@ class TorchState(ObjectState):
     def _load_saved(self, saved: Dict) -> None:
         super()._load_saved(saved)
         self._saved_model = saved["model"]
-        self._saved_optimizer = saved["optimizer"]
+        # A commit on disk is the job's (one writer per host; a shared folder keeps the last writer's): what
+        # a rank of it held of its own (Adasum's, PowerSGD's) is taken on purpose, as sync() hands it out.
+        self._saved_optimizer = own_state.disown(saved["optimizer"])
         self._saved_samplers = saved["samplers"]
         self._saved_stateful = saved.get("stateful", {})
-        self._saved_powersgd = saved.get("powersgd")  # absent from commits written before it was carried
+        # Absent from commits written before it was carried; disowned as the optimizer's.
+        self._saved_powersgd = own_state.disown(saved.get("powersgd"))
         self._optimizer_from_disk = self._sharded

@@ -21,9 +21,9 @@ Contract, as Horovod's Adasum optimizer:
     is zeros.
   * Each rank's optimizer state is its own, so a checkpoint of one rank's
     state_dict() cannot resume the others exactly: state_dict() names the
-    rank and job size it came from, and load_state_dict() refuses another
-    rank's state, naming the ways out (every rank's state, saved per rank or
-    gathered into a list, which it takes its own from; or
+    rank it came from, and load_state_dict() refuses another rank's state,
+    naming the ways out (collectives/own_state.py: every rank's state, saved
+    per rank or gathered into a list, which it takes its own from; or
     hvd.broadcast_optimizer_state(), which starts every rank from the
     root's on purpose, Horovod's way).
 Difference from Horovod: the deltas are computed and reduced in step(), after
@@ -47,7 +47,7 @@ all-reduce per dtype, Horovod's way.
 import torch
 
 from .. import _C, runtime
-from ..collectives import ops
+from ..collectives import ops, own_state
 from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from .buckets import plan_buckets
@@ -163,56 +163,17 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return super(self._hvd_class, self).zero_grad(set_to_none=set_to_none)
 
     def state_dict(self, *args, **kwargs):
-        state = super(self._hvd_class, self).state_dict(*args, **kwargs)
-        ps = self._hvd_process_set
-        state[_OWNER_KEY] = {"rank": ps.rank(), "size": ps.size()}
-        return state
+        return own_state.mark(super(self._hvd_class, self).state_dict(*args, **kwargs), runtime.rank())
 
     def load_state_dict(self, state_dict, *args, **kwargs):
-        state_dict = _own_state(state_dict, self._hvd_process_set)
+        state_dict = own_state.own(
+            state_dict,
+            runtime.rank(),
+            "load_state_dict() of an op=hvd.Adasum optimizer",
+            "its optimizer state (momentum, moments)",
+            "; or load it on the rank it came from and call hvd.broadcast_optimizer_state(opt, root_rank) to "
+            "start every rank from it",
+        )
         if self._hvd_reducer is not None:
             self._hvd_reducer.reset_passes()
         return load_keeping_groups(self, super(self._hvd_class, self).load_state_dict, state_dict, *args, **kwargs)
-
-    def _hvd_broadcast_state(self, root_rank: int, process_set=None) -> None:
-        """hvd.broadcast_optimizer_state: every rank takes root_rank's state, on purpose."""
-        from ..collectives.broadcast import broadcast_object
-
-        state = broadcast_object(
-            self.state_dict(), root_rank, name=f"{self._hvd_name}.broadcast_state", process_set=self._hvd_process_set
-        )
-        state.pop(_OWNER_KEY, None)
-        self.load_state_dict(state)
-
-
-# Which rank of which job size an Adasum optimizer's state_dict() came from.
-_OWNER_KEY = "hvdtorch_adasum_rank"
-
-
-def _own_state(state_dict, process_set):
-    """This rank's state: from the list of every rank's, or a state of its own (or of no rank: an
-    unwrapped optimizer's, broadcast_optimizer_state's); another rank's is refused, naming the ways out."""
-    rank, size = process_set.rank(), process_set.size()
-    if isinstance(state_dict, (list, tuple)):
-        owners = [s.get(_OWNER_KEY) if isinstance(s, dict) else None for s in state_dict]
-        mine = [s for s, o in zip(state_dict, owners) if o == {"rank": rank, "size": size}]
-        if len(state_dict) != size or len(mine) != 1:
-            raise ValueError(
-                f"hvdtorch: rank {runtime.rank()}: load_state_dict() of an op=hvd.Adasum optimizer got a list of "
-                f"{len(state_dict)} states from ranks {owners}; it takes the list of every rank's state_dict() of a "
-                f"job of this size ({size})"
-            )
-        state_dict = mine[0]
-    owner = state_dict.get(_OWNER_KEY) if isinstance(state_dict, dict) else None
-    if owner is not None and owner["rank"] != rank:  # the same rank of a job resized (elastic) resumes itself
-        raise ValueError(
-            f"hvdtorch: rank {runtime.rank()}: this op=hvd.Adasum optimizer state is rank {owner['rank']}'s (of "
-            f"{owner['size']}): with Adasum each rank's optimizer state (momentum, moments) is its own, so it "
-            "would not resume this rank as it was. Save every rank's optimizer.state_dict() (a file per rank, "
-            "or hvd.allgather_object(opt.state_dict()) saved as one list) and load this rank's or the list; or "
-            "load it on the rank it came from and call hvd.broadcast_optimizer_state(opt, root_rank) to start "
-            "every rank from it"
-        )
-    if owner is not None:
-        state_dict = {k: v for k, v in state_dict.items() if k != _OWNER_KEY}
-    return state_dict

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from .. import autotune, runtime
+from .. import autotune
 from ..collectives import ops
 from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.powersgd import is_powersgd
@@ -165,19 +165,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if is_powersgd(self._hvd_compression):
                 self._hvd_compression.load_state_dict(powersgd)
         return load_keeping_groups(self, super(self._hvd_class, self).load_state_dict, state_dict, *args, **kwargs)
-
-    def _hvd_broadcast_state(self, root_rank: int, process_set=None) -> None:
-        """hvd.broadcast_optimizer_state: every rank takes root_rank's state,
-        the PowerSGD compressor's errors included, on purpose (Horovod's)."""
-        from ..collectives.broadcast import broadcast_object
-
-        ps = process_set or ops.global_process_set
-        state = broadcast_object(self.state_dict(), root_rank, name="broadcast_optimizer_state", process_set=ps)
-        if runtime.rank() == root_rank:
-            return
-        if _POWERSGD_KEY in state:
-            state[_POWERSGD_KEY] = {k: v for k, v in state[_POWERSGD_KEY].items() if k != "process_rank"}
-        self.load_state_dict(state)
 
     def set_backward_passes_per_step(self, passes: int):
         """Changes how many backward passes are accumulated before each reduction."""

@@ -690,7 +690,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._consolidated = sharded_checkpoint.consolidate(self, to)
         return self._consolidated
 
-    def _hvd_broadcast_state(self, root_rank: int, process_set=None) -> None:
+    def _hvd_broadcast_state(self, root_rank: int) -> None:
         """hvd.broadcast_optimizer_state on a sharded optimizer: the job's state as root_rank sees it."""
         full = self.consolidate_state_dict(to=root_rank)
         full = broadcast_object(full, root_rank, name=f"{self._name}.broadcast_state", process_set=self._process_set)

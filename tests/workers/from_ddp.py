@@ -455,6 +455,42 @@ def adasum_state_of_another_rank() -> None:
     assert torch.equal(buf, rank0["state"][0]["momentum_buffer"]), "broadcast_optimizer_state did not give rank 0's"
 
 
+def adasum_commit_of_another_host(folder: str) -> None:
+    """Ranks on two hosts (each its host's writer) commit an op=hvd.Adasum
+    job into one shared folder, which keeps rank 1's commit. A restarted job
+    resumes from it: rank 0 loads rank 1's state on purpose (a commit is the
+    job's) and sync() hands it to every rank."""
+    from hvdtorch.elastic import persist
+
+    hvd.init()
+    r = hvd.rank()
+    assert hvd.local_rank() == 0, "each rank its own host"
+    torch.manual_seed(0)
+
+    def job():
+        net = torch.nn.Linear(4, 2)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), op=hvd.Adasum)
+        return net, opt, hvd.elastic.TorchState(net, opt, commit_dir=folder, step=0)
+
+    net, opt, state = job()
+    opt.zero_grad()
+    net(torch.randn(3, 4, generator=torch.Generator().manual_seed(r))).pow(2).sum().backward()
+    opt.step()
+    state.commit()
+    if r == 1:  # the folder keeps rank 1's commit, whichever writer came last
+        persist.write_atomically(state.commit_path, state._snapshot())
+    saved = hvd.broadcast_object(opt.state_dict() if r == 1 else None, 1, name="from_ddp.rank1_state")
+    hvd.barrier()
+    net, opt, state = job()  # restarted
+
+    @hvd.elastic.run
+    def resumed(state):
+        return opt.state_dict()["state"][0]["momentum_buffer"]
+
+    buf = resumed(state)
+    assert torch.equal(buf, saved["state"][0]["momentum_buffer"]), "the commit's state did not reach every rank"
+
+
 def powersgd_state_of_another_rank() -> None:
     """Compression.powersgd's error feedback is each rank's own: rank 0's
     state loaded on rank 1 is refused naming the ways out, inside a
