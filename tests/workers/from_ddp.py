@@ -200,9 +200,9 @@ def clipping_between_backward_and_step() -> None:
     _assert_equal_to_ddp(net, ddp)
 
 
-def torch_clipping_with_shard1() -> None:
-    """shard=1: torch's clip_grad_norm_ between backward and step() is refused
-    naming optimizer.clip_grad_norm_; that one ends equal to DDP with clipping."""
+def _sharded_linear_beside_ddp(shard: int):
+    """A Linear with a sharded SGD, its DDP twin with a plain one, this rank's
+    data generator and a first batch: (rank, net, ddp, opt, ref_opt, g, x)."""
     import copy
 
     hvd.init()
@@ -211,11 +211,17 @@ def torch_clipping_with_shard1() -> None:
     net = torch.nn.Linear(5, 3)
     ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
     opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), shard=1
+        torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), shard=shard
     )
     ref_opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
     g = torch.Generator().manual_seed(7 + r)
-    x = torch.randn(8, 5, generator=g) * (3 + r)
+    return r, net, ddp, opt, ref_opt, g, torch.randn(8, 5, generator=g) * (3 + r)
+
+
+def torch_clipping_with_shard1() -> None:
+    """shard=1: torch's clip_grad_norm_ between backward and step() is refused
+    naming optimizer.clip_grad_norm_; that one ends equal to DDP with clipping."""
+    r, net, ddp, opt, ref_opt, g, x = _sharded_linear_beside_ddp(1)
     opt.zero_grad()
     net(x).pow(2).sum().backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
@@ -255,19 +261,7 @@ def torch_clipping_with_shard2() -> None:
     A pass after synchronize() (refused at step(): it would not add up as
     under DDP), a no_sync() pass and zero_grad(set_to_none=False) find no
     stand-in left in their way."""
-    import copy
-
-    hvd.init()
-    r = hvd.rank()
-    torch.manual_seed(0)
-    net = torch.nn.Linear(5, 3)
-    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net))
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), shard=2
-    )
-    ref_opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
-    g = torch.Generator().manual_seed(7 + r)
-    x = torch.randn(8, 5, generator=g) * (3 + r)
+    r, net, ddp, opt, ref_opt, g, x = _sharded_linear_beside_ddp(2)
     opt.zero_grad()
     net(x).pow(2).sum().backward()
     _expect_held("torch.nn.utils.clip_grad_norm_", lambda: torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5))
