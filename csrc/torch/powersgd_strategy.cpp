@@ -11,6 +11,7 @@
 
 #include "bucket_strategies.h"
 #include "common/error.h"
+#include "grad_reducer.h"
 #include "registered_tensor.h"
 
 namespace hvdtorch {
@@ -19,7 +20,7 @@ namespace hvdtorch {
 // Packed slot by slot: P as n x r, Q as its transpose, r x m (see the header on why).
 struct PowerSGDBuffers {
   at::Tensor p, q;            // the parameters' dtype
-  at::Tensor p_wire, q_wire;  // what travels: p and q themselves, or float16 copies
+  at::Tensor p_wire, q_wire;  // what travels: p and q themselves, or copies in the wire dtype
   at::Tensor plain;
 };
 
@@ -226,11 +227,14 @@ std::unique_ptr<BucketOp> PowerSGDStrategy::launch(const StrategyContext& ctx, c
       plain_elems += s.compressed ? 0 : s.numel;
     }
     bufs = std::make_shared<PowerSGDBuffers>();
-    const at::ScalarType wire = opts_.fp16 ? at::kHalf : flat.scalar_type();
+    // The gradient core's codec rule (wire_codec.h) names the wire dtype: float16 for the float32/float64
+    // buckets compressed here (compressibleDtype), as Compression.fp16 sends a bucket.
+    const at::ScalarType wire = wireScalarType(opts_.fp16 ? WireCodec::kFp16 : WireCodec::kNone, flat.scalar_type());
+    const bool converted = wire != flat.scalar_type();
     bufs->p_wire = wireBuffer(engine, p_elems, wire, flat.device());
     bufs->q_wire = wireBuffer(engine, q_elems, wire, flat.device());
-    bufs->p = opts_.fp16 ? at::zeros({p_elems}, flat.options()) : bufs->p_wire;
-    bufs->q = opts_.fp16 ? at::zeros({q_elems}, flat.options()) : bufs->q_wire;
+    bufs->p = converted ? at::zeros({p_elems}, flat.options()) : bufs->p_wire;
+    bufs->q = converted ? at::zeros({q_elems}, flat.options()) : bufs->q_wire;
     if (plain_elems > 0) bufs->plain = wireBuffer(engine, plain_elems, flat.scalar_type(), flat.device());
   }
 

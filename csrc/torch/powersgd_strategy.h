@@ -29,8 +29,9 @@
 //    (r x m, computed as P^T M) and is kept column-major, so P = M Q reads
 //    it as a transposed operand. On the CPU (one MKL thread) M^T P took 10x
 //    as long as P^T M for a 2048 x 4096 M at rank 4 (49 ms against 5 ms).
-//  * fp16: P and Q travel as float16 (computed in the parameters' dtype);
-//    the uncompressed slots travel in their own dtype.
+//  * fp16: P and Q travel in the fp16 codec's wire dtype (wire_codec.h;
+//    float16 for the float32/float64 buckets compressed), computed in the
+//    parameters' dtype; the uncompressed slots travel in their own dtype.
 //  * Only Average and Sum (InvalidArgument otherwise).
 //  * State (the pass count, each compressed parameter's error and Q) is
 //    keyed by the parameter's index in the reducer's list, so a new bucket
@@ -56,7 +57,7 @@ struct PowerSGDOptions {
   int64_t rank = 1;                   // columns of P and Q (at most min(n, m) per matrix)
   int64_t start_iter = 10;            // reduced passes all-reduced plainly before compression
   double min_compression_rate = 2.0;  // compress only where n*m >= rate * r*(n+m)
-  bool fp16 = false;                  // P and Q travel as float16
+  bool fp16 = false;                  // P and Q travel in the fp16 codec's wire dtype
   uint64_t seed = 0;                  // the first Q of parameter i: a generator seeded seed + i
 };
 

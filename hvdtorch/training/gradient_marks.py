@@ -11,12 +11,15 @@ memory: another tensor put in .grad; and its version counter: written in
 place); check() compares before the reduction is finished. The note runs
 after every callback queued in the pass, the C++ reducer's too: it writes
 the slots of parameters without a gradient there, and a write to a bucket
-moves the version of every gradient viewing it. Reading gradients is not
-detected.
+moves the version of every gradient viewing it. Reads and changes through
+.grad after the note go to stand-ins that finish the reduction first
+(training/pending_gradients.py, placed by ``after_note``): what this check
+still catches is a change through a reference taken before the note (a
+gradient kept from an earlier step, a view of a bucket).
 """
 
 import weakref
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -35,12 +38,21 @@ def grad_mark(grad: Optional[torch.Tensor]) -> Optional[tuple]:
 
 
 class GradientMarks:
-    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], fix: str):
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        names: Sequence[str],
+        fix: str,
+        after_note: Optional[Callable[[], None]] = None,
+    ):
         """``names[i]`` names ``params[i]`` in the error; ``fix``: what the
-        error tells the user to do instead (the path's own remedy)."""
+        error tells the user to do instead (the path's own remedy);
+        ``after_note``: runs right after each note (it must not keep the
+        owner alive)."""
         self._params = list(params)
         self._names = list(names)
         self._fix = fix
+        self._after_note = after_note
         self._noted: Optional[List[Optional[tuple]]] = None
         self._queued = False  # a note of this pass is queued already
 
@@ -57,6 +69,8 @@ class GradientMarks:
             if marks is not None:
                 marks._noted = [grad_mark(p.grad) for p in marks._params]
                 marks._queued = False
+                if marks._after_note is not None:
+                    marks._after_note()
 
         engine = torch.autograd.Variable._execution_engine
         # Queued from a callback, it runs after every callback queued during the pass.

@@ -12,14 +12,20 @@ Contract (the same as Horovod's DistributedOptimizer):
     without a gradient contributes zeros.
   * zero_grad() after a backward pass and before synchronize() raises
     AssertionError: it would discard gradients other ranks are reducing.
-  * A gradient changed in place or replaced between the end of backward and
-    synchronize() (torch.nn.utils.clip_grad_norm_, GradScaler.unscale_, a
-    manual scale) is an error at synchronize(), naming the parameters: its
-    reduction was in flight (or, in the first step, had not started), so
-    the change would race with it or act on this rank's gradient alone,
-    where DDP changes the average. The fix, named in the message:
-    optimizer.synchronize() first, then change the gradients, then step()
-    inside optimizer.skip_synchronize(). Reading gradients is not detected.
+  * Between the end of the reducing pass and synchronize(), .grad holds
+    stand-ins (training/pending_gradients.py): the first use of any
+    (torch.nn.utils.clip_grad_norm_, GradScaler.unscale_, a norm for the
+    log, the inner optimizer's step() inside skip_synchronize()) finishes
+    the reduction, and it and every later use act on the average, as under
+    DDP; step() then steps on it without reducing again (and without
+    Horovod's warning). An explicit synchronize() after that returns at
+    once. Code that leaves .grad alone keeps step()'s overlap.
+  * A gradient changed in place through a reference taken before the end of
+    backward (a .grad kept from an earlier step) is an error at
+    synchronize(), naming the parameters: it raced with the reduction in
+    flight. The fix, named in the message: optimizer.synchronize() first,
+    then change the gradients, then step() inside
+    optimizer.skip_synchronize().
   * Sparse gradients (nn.Embedding(sparse=True)) are reduced at
     synchronize() by all-gathering indices and values (collectives/sparse.py); with
     sparse_as_dense they are densified as they arrive, reduced with the dense
@@ -32,8 +38,10 @@ How:
     the path's one pass counter (_C.PassCounter, which rejects an extra one
     while .grad is still untouched); the C++ reducer is given the same
     counter and reduces the pass it says reduces. A callback queued on the
-    autograd engine marks the end of the pass. torch.autograd.grad() does
-    not accumulate and so counts no pass.
+    autograd engine marks the end of the pass; after every callback of a
+    reducing pass, the gradients are noted (gradient_marks.py) and the
+    stand-ins placed. torch.autograd.grad() does not accumulate and so
+    counts no pass.
   * With sparse_as_dense, a post-accumulate-grad hook (which also runs
     before the C++ reducer's hook) replaces a sparse .grad by its dense form
     (a pre-hook may not change the layout of a gradient).
@@ -46,6 +54,7 @@ How:
     parameter reduced densely, is an error naming the parameter.
 """
 
+import functools
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -58,6 +67,7 @@ from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .bucketed_step import step_as_reduced
 from .gradient_marks import GradientMarks
+from .pending_gradients import PendingGradients, settle_through
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:
@@ -70,6 +80,12 @@ def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
     sync = sync_ref()
     if sync is not None:
         sync.densify(index, param)
+
+
+def _after_note(sync_ref) -> None:
+    sync = sync_ref()
+    if sync is not None and sync._counter.reducing:
+        sync._pending.place()
 
 
 def remove_hooks(handles) -> None:
@@ -116,15 +132,18 @@ class GradientSync:
         # sparse_as_dense: parameter -> sparse_dim its gradient had when it
         # came sparse (in any step so far); made sparse again after reduction.
         self._densified: Dict[int, int] = {}
-        # Gradients changed between backward and synchronize() are an error (gradient_marks.py).
+        # .grad between a reducing pass and synchronize(): stand-ins that finish the reduction when used
+        # (pending_gradients.py); a change through an older reference is an error (gradient_marks.py).
+        self._pending = PendingGradients(self._params, self._names, settle_through(self))
+        self._settled = False  # a use of a stand-in finished the reduction of the passes so far
+        me = weakref.ref(self)
         self._marks = GradientMarks(
             self._params,
             self._names,
-            "that races with the reduction, or changes this rank's gradient alone where DDP changes the average. "
-            "Call optimizer.synchronize() first, then change the gradients, then call optimizer.step() inside "
-            "`with optimizer.skip_synchronize():`",
+            "that races with the reduction. Call optimizer.synchronize() first, then change the gradients, then "
+            "call optimizer.step() inside `with optimizer.skip_synchronize():`",
+            after_note=functools.partial(_after_note, me),
         )
-        me = weakref.ref(self)
         # Held so that the accumulators, and the hooks on them, live as long as this.
         with torch.enable_grad():
             self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]
@@ -168,6 +187,8 @@ class GradientSync:
     def _begin_pass(self) -> None:
         self._counter.set_rank(runtime.rank())  # named by the error; an elastic job may renumber ranks
         self._counter.begin_pass()  # AssertionError on a (k+1)-th pass
+        self._pending.restore()  # before this pass accumulates into .grad
+        self._settled = False
         torch.autograd.Variable._execution_engine.queue_callback(self._counter.end_pass)
         self._marks.note_after_pass()
 
@@ -177,10 +198,28 @@ class GradientSync:
         """A backward pass ran since the last synchronize()."""
         return self._counter.pending()
 
+    @property
+    def settled(self) -> bool:
+        """A use of a stand-in finished the reduction of the passes so far
+        (until the next pass or end_step())."""
+        return self._settled
+
+    def settle(self) -> None:
+        """A stand-in in .grad is used: finish the reduction now."""
+        self.synchronize()
+        self._settled = True
+
+    def end_step(self) -> None:
+        """The optimizer stepped: the next synchronize() reduces again."""
+        self._pending.restore()
+        self._settled = False
+
     def reset(self, backward_passes_per_step: Optional[int] = None) -> None:
         """Forgets the passes counted so far (load_state_dict, set_backward_passes_per_step).
         Reductions backward already launched are waited for (every rank launched
         them, so this rank alone can wait), so nothing writes into .grad later."""
+        self._pending.restore()
+        self._settled = False
         if self._reducer is not None:
             self._reducer.finalize()
         self._marks.forget()
@@ -195,6 +234,9 @@ class GradientSync:
             self._reducer.rebuild(self._plan_layout(self._dense_params(), self._fusion_bytes))
 
     def synchronize(self) -> None:
+        if self._settled:
+            return  # a use of .grad finished it; no pass since
+        self._pending.restore()
         self._marks.check()
         if self._sparse_dims is None:
             self._first_synchronize()
@@ -218,6 +260,7 @@ class GradientSync:
         reducer = self._reducer
         if reducer is None or self._sparse or self._densified or not self._counter.due() or not reducer.reducing():
             return False
+        self._pending.restore()
         self._marks.check()
         try:
             step_as_reduced(reducer, self._dense_params(), step, param_groups)

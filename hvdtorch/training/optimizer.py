@@ -113,7 +113,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         stepped = False  # the reduction stepped the optimizer bucket by bucket
-        if self._hvd_should_synchronize:
+        # A use of .grad after backward finished the reduction (training/pending_gradients.py): step on it.
+        settled = self._hvd_sync is not None and self._hvd_sync.settled
+        if self._hvd_should_synchronize and not settled:
             if self._hvd_synchronized:
                 # Horovod's wording first: log filters and tests written for it look for it.
                 warnings.warn(
@@ -134,6 +136,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self.synchronize()
         self._hvd_synchronized = False
         result = None if stepped else super(self._hvd_class, self).step(closure)
+        if self._hvd_sync is not None:
+            self._hvd_sync.end_step()
         if self._hvd_autotune is not None:
             self._hvd_autotune.step_boundary()  # every gradient of this step is reduced
         return result

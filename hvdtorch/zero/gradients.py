@@ -55,20 +55,24 @@ counter, _C.PassCounter, here the one the reducer is given):
     compression.wire_dtype).
   * Sparse gradients are refused (ValueError naming the parameter): a flat
     bucket is dense.
-  * shard=1: a gradient changed in place or replaced between the end of
-    backward and synchronize() (torch.nn.utils.clip_grad_norm_ on the
-    model's parameters, GradScaler.unscale_) is an error at synchronize(),
-    naming the parameters and the fix (optimizer.clip_grad_norm_, or
-    synchronize() first): it would race with the bucket's all-reduce, as in
-    training/gradient_sync.py. shard=2 frees .grad: from the end of a
-    reduced pass until step() or zero_grad() a stand-in in .grad raises on
-    any use, naming the fix (zero/held_gradients.py), where torch's
-    clipping would otherwise find no gradient and silently do nothing.
+  * shard=1: from the end of a reduced pass until synchronize(), .grad
+    holds stand-ins whose first use (torch.nn.utils.clip_grad_norm_ on the
+    model's parameters, GradScaler.unscale_, a norm for the log) finishes
+    the reduction through the optimizer's synchronize() and then acts on
+    the average, as under DDP (training/pending_gradients.py); a gradient
+    changed in place through a reference taken before the end of backward
+    is an error at synchronize() naming the parameters and the fix
+    (training/gradient_marks.py), as in training/gradient_sync.py. shard=2
+    frees .grad: from the end of a reduced pass until step() or zero_grad()
+    a stand-in in .grad raises on any use, naming the fix
+    (zero/held_gradients.py), where torch's clipping would otherwise find
+    no gradient and silently do nothing.
 """
 
 import contextlib
+import functools
 import weakref
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -78,6 +82,7 @@ from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from ..training.gradient_marks import GradientMarks
 from ..training.gradient_sync import remove_hooks
+from ..training.pending_gradients import PendingGradients
 from .held_gradients import HeldGradients
 from .layout import Bucket
 
@@ -91,6 +96,22 @@ def _pass_ran(marks_ref) -> None:
     marks = marks_ref()
     if marks is not None:
         marks.note_after_pass()
+
+
+def _restore(me) -> None:
+    grads = me()
+    if grads is not None:
+        grads.restore_pending()
+
+
+def _place_after_reduced_pass(me) -> None:
+    grads = me()
+    if grads is not None and grads._counter.reducing:
+        grads._pending.place()
+
+
+def _nothing() -> None:
+    pass
 
 
 class BucketGradients:
@@ -108,10 +129,13 @@ class BucketGradients:
         backward_passes_per_step: int,
         process_set,
         in_place: bool = False,
+        settle: Optional[Callable[[], None]] = None,
     ):
         """``params[i]`` is the parameter numbered i in the buckets' ``params``
         (None for parameters no bucket holds). ``in_place``: see the top; the
-        same on every rank."""
+        same on every rank. ``settle`` (shard=1): the optimizer's
+        synchronize(), run when a stand-in in .grad is used (it must not keep
+        the optimizer alive)."""
         # The one pass counter of this path (csrc/core/gradients/pass_counter.h), strict, given to the reducer.
         self._counter = _C.PassCounter(
             int(backward_passes_per_step),
@@ -153,14 +177,23 @@ class BucketGradients:
         )
         if self._reducer.bucket_offsets() != [b.offsets for b in self._buckets]:
             raise RuntimeError(f"hvdtorch: {name}: the reducer packs the buckets unlike the shard layout")
-        # shard=1: gradients changed between backward and synchronize() are an error (see the top).
+        # shard=1: stand-ins in .grad until the reduction is finished; a change through an older reference is
+        # an error (see the top).
         held = [params[i] for i in order]
+        held_names = [names[i] for i in order]
+        me = weakref.ref(self)
+        self._pending = None
+        if not scatter:
+            self._pending = PendingGradients(held, held_names, settle or _nothing)
+            # Put back when the next pass begins, before it accumulates into .grad.
+            self._reducer.set_pass_callbacks(functools.partial(_restore, me), _nothing)
         self._marks = GradientMarks(
             held,
-            [names[i] for i in order],
+            held_names,
             "that races with the reduction. Clip with optimizer.clip_grad_norm_(max_norm) (it reduces first), or "
             "call optimizer.synchronize() first, then change the gradients, then call optimizer.step() inside "
             "`with optimizer.skip_synchronize():`",
+            after_note=None if scatter else functools.partial(_place_after_reduced_pass, me),
         )
         if not scatter:
             marks = weakref.ref(self._marks)
@@ -199,8 +232,14 @@ class BucketGradients:
         """Every bucket's reduced gradient: this rank's shard (shard=2; a view
         of the flat buffer when in place) or the whole flat bucket (shard=1),
         in the parameters' dtype."""
+        self.restore_pending()
         self._marks.check()
         return self._reducer.synchronize()
+
+    def restore_pending(self) -> None:
+        """shard=1: the stand-ins in .grad back to the real gradients (synchronize(), the next pass)."""
+        if self._pending is not None:
+            self._pending.restore()
 
     def remove_held(self) -> None:
         """shard=2: the stand-ins in .grad back to None (step(), zero_grad())."""
@@ -211,6 +250,7 @@ class BucketGradients:
         """Forgets the passes counted so far; reductions backward launched
         are waited for (every rank launched them) and dropped."""
         self.remove_held()
+        self.restore_pending()
         self._reducer.finalize()
         self._marks.forget()
         self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))

@@ -72,6 +72,7 @@ from ..collectives.process_sets import set_id
 from ..training.distributed_model import DistributedModel, claim_for_sharding, owner_of
 from ..training.gradient_sync import remove_hooks
 from ..training.parameter_names import names_by_id
+from ..training.pending_gradients import settle_through
 
 # Imported under these names so the code reads which module each call goes to.
 from . import checkpoint as sharded_checkpoint
@@ -309,6 +310,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             backward_passes_per_step,
             ps,
             in_place=self._gather_in_place,
+            settle=settle_through(self),  # shard=1: a use of .grad after backward finishes the reduction
         )
         if dm is not None:
             dm.hand_gradients_to(self)
@@ -443,6 +445,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         (shard=2: into this rank's shard; shard=1: into every .grad)."""
         self._announce(shard_join.SYNC)
         self._synchronize()
+
+    def settle(self) -> None:
+        """shard=1: a .grad is used between backward and step(): finish the
+        reduction now (training/pending_gradients.py)."""
+        self.synchronize()
 
     def _reduced_now(self) -> bool:
         """synchronize() ran since the last step() and no backward pass since:

@@ -10,12 +10,13 @@ optimizer, schedule and EMA.
 Routes, each with the change a DDP user makes:
   ddp     the reference
   dm      hvd.DistributedModel(model): the rest of the script unchanged
-  opt     hvd.DistributedOptimizer: synchronize(), clip, step() inside
-          skip_synchronize() (guide, "Coming from DDP")
-  shard1  hvd.DistributedModel + hvd.DistributedOptimizer(shard=1): the
-          optimizer's own clip_grad_norm_; consolidate_state_dict(to=None)
-          before the usual checkpoint code (state_dict() on every rank)
-  shard2  the same with shard=2
+  opt     hvd.DistributedOptimizer: the rest unchanged (torch's clipping
+          between backward and step() waits for the reduction)
+  shard1  hvd.DistributedModel + hvd.DistributedOptimizer(shard=1): torch's
+          clipping as before; consolidate_state_dict(to=None) before the
+          usual checkpoint code (state_dict() on every rank)
+  shard2  the same with shard=2 and the optimizer's own clip_grad_norm_
+          (shard=2 keeps no whole gradient to clip)
   powersgd hvd.DistributedModel(compression=Compression.powersgd) at full
           rank from the third step (exact: P P^T M = M; equal to DDP within
           the orthogonalization's rounding); the checkpoint holds every
@@ -126,17 +127,11 @@ class Run:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = F.cross_entropy(self.model(x), y, label_smoothing=0.1)
         loss.float().backward()
-        if self.route == "opt":
-            self.opt.synchronize()
-            torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
-            with self.opt.skip_synchronize():
-                self.opt.step()
-        elif self.route in ("shard1", "shard2"):
+        if self.route == "shard2":
             self.opt.clip_grad_norm_(1.0)
-            self.opt.step()
         else:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.opt.step()
+            torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
+        self.opt.step()
         self.schedule.step()
         self.ema.update_parameters(self.net)
 

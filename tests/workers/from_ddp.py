@@ -150,12 +150,22 @@ def convert_sync_batchnorm() -> None:
     assert isinstance(hvd.SyncBatchNorm.convert_sync_batchnorm(lone), hvd.SyncBatchNorm)
 
 
-def _clipped_ddp_step(ddp, opt, x) -> None:
-    """The reference: DDP's step with torch's clipping between backward and step."""
+def _clipped_ddp_step(ddp, opt, x, scaler=None) -> torch.Tensor:
+    """The reference: DDP's step with torch's clipping between backward and
+    step (under a GradScaler when given); returns the norm clipping saw."""
     opt.zero_grad()
-    ddp(x).pow(2).sum().backward()
-    torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
-    opt.step()
+    loss = ddp(x).pow(2).sum()
+    if scaler is None:
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+        opt.step()
+        return norm
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+    scaler.step(opt)
+    scaler.update()
+    return norm
 
 
 def _assert_equal_to_ddp(net, ddp) -> None:
@@ -163,10 +173,58 @@ def _assert_equal_to_ddp(net, ddp) -> None:
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {hvd.rank()}: {name}: {m}")
 
 
+def _clip_as_under_ddp(net, ddp, opt, ref_opt, g, r) -> None:
+    """DDP's loop on ``net`` through ``opt``: torch's clip_grad_norm_
+    between backward and step() (then GradScaler.unscale_ before it), each
+    norm equal to DDP's, and the parameters after every step."""
+    for step in range(4):
+        scalers = (torch.amp.GradScaler("cpu", init_scale=8.0), torch.amp.GradScaler("cpu", init_scale=8.0))
+        use_scaler = step >= 2
+        x = torch.randn(8, 5, generator=g) * (3 + r)
+        opt.zero_grad()
+        loss = net(x).pow(2).sum()
+        if use_scaler:
+            scalers[0].scale(loss).backward()
+            scalers[0].unscale_(opt)
+        else:
+            loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        if use_scaler:
+            scalers[0].step(opt)
+            scalers[0].update()
+        else:
+            opt.step()
+        want = _clipped_ddp_step(ddp, ref_opt, x, scalers[1] if use_scaler else None)
+        torch.testing.assert_close(norm, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {r} step {step}: {m}")
+        _assert_equal_to_ddp(net, ddp)
+
+
+def _change_behind_the_stand_ins(net, opt, g, r, fix: str) -> None:
+    """A gradient kept from an earlier step (a view of its bucket) and
+    changed after backward races with the reduction: step() raises naming
+    ``fix``; synchronize() then drains the pass."""
+    x = torch.randn(8, 5, generator=g) * (3 + r)
+    kept = net.weight.grad
+    assert kept is not None and type(kept) is torch.Tensor
+    net(x).pow(2).sum().backward()
+    kept.mul_(0.5)
+    try:
+        opt.step()
+    except RuntimeError as e:
+        assert fix in str(e) and "weight" in str(e), str(e)
+    else:
+        raise AssertionError("a gradient changed behind the stand-ins was not refused")
+    opt.synchronize()
+    opt.zero_grad()
+
+
 def clipping_between_backward_and_step() -> None:
-    """DistributedOptimizer: clipping between backward and step() is refused
-    naming synchronize(); the pattern the message gives ends equal to DDP
-    with clipping."""
+    """DistributedOptimizer: torch's clip_grad_norm_ (and GradScaler.unscale_)
+    between backward and step() see the average, as under DDP, and the
+    training ends equal to DDP's; reading a .grad there waits for its
+    reduction; step() inside skip_synchronize() without synchronize() steps
+    on the average too; a change through an older reference is refused
+    naming skip_synchronize()."""
     hvd.init()
     r = hvd.rank()
     torch.manual_seed(0)
@@ -177,27 +235,48 @@ def clipping_between_backward_and_step() -> None:
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters())
     ref_opt = torch.optim.SGD(ddp.parameters(), lr=0.5)
     g = torch.Generator().manual_seed(7 + r)
-    for step in range(4):
-        x = torch.randn(8, 5, generator=g) * (3 + r)
-        opt.zero_grad()
-        net(x).pow(2).sum().backward()
-        if step == 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
-            try:
-                opt.step()
-            except RuntimeError as e:
-                assert "synchronize()" in str(e) and "skip_synchronize" in str(e), str(e)
-            else:
-                raise AssertionError("clipping before step() was not refused")
-            opt.synchronize()  # what was reduced is thrown away: redo the step the documented way
-            opt.zero_grad()
-            net(x).pow(2).sum().backward()
-        opt.synchronize()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
-        with opt.skip_synchronize():
-            opt.step()
-        _clipped_ddp_step(ddp, ref_opt, x)
+    _clip_as_under_ddp(net, ddp, opt, ref_opt, g, r)
+    # A read waits: the norm of the pending gradient is the norm of the average.
+    x = torch.randn(8, 5, generator=g) * (3 + r)
+    opt.zero_grad()
+    net(x).pow(2).sum().backward()
+    seen = net.weight.grad.norm()
+    ref_opt.zero_grad()
+    ddp(x).pow(2).sum().backward()
+    torch.testing.assert_close(seen, ddp.module.weight.grad.norm(), msg=lambda m: f"rank {r}: read .grad: {m}")
+    with opt.skip_synchronize():
+        opt.step()  # no synchronize(): the read finished the reduction
+    ref_opt.step()
     _assert_equal_to_ddp(net, ddp)
+    # Nothing read: step() inside skip_synchronize() steps on the average (its first read waits).
+    x = torch.randn(8, 5, generator=g) * (3 + r)
+    opt.zero_grad()
+    net(x).pow(2).sum().backward()
+    with opt.skip_synchronize():
+        opt.step()
+    ref_opt.zero_grad()
+    ddp(x).pow(2).sum().backward()
+    ref_opt.step()
+    _assert_equal_to_ddp(net, ddp)
+    _change_behind_the_stand_ins(net, opt, g, r, "skip_synchronize")
+    # op=Sum: synchronize() after a read finished the reduction reduces nothing again, and step() does not warn.
+    import warnings
+
+    total = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), op=hvd.Sum
+    )
+    for _ in range(2):  # the first step learns which gradients are sparse, the second goes through the buckets
+        x = torch.randn(8, 5, generator=g) * (3 + r)
+        total.zero_grad()
+        net(x).pow(2).sum().backward()
+        local = torch.autograd.grad(net(x).pow(2).sum(), net.weight)[0]
+        seen = net.weight.grad.clone()
+        total.synchronize()
+        torch.testing.assert_close(net.weight.grad, seen)
+        torch.testing.assert_close(seen, hvd.allreduce(local, op=hvd.Sum, name="sum_ref"), rtol=1e-5, atol=1e-5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            total.step()
 
 
 def _sharded_linear_beside_ddp(shard: int):
@@ -219,23 +298,16 @@ def _sharded_linear_beside_ddp(shard: int):
 
 
 def torch_clipping_with_shard1() -> None:
-    """shard=1: torch's clip_grad_norm_ between backward and step() is refused
-    naming optimizer.clip_grad_norm_; that one ends equal to DDP with clipping."""
-    r, net, ddp, opt, ref_opt, g, x = _sharded_linear_beside_ddp(1)
-    opt.zero_grad()
-    net(x).pow(2).sum().backward()
-    torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
-    try:
-        opt.step()
-    except RuntimeError as e:
-        assert "optimizer.clip_grad_norm_" in str(e) and "weight" in str(e), str(e)
-    else:
-        raise AssertionError("shard=1: torch's clipping before step() was not refused")
-    # Drains the refused step's reduction without stepping; the next
-    # backward pass is then reduced again by clip_grad_norm_ (not taken as
+    """shard=1: torch's clip_grad_norm_ (and GradScaler.unscale_) between
+    backward and step() see the average and the training ends equal to
+    DDP's, as does optimizer.clip_grad_norm_; a change through an older
+    reference is refused naming optimizer.clip_grad_norm_."""
+    r, net, ddp, opt, ref_opt, g, _ = _sharded_linear_beside_ddp(1)
+    _clip_as_under_ddp(net, ddp, opt, ref_opt, g, r)
+    _change_behind_the_stand_ins(net, opt, g, r, "optimizer.clip_grad_norm_")
+    # The drained pass was not stepped on: the next one is reduced again by clip_grad_norm_ (not taken as
     # already reduced: that synchronize() had no step() after it).
-    opt.synchronize()
-    for _ in range(3):
+    for _ in range(2):
         x = torch.randn(8, 5, generator=g) * (3 + r)
         opt.zero_grad()
         net(x).pow(2).sum().backward()

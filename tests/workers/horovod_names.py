@@ -307,12 +307,18 @@ def check_optimizer_misuse():
         opt.step()
     expect_same_on_every_rank(model, "clipping inside skip_synchronize()")
 
-    # step() inside skip_synchronize() without synchronize(): the pass stays
-    # pending, so zero_grad() and the next backward raise, as in Horovod.
+    # step() inside skip_synchronize() without synchronize(): Horovod steps on
+    # gradients still in flight; here the inner step's first read of .grad
+    # finishes the reduction (training/pending_gradients.py), so the ranks
+    # step alike and nothing stays pending.
     opt.zero_grad()
     shard_loss(model, 5, r, n).backward()
     with opt.skip_synchronize():
         opt.step()
+    expect_same_on_every_rank(model, "step() inside skip_synchronize() without synchronize()")
+    opt.zero_grad()
+    # Without a step between, a second pass raises in backward, as in Horovod.
+    shard_loss(model, 6, r, n).backward()
     if n > 1:
         expect(AssertionError, opt.zero_grad, "zero_grad")
         expect(AssertionError, lambda: shard_loss(model, 6, r, n).backward(), "backward_passes_per_step=1")
