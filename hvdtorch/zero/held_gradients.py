@@ -6,7 +6,7 @@ clip_grad_norm_, GradScaler.unscale_ and any code that skips parameters
 without a gradient would silently do nothing, where under DDP they act on
 the average. So from the end of such a pass until step() or zero_grad(),
 every .grad the reducer dropped is a HeldGradient instead: the parameter's
-shape, dtype and device (one zero element shared by all, expanded) that raises an
+shape, dtype and device (training/pending_gradients.py's stand_in()) that raises an
 ``hvdtorch: ...`` error naming the parameter and the fix on any use.
 
 Contract (the C++ reducer's pass callbacks, csrc/torch/grad_reducer.h):
@@ -23,14 +23,12 @@ Contract (the C++ reducer's pass callbacks, csrc/torch/grad_reducer.h):
 
 import functools
 import weakref
-from typing import Dict, Sequence, Tuple
+from typing import Sequence
 
 import torch
 
 from .. import runtime
-
-# The one element every stand-in of a dtype and device expands (read-only: nothing writes into a stand-in).
-_ZEROS: Dict[Tuple[torch.dtype, torch.device], torch.Tensor] = {}
+from ..training.pending_gradients import stand_in
 
 
 class HeldGradient(torch.Tensor):
@@ -38,11 +36,7 @@ class HeldGradient(torch.Tensor):
 
     @staticmethod
     def of(param: torch.Tensor, name: str) -> "HeldGradient":
-        key = (param.dtype, param.device)
-        zero = _ZEROS.get(key)
-        if zero is None:
-            zero = _ZEROS[key] = torch.zeros((), dtype=param.dtype, device=param.device)
-        held = torch.Tensor._make_subclass(HeldGradient, zero.expand(param.shape))
+        held = stand_in(HeldGradient, param)
         held._hvd_param_name = name
         return held
 
