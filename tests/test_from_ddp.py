@@ -51,18 +51,18 @@ def test_mpirun_exports_torch_variables():
 
 # Routes whose update rule is DDP's; adasum's is not (Adasum combines the ranks' updates otherwise).
 EQUAL_TO_DDP = ["dm", "opt", "shard1", "shard2", "elastic", "powersgd"]
-ROUTES = [*EQUAL_TO_DDP, "adasum"]
+ROUTES = [*EQUAL_TO_DDP, "adasum", "syncbn"]
 
 
 @pytest.fixture(scope="module")
 def reference_runs(tmp_path_factory):
     """tests/workers/ddp_reference.py on 2 ranks, once per route and once with DDP."""
     out = tmp_path_factory.mktemp("ddp_reference")
-    for route in ["ddp", *ROUTES]:
+    for route in ["ddp", "solo", *ROUTES]:
         run_ranks("tests.workers.ddp_reference:train", 2, timeout=180, args=[str(out), route])
     import torch
 
-    return {route: torch.load(out / f"{route}.pt", weights_only=False) for route in ["ddp", *ROUTES]}
+    return {route: torch.load(out / f"{route}.pt", weights_only=False) for route in ["ddp", "solo", *ROUTES]}
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -73,8 +73,10 @@ def test_reference_script_trains_as_under_ddp(reference_runs, route):
     # uninterrupted one.
     import torch
 
-    want, got = reference_runs["ddp"]["whole"], reference_runs[route]["whole"]
-    if route in EQUAL_TO_DDP:
+    # SyncBatchNorm's reference is one process over the global batch (torch's refuses CPU tensors under DDP).
+    want = reference_runs["solo" if route == "syncbn" else "ddp"]["whole"]
+    got = reference_runs[route]["whole"]
+    if route in EQUAL_TO_DDP or route == "syncbn":
         # PowerSGD at full rank is exact up to the orthogonalization's rounding.
         rtol, atol = (1e-3, 5e-5) if route == "powersgd" else (1e-5, 1e-6)
         for part in ("model", "ema"):

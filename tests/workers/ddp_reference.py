@@ -30,6 +30,12 @@ Routes, each with the change a DDP user makes:
           TorchState holding the model, optimizer, schedule and EMA; the
           checkpoint is a commit to disk, the resumed run a fresh state
           that hvd.elastic.run loads it into
+  syncbn  hvd.SyncBatchNorm.convert_sync_batchnorm(model), then
+          hvd.DistributedModel; compared with "solo" (torch's SyncBatchNorm
+          refuses CPU tensors, so DDP cannot run it here)
+  solo    the reference of syncbn: one process per rank, each training on
+          the whole global batch with plain BatchNorm (what SyncBatchNorm
+          with averaged gradients computes); both in float32
 
 Each route saves {parameters, buffers, EMA} of rank 0 and of every rank (for
 the across-ranks check), uninterrupted and resumed, to <out>/<route>.pt.
@@ -66,13 +72,16 @@ def _net() -> torch.nn.Module:
     )
 
 
-def _shard(rank: int, size: int, step: int):
-    """This rank's batch of the global batch of ``step`` (a fixed synthetic set)."""
+def _shard(rank: int, size: int, step: int, ranks: int = 0):
+    """This rank's batch of the global batch of ``step`` (a fixed synthetic
+    set of ``ranks`` batches, default ``size``), cut in ``size`` pieces."""
     g = torch.Generator().manual_seed(1000 + step)
-    x = torch.randn(BATCH * size, 3, 12, 12, generator=g)
-    y = torch.randint(0, 5, (BATCH * size,), generator=g)
+    total = BATCH * (ranks or size)
+    x = torch.randn(total, 3, 12, 12, generator=g)
+    y = torch.randint(0, 5, (total,), generator=g)
     x += y.view(-1, 1, 1, 1).float() * 0.3  # learnable
-    return x[rank * BATCH : (rank + 1) * BATCH], y[rank * BATCH : (rank + 1) * BATCH]
+    per = total // size
+    return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
 
 
 def _lr_factor(step: int) -> float:
@@ -95,9 +104,11 @@ class Run:
         self.route = route
         Run.made += 1
         net = _net()
+        if route == "syncbn":
+            net = hvd.SyncBatchNorm.convert_sync_batchnorm(net)
         if route == "ddp":
             self.model = torch.nn.parallel.DistributedDataParallel(net)
-        elif route in ("dm", "shard1", "shard2", "elastic"):
+        elif route in ("dm", "shard1", "shard2", "elastic", "syncbn"):
             self.model = hvd.DistributedModel(net, name=f"ref.{route}.{Run.made}")
         elif route == "powersgd":
             self.powersgd = hvd.Compression.powersgd(rank=8, start_iter=2, min_compression_rate=0)
@@ -122,9 +133,11 @@ class Run:
             )
 
     def step(self, step: int) -> None:
-        x, y = _shard(hvd.rank(), hvd.size(), step)
+        x, y = _shard(0, 1, step, hvd.size()) if self.route == "solo" else _shard(hvd.rank(), hvd.size(), step)
         self.opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        # syncbn and solo batch the same samples differently (8 per rank, 16 in one): bfloat16 would round
+        # them apart by up to 1e-3, hiding what the comparison is for.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.route not in ("syncbn", "solo")):
             loss = F.cross_entropy(self.model(x), y, label_smoothing=0.1)
         loss.float().backward()
         if self.route == "shard2":
