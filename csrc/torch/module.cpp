@@ -309,36 +309,52 @@ class PyEngine {
   std::shared_ptr<Engine> engine_;
 };
 
-std::unique_ptr<GradientReducer> makeGradientReducer(
-    PyEngine& engine, std::vector<at::Tensor> params, std::vector<std::vector<int64_t>> buckets,
-    const std::string& name, const std::string& reducer, int op, double prescale, double postscale, bool pipeline,
-    bool sync_on_backward, bool fuse, int backward_passes_per_step, bool fp16_wire, int32_t process_set_id,
-    const std::string& strategy, std::shared_ptr<PassCounter> counter, std::vector<std::string> param_names,
-    const std::string& sparse_refusal, std::shared_ptr<BucketStrategy> strategy_object, const std::string& mode) {
-  GradReducerOptions o;
-  if (mode == "deltas") {
-    o.mode = ReducerMode::kDeltas;
-  } else if (mode != "gradients") {
-    throw InvalidArgument(strCat("hvdtorch: GradientReducer mode '", mode, "': 'gradients' or 'deltas'"));
-  }
-  o.process_set_id = process_set_id;
-  o.name = name;
-  o.reducer = reducer;
-  o.op = ops::toReduceOp(op);
-  o.prescale = prescale;
-  o.postscale = postscale;
-  o.pipeline = pipeline;
-  o.sync_on_backward = sync_on_backward;
-  o.fuse = fuse;
-  o.backward_passes_per_step = backward_passes_per_step;
-  o.codec = fp16_wire ? WireCodec::kFp16 : WireCodec::kNone;
-  o.strategy = strategy;
-  o.strategy_instance = std::move(strategy_object);
-  o.param_names = std::move(param_names);
-  o.sparse_refusal = sparse_refusal;
-  for (const auto& p : params) OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedModel", name));
-  return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), o,
+std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
+                                                     std::vector<std::vector<int64_t>> buckets,
+                                                     const GradReducerOptions& options,
+                                                     std::shared_ptr<PassCounter> counter) {
+  for (const auto& p : params)
+    OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedModel", options.name));
+  return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), options,
                                            std::move(counter));
+}
+
+// GradientReducer's options as _C.GradientReducerOptions: every field by its
+// name (hvdtorch/training/reducer_options.py fills them); the op as
+// Horovod's int, the codec and the mode by name.
+void bindGradientReducerOptions(py::module_& m) {
+  using O = GradReducerOptions;
+  py::class_<O>(m, "GradientReducerOptions")
+      .def(py::init<>())
+      .def_readwrite("name", &O::name)
+      .def_readwrite("reducer", &O::reducer)
+      .def_property(
+          "op", [](const O& o) { return static_cast<int>(o.op); }, [](O& o, int op) { o.op = ops::toReduceOp(op); })
+      .def_readwrite("prescale", &O::prescale)
+      .def_readwrite("postscale", &O::postscale)
+      .def_readwrite("pipeline", &O::pipeline)
+      .def_readwrite("sync_on_backward", &O::sync_on_backward)
+      .def_readwrite("fuse", &O::fuse)
+      .def_readwrite("backward_passes_per_step", &O::backward_passes_per_step)
+      .def_readwrite("process_set_id", &O::process_set_id)
+      .def_property(
+          "codec", [](const O& o) { return std::string(wireCodecName(o.codec)); },
+          [](O& o, const std::string& name) { o.codec = wireCodecFromName(name); })
+      .def_readwrite("strategy", &O::strategy)
+      .def_readwrite("strategy_instance", &O::strategy_instance)
+      .def_readwrite("sparse_refusal", &O::sparse_refusal)
+      .def_readwrite("param_names", &O::param_names)
+      .def_property(
+          "mode", [](const O& o) { return std::string(o.mode == ReducerMode::kDeltas ? "deltas" : "gradients"); },
+          [](O& o, const std::string& mode) {
+            if (mode == "deltas") {
+              o.mode = ReducerMode::kDeltas;
+            } else if (mode == "gradients") {
+              o.mode = ReducerMode::kGradients;
+            } else {
+              throw InvalidArgument(strCat("hvdtorch: GradientReducer mode '", mode, "': 'gradients' or 'deltas'"));
+            }
+          });
 }
 
 // Binds one plain field of an options struct by its name; a reduce op as
@@ -494,13 +510,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("iteration"), py::arg("errors"), py::arg("qs"));
 
+  bindGradientReducerOptions(m);
   py::class_<GradientReducer>(m, "GradientReducer")
-      .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("name"),
-           py::arg("reducer"), py::arg("op"), py::arg("prescale"), py::arg("postscale"), py::arg("pipeline"),
-           py::arg("sync_on_backward"), py::arg("fuse"), py::arg("backward_passes_per_step"), py::arg("fp16_wire"),
-           py::arg("process_set_id") = 0, py::arg("strategy") = "allreduce_views", py::arg("counter") = nullptr,
-           py::arg("param_names") = std::vector<std::string>{}, py::arg("sparse_refusal") = "",
-           py::arg("strategy_object") = nullptr, py::arg("mode") = "gradients")
+      .def(py::init(&makeGradientReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("options"),
+           py::arg("counter") = nullptr)
       .def("rebuild", &GradientReducer::rebuild)
       .def("ready_order", &GradientReducer::readyOrder)
       .def("finalize", &GradientReducer::finalize, py::call_guard<py::gil_scoped_release>())

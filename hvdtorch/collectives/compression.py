@@ -26,12 +26,6 @@ def wire_dtype(codec: str, dtype: torch.dtype) -> torch.dtype:
     return _C.wire_dtype(codec, dtype)
 
 
-def fp16_wire(dtype: torch.dtype) -> bool:
-    """Whether Compression.fp16 sends tensors of ``dtype`` as float16: the
-    32- and 64-bit floats (wire_dtype's fp16 rule)."""
-    return wire_dtype("fp16", dtype) != dtype
-
-
 class Compressor:
     @staticmethod
     def compress(tensor):

@@ -52,6 +52,7 @@ from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from .buckets import plan_buckets
 from .parameter_names import names_by_parameter
+from .reducer_options import reducer_options
 from .shared_groups import load_keeping_groups
 
 
@@ -79,18 +80,18 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                 runtime.state().engine,
                 trainable,
                 plan_buckets(trainable, range(len(trainable)), fusion_bytes, 0),
-                name,
-                "",
-                ops.Adasum,
-                1.0,
-                1.0,
-                False,
-                False,
-                True,
-                self.backward_passes_per_step,
-                compression is Compression.fp16,
-                process_set_id=check_process_set(process_set),
-                strategy="adasum",
+                reducer_options(
+                    compression=compression,
+                    name=name,
+                    op=ops.Adasum,
+                    pipeline=False,  # step() launches the deltas
+                    sync_on_backward=False,
+                    backward_passes_per_step=self.backward_passes_per_step,
+                    process_set_id=check_process_set(process_set),
+                    strategy="adasum",
+                    param_names=[self._parameter_names[p] for p in trainable],
+                    mode="deltas",
+                ),
                 # The rules of each parameter's counter (csrc/core/gradients/pass_counter.h): strict,
                 # an AssertionError on a (k+1)-th gradient, raised before .grad is touched.
                 counter=_C.PassCounter(
@@ -100,8 +101,6 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                     step_call="optimizer.step()",
                     advice="raise backward_passes_per_step",
                 ),
-                param_names=[self._parameter_names[p] for p in trainable],
-                mode="deltas",
             )
 
     def set_backward_passes_per_step(self, passes: int) -> None:

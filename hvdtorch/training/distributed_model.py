@@ -33,6 +33,7 @@ from .bucketed_step import step_as_reduced, steps_in_pieces
 from .buckets import complete_order, layers_by_name, plan_buckets
 from .buffer_sync import BufferSync
 from .coming_from_ddp import ddp_arguments
+from .reducer_options import reducer_options
 from .step_marks import StepMarks
 
 _instance_ids = itertools.count()
@@ -208,18 +209,20 @@ class DistributedModel(torch.nn.Module):
             st.engine,
             params,
             layout,
-            self._name,
-            reducer or "",
-            op,
-            1.0 / f,
-            f,
-            bool(pipeline),
-            sync == "backward",
-            self._fusion_bytes > 0,
-            int(backward_passes_per_step),
-            compression is Compression.fp16,
-            process_set_id=psid,
-            strategy_object=strategy,
+            reducer_options(
+                compression=compression,
+                name=self._name,
+                reducer=reducer or "",
+                op=op,
+                prescale=1.0 / f,
+                postscale=f,
+                pipeline=bool(pipeline),
+                sync_on_backward=sync == "backward",
+                fuse=self._fusion_bytes > 0,
+                backward_passes_per_step=int(backward_passes_per_step),
+                process_set_id=psid,
+                strategy_instance=strategy,
+            ),
         )
         # Re-order buckets by the ready order observed in the first iteration
         # (the set's first rank's, so every member agrees). Pointless with one

@@ -62,12 +62,12 @@ import torch
 
 from .. import _C, runtime
 from ..collectives import ops, sparse
-from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .bucketed_step import step_as_reduced
 from .gradient_marks import GradientMarks
 from .pending_gradients import PendingGradients, settle_through
+from .reducer_options import reducer_options
 
 
 def _on_grad(sync_ref, index: int, grads) -> None:
@@ -313,19 +313,20 @@ class GradientSync:
             runtime.state().engine,
             dense_params,
             self._plan_layout(dense_params, self._fusion_bytes),
-            self._name,
-            self._reducer_kind,
-            self._op,
-            self._prescale,
-            self._postscale,
-            True,
-            False,
-            self._fuse,
-            self._counter.backward_passes_per_step,
-            self._compression is Compression.fp16,
-            process_set_id=check_process_set(self._process_set),
+            reducer_options(
+                compression=self._compression,
+                name=self._name,
+                reducer=self._reducer_kind,
+                op=self._op,
+                prescale=self._prescale,
+                postscale=self._postscale,
+                sync_on_backward=False,  # step() waits (Horovod's contract)
+                fuse=self._fuse,
+                backward_passes_per_step=self._counter.backward_passes_per_step,
+                process_set_id=check_process_set(self._process_set),
+                strategy_instance=strategy,
+            ),
             counter=self._counter,
-            strategy_object=strategy,
         )
 
     def _reduce_dense_now(self, indices: Sequence[int]) -> None:

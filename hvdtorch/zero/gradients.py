@@ -78,11 +78,11 @@ import torch
 
 from .. import _C, runtime
 from ..collectives import ops
-from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from ..training.gradient_marks import GradientMarks
 from ..training.gradient_sync import remove_hooks
 from ..training.pending_gradients import PendingGradients
+from ..training.reducer_options import reducer_options
 from .held_gradients import HeldGradients
 from .layout import Bucket
 
@@ -159,21 +159,22 @@ class BucketGradients:
             runtime.state().engine,
             [params[i] for i in order],
             layout,
-            name,
-            ops.REGISTERED_REDUCER if in_place else "",  # in place: the node reducer, for shard=1 too
-            op,
-            float(prescale),
-            float(postscale),
-            True,
-            False,
-            not in_place,  # fused: through the fusion buffer, which would grow to a bucket for good
-            int(backward_passes_per_step),
-            compression is Compression.fp16,
-            process_set_id=check_process_set(process_set),
-            strategy=strategy,
+            reducer_options(
+                compression=compression,
+                name=name,
+                reducer=ops.REGISTERED_REDUCER if in_place else "",  # in place: the node reducer, for shard=1 too
+                op=op,
+                prescale=float(prescale),
+                postscale=float(postscale),
+                sync_on_backward=False,  # synchronize() waits
+                fuse=not in_place,  # fused: through the fusion buffer, which would grow to a bucket for good
+                backward_passes_per_step=int(backward_passes_per_step),
+                process_set_id=check_process_set(process_set),
+                strategy=strategy,
+                param_names=[names[i] for i in order],
+                sparse_refusal=_SPARSE_REFUSAL,
+            ),
             counter=self._counter,
-            param_names=[names[i] for i in order],
-            sparse_refusal=_SPARSE_REFUSAL,
         )
         if self._reducer.bucket_offsets() != [b.offsets for b in self._buckets]:
             raise RuntimeError(f"hvdtorch: {name}: the reducer packs the buckets unlike the shard layout")

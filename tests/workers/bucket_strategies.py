@@ -8,6 +8,7 @@ import torch
 
 import hvdtorch as hvd
 from hvdtorch import _C
+from hvdtorch.training.reducer_options import reducer_options
 from tests.workers.common import expect
 
 # Two buckets of uneven sizes (7 = 3 + 4 elements, 5): shard ranges of 2 and 3 ranks are uneven too.
@@ -16,25 +17,18 @@ LAYOUT = [[0, 1], [2]]
 
 
 def _reducer(params, strategy, name, k=1, counter=None):
-    return _C.GradientReducer(
-        hvd.runtime.state().engine,
-        params,
-        LAYOUT,
-        name,
-        hvd.collectives.ops.REGISTERED_REDUCER if strategy == "in_place_shard" else "",
-        hvd.Average,
-        1.0,
-        1.0,
-        True,
-        False,
-        strategy != "in_place_shard",
-        k,
-        False,
+    options = reducer_options(
+        name=name,
+        reducer=hvd.collectives.ops.REGISTERED_REDUCER if strategy == "in_place_shard" else "",
+        op=hvd.Average,
+        sync_on_backward=False,
+        fuse=strategy != "in_place_shard",
+        backward_passes_per_step=k,
         strategy=strategy,
-        counter=counter,
         param_names=[f"p{i}" for i in range(len(params))],
         sparse_refusal="buckets are dense here",
     )
+    return _C.GradientReducer(hvd.runtime.state().engine, params, LAYOUT, options, counter=counter)
 
 
 def _backward(params, r):
