@@ -19,9 +19,9 @@ The package by layer, bottom-up (tools/import_graph.py holds the rule):
   mpi_ops, functions            horovod.torch's module names, re-exported
   check                         ``python -m hvdtorch.check``
 The public names are re-exported here (``hvd.allreduce``, ``hvd.DistributedModel``,
-...). The modules' dotted names from before the subpackages (``hvdtorch.ops``,
-``hvdtorch.sharded_optimizer``, and Horovod's ``hvdtorch.compression``,
-``.optimizer``, ``.sync_batch_norm``) are aliases of the moved modules (_aliases.py).
+...). Horovod's module names ``hvdtorch.compression``, ``.optimizer`` and
+``.sync_batch_norm``, and ``hvdtorch.lightning``, are aliases of the modules that
+hold them (_aliases.py).
 """
 
 try:
@@ -75,7 +75,7 @@ _install_aliases()
 
 
 def __getattr__(name):
-    """``hvd.ops``, ``hvd.sharded_optimizer``, ...: the old submodule attributes (_aliases.py)."""
+    """``hvd.optimizer``, ``hvd.compression``, ...: the aliased modules (_aliases.py)."""
     module = _alias_attribute(name)
     if module is None:
         raise AttributeError(f"module 'hvdtorch' has no attribute '{name}'")

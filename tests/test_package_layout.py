@@ -1,7 +1,8 @@
-"""The package's layout (hvdtorch/__init__.py draws it) and what the move into
-subpackages had to keep: every dotted name a module had before is importable
-and is the very module object of its new path (hvdtorch/_aliases.py), every
-``hvd.<name>`` is still there, and the top level stays small."""
+"""The package's layout (hvdtorch/__init__.py draws it): Horovod's module
+names and the Lightning strategy's path are importable and are the very
+module object of their real path (hvdtorch/_aliases.py), no other internal
+path is aliased, every public ``hvd.<name>`` is there, and the top level
+stays small."""
 
 import importlib
 import os
@@ -12,14 +13,14 @@ import pytest
 
 from tests.harness import ROOT
 
-# Every module at hvdtorch's top level before the subpackages, as users may have imported them.
-OLD_MODULES = [
-    "adasum_optimizer", "alltoall", "autotune", "broadcast", "buckets", "check", "compression",
-    "distributed_model", "elastic", "exceptions", "functions", "gradient_sync", "handles", "launch",
-    "lightning", "mpi_ops", "ops", "optimizer", "parameter_names", "process_set_table", "process_sets",
-    "reducescatter", "runtime", "shard_join", "shard_layout", "shard_state", "sharded_checkpoint",
-    "sharded_gradients", "sharded_optimizer", "sparse", "step_marks", "sync_batch_norm", "timeline",
+# The module names a user may import: horovod.torch's (compression, elastic, functions, mpi_ops, optimizer,
+# sync_batch_norm), the Lightning strategy's documented hvdtorch.lightning, and the tools run with -m.
+USER_MODULES = [
+    "check", "compression", "elastic", "functions", "lightning", "mpi_ops", "optimizer", "sync_batch_norm",
+    "timeline",
 ]  # fmt: skip
+# Internal paths from before the subpackages: no longer aliased.
+RETIRED = ["ops", "sharded_optimizer", "distributed_model", "shard_layout", "process_sets"]
 
 # What ``import hvdtorch as hvd`` offered before the move (the names bound in its __init__.py).
 PUBLIC_NAMES = [
@@ -62,44 +63,47 @@ def test_every_subpackage_is_a_regular_package():
             assert os.path.isfile(os.path.join(folder, "__init__.py")), f"hvdtorch/{name}/ has no __init__.py"
 
 
-def test_the_alias_table_covers_exactly_the_moved_modules():
+def test_the_alias_table_covers_exactly_the_user_modules_that_moved():
     package = os.path.join(ROOT, "hvdtorch")
     still_there = {
         m
-        for m in OLD_MODULES
+        for m in USER_MODULES
         if os.path.isfile(os.path.join(package, m + ".py")) or os.path.isdir(os.path.join(package, m))
     }
-    assert set(_aliases()) == {f"hvdtorch.{m}" for m in OLD_MODULES} - {f"hvdtorch.{m}" for m in still_there}
+    assert set(_aliases()) == {f"hvdtorch.{m}" for m in USER_MODULES} - {f"hvdtorch.{m}" for m in still_there}
     for new in _aliases().values():
         path = os.path.join(ROOT, *new.split(".")) + ".py"
         assert os.path.isfile(path), f"{new}: no {os.path.relpath(path, ROOT)}"
 
 
-@pytest.mark.parametrize("old", OLD_MODULES)
-def test_an_old_dotted_name_is_the_new_module(old):
-    if old == "lightning":
+@pytest.mark.parametrize("name", USER_MODULES)
+def test_a_user_module_name_is_the_real_module(name):
+    if name == "lightning":
         pytest.importorskip("lightning")  # the integration's optional dependency
-    module = importlib.import_module(f"hvdtorch.{old}")
-    new = _aliases().get(f"hvdtorch.{old}")
-    if new is None:  # did not move
-        assert module.__name__ == f"hvdtorch.{old}"
+    module = importlib.import_module(f"hvdtorch.{name}")
+    real = _aliases().get(f"hvdtorch.{name}")
+    if real is None:  # lives there
+        assert module.__name__ == f"hvdtorch.{name}"
         return
-    assert module is importlib.import_module(new)
-    assert sys.modules[f"hvdtorch.{old}"] is module
-    # The module keeps its own identity: its name, spec and file are the new path's.
-    assert module.__name__ == new and module.__spec__.name == new
-    assert module.__file__.endswith(os.path.join(*new.split(".")[1:]) + ".py")
+    assert module is importlib.import_module(real)
+    assert sys.modules[f"hvdtorch.{name}"] is module
+    # The module keeps its own identity: its name, spec and file are the real path's.
+    assert module.__name__ == real and module.__spec__.name == real
+    assert module.__file__.endswith(os.path.join(*real.split(".")[1:]) + ".py")
 
 
-def test_from_an_old_name_import_gives_the_same_objects():
+@pytest.mark.parametrize("name", RETIRED)
+def test_an_internal_path_is_not_aliased(name):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(f"hvdtorch.{name}")
+
+
+def test_from_an_alias_import_gives_the_same_objects():
     import hvdtorch as hvd
-    from hvdtorch.collectives.ops import allreduce as new_allreduce
-    from hvdtorch.ops import allreduce
-    from hvdtorch.sharded_optimizer import ShardedOptimizer
-    from hvdtorch.zero import optimizer as zero_optimizer
+    from hvdtorch.optimizer import DistributedOptimizer
+    from hvdtorch.training import optimizer as training_optimizer
 
-    assert allreduce is new_allreduce is hvd.allreduce
-    assert ShardedOptimizer is zero_optimizer.ShardedOptimizer is hvd.ShardedOptimizer
+    assert DistributedOptimizer is training_optimizer.DistributedOptimizer is hvd.DistributedOptimizer
 
 
 def test_every_public_name_is_still_there():
@@ -109,34 +113,15 @@ def test_every_public_name_is_still_there():
     assert not missing, missing
 
 
-def test_hvd_dot_an_old_module_is_the_new_module():
-    # Before the move, importing hvdtorch left its submodules as attributes (hvd.ops, ...).
+def test_hvd_dot_an_alias_is_the_module():
     import hvdtorch as hvd
 
-    for old, new in _aliases().items():
-        name = old.split(".", 1)[1]
+    for alias, real in _aliases().items():
+        name = alias.split(".", 1)[1]
         if name == "lightning":
-            continue  # an attribute only once imported, as before (a test below)
-        if name in PUBLIC_NAMES:
-            continue  # hvd.broadcast, hvd.alltoall, hvd.reducescatter: the functions, as before
-        assert getattr(hvd, name) is importlib.import_module(new), old
-    assert not hasattr(hvd, "no_such_module")
-
-
-def test_importing_an_old_module_keeps_the_function_of_its_name():
-    # hvd.broadcast, hvd.alltoall and hvd.reducescatter are functions named like modules of old.
-    code = (
-        "import hvdtorch.broadcast, hvdtorch.alltoall, hvdtorch.reducescatter\n"
-        "from hvdtorch.broadcast import broadcast_object\n"
-        "import hvdtorch as hvd\n"
-        "from hvdtorch.collectives import ops, alltoall, reducescatter\n"
-        "assert hvd.broadcast is ops.broadcast and hvd.alltoall is alltoall.alltoall\n"
-        "assert hvd.reducescatter is reducescatter.reducescatter\n"
-        "assert broadcast_object is hvd.broadcast_object\n"
-        "print('ok')\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+            continue  # an attribute only once imported (a test below)
+        assert getattr(hvd, name) is importlib.import_module(real), alias
+    assert not hasattr(hvd, "no_such_module") and not hasattr(hvd, "sharded_optimizer")
 
 
 def test_importing_hvdtorch_does_not_import_lightning():

@@ -97,6 +97,14 @@ def test_matches_the_reference(tmp_path, nranks):
             assert any((g - w).abs().max() > 1e-6 for g, w in zip(got, plain)), name
 
 
+def test_a_set_without_rank_0_matches_the_two_rank_reference(tmp_path):
+    """PowerSGD in the set [1, 2] of 3 ranks (DistributedModel and DistributedOptimizer) equals two ranks alone."""
+    run_ranks("tests.workers.powersgd:train_in_a_set_without_rank_0", 3, timeout=120, args=[str(tmp_path)])
+    want = reference(2, OPTIONS)
+    for kind in ("model", "optimizer"):
+        _assert_equal(torch.load(tmp_path / f"set-{kind}.pt"), want)
+
+
 def test_state_dict_round_trips_and_refusals():
     """3 steps, save, new model/optimizer/compressor, load, 3 steps == 6 steps (DistributedModel and
     DistributedOptimizer); then every refused combination, each naming its reason."""

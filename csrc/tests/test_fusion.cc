@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "check.h"
-#include "engine/execution/fusion.h"
+#include "engine/negotiation/fusion_plan.h"
 #include "ops/op_table.h"
 
 using namespace hvdtorch;

@@ -107,6 +107,42 @@ def train(out_dir: str, device: str = "cpu") -> None:
     hvd.shutdown()
 
 
+def train_in_a_set_without_rank_0(out_dir: str) -> None:
+    """In the set [1, 2] of 3 ranks, DistributedModel and DistributedOptimizer
+    with PowerSGD average over the set's two ranks, each drawing the batches
+    of its rank in the set; the set's first rank saves the parameters for
+    the two-rank reference. Rank 0, outside, takes part in nothing."""
+    hvd.init()
+    assert hvd.size() == 3
+    tail = hvd.add_process_set([1, 2])
+    for kind in ("model", "optimizer"):
+        if not tail.included():
+            continue
+        net = make_net()
+        compressor = hvd.Compression.powersgd(**OPTIONS)
+        if kind == "model":
+            model = hvd.DistributedModel(net, compression=compressor, first_bucket_bytes=256, process_set=tail)
+            opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        else:
+            model = net
+            opt = hvd.DistributedOptimizer(
+                torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM),
+                named_parameters=net.named_parameters(),
+                compression=compressor,
+                process_set=tail,
+            )
+        for step in range(STEPS):
+            opt.zero_grad()
+            loss_of(model, step, tail.rank()).backward()
+            opt.step()
+        assert compressor.iteration == STEPS, (kind, compressor.iteration)
+        if tail.rank() == 0:
+            torch.save([p.detach() for p in net.parameters()], os.path.join(out_dir, f"set-{kind}.pt"))
+        hvd.barrier(process_set=tail)
+    hvd.barrier()
+    hvd.shutdown()
+
+
 def round_trips_and_refusals() -> None:
     hvd.init()
     round_trip("model")

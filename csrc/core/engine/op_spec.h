@@ -53,7 +53,7 @@ inline constexpr size_t kOpTypes = 0 HVDTORCH_OPS(HVDTORCH_COUNT_OP);
 enum class InlineRun : uint8_t {
   kNever,    // its size is not planned when it is queued
   kAlways,   // no payload
-  kIfSmall,  // up to Engine's kInlineUnitBytes
+  kIfSmall,  // up to WorkQueue::kInlineUnitBytes
 };
 
 // What an op does while some ranks of its set have joined (hvd.join()). A
@@ -103,7 +103,7 @@ struct OpSpec {
   // runs from the response cache (one bit per rank instead of the request).
   bool cacheable;
   // Consecutive ops of this type may share one unit, one piece per tensor
-  // (engine/execution/fusion.h; the op carries ReduceArgs).
+  // (engine/negotiation/fusion_plan.h; the op carries ReduceArgs).
   bool fuses;
   InlineRun inline_run;
   WhileJoined while_joined;

@@ -222,7 +222,8 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   const ReduceArgs& args = req.reduce();
   const TensorSpec& spec = req.tensors[unit.pieces.front().tensor];
   const DataType dtype = spec.dtype;
-  const bool on_device = spec.device != DeviceKind::kCpu;  // the same for every piece (engine/execution/fusion.h)
+  const bool on_device = spec.device !=
+                         DeviceKind::kCpu;  // the same for every piece (engine/negotiation/fusion_plan.h)
   size_t count = 0;
   for (const auto& p : unit.pieces) count += static_cast<size_t>(p.entry->request.tensors[p.tensor].numel());
   const ReduceOp op = Executor::reducedOp(args.op);

@@ -21,7 +21,7 @@
 
 #include "algorithms/router.h"
 #include "engine/execution/entry.h"
-#include "engine/execution/fusion.h"
+#include "engine/execution/fusion_buffer.h"
 #include "engine/execution/host_staging.h"
 #include "timeline/timeline.h"
 #include "transport/context.h"

@@ -3,7 +3,7 @@
 // the last (EngineState::incoming), agrees with the other ranks on which are
 // ready everywhere -- the global set first, then, for each process set with
 // work anywhere, among the set's ranks --, plans the ready ones into work
-// units (execution/fusion.h) and pushes them to the executor
+// units (negotiation/fusion_plan.h) and pushes them to the executor
 // (execution/work_queue.h). Every rank's controller runs the same cycles in
 // lockstep and plans the same units in the same order, which is what makes
 // the collectives match without the caller ordering anything.
@@ -49,8 +49,8 @@
 
 #include "config/config.h"
 #include "engine/engine_state.h"
-#include "engine/execution/fusion.h"
 #include "engine/execution/work_queue.h"
+#include "engine/negotiation/fusion_plan.h"
 #include "engine/process_set_table.h"
 #include "engine/request.h"
 #include "timeline/timeline.h"

@@ -1,32 +1,17 @@
-// Fusion planning: turns one cycle's ready responses into work units. Runs on
-// every rank over the same response list, so every rank forms the same units.
-//
-// Consecutive tensors of ops that fuse (their op table row says so: the
-// all-reduce, whose ReduceArgs this compares) with the same dtype, reduce op,
-// scale factors and reducer are packed into one unit while the unit stays within
-// the fusion threshold (a tensor larger than the threshold runs alone). Each
-// unit then costs one collective instead of one per tensor.
+// The executor's fusion buffer: where a fused unit's pieces are packed to
+// travel as one tensor (engine/negotiation/fusion_plan.h forms the units).
 #pragma once
 
 #include <atomic>
 #include <cstdlib>
 #include <memory>
-#include <vector>
 
-#include "engine/execution/entry.h"
 #include "engine/execution/host_staging.h"
-#include "engine/request.h"
 #include "transport/shm/registered_memory.h"
 
 namespace hvdtorch {
 
-struct ReadyOp {
-  Response response;
-  EntryPtr entry;  // null when this rank has no such op (only for error responses)
-};
-
-// Moves each response's plan into its unit, and gives the unit its op's row.
-std::vector<WorkUnit> planWork(std::vector<ReadyOp>& ready, size_t fusion_threshold);
+class Device;
 
 // A persistent buffer reused by every fused unit ("register once"): it only
 // grows, and is 64-byte aligned so kernels vectorise. With registered memory
