@@ -46,12 +46,13 @@ How:
     before the C++ reducer's hook) replaces a sparse .grad by its dense form
     (a pre-hook may not change the layout of a gradient).
   * Which parameters have sparse gradients is learnt in the first step:
-    until the first synchronize() there is no C++ reducer; that
-    synchronize() reduces every gradient itself, all ranks agree (one
-    all-reduce) on which parameters were sparse on any rank, and the C++
-    reducer is built over the others. From the second step on, dense
-    reduction overlaps backward. A gradient that turns sparse later, in a
-    parameter reduced densely, is an error naming the parameter.
+    until the first synchronize() there is no C++ reducer; in it all ranks
+    agree (one all-reduce) on which parameters were sparse on any rank, and
+    the C++ reducer is built over the others and reduces that step. Dense
+    gradients have no other path: from the second step on their reduction
+    overlaps backward, and fewer passes (or none) are the reducer's too. A
+    gradient that turns sparse later, in a parameter reduced densely, is an
+    error naming the parameter.
 """
 
 import functools
@@ -61,7 +62,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from .. import _C, runtime
-from ..collectives import ops, sparse
+from ..collectives import sparse
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .bucketed_step import step_as_reduced
@@ -239,11 +240,11 @@ class GradientSync:
         self._pending.restore()
         self._marks.check()
         if self._sparse_dims is None:
-            self._first_synchronize()
-        elif self._counter.due() and self._reducer is not None:
-            self._reducer.finalize()  # backward launched every bucket of this pass
-        else:
-            self._reduce_dense_now(self._dense)
+            self._learn_sparse_gradients()
+        if self._reducer is not None:
+            # After the reducing pass it waits for what backward launched; earlier (fewer passes, none, the
+            # first step) it reduces what .grad holds now.
+            self._reducer.synchronize()
         self._reduce_sparse()
         for index, sparse_dim in self._densified.items():
             p = self._params[index]
@@ -268,7 +269,13 @@ class GradientSync:
             self._counter.reset()
         return True
 
-    def _first_synchronize(self) -> None:
+    def _learn_sparse_gradients(self) -> None:
+        """The first synchronize(): the ranks agree (one all-reduce) on which
+        parameters had sparse gradients on any rank, and the C++ reducer is
+        built over the others. It copies their .grad into its buckets, makes
+        .grad views of them and reduces this step too, so that every reduced
+        pass is the reducer's (PowerSGD's pass count and start_iter mean the
+        same as under DistributedModel)."""
         if self._sparse_as_dense:
             dims = [0] * len(self._params)
         else:
@@ -277,29 +284,18 @@ class GradientSync:
             )
         self._dense = [i for i, d in enumerate(dims) if d == 0]
         self._sparse = [i for i, d in enumerate(dims) if d > 0]
-        if is_powersgd(self._compression):
-            self._first_powersgd_synchronize(dims)
-            return
-        self._reduce_dense_now(self._dense)
-        self._sparse_dims = dims
-        if self._dense:
-            # Built after this step's reduction: it copies the reduced
-            # gradients into its buckets and makes .grad views of them.
-            self._reducer = self._make_reducer()
-
-    def _first_powersgd_synchronize(self, dims: List[int]) -> None:
-        """Compression.powersgd: the reducer is built first and reduces this
-        step too, so that every reduced pass is one of PowerSGD's (its pass
-        count and start_iter mean the same as under DistributedModel)."""
-        if self._sparse:
+        powersgd = is_powersgd(self._compression)
+        if powersgd and self._sparse:
             raise ValueError(
                 "hvdtorch: Compression.powersgd compresses dense gradients, but "
                 f"{[self._names[i] for i in self._sparse]} got sparse ones; use "
                 "DistributedOptimizer(sparse_as_dense=True), or Compression.none for them"
             )
         self._sparse_dims = dims
-        self._reducer = self._make_reducer(self._compression.strategy_for(self, runtime.rank()))
-        self._reducer.synchronize()
+        if self._dense:
+            self._reducer = self._make_reducer(
+                self._compression.strategy_for(self, runtime.rank()) if powersgd else None
+            )
 
     def _dense_params(self):
         """The dense parameters: the reducer's parameter list, in its order."""
@@ -327,24 +323,6 @@ class GradientSync:
                 strategy_instance=strategy,
             ),
             counter=self._counter,
-        )
-
-    def _reduce_dense_now(self, indices: Sequence[int]) -> None:
-        """Reduces the dense gradients of ``indices`` as they are now (one
-        grouped all-reduce per dtype)."""
-        for i in indices:
-            p = self._params[i]
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        ops.grouped_allreduce_compressed_(
-            [self._params[i].grad for i in indices],
-            self._compression,
-            f"{self._name}.now",
-            op=self._op,
-            prescale_factor=self._prescale,
-            postscale_factor=self._postscale,
-            reducer=self._reducer_kind or None,
-            process_set=self._process_set,
         )
 
     def _reduce_sparse(self) -> None:
