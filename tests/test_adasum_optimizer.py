@@ -13,7 +13,9 @@ def test_equals_reference(nranks):
     run_ranks("tests.workers.adasum_optimizer:check_equivalence", nranks, timeout=180)
 
 
-@pytest.mark.parametrize("nranks,ranks_in_set", [(4, ["0", "2", "3"]), (3, ["1", "2"])], ids=["0-2-3", "without-rank-0"])
+@pytest.mark.parametrize(
+    "nranks,ranks_in_set", [(4, ["0", "2", "3"]), (3, ["1", "2"])], ids=["0-2-3", "without-rank-0"]
+)
 def test_equals_reference_in_process_set(nranks, ranks_in_set):
     run_ranks("tests.workers.adasum_optimizer:check_equivalence", nranks, args=ranks_in_set, timeout=180)
 
