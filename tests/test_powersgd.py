@@ -1,4 +1,4 @@
-"""Compression.powersgd (csrc/torch/powersgd_strategy.h, hvdtorch/collectives/powersgd.py):
+"""Compression.powersgd (csrc/torch/strategies/powersgd.h, hvdtorch/collectives/powersgd.py):
 
 * after STEPS steps on 1-4 ranks, DistributedModel's and
   DistributedOptimizer's parameters equal a one-process re-implementation

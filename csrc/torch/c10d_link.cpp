@@ -117,37 +117,4 @@ void C10dNative::broadcast(void* data, size_t bytes, int root) {
 
 void C10dNative::barrier() { waitOrThrow(pg_->barrier(), "barrier"); }
 
-DataType toDataType(at::ScalarType t, const std::string& where) {
-  switch (t) {
-    case at::kByte: return DataType::kUInt8;
-    case at::kChar: return DataType::kInt8;
-    case at::kShort: return DataType::kInt16;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kBool: return DataType::kBool;
-    default: break;
-  }
-  throw InvalidArgument(strCat(where, ": dtype ", c10::toString(t), " is not supported by hvdtorch"));
-}
-
-at::ScalarType toScalarType(DataType t) {
-  switch (t) {
-    case DataType::kUInt8: return at::kByte;
-    case DataType::kInt8: return at::kChar;
-    case DataType::kInt16: return at::kShort;
-    case DataType::kInt32: return at::kInt;
-    case DataType::kInt64: return at::kLong;
-    case DataType::kFloat16: return at::kHalf;
-    case DataType::kBFloat16: return at::kBFloat16;
-    case DataType::kFloat32: return at::kFloat;
-    case DataType::kFloat64: return at::kDouble;
-    case DataType::kBool: return at::kBool;
-  }
-  return at::kByte;
-}
-
 }  // namespace hvdtorch

@@ -6,10 +6,10 @@
 
 #include <algorithm>
 
-#include "bucket_strategies.h"
 #include "common/error.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
+#include "strategies/registry.h"
 #include "tensor_binding.h"
 #include "torch_tensor.h"
 
@@ -58,17 +58,6 @@ class LoneBucket : public BucketOp {
 };
 
 }  // namespace
-
-at::ScalarType wireScalarType(WireCodec codec, at::ScalarType dtype) {
-  if (codec == WireCodec::kNone) return dtype;
-  DataType t{};
-  try {
-    t = toDataType(dtype, "wire dtype");
-  } catch (const InvalidArgument&) {
-    return dtype;  // a dtype hvdtorch does not carry (complex, say): as it is
-  }
-  return toScalarType(wireDtype(codec, t));
-}
 
 GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at::Tensor> params,
                                  std::vector<std::vector<int64_t>> buckets, GradReducerOptions options,

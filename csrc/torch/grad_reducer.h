@@ -17,7 +17,7 @@
 //    pipelining, hands a bucket to the strategy the moment its last gradient
 //    is written, while backward goes on.
 //  * What happens to a bucket is the reducer's strategy's
-//    (bucket_strategy.h, one for all buckets): all-reduced in place, or
+//    (strategies/bucket_strategy.h, one for all buckets): all-reduced in place, or
 //    reduced into this rank's shard. A strategy that drops gradients makes
 //    .grad undefined when the bucket launches.
 //  * Buckets hold parameters of one dtype; their layout is given by the
@@ -68,11 +68,11 @@
 #include <string>
 #include <vector>
 
-#include "bucket_strategy.h"
 #include "engine/engine.h"
 #include "gradients/pass_counter.h"
 #include "gradients/wire_codec.h"
 #include "ops/allreduce.h"
+#include "strategies/bucket_strategy.h"
 
 namespace hvdtorch {
 
@@ -101,7 +101,7 @@ struct GradReducerOptions {
   // How buckets travel (gradients/wire_codec.h): a bucket is its codec's wire dtype; where that is the
   // parameters' own dtype, gradients become bucket views.
   WireCodec codec = WireCodec::kNone;
-  std::string strategy = "allreduce_views";  // the buckets' strategy (bucket_strategies.h)
+  std::string strategy = "allreduce_views";  // the buckets' strategy (strategies/registry.h)
   // Non-null: the strategy itself, made and kept by the caller (which reads
   // and restores its state: PowerSGD's); `strategy` is then ignored. One
   // reducer per instance.
@@ -112,10 +112,6 @@ struct GradReducerOptions {
   std::vector<std::string> param_names;  // named by errors; empty: "parameter <index>"
   ReducerMode mode = ReducerMode::kGradients;
 };
-
-// The dtype a tensor of `dtype` travels in under `codec` (wireDtype() for torch dtypes); a dtype hvdtorch
-// does not carry (complex, say) travels as it is.
-at::ScalarType wireScalarType(WireCodec codec, at::ScalarType dtype);
 
 class GradientReducer {
  public:

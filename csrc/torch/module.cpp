@@ -28,9 +28,9 @@
 #include "gradients/pass_counter.h"
 #include "gradients/shard_range.h"
 #include "ops/all_ops.h"  // generated (CMakeLists.txt): every header of csrc/core/ops/
-#include "powersgd_strategy.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
+#include "strategies/powersgd.h"
 #include "tensor_binding.h"
 #include "torch_tensor.h"
 #include "transport/shm/registered_memory.h"
@@ -469,7 +469,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #undef HVDTORCH_BIND_OP
 
   // A strategy made in Python and handed to one GradientReducer (strategy_object=), so that its state
-  // stays reachable: PowerSGD's (powersgd_strategy.h, hvdtorch/collectives/powersgd.py).
+  // stays reachable: PowerSGD's (strategies/powersgd.h, hvdtorch/collectives/powersgd.py).
   py::class_<BucketStrategy, std::shared_ptr<BucketStrategy>>(m, "BucketStrategy")
       .def_property_readonly("name", [](const BucketStrategy& s) { return std::string(s.name()); });
   py::class_<PowerSGDStrategy, BucketStrategy, std::shared_ptr<PowerSGDStrategy>>(m, "PowerSGDStrategy")

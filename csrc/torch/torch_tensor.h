@@ -1,16 +1,21 @@
-// at::Tensor <-> the core's TensorBuffer, and at::ScalarType <-> DataType.
+// at::Tensor <-> the core's TensorBuffer, at::ScalarType <-> DataType, and
+// the wire codec's rule for torch dtypes.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include "common/dtype.h"
 #include "engine/tensor.h"
+#include "gradients/wire_codec.h"
 
 namespace hvdtorch {
 
 // Throws InvalidArgument naming the op and tensor for dtypes the core lacks.
 DataType toDataType(at::ScalarType t, const std::string& where);
 at::ScalarType toScalarType(DataType t);
+// The dtype a tensor of `dtype` travels in under `codec` (wireDtype() for torch dtypes); a dtype hvdtorch
+// does not carry (complex, say) travels as it is.
+at::ScalarType wireScalarType(WireCodec codec, at::ScalarType dtype);
 
 // Keeps the tensor alive for as long as the engine holds the buffer. The
 // tensor must be contiguous (the Python layer makes sure of it); `device`

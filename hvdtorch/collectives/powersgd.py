@@ -1,7 +1,7 @@
 """PowerSGD (Vogels et al., NeurIPS 2019): ``hvd.Compression.powersgd(...)``,
 the compressor of DistributedModel's and DistributedOptimizer's gradient
 buckets. The algorithm is the C++ bucket strategy
-(csrc/torch/powersgd_strategy.h); this object holds its options and, once a
+(csrc/torch/strategies/powersgd.h); this object holds its options and, once a
 model or optimizer reduces with it, the strategy and so its state.
 
 Contract:

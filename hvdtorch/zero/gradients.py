@@ -7,7 +7,7 @@ does).
 A thin front over the gradient core's reducer (_C.GradientReducer,
 csrc/torch/grad_reducer.h), which does the hooks, the flat buffers, the
 launching and the waiting, with the bucket strategy (csrc/torch/
-bucket_strategies.h) that fits: allreduce_views (shard=1), in_place_shard or
+strategies/) that fits: allreduce_views (shard=1), in_place_shard or
 reduce_scatter_shard (shard=2). The buckets are the shard layout's
 (zero/layout.py): the reducer packs them at the same offsets, and its shard
 strategies cut the same ranges (one rule, csrc/core/gradients/shard_range.h).

@@ -1,4 +1,4 @@
-"""The gradient reducer's bucket strategies (csrc/torch/bucket_strategies.h),
+"""The gradient reducer's bucket strategies (csrc/torch/strategies/),
 driven directly through _C.GradientReducer: what synchronize() hands back
 for each strategy is the average of the ranks' gradients, whole or this
 rank's shard range (the one shard rule, _C.shard_range), and what happens

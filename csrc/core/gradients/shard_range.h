@@ -1,7 +1,7 @@
 // Which contiguous range of a flat gradient bucket each rank owns: the one
 // rule of the sharded optimizer's layout (hvdtorch/zero/layout.py, through
 // _C.shard_range) and of the reducer's shard strategies
-// (csrc/torch/bucket_strategies.cpp), so that the range a rank steps is the
+// (csrc/torch/strategies/), so that the range a rank steps is the
 // range its reduction hands back.
 //
 // Set rank r of n owns numel / n elements, one more for the first numel % n

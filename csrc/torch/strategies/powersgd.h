@@ -47,7 +47,7 @@
 #include <string>
 #include <vector>
 
-#include "bucket_strategy.h"
+#include "strategies/bucket_strategy.h"
 
 namespace hvdtorch {
 

@@ -30,7 +30,7 @@
 //  * Every reduced pass (in deltas mode, every reduceNow()) launches every
 //    bucket exactly once, so a strategy can count passes by counting
 //    launches.
-// The strategies and the names that choose them: bucket_strategies.h.
+// The strategies and the names that choose them: strategies/registry.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -77,7 +77,7 @@ class BucketOp {
 class BucketStrategy {
  public:
   virtual ~BucketStrategy() = default;
-  // The name that chooses it (bucket_strategies.h).
+  // The name that chooses it (registry.h).
   virtual const char* name() const = 0;
   // Whether each parameter's .grad stays a view of its bucket slot after the
   // launch, the reduced values written there (all-reduce); false: .grad is

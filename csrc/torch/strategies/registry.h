@@ -1,5 +1,5 @@
-// The per-bucket strategies of GradientReducer (bucket_strategy.h), chosen
-// per reducer by name:
+// The per-bucket strategies of GradientReducer (strategies/bucket_strategy.h),
+// chosen per reducer by name, one file each in this folder:
 //  * "allreduce_views": the bucket is all-reduced in place; each .grad is a
 //    view of its slot, so the average lands in .grad with no copy. The
 //    result is the whole bucket. DistributedModel, DistributedOptimizer and
@@ -13,39 +13,32 @@
 //  * "reduce_scatter_shard": the bucket is reduce-scattered; the result is
 //    this rank's shard, in a tensor the engine makes. shard=2 otherwise.
 //  * "powersgd": low-rank compression with error feedback, two phases per
-//    bucket (powersgd_strategy.h); the name gives the default options,
+//    bucket (powersgd.h); the name gives the default options,
 //    hvd.Compression.powersgd(...) hands the reducer an instance of its own.
 //  * "adasum": the bucket is all-reduced in place with op Adasum as one op
 //    whose tensors are the bucket's slots, each combined on its own (Adasum's
 //    coefficients are dot products over one tensor: a fused bucket would give
 //    other values). The result is the whole bucket. The Adasum optimizer's
 //    deltas (GradientReducer::reduceNow()).
-// A new strategy is one class in bucket_strategies.cpp and one row in
-// makeBucketStrategy() (docs/architecture.md, "Recipes").
+// A new strategy is one file here with its class and factory, the factory
+// declared below and one row in makeBucketStrategy() (docs/architecture.md,
+// "Recipes").
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "bucket_strategy.h"
-#include "engine/op_state.h"
+#include "strategies/bucket_strategy.h"
 
 namespace hvdtorch {
 
 // The strategy named `name`; InvalidArgument naming the known ones otherwise.
 std::unique_ptr<BucketStrategy> makeBucketStrategy(const std::string& name);
 
-// Building blocks for strategies.
-// Submits an all-reduce of `flat` in place (`o`: the reducer's options, less
-// name and tensors), bound on this thread; the op's state (the engine's
-// handle is released: wait on the state).
-std::shared_ptr<OpState> allreduceInPlace(Engine& engine, ops::AllreduceOptions o, const at::Tensor& flat,
-                                          const std::string& name);
-// Waits for the op; CollectiveError when it failed. Orders this thread's
-// stream after it; returns its outputs.
-std::vector<at::Tensor> waitForOp(OpState& state);
-// The "allreduce_views" reduction of one bucket: in place, the whole bucket comes back.
-std::unique_ptr<BucketOp> allreduceBucket(const StrategyContext& ctx, const ReducerBucket& bucket,
-                                          const std::string& name);
+// Each strategy's factory, in its own file.
+std::unique_ptr<BucketStrategy> makeAllreduceViews();
+std::unique_ptr<BucketStrategy> makeInPlaceShard();
+std::unique_ptr<BucketStrategy> makeReduceScatterShard();
+std::unique_ptr<BucketStrategy> makeAdasumPerTensor();
 
 }  // namespace hvdtorch

@@ -1,4 +1,4 @@
-#include "powersgd_strategy.h"
+#include "strategies/powersgd.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/addmm.h>
@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <limits>
 
-#include "bucket_strategies.h"
 #include "common/error.h"
-#include "grad_reducer.h"
 #include "registered_tensor.h"
+#include "strategies/engine_ops.h"
+#include "torch_tensor.h"
 
 namespace hvdtorch {
 
