@@ -16,7 +16,7 @@ SHAPES = [(3,), (2, 2), (5,)]
 LAYOUT = [[0, 1], [2]]
 
 
-def _reducer(params, strategy, name, k=1, counter=None):
+def _reducer(params, strategy, name, k=1, counter=None, layout=LAYOUT):
     options = reducer_options(
         name=name,
         reducer=hvd.collectives.ops.REGISTERED_REDUCER if strategy == "in_place_shard" else "",
@@ -28,7 +28,7 @@ def _reducer(params, strategy, name, k=1, counter=None):
         param_names=[f"p{i}" for i in range(len(params))],
         sparse_refusal="buckets are dense here",
     )
-    return _C.GradientReducer(hvd.runtime.state().engine, params, LAYOUT, options, counter=counter)
+    return _C.GradientReducer(hvd.runtime.state().engine, params, layout, options, counter=counter)
 
 
 def _backward(params, r):
@@ -45,8 +45,10 @@ def _in_place_never_fused(r):
     do not go through the engine's fusion buffer, which would grow to their
     size for good. Run first, on a fresh engine."""
     engine = hvd.runtime.state().engine
-    params = [torch.zeros(s, requires_grad=True) for s in SHAPES]
-    reducer = _reducer(params, "in_place_shard", "strategies.unfused")
+    # Sixteen one-tensor buckets launched back to back: were they fusable, some would be ready in the same
+    # negotiation cycle and fused, whatever the timing.
+    params = [torch.zeros(5, requires_grad=True) for _ in range(16)]
+    reducer = _reducer(params, "in_place_shard", "strategies.unfused", layout=[[i] for i in range(16)])
     for _ in range(3):
         for p in params:
             p.grad = torch.ones_like(p)
