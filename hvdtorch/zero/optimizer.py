@@ -177,6 +177,58 @@ def _check_same(what: str, given, default, model_value) -> None:
         )
 
 
+def _check_arguments(optimizer, shard: int, op: int, gradient_predivide_factor: float) -> None:
+    if shard not in (1, 2):
+        raise ValueError(f"hvdtorch: shard must be 1 (optimizer state) or 2 (state and gradients), got {shard!r}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"hvdtorch: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    check_shardable(optimizer)
+    if op not in (ops.Average, ops.Sum):
+        raise ValueError("hvdtorch: a sharded optimizer reduces gradients with op=hvd.Average or hvd.Sum")
+    if gradient_predivide_factor <= 0:
+        raise ValueError("hvdtorch: gradient_predivide_factor must be positive")
+    if gradient_predivide_factor != 1.0 and op != ops.Average:
+        raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
+
+
+def _gradient_options(all_params, model, shard: int, overlap_gathers: bool, given: dict):
+    """(the DistributedModel, the module, the gradient options): a
+    DistributedModel over the parameters (``model=``, or the one that owns
+    them) decides compression, op, scale, passes and process set; given ones
+    must agree with it."""
+    dm = model if isinstance(model, DistributedModel) else None
+    if dm is None:
+        owners = {id(o): o for o in (owner_of(p) for p in all_params) if o is not None}
+        if len(owners) > 1:
+            raise ValueError("hvdtorch: the optimizer's parameters belong to several DistributedModels")
+        dm = next(iter(owners.values()), None)
+    if is_powersgd(given["compression"]) or (dm is not None and is_powersgd(dm.gradient_options["compression"])):
+        raise ValueError(_POWERSGD_REFUSAL.format(shard=shard))
+    options = dict(given)
+    if dm is not None:
+        g = dm.gradient_options
+        _check_same("compression", given["compression"], Compression.none, g["compression"])
+        _check_same("op", given["op"], ops.Average, g["op"])
+        _check_same("gradient_predivide_factor", given["gradient_predivide_factor"], 1.0, g["postscale"])
+        _check_same("backward_passes_per_step", given["backward_passes_per_step"], 1, g["backward_passes_per_step"])
+        if given["process_set"] is not None and given["process_set"] is not g["process_set"]:
+            raise ValueError("hvdtorch: process_set differs from the DistributedModel's; set it there")
+        options = dict(
+            compression=g["compression"],
+            op=g["op"],
+            gradient_predivide_factor=g["postscale"],
+            backward_passes_per_step=g["backward_passes_per_step"],
+            process_set=g["process_set"],
+        )
+    module = dm.module if dm is not None else model
+    if overlap_gathers and module is None:
+        raise ValueError(
+            "hvdtorch: overlap_gathers=True needs the module whose forward waits for its parameters: pass "
+            "model=, or shard the optimizer of a DistributedModel"
+        )
+    return dm, module, options
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(
         self,
@@ -193,17 +245,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         model: Optional[torch.nn.Module] = None,
         overlap_gathers: bool = False,
     ):
-        if shard not in (1, 2):
-            raise ValueError(f"hvdtorch: shard must be 1 (optimizer state) or 2 (state and gradients), got {shard!r}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(f"hvdtorch: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        check_shardable(optimizer)
-        if op not in (ops.Average, ops.Sum):
-            raise ValueError("hvdtorch: a sharded optimizer reduces gradients with op=hvd.Average or hvd.Sum")
-        if gradient_predivide_factor <= 0:
-            raise ValueError("hvdtorch: gradient_predivide_factor must be positive")
-        if gradient_predivide_factor != 1.0 and op != ops.Average:
-            raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
+        _check_arguments(optimizer, shard, op, gradient_predivide_factor)
         names = names_by_id(optimizer.param_groups, named_parameters)
         numbered, all_params = [], []
         for group in optimizer.param_groups:
@@ -215,33 +257,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
             numbered.append(row)
         self._all_params = all_params  # torch's state_dict numbering
         self._names = [names[id(p)] for p in all_params]
+        dm, module, gradients = _gradient_options(
+            all_params,
+            model,
+            shard,
+            overlap_gathers,
+            dict(
+                compression=compression,
+                op=op,
+                gradient_predivide_factor=gradient_predivide_factor,
+                backward_passes_per_step=backward_passes_per_step,
+                process_set=process_set,
+            ),
+        )
 
-        dm = model if isinstance(model, DistributedModel) else None
-        if dm is None:
-            owners = {id(o): o for o in (owner_of(p) for p in all_params) if o is not None}
-            if len(owners) > 1:
-                raise ValueError("hvdtorch: the optimizer's parameters belong to several DistributedModels")
-            dm = next(iter(owners.values()), None)
-        if is_powersgd(compression) or (dm is not None and is_powersgd(dm.gradient_options["compression"])):
-            raise ValueError(_POWERSGD_REFUSAL.format(shard=shard))
-        if dm is not None:
-            g = dm.gradient_options
-            _check_same("compression", compression, Compression.none, g["compression"])
-            _check_same("op", op, ops.Average, g["op"])
-            _check_same("gradient_predivide_factor", gradient_predivide_factor, 1.0, g["postscale"])
-            _check_same("backward_passes_per_step", backward_passes_per_step, 1, g["backward_passes_per_step"])
-            if process_set is not None and process_set is not g["process_set"]:
-                raise ValueError("hvdtorch: process_set differs from the DistributedModel's; set it there")
-            compression, op, process_set = g["compression"], g["op"], g["process_set"]
-            gradient_predivide_factor, backward_passes_per_step = g["postscale"], g["backward_passes_per_step"]
-        module = dm.module if dm is not None else model
-        if overlap_gathers and module is None:
-            raise ValueError(
-                "hvdtorch: overlap_gathers=True needs the module whose forward waits for its parameters: pass "
-                "model=, or shard the optimizer of a DistributedModel"
-            )
-
-        ps = process_set or ops.global_process_set
+        ps = gradients["process_set"] or ops.global_process_set
         set_id(ps)  # a set this rank is in (DistributedOptimizer hands others the plain optimizer)
         self._process_set = ps
         self._size, self._rank = ps.size(), ps.rank()
@@ -249,45 +279,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # A joined rank takes part in every collective of the optimizer (zero/join.py).
         self._name = f"{shard_join.NO_STAND_IN_PREFIX}sharded{next(_instance_ids)}"
         first = min(int(first_bucket_bytes), int(fusion_bytes)) if fusion_bytes > 0 else 0
-        buckets = plan(numbered, int(fusion_bytes), first)
-        if not buckets:
+        self._buckets = plan(numbered, int(fusion_bytes), first)
+        if not self._buckets:
             raise ValueError("hvdtorch: the optimizer has no parameter that requires grad: nothing to shard")
-        self._buckets = buckets
-        # Parameters become views of flat buckets (in registered memory where
-        # the engine has it, see _gather); this rank's shards are views too.
-        engine = runtime.state().engine
-        self._flats: List[torch.Tensor] = []
-        self._shards: List[torch.Tensor] = []
-        with torch.no_grad():
-            for b in buckets:
-                device = all_params[b.params[0]].device
-                if device.type == "cpu" and self._size > 1:
-                    flat = engine.registered_zeros(b.numel, b.dtype)
-                else:
-                    flat = torch.zeros(b.numel, dtype=b.dtype, device=device)
-                for i, offset in zip(b.params, b.offsets):
-                    p = all_params[i]
-                    flat[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
-                    p.data = flat[offset : offset + p.numel()].view_as(p)
-                start, end = b.shard_range(self._rank, self._size)
-                self._flats.append(flat)
-                self._shards.append(flat[start:end])
-        self._gather_in_place = False
-        if self._size > 1:
-            self._gather_in_place = self._agree_layout_and_gather()
-
-        # The inner optimizer: the caller's class and hyper-parameters, over the shards.
-        inner_groups, self._inner_index = [], {}
-        for g, group in enumerate(optimizer.param_groups):
-            hyper = {k: v for k, v in group.items() if k not in ("params", "param_names")}
-            shards = []
-            for j, b in enumerate(buckets):
-                if b.group == g:
-                    self._inner_index[j] = len(self._inner_index)
-                    shards.append(self._shards[j])
-            inner_groups.append(dict(hyper, params=shards))
-        accepted = inspect.signature(type(optimizer).__init__).parameters
-        self.optim = type(optimizer)(inner_groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+        self._flatten_parameters()
+        self._gather_in_place = self._size > 1 and self._agree_layout_and_gather()
+        self.optim = self._inner_optimizer(optimizer)
         # The wrapped optimizer's own group dicts, not copies: a learning-rate
         # scheduler built on it before the wrap drives this optimizer too.
         self._adding_groups = True
@@ -295,30 +292,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._adding_groups = False
         for p in all_params:
             claim_for_sharding(p, self)
-
-        f = float(gradient_predivide_factor)
-        self._grads = BucketGradients(
-            all_params,
-            self._names,
-            buckets,
-            self._name,
-            shard == 2,
-            op,
-            1.0 / f,
-            f,
-            compression,
-            backward_passes_per_step,
-            ps,
-            in_place=self._gather_in_place,
-            settle=settle_through(self),  # shard=1: a use of .grad after backward finishes the reduction
-        )
-        if dm is not None:
-            dm.hand_gradients_to(self)
-        self._grads.view_gradients_from_the_start()
+        self._connect_gradients(dm, gradients)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
         # Gradients reduced since the last step() (_reduced_now: and no backward pass since).
         self._synchronized = False
-        self._reduced: List[Optional[torch.Tensor]] = [None] * len(buckets)  # shard=1: the last reduced buckets
+        self._reduced: List[Optional[torch.Tensor]] = [None] * len(self._buckets)  # shard=1: the last reduced
         self._should_synchronize = True
         self._consolidated = None  # the last consolidate_state_dict()'s state here, until the next step()
         # Whether step() returns before the parameters are gathered (the opt-in; see the top).
@@ -332,6 +310,66 @@ class ShardedOptimizer(torch.optim.Optimizer):
             runtime.take_part_while_joined(self)
         if optimizer.state:
             self.load_state_dict(optimizer.state_dict())
+
+    # ---- construction phases ----------------------------------------------------
+
+    def _flatten_parameters(self) -> None:
+        """Parameters become views of flat buckets (in registered memory where
+        the engine has it, see _gather); this rank's shards are views too."""
+        engine = runtime.state().engine
+        self._flats: List[torch.Tensor] = []
+        self._shards: List[torch.Tensor] = []
+        with torch.no_grad():
+            for b in self._buckets:
+                device = self._all_params[b.params[0]].device
+                if device.type == "cpu" and self._size > 1:
+                    flat = engine.registered_zeros(b.numel, b.dtype)
+                else:
+                    flat = torch.zeros(b.numel, dtype=b.dtype, device=device)
+                for i, offset in zip(b.params, b.offsets):
+                    p = self._all_params[i]
+                    flat[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+                    p.data = flat[offset : offset + p.numel()].view_as(p)
+                start, end = b.shard_range(self._rank, self._size)
+                self._flats.append(flat)
+                self._shards.append(flat[start:end])
+
+    def _inner_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The caller's class and hyper-parameters, over this rank's shards."""
+        inner_groups, self._inner_index = [], {}
+        for g, group in enumerate(optimizer.param_groups):
+            hyper = {k: v for k, v in group.items() if k not in ("params", "param_names")}
+            shards = []
+            for j, b in enumerate(self._buckets):
+                if b.group == g:
+                    self._inner_index[j] = len(self._inner_index)
+                    shards.append(self._shards[j])
+            inner_groups.append(dict(hyper, params=shards))
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        return type(optimizer)(inner_groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+
+    def _connect_gradients(self, dm, gradients) -> None:
+        """The buckets' gradient reduction (zero/gradients.py), taking over a
+        DistributedModel's where there is one; .grad views of the buckets."""
+        f = float(gradients["gradient_predivide_factor"])
+        self._grads = BucketGradients(
+            self._all_params,
+            self._names,
+            self._buckets,
+            self._name,
+            self._stage == 2,
+            gradients["op"],
+            1.0 / f,
+            f,
+            gradients["compression"],
+            gradients["backward_passes_per_step"],
+            self._process_set,
+            in_place=self._gather_in_place,
+            settle=settle_through(self),  # shard=1: a use of .grad after backward finishes the reduction
+        )
+        if dm is not None:
+            dm.hand_gradients_to(self)
+        self._grads.view_gradients_from_the_start()
 
     # ---- construction helpers -------------------------------------------------
 
