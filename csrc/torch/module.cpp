@@ -319,44 +319,6 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
                                            std::move(counter));
 }
 
-// GradientReducer's options as _C.GradientReducerOptions: every field by its
-// name (hvdtorch/training/reducer_options.py fills them); the op as
-// Horovod's int, the codec and the mode by name.
-void bindGradientReducerOptions(py::module_& m) {
-  using O = GradReducerOptions;
-  py::class_<O>(m, "GradientReducerOptions")
-      .def(py::init<>())
-      .def_readwrite("name", &O::name)
-      .def_readwrite("reducer", &O::reducer)
-      .def_property(
-          "op", [](const O& o) { return static_cast<int>(o.op); }, [](O& o, int op) { o.op = ops::toReduceOp(op); })
-      .def_readwrite("prescale", &O::prescale)
-      .def_readwrite("postscale", &O::postscale)
-      .def_readwrite("pipeline", &O::pipeline)
-      .def_readwrite("sync_on_backward", &O::sync_on_backward)
-      .def_readwrite("fuse", &O::fuse)
-      .def_readwrite("backward_passes_per_step", &O::backward_passes_per_step)
-      .def_readwrite("process_set_id", &O::process_set_id)
-      .def_property(
-          "codec", [](const O& o) { return std::string(wireCodecName(o.codec)); },
-          [](O& o, const std::string& name) { o.codec = wireCodecFromName(name); })
-      .def_readwrite("strategy", &O::strategy)
-      .def_readwrite("strategy_instance", &O::strategy_instance)
-      .def_readwrite("sparse_refusal", &O::sparse_refusal)
-      .def_readwrite("param_names", &O::param_names)
-      .def_property(
-          "mode", [](const O& o) { return std::string(o.mode == ReducerMode::kDeltas ? "deltas" : "gradients"); },
-          [](O& o, const std::string& mode) {
-            if (mode == "deltas") {
-              o.mode = ReducerMode::kDeltas;
-            } else if (mode == "gradients") {
-              o.mode = ReducerMode::kGradients;
-            } else {
-              throw InvalidArgument(strCat("hvdtorch: GradientReducer mode '", mode, "': 'gradients' or 'deltas'"));
-            }
-          });
-}
-
 // Binds one plain field of an options struct by its name; a reduce op as
 // Horovod's int, checked by toReduceOp when set.
 template <typename Options, typename T>
@@ -369,6 +331,43 @@ void bindField(py::class_<Options>& c, const ops::OptionField<Options, T>& f) {
   } else {
     c.def_readwrite(f.name, f.member);
   }
+}
+
+// GradientReducer's options as _C.GradientReducerOptions: every field by its
+// name (hvdtorch/training/reducer_options.py fills them); the op as
+// Horovod's int (bindField), the codec and the mode by name.
+void bindGradientReducerOptions(py::module_& m) {
+  using O = GradReducerOptions;
+  py::class_<O> c(m, "GradientReducerOptions");
+  c.def(py::init<>());
+  bindField(c, ops::field("name", &O::name));
+  bindField(c, ops::field("reducer", &O::reducer));
+  bindField(c, ops::field("op", &O::op));
+  bindField(c, ops::field("prescale", &O::prescale));
+  bindField(c, ops::field("postscale", &O::postscale));
+  bindField(c, ops::field("pipeline", &O::pipeline));
+  bindField(c, ops::field("sync_on_backward", &O::sync_on_backward));
+  bindField(c, ops::field("fuse", &O::fuse));
+  bindField(c, ops::field("backward_passes_per_step", &O::backward_passes_per_step));
+  bindField(c, ops::field("process_set_id", &O::process_set_id));
+  bindField(c, ops::field("strategy", &O::strategy));
+  bindField(c, ops::field("strategy_instance", &O::strategy_instance));
+  bindField(c, ops::field("sparse_refusal", &O::sparse_refusal));
+  bindField(c, ops::field("param_names", &O::param_names));
+  c.def_property(
+      "codec", [](const O& o) { return std::string(wireCodecName(o.codec)); },
+      [](O& o, const std::string& name) { o.codec = wireCodecFromName(name); });
+  c.def_property(
+      "mode", [](const O& o) { return std::string(o.mode == ReducerMode::kDeltas ? "deltas" : "gradients"); },
+      [](O& o, const std::string& mode) {
+        if (mode == "deltas") {
+          o.mode = ReducerMode::kDeltas;
+        } else if (mode == "gradients") {
+          o.mode = ReducerMode::kGradients;
+        } else {
+          throw InvalidArgument(strCat("hvdtorch: GradientReducer mode '", mode, "': 'gradients' or 'deltas'"));
+        }
+      });
 }
 
 // Binds one op: its options struct as _C.<name>, default-constructed, with

@@ -224,9 +224,8 @@ def grouped_allreduce_async_(
 def grouped_allreduce_compressed_(tensors, compression, name: str, **kwargs) -> None:
     """All-reduces ``tensors`` in place through ``compression`` (compress, reduce, decompress): one
     grouped all-reduce per dtype, named ``<name>.<dtype>``, all submitted before any is waited for.
-    ``kwargs``: grouped_allreduce_async_'s op, scale factors, reducer and process_set. What the
-    training fronts reduce outside their buckets (DistributedOptimizer's first step, Adasum's update
-    through a compressor of the user's own)."""
+    ``kwargs``: grouped_allreduce_async_'s op, scale factors, reducer and process_set. What a
+    training front reduces outside its buckets: Adasum's update through a compressor of the user's own."""
     by_dtype = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)

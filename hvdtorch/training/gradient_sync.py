@@ -55,7 +55,6 @@ How:
     error naming the parameter.
 """
 
-import functools
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -67,7 +66,7 @@ from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .bucketed_step import step_as_reduced
 from .gradient_marks import GradientMarks
-from .pending_gradients import PendingGradients, settle_through
+from .pending_gradients import PendingGradients, weak_method
 from .reducer_options import reducer_options
 
 
@@ -81,12 +80,6 @@ def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
     sync = sync_ref()
     if sync is not None:
         sync.densify(index, param)
-
-
-def _after_note(sync_ref) -> None:
-    sync = sync_ref()
-    if sync is not None and sync._counter.reducing:
-        sync._pending.place()
 
 
 def remove_hooks(handles) -> None:
@@ -135,16 +128,16 @@ class GradientSync:
         self._densified: Dict[int, int] = {}
         # .grad between a reducing pass and synchronize(): stand-ins that finish the reduction when used
         # (pending_gradients.py); a change through an older reference is an error (gradient_marks.py).
-        self._pending = PendingGradients(self._params, self._names, settle_through(self))
+        self._pending = PendingGradients(self._params, self._names, self._counter, weak_method(self, "settle"))
         self._settled = False  # a use of a stand-in finished the reduction of the passes so far
-        me = weakref.ref(self)
         self._marks = GradientMarks(
             self._params,
             self._names,
             "that races with the reduction. Call optimizer.synchronize() first, then change the gradients, then "
             "call optimizer.step() inside `with optimizer.skip_synchronize():`",
-            after_note=functools.partial(_after_note, me),
+            after_note=weak_method(self._pending, "place_after_pass"),
         )
+        me = weakref.ref(self)
         # Held so that the accumulators, and the hooks on them, live as long as this.
         with torch.enable_grad():
             self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self._params]

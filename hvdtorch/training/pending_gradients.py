@@ -30,7 +30,7 @@ Contract:
 
 import functools
 import weakref
-from typing import Callable, Dict, Optional, Sequence, Tuple, Type
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 from torch.utils._pytree import tree_map
@@ -58,17 +58,23 @@ class PendingGradient(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        for owner in {id(o): o for o in _owners((args, kwargs))}.values():
+        for owner in {id(o): o for o in _owners(args, kwargs)}.values():
             owner.settle()
         real = tree_map(_real, (args, kwargs))
         with torch._C.DisableTorchFunctionSubclass():
             return func(*real[0], **real[1])
 
 
-def _owners(tree):
-    found = []
-    tree_map(lambda a: found.append(a._hvd_owner()) if isinstance(a, PendingGradient) else None, tree)
-    return [o for o in found if o is not None]
+def stand_ins_in(cls: Type[torch.Tensor], args, kwargs) -> List[torch.Tensor]:
+    """The ``cls`` instances among a torch function's arguments, nested ones
+    (the lists of foreach ops) included. Shared with zero/held_gradients.py."""
+    found: List[torch.Tensor] = []
+    tree_map(lambda a: found.append(a) if isinstance(a, cls) else None, (args, kwargs or {}))
+    return found
+
+
+def _owners(args, kwargs):
+    return [o for o in (s._hvd_owner() for s in stand_ins_in(PendingGradient, args, kwargs)) if o is not None]
 
 
 def _real(a):
@@ -85,10 +91,13 @@ def _real(a):
 
 
 class PendingGradients:
-    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], settle: Callable[[], None]):
-        """``settle``: finishes the reduction of the pass the stand-ins stand
-        for (the owner's synchronize(), which calls restore() first)."""
+    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], counter, settle: Callable[[], None]):
+        """``counter``: the owner's pass counter (_C.PassCounter), which says
+        whether the pass that just ended reduced; ``settle``: finishes the
+        reduction of the pass the stand-ins stand for (the owner's
+        synchronize(), which calls restore() first)."""
         self._params = list(params)
+        self._counter = counter
         self._names = list(names)
         self._settle = settle
         self._stand_ins: Optional[list] = None  # one per parameter, made at the first placement and reused
@@ -112,6 +121,12 @@ class PendingGradients:
         for p, s in zip(self._params, self._stand_ins):
             p.grad = s
 
+    def place_after_pass(self) -> None:
+        """At the end of a pass (after every callback of it): place() if the
+        pass reduced; passes that accumulate locally keep the real .grad."""
+        if self._counter.reducing:
+            self.place()
+
     def restore(self) -> None:
         """Every stand-in still in .grad back to the real gradient."""
         real, self._real = self._real, []
@@ -132,12 +147,14 @@ class PendingGradients:
             raise RuntimeError(f"hvdtorch: rank {runtime.rank()}: finishing the reduction left stand-ins in .grad")
 
 
-def settle_through(owner) -> Callable[[], None]:
-    """``owner.settle()`` behind a weak reference (the stand-ins must not keep the owner alive)."""
-    return functools.partial(_call_settle, weakref.ref(owner))
+def weak_method(owner, method: str) -> Callable[[], None]:
+    """``owner.<method>()`` behind a weak reference, doing nothing once the
+    owner is gone: for callbacks that stand-ins, autograd or the C++ reducer
+    hold, which must not keep an optimizer alive."""
+    return functools.partial(_call_weakly, weakref.ref(owner), method)
 
 
-def _call_settle(ref) -> None:
+def _call_weakly(ref, method: str) -> None:
     owner = ref()
     if owner is not None:
-        owner.settle()
+        getattr(owner, method)()

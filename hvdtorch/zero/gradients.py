@@ -70,7 +70,6 @@ counter, _C.PassCounter, here the one the reducer is given):
 """
 
 import contextlib
-import functools
 import weakref
 from typing import Callable, List, Optional, Sequence
 
@@ -81,7 +80,7 @@ from ..collectives import ops
 from ..collectives.handles import check_process_set
 from ..training.gradient_marks import GradientMarks
 from ..training.gradient_sync import remove_hooks
-from ..training.pending_gradients import PendingGradients
+from ..training.pending_gradients import PendingGradients, weak_method
 from ..training.reducer_options import reducer_options
 from .held_gradients import HeldGradients
 from .layout import Bucket
@@ -96,18 +95,6 @@ def _pass_ran(marks_ref) -> None:
     marks = marks_ref()
     if marks is not None:
         marks.note_after_pass()
-
-
-def _restore(me) -> None:
-    grads = me()
-    if grads is not None:
-        grads.restore_pending()
-
-
-def _place_after_reduced_pass(me) -> None:
-    grads = me()
-    if grads is not None and grads._counter.reducing:
-        grads._pending.place()
 
 
 def _nothing() -> None:
@@ -182,19 +169,18 @@ class BucketGradients:
         # an error (see the top).
         held = [params[i] for i in order]
         held_names = [names[i] for i in order]
-        me = weakref.ref(self)
         self._pending = None
         if not scatter:
-            self._pending = PendingGradients(held, held_names, settle or _nothing)
+            self._pending = PendingGradients(held, held_names, self._counter, settle or _nothing)
             # Put back when the next pass begins, before it accumulates into .grad.
-            self._reducer.set_pass_callbacks(functools.partial(_restore, me), _nothing)
+            self._reducer.set_pass_callbacks(weak_method(self._pending, "restore"), _nothing)
         self._marks = GradientMarks(
             held,
             held_names,
             "that races with the reduction. Clip with optimizer.clip_grad_norm_(max_norm) (it reduces first), or "
             "call optimizer.synchronize() first, then change the gradients, then call optimizer.step() inside "
             "`with optimizer.skip_synchronize():`",
-            after_note=None if scatter else functools.partial(_place_after_reduced_pass, me),
+            after_note=None if scatter else weak_method(self._pending, "place_after_pass"),
         )
         if not scatter:
             marks = weakref.ref(self._marks)

@@ -21,14 +21,12 @@ Contract (the C++ reducer's pass callbacks, csrc/torch/grad_reducer.h):
     would use the gradient hears why there is none.
 """
 
-import functools
-import weakref
 from typing import Sequence
 
 import torch
 
 from .. import runtime
-from ..training.pending_gradients import stand_in
+from ..training.pending_gradients import stand_in, stand_ins_in, weak_method
 
 
 class HeldGradient(torch.Tensor):
@@ -42,7 +40,7 @@ class HeldGradient(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        name = next((getattr(a, "_hvd_param_name", None) for a in _tensors(args, kwargs)), None)
+        name = next((a._hvd_param_name for a in stand_ins_in(HeldGradient, args, kwargs)), None)
         what = getattr(func, "__name__", str(func))
         raise RuntimeError(
             f"hvdtorch: rank {runtime.rank()}: {what} on the .grad of {name!r}: with shard=2 a parameter's .grad "
@@ -50,26 +48,6 @@ class HeldGradient(torch.Tensor):
             "Clip with optimizer.clip_grad_norm_(max_norm) (the norm over every rank's shard), zero with "
             "optimizer.zero_grad(), or use shard=1 where code reads whole gradients (GradScaler, custom clipping)"
         )
-
-
-def _tensors(args, kwargs):
-    for a in list(args) + list((kwargs or {}).values()):
-        if isinstance(a, (list, tuple)):
-            yield from (t for t in a if isinstance(t, HeldGradient))
-        elif isinstance(a, HeldGradient):
-            yield a
-
-
-def _at_pass_start(me) -> None:
-    held = me()
-    if held is not None:
-        held.remove()
-
-
-def _after_drop(me) -> None:
-    held = me()
-    if held is not None:
-        held.place()
 
 
 class HeldGradients:
@@ -81,8 +59,8 @@ class HeldGradients:
         self._names = list(names)
         self._stand_ins = None  # one per parameter, made at the first placement and reused
         self._placed = False
-        me = weakref.ref(self)  # the reducer must not keep the optimizer alive
-        reducer.set_pass_callbacks(functools.partial(_at_pass_start, me), functools.partial(_after_drop, me))
+        # Weakly: the reducer must not keep the optimizer alive.
+        reducer.set_pass_callbacks(weak_method(self, "remove"), weak_method(self, "place"))
 
     def place(self) -> None:
         """After a reduced pass: a stand-in wherever .grad is None."""

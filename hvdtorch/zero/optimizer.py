@@ -72,7 +72,7 @@ from ..collectives.process_sets import set_id
 from ..training.distributed_model import DistributedModel, claim_for_sharding, owner_of
 from ..training.gradient_sync import remove_hooks
 from ..training.parameter_names import names_by_id
-from ..training.pending_gradients import settle_through
+from ..training.pending_gradients import weak_method
 
 # Imported under these names so the code reads which module each call goes to.
 from . import checkpoint as sharded_checkpoint
@@ -365,7 +365,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             gradients["backward_passes_per_step"],
             self._process_set,
             in_place=self._gather_in_place,
-            settle=settle_through(self),  # shard=1: a use of .grad after backward finishes the reduction
+            settle=weak_method(self, "settle"),  # shard=1: a use of .grad after backward finishes the reduction
         )
         if dm is not None:
             dm.hand_gradients_to(self)
