@@ -19,6 +19,7 @@ from tests.harness import ROOT, launcher_free_env, run_ranks
         "ddp_arguments",
         "convert_sync_batchnorm",
         "clipping_between_backward_and_step",
+        "unused_branch_on_one_rank",
         "torch_clipping_with_shard1",
         "torch_clipping_with_shard2",
         "sharded_checkpoint_the_usual_way",

@@ -279,6 +279,50 @@ def clipping_between_backward_and_step() -> None:
             total.step()
 
 
+class _TwoBranches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 3)
+        self.b = torch.nn.Linear(4, 3)
+
+    def forward(self, x, use_b: bool):
+        return self.a(x) + (self.b(x) if use_b else 0)
+
+
+def unused_branch_on_one_rank() -> None:
+    """DistributedOptimizer with a layer only rank 1 uses, from the first
+    step (reduced at step(), the reducer built then) on, with and without
+    Compression.fp16: the norm read between backward and step() and the
+    parameters after each step equal DDP's (find_unused_parameters=True)."""
+    import copy
+
+    hvd.init()
+    r = hvd.rank()
+    for compression, tol in ((hvd.Compression.none, 1e-6), (hvd.Compression.fp16, 1e-2)):
+        torch.manual_seed(0)
+        net = _TwoBranches()
+        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(net), find_unused_parameters=True)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(), compression=compression
+        )
+        ref_opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(3):
+            x = torch.randn(5, 4, generator=torch.Generator().manual_seed(10 * step + r))
+            opt.zero_grad()
+            net(x, r == 1).pow(2).sum().backward()
+            seen = net.b.weight.grad.norm()
+            opt.step()
+            ref_opt.zero_grad()
+            ddp(x, r == 1).pow(2).sum().backward()
+            want = ddp.module.b.weight.grad.norm()
+            ref_opt.step()
+            what = f"rank {r}, {compression.__name__}, step {step}"
+            torch.testing.assert_close(seen, want, rtol=tol, atol=tol, msg=lambda m: f"{what}: read .grad: {m}")
+            for (name, p), q in zip(net.named_parameters(), ddp.module.parameters()):
+                torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=lambda m: f"{what}: {name}: {m}")
+    hvd.shutdown()
+
+
 def _sharded_linear_beside_ddp(shard: int):
     """A Linear with a sharded SGD, its DDP twin with a plain one, this rank's
     data generator and a first batch: (rank, net, ddp, opt, ref_opt, g, x)."""
