@@ -10,8 +10,8 @@ It reports the torch and hvdtorch versions; what the extension was compiled
 with (C++ standard, whether the CUDA device is built and for which GPUs, how
 many GPUs the CUDA runtime sees, and why none); whether NCCL (through
 torch.distributed), MPI and Gloo are there; whether a shared-memory segment can be created and removed; the
-reducers this build has, their cost model (summarised) and the one ``auto`` picks
-per message size; and every HVDTORCH_* knob with its value and where that
+reducers this build has, their cost model (summarised), the one ``auto`` picks
+per message size and the settings the engine's parts run with; and every HVDTORCH_* knob with its value and where that
 value came from (default, environment, or an ``--option`` argument, which
 wins over the environment exactly as ``hvd.init(**options)`` does).
 
@@ -197,8 +197,10 @@ def unknown_environment(env=os.environ) -> List[str]:
 
 
 def reducers() -> Dict[str, object]:
-    """The reducers of the running engine, their cost model and the choice of
-    `auto` per size (float32 Sum)."""
+    """The reducers of the running engine, their cost model, the choice of
+    `auto` per size (float32 Sum), and what the engine's parts run with
+    (segment sizes, windows, shards, the response cache: read from each part,
+    so a knob that did not arrive shows here)."""
     import torch
 
     import hvdtorch as hvd
@@ -210,6 +212,7 @@ def reducers() -> Dict[str, object]:
         "available": sorted(model),
         "cost_model": {k: {"alpha_s": a, "beta_s_per_byte": b} for k, (a, b) in model.items()},
         "auto_picks": picks,
+        "settings_in_use": engine.settings_in_use(),
     }
 
 
@@ -348,6 +351,7 @@ def format_report(r: Dict[str, object]) -> str:
         lines.append(
             "  auto picks: " + ", ".join(f"{_human_bytes(int(n))} -> {k}" for n, k in red["auto_picks"].items())
         )
+        lines.append("  in use: " + ", ".join(f"{k} {v}" for k, v in red["settings_in_use"].items()))
     if "job" in r:
         job = r["job"]
         lines += ["", f"job: {job['size']} ranks"]

@@ -65,6 +65,7 @@ def test_single_process_report_names_every_knob_and_its_source():
     assert set(registered_reducers()) <= set(red["available"])  # every reducer of the standard ops runs here
     assert set(red["auto_picks"].values()) <= set(red["available"])
     assert len(red["auto_picks"]) == 5
+    assert red["settings_in_use"]["ring.window"] == 2  # read back from the ring reducer itself
 
 
 def test_text_report_and_bad_knob_exit_status():

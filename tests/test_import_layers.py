@@ -1,6 +1,7 @@
 """The Python package keeps its layers: no import cycle (imports inside
 function bodies count) and no module importing one above it
-(tools/import_graph.py holds the layers and the graph)."""
+(tools/import_graph.py holds the layers and the graph); the torch adapter
+(csrc/torch) includes no algorithm of the core."""
 
 import os
 import subprocess
@@ -38,3 +39,19 @@ def test_the_check_sees_an_import_hidden_in_a_function(tmp_path):
     found = import_graph.problems(edges)
     assert f"upward import: hvdtorch.runtime (layer 1) imports {ops} (layer 4)" in found
     assert f"import cycle: {ops} -> hvdtorch.runtime" in found
+
+
+def test_the_torch_adapter_includes_no_algorithm():
+    """csrc/torch converts types and asks the engine; which reducer or route
+    runs is the core's answer (the router, ReducerSet::forRequest), so no
+    file of the adapter includes a header of csrc/core/algorithms/."""
+    torch_dir = os.path.join(ROOT, "csrc", "torch")
+    found = []
+    for folder, _, files in os.walk(torch_dir):
+        for f in files:
+            path = os.path.join(folder, f)
+            with open(path) as src:
+                for n, line in enumerate(src, 1):
+                    if line.startswith("#include") and '"algorithms/' in line:
+                        found.append(f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}")
+    assert os.path.isdir(torch_dir) and not found, "\n".join(found)

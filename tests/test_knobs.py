@@ -24,6 +24,13 @@ def test_each_knob_arrives_in_its_unit(tmp_path):
     run_ranks("tests.workers.knobs:values_arrive", 2, args=[str(tmp_path)], env=env, timeout=90)
 
 
+@pytest.mark.parametrize("calibrate", ["1", "0"])
+def test_init_calibrates_unless_told_not_to(calibrate):
+    run_ranks(
+        "tests.workers.knobs:calibration_ran", 2, args=[calibrate], env={"HVDTORCH_CALIBRATE": calibrate}, timeout=90
+    )
+
+
 def test_the_cycle_time_is_in_milliseconds():
     run_ranks(
         "tests.workers.knobs:late_rank_waits_for_the_cycle",

@@ -25,6 +25,17 @@ def test_every_reducer_without_shared_memory():
     )
 
 
+@pytest.mark.parametrize("reducer", ["auto", "ring"])
+def test_registered_buffers_take_the_registered_reducer_under_auto(reducer):
+    run_ranks(
+        "tests.workers.reducers:registered_buffers_take_the_registered_reducer",
+        2,
+        args=[reducer],
+        timeout=90,
+        env={"HVDTORCH_REDUCER": reducer, "HVDTORCH_CALIBRATE": "0"},
+    )
+
+
 def _segments():
     return {f for f in os.listdir("/dev/shm") if f.startswith("hvdtorch-")}
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "gradients/bucket_packing.h"
 #include "python_errors.h"
 #include "registered_tensor.h"
 #include "strategies/registry.h"
@@ -77,8 +78,7 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
   allreduce.op = opts_.op;
   allreduce.prescale = opts_.prescale;
   allreduce.postscale = opts_.postscale;
-  const bool cpu = params_.empty() || params_.front().device().is_cpu();
-  allreduce.reducer = ops::bucketReducer(*engine_, opts_.reducer, opts_.op, cpu);
+  allreduce.reducer = opts_.reducer;  // the user's, passed through; the engine picks for "" and auto
   allreduce.fuse = opts_.fuse;
   allreduce.process_set_id = opts_.process_set_id;
   const auto set = engine_->processSet(opts_.process_set_id);
@@ -104,6 +104,7 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
   probe.name = opts_.name;
   for (const auto& b : buckets_)
     probe.inputs.push_back(std::make_shared<TorchTensor>(b.flat, toDataType(b.flat.scalar_type(), opts_.name)));
+  probe.outputs = probe.inputs;  // in place, as the buckets are reduced
   ops::allreduceArgs(*engine_, probe);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].requires_grad())
@@ -151,7 +152,7 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     const at::ScalarType dtype = params_[members[0]].scalar_type();
     const at::ScalarType bucket_dtype = wireScalarType(opts_.codec, dtype);
     b.views = bucket_dtype == dtype && opts_.mode == ReducerMode::kGradients;  // deltas leave .grad alone
-    int64_t total = 0;
+    std::vector<int64_t> numels;
     for (int64_t idx : members) {
       if (idx < 0 || idx >= static_cast<int64_t>(params_.size()) || seen[idx])
         throw InvalidArgument(strCat(opts_.name, ": bad bucket layout (parameter ", idx, ")"));
@@ -164,9 +165,11 @@ void GradientReducer::rebuild(const std::vector<std::vector<int64_t>>& layout) {
       bucket_of[idx] = next.size();
       slot_of[idx] = b.params.size();
       b.params.push_back(idx);
-      b.offsets.push_back(total);
-      total += params_[idx].numel();
+      numels.push_back(params_[idx].numel());
     }
+    BucketPacking packing = packBucket(numels);
+    b.offsets = std::move(packing.offsets);
+    const int64_t total = packing.numel;
     // CPU buckets live in registered memory where the strategy reduces them
     // in place: the node reducer then needs no copy through the node arena.
     const at::TensorOptions options = params_[members[0]].options().dtype(bucket_dtype).requires_grad(false);
@@ -216,12 +219,6 @@ std::vector<int64_t> GradientReducer::readyOrder() {
 std::vector<at::Tensor> GradientReducer::flats() const {
   std::vector<at::Tensor> out;
   for (const auto& b : buckets_) out.push_back(b.flat);
-  return out;
-}
-
-std::vector<std::vector<int64_t>> GradientReducer::bucketOffsets() const {
-  std::vector<std::vector<int64_t>> out;
-  for (const auto& b : buckets_) out.push_back(b.offsets);
   return out;
 }
 

@@ -22,8 +22,9 @@
 //    .grad undefined when the bucket launches.
 //  * Buckets hold parameters of one dtype; their layout is given by the
 //    caller (same on every rank) and can be rebuilt from the observed ready
-//    order. Parameters are packed in the order given, each at the sum of
-//    the sizes before it (bucketOffsets()). Bucket tensors are allocated once
+//    order. Parameters are packed in the order given by the one packing
+//    rule (gradients/bucket_packing.h), which the sharded optimizer's flat
+//    parameters follow too. Bucket tensors are allocated once
 //    per layout and reused; host buckets live in registered memory when the
 //    strategy reduces them in place.
 //  * With views on, .grad becomes a view into the bucket, so the reduced
@@ -178,7 +179,6 @@ class GradientReducer {
   void setPassCallbacks(std::function<void()> at_start, std::function<void()> after_drop);
   const std::shared_ptr<PassCounter>& counter() const { return counter_; }
   std::vector<at::Tensor> flats() const;
-  std::vector<std::vector<int64_t>> bucketOffsets() const;
   int64_t bucketCount() const { return static_cast<int64_t>(buckets_.size()); }
   // Bytes of each bucket, for tests and logs.
   std::vector<int64_t> bucketBytes() const;

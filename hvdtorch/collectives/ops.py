@@ -33,11 +33,6 @@ Min = 3
 Max = 4
 Product = 5
 
-# The reducer of tensors in registered memory, which it reduces in place: the
-# registry's (algorithms/reducer_registry.h, registeredReducer(); DistributedModel's
-# buckets pick it in C++).
-REGISTERED_REDUCER = next(row["name"] for row in _C.reducer_registry() if row["registered"])
-
 
 def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
     """Horovod's deprecated ``average=`` mapped onto ``op`` (the core checks the op itself)."""
@@ -111,19 +106,21 @@ def allreduce_async_(
 
 def registered_allreduce_async_(tensor, name, op, process_set=None, prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Starts an in-place all-reduce of a tensor in registered memory
-    (engine.registered_zeros) by the node reducer, never fused: the node
-    reducer reads the peers' registered buffers and writes each reduced
-    slice straight into them, so no byte goes through a buffer of the
-    engine's (a fused unit would be packed into the fusion buffer, which
-    grows to the size of the largest unit and stays). What DistributedModel's
-    buckets and the sharded optimizer's parameters are gathered with (the
-    gradient reducer's in_place_shard strategy submits the same op in C++)."""
+    (engine.registered_zeros), never fused. The engine sees the registered
+    buffer and reduces it with its registered reducer (node) unless the job
+    names another (ReducerSet::forRequest), which reads the peers'
+    registered buffers and writes each reduced slice straight into them, so
+    no byte goes through a buffer of the engine's (a fused unit would be
+    packed into the fusion buffer, which grows to the size of the largest
+    unit and stays). What the sharded optimizer's parameters are gathered
+    with (the gradient reducer's in_place_shard strategy submits the same op
+    in C++)."""
     psid = check_process_set(process_set)
     name = op_name("allreduce", name, psid)
     buf = contiguous(tensor, "registered_allreduce_async_")
     if buf is not tensor:
         raise ValueError("hvdtorch: registered_allreduce_async_ needs a contiguous tensor (one in registered memory)")
-    h = _allreduce_submit([buf], [buf], name, op, prescale_factor, postscale_factor, REGISTERED_REDUCER, psid, False)
+    h = _allreduce_submit([buf], [buf], name, op, prescale_factor, postscale_factor, None, psid, False)
     return register(h, lambda _outs: tensor)
 
 

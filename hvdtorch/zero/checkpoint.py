@@ -26,7 +26,7 @@ from .. import runtime
 from ..collectives import ops
 from ..collectives.alltoall import alltoall_async
 from ..collectives.broadcast import allgather_object
-from .layout import Bucket, signature
+from .layout import Bucket, packed, signature
 from .state import full_of_bucket, is_elementwise_flat, merge_shards, shard_of_full
 
 _HYPER_SKIP = ("params", "param_names")
@@ -68,19 +68,7 @@ def shard_state_dict(opt) -> Dict:
 
 def _buckets_of(sig) -> List[Bucket]:
     """Buckets back from their signature."""
-    out = []
-    for group, dtype, params, shapes in sig:
-        offsets, n = [], 0
-        for shape in shapes:
-            offsets.append(n)
-            size = 1
-            for d in shape:
-                size *= d
-            n += size
-        out.append(
-            Bucket(group, getattr(torch, dtype.split(".")[-1]), list(params), offsets, [tuple(s) for s in shapes], n)
-        )
-    return out
+    return [packed(group, getattr(torch, dtype.split(".")[-1]), params, shapes) for group, dtype, params, shapes in sig]
 
 
 def merge(shards) -> Dict:

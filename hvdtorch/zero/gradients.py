@@ -9,8 +9,9 @@ csrc/torch/grad_reducer.h), which does the hooks, the flat buffers, the
 launching and the waiting, with the bucket strategy (csrc/torch/
 strategies/) that fits: allreduce_views (shard=1), in_place_shard or
 reduce_scatter_shard (shard=2). The buckets are the shard layout's
-(zero/layout.py): the reducer packs them at the same offsets, and its shard
-strategies cut the same ranges (one rule, csrc/core/gradients/shard_range.h).
+(zero/layout.py): the reducer packs them at the same offsets and its shard
+strategies cut the same ranges (one rule each, csrc/core/gradients/
+bucket_packing.h and shard_range.h).
 
 Contract (Horovod's DistributedOptimizer contract, training/gradient_sync.py, with
 buckets of the shard layout; passes are counted by the gradient core's pass
@@ -39,7 +40,8 @@ counter, _C.PassCounter, here the one the reducer is given):
     average is converted into each .grad).
   * in_place (every rank on one host, registered memory: the optimizer
     decides, alike on every rank): the flat buffers live in registered
-    memory and are all-reduced in place by the node reducer, never fused
+    memory and are all-reduced in place (by the node reducer, which the
+    engine picks for registered buffers unless the job names another), never fused
     (shard=1 too), which reads
     the peers' buffers and writes each reduced slice straight back (no copy
     in or out, nothing allocated per step); shard=2 then returns a view of
@@ -76,7 +78,6 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from .. import _C, runtime
-from ..collectives import ops
 from ..collectives.handles import check_process_set
 from ..training.gradient_marks import GradientMarks
 from ..training.gradient_sync import remove_hooks
@@ -149,7 +150,7 @@ class BucketGradients:
             reducer_options(
                 compression=compression,
                 name=name,
-                reducer=ops.REGISTERED_REDUCER if in_place else "",  # in place: the node reducer, for shard=1 too
+                reducer="",  # the job's: in place, the engine gives registered buckets its registered reducer
                 op=op,
                 prescale=float(prescale),
                 postscale=float(postscale),
@@ -163,8 +164,6 @@ class BucketGradients:
             ),
             counter=self._counter,
         )
-        if self._reducer.bucket_offsets() != [b.offsets for b in self._buckets]:
-            raise RuntimeError(f"hvdtorch: {name}: the reducer packs the buckets unlike the shard layout")
         # shard=1: stand-ins in .grad until the reduction is finished; a change through an older reference is
         # an error (see the top).
         held = [params[i] for i in order]

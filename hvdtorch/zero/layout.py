@@ -11,8 +11,9 @@ Rules (the same on every rank, computed without communication):
     planner's rules (training/buckets.py plan_buckets), with the group in
     the key.
   * A bucket is flat: parameter i occupies [offsets[i], offsets[i] + numel),
-    packed in order: the gradient reducer (csrc/torch/grad_reducer.h) packs
-    its buckets the same way, and the sharded optimizer checks that it did.
+    packed in order by the gradient core's one packing rule
+    (csrc/core/gradients/bucket_packing.h, _C.packed_offsets), which the
+    gradient reducer packs its buckets with too.
   * Set rank r of n owns ``bucket_numel // n`` elements, one more for the
     first ``bucket_numel % n`` ranks, in rank order: exactly the rows a
     reducescatter of the flat bucket gives rank r, and what an allgather of
@@ -66,15 +67,17 @@ def plan(
     buckets: List[Bucket] = []
     for members in layout:
         g, _, first = entries[members[0]]
-        bucket = Bucket(g, first.dtype, [], [], [], 0)
-        for e in members:
-            _, i, p = entries[e]
-            bucket.params.append(i)
-            bucket.offsets.append(bucket.numel)
-            bucket.shapes.append(tuple(p.shape))
-            bucket.numel += p.numel()
-        buckets.append(bucket)
+        shapes = [tuple(entries[e][2].shape) for e in members]
+        buckets.append(packed(g, first.dtype, [entries[e][1] for e in members], shapes))
     return buckets
+
+
+def packed(group: int, dtype: torch.dtype, params: List[int], shapes: Sequence[Tuple[int, ...]]) -> Bucket:
+    """The bucket of these parameters (indices and shapes, in bucket order),
+    packed by the one rule (_C.packed_offsets)."""
+    numels = [int(torch.Size(s).numel()) for s in shapes]
+    offsets, numel = _C.packed_offsets(numels)
+    return Bucket(group, dtype, list(params), list(offsets), [tuple(s) for s in shapes], numel)
 
 
 def signature(buckets: Sequence[Bucket]) -> List[Tuple]:

@@ -19,7 +19,7 @@ LAYOUT = [[0, 1], [2]]
 def _reducer(params, strategy, name, k=1, counter=None, layout=LAYOUT):
     options = reducer_options(
         name=name,
-        reducer=hvd.collectives.ops.REGISTERED_REDUCER if strategy == "in_place_shard" else "",
+        reducer="",  # the engine gives registered buckets reduced in place its registered reducer
         op=hvd.Average,
         sync_on_backward=False,
         fuse=strategy != "in_place_shard",

@@ -36,29 +36,33 @@ PROBES = {
     "HVDTORCH_AUTOTUNE_ROUNDS": ("4", "autotune_rounds", 4),
     "HVDTORCH_AUTOTUNE_LOG": ("{tmp}/autotune.csv", "autotune_log", "{tmp}/autotune.csv"),
     "HVDTORCH_SIM_DEVICE": ("0", "sim_device_mode", False),
+    # Read back from the engine's parts (engine.settings_in_use(): each from the part that runs with it)
+    "HVDTORCH_CACHE_CAPACITY": ("77", "cache_capacity", 77),
+    # bytes, in every reducer that runs a ring (ring, native's fallback, node's cross-host phase) and central's
+    "HVDTORCH_RING_SEGMENT_BYTES": ("65536", "segment_bytes_in_use", [65536]),
+    "HVDTORCH_RING_WINDOW": ("3", "ring_windows_in_use", [3]),
+    "HVDTORCH_STAGING_SEGMENT_BYTES": ("3145728", "staging_segment_bytes", 3145728),
+    "HVDTORCH_CENTRAL_SHARDS": ("2", "central_shards", 2),
+    # 0: init measures nothing (the cost model has no sample at 16 and 64 KiB, which init measures otherwise)
+    "HVDTORCH_CALIBRATE": ("0", "calibrated_at_init", False),
+    # the simulated device's own options (made on first use, whether or not tensors go through it)
+    "HVDTORCH_SIM_SEED": ("12345", "sim_seed", 12345),
+    "HVDTORCH_SIM_MAX_DELAY_US": ("37", "sim_max_delay_us", 37),
+    "HVDTORCH_SIM_HOST_COPY_US": ("11", "sim_host_copy_us", 11),
+    "HVDTORCH_SIM_KERNEL_US": ("13", "sim_kernel_us", 13),
 }
 
 NOT_PROBED = {
     "HVDTORCH_STALL_CHECK_TIME": "tests/test_errors.py: the stall warning after 1 s, the timeout after 6 s",
-    "HVDTORCH_CACHE_CAPACITY": "nothing reports the response cache's capacity",
     "HVDTORCH_REDUCER": "the default reducer of every all-reduce: tests/test_reducers.py",
-    "HVDTORCH_RING_SEGMENT_BYTES": "nothing reports the host ring's segment size",
-    "HVDTORCH_RING_WINDOW": "nothing reports the host ring's window",
     "HVDTORCH_DEVICE_RING": "tests/test_sim_device_mode.py::test_the_device_ring_turned_off",
     "HVDTORCH_DEVICE_RING_SLOT_BYTES": "test_knobs.py::test_the_device_ring_slots_follow_the_knobs",
     "HVDTORCH_DEVICE_RING_SLOTS": "test_knobs.py::test_the_device_ring_slots_follow_the_knobs",
-    "HVDTORCH_STAGING_SEGMENT_BYTES": "nothing reports the staging segment size",
     "HVDTORCH_DEVICE_CALIBRATION_BYTES": "tests/test_sim_device_mode.py::test_auto_calibrates_the_device_routes",
-    "HVDTORCH_CENTRAL_SHARDS": "nothing reports the central reducer's shards",
-    "HVDTORCH_CALIBRATE": "the reducers' timing at init; nothing reports whether it ran",
     "HVDTORCH_THREAD_AFFINITY": "tests/test_runtime.py and csrc/tests/test_thread_placement.cc",
     "HVDTORCH_HOSTNAME": "the harness emulates hosts with it: tests/test_reducers.py and others",
     "HVDTORCH_AUTOTUNE": "tests/test_autotune.py",
-    "HVDTORCH_SIM_SEED": "tests/test_sim_device_mode.py::test_each_rank_seeds_its_device_apart",
-    "HVDTORCH_SIM_MAX_DELAY_US": "the simulated device's delays; nothing reports them",
     "HVDTORCH_SIM_INTERPROCESS": "the device ring's tests on the simulated device",
-    "HVDTORCH_SIM_HOST_COPY_US": "tests/test_sim_device_mode.py::test_auto_calibrates_the_device_routes",
-    "HVDTORCH_SIM_KERNEL_US": "tests/test_sim_device_mode.py::test_auto_calibrates_the_device_routes",
     "HVDTORCH_ELASTIC_DIR": "tests/test_elastic.py",
 }
 
@@ -120,6 +124,61 @@ def probe_autotune_log():
 
 def probe_sim_device_mode():
     return bool(_C.sim_device_mode())
+
+
+def _in_use():
+    return runtime.state().engine.settings_in_use()
+
+
+def probe_cache_capacity():
+    return _in_use()["cache_capacity"]
+
+
+def probe_segment_bytes_in_use():
+    """Every reducer's ring or server segment (distinct values): one value
+    when the knob reached them all."""
+    got = _in_use()
+    assert "ring.segment_bytes" in got and "central.segment_bytes" in got, got
+    return sorted({v for k, v in got.items() if k.endswith("segment_bytes") and k != "staging_segment_bytes"})
+
+
+def probe_ring_windows_in_use():
+    got = _in_use()
+    assert "ring.window" in got, got
+    return sorted({v for k, v in got.items() if k.endswith("window")})
+
+
+def probe_staging_segment_bytes():
+    return _in_use()["staging_segment_bytes"]
+
+
+def probe_central_shards():
+    return _in_use()["central.shards"]
+
+
+def probe_calibrated_at_init():
+    """Whether init() timed the reducers: samples in the cost model's 16 and
+    64 KiB bands, which only calibration fills in this test (its other
+    probes send a few bytes)."""
+    bands = [row for row in runtime.state().engine.reducer_choices() if row["bytes"] in (16 << 10, 64 << 10)]
+    assert len(bands) == 2, bands
+    return any(n > 0 for row in bands for n in row["samples"].values())
+
+
+def probe_sim_seed():
+    return _C.sim_device_options()["seed"]
+
+
+def probe_sim_max_delay_us():
+    return _C.sim_device_options()["max_delay_us"]
+
+
+def probe_sim_host_copy_us():
+    return _C.sim_device_options()["host_copy_us"]
+
+
+def probe_sim_kernel_us():
+    return _C.sim_device_options()["kernel_us"]
 
 
 def values_arrive(tmp: str) -> None:
@@ -184,4 +243,14 @@ def device_ring_inbox(slot_bytes: str, slots: str) -> None:
         f"rank {hvd.rank()}: no device memory of {want} bytes (the inbox of {slots} slots of {slot_bytes} bytes); "
         f"this rank's allocations: {sizes}"
     )
+    hvd.shutdown()
+
+
+def calibration_ran(expected: str) -> None:
+    """probe_calibrated_at_init in both directions: the table sets
+    HVDTORCH_CALIBRATE=0 and expects no samples; here the default must leave
+    some, or that probe could not tell the knob from a calibration that
+    never measures."""
+    hvd.init()
+    assert probe_calibrated_at_init() == (expected == "1"), runtime.state().engine.reducer_choices()
     hvd.shutdown()

@@ -92,3 +92,28 @@ def stopped_peer_hits_deadline():
         return
     time.sleep(0.5)
     _allreduce_until_error(x, "s")
+
+
+def registered_buffers_take_the_registered_reducer(reducer: str) -> None:
+    """An in-place all-reduce of a buffer in registered memory (what
+    DistributedModel's buckets and the sharded optimizer's parameters are)
+    with the job's reducer `reducer`: under `auto` the engine gives it the
+    registered reducer, which reduces it in place, and the cost model sees
+    only that one at its size; a reducer the job names is kept. Calibration
+    is off, so under `auto` alone the model would explore the other
+    reducers on these ops (none is measured yet)."""
+    hvd.init()
+    engine = hvd.runtime.state().engine
+    registered = next(row["name"] for row in hvd._C.reducer_registry() if row["registered"])
+    buf = engine.registered_zeros(1 << 18, torch.float32)  # 1 MiB
+    for i in range(8):
+        buf.fill_(float(hvd.rank() + i))
+        got = hvd.allreduce_(buf, op=hvd.Sum, name="registered.buf")
+        assert got.data_ptr() == buf.data_ptr()
+        want = float(sum(r + i for r in range(hvd.size())))
+        assert torch.equal(buf, torch.full_like(buf, want)), (i, buf[:4])
+    band = next(row for row in engine.reducer_choices() if row["bytes"] >= buf.numel() * 4)
+    ran = {name for name, n in band["samples"].items() if n > 0}
+    expected = {registered} if reducer == "auto" else {reducer}
+    assert ran == expected, f"rank {hvd.rank()}: the {band['bytes']}-byte band was reduced by {ran}, not {expected}"
+    hvd.shutdown()

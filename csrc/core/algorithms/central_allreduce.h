@@ -25,6 +25,9 @@ class CentralAllreduce : public Reducer {
   // Per shard, n/shards to its server and back from every other rank, a
   // segment at a time.
   LinkTraffic linkTraffic(const Context& ctx) const override;
+  std::map<std::string, int64_t> settings() const override {
+    return {{"shards", opts_.shards}, {"segment_bytes", static_cast<int64_t>(opts_.segment_bytes)}};
+  }
 
  private:
   CentralOptions opts_;

@@ -18,6 +18,8 @@ class NativeAllreduce : public Reducer {
   bool autoCandidate(const Context& ctx, DataType dtype, ReduceOp op) const override;
   // As a ring over the ranks in order: Gloo's default CPU all-reduce, a flat ring.
   LinkTraffic linkTraffic(const Context& ctx) const override { return fallback_.linkTraffic(ctx); }
+  // The fallback ring's, for the dtypes the backend cannot reduce.
+  std::map<std::string, int64_t> settings() const override { return fallback_.settings(); }
 
  private:
   RingAllreduce fallback_;

@@ -135,6 +135,13 @@ void NodeAllreduce::reduceChunk(Context& ctx, char* data, size_t count, DataType
   }
 }
 
+std::map<std::string, int64_t> NodeAllreduce::settings() const {
+  std::map<std::string, int64_t> s;
+  for (const auto& [key, value] : ring_.settings()) s["ring_" + key] = value;
+  s["slot_bytes"] = static_cast<int64_t>(opts_.slot_bytes);
+  return s;
+}
+
 LinkTraffic NodeAllreduce::linkTraffic(const Context& ctx) const {
   const Topology& t = ctx.topo();
   if (!t.homogeneous()) return ring_.linkTraffic(ctx);

@@ -85,6 +85,8 @@ class NodeAllreduce : public Reducer {
   // local ranks together are the whole buffer, so a host's link carries
   // 2(H-1)/H of it, whatever the local size.
   LinkTraffic linkTraffic(const Context& ctx) const override;
+  // The cross-host ring's (ring_segment_bytes, ring_window) and the arena's slot size.
+  std::map<std::string, int64_t> settings() const override;
   void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype, ReduceOp op) override;
   // Chunks this rank reduced in place in a registered buffer (no copy in or out).
   uint64_t inPlaceChunks() const { return in_place_chunks_; }

@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +45,10 @@ class Reducer {
   // topology (link_cost.h), for the cost model's priors. Default: nothing,
   // which is right on one host; a reducer that runs across hosts says.
   virtual LinkTraffic linkTraffic(const Context& /*ctx*/) const { return {}; }
+  // The tunable values this instance runs with, by name (segment sizes,
+  // windows, shards), read from the instance itself: what the knobs that
+  // configure it became (Engine::settingsInUse). Default: none.
+  virtual std::map<std::string, int64_t> settings() const { return {}; }
 
   // Reduce-scatter, for reducers that have one on this context (default:
   // none). `data` holds this rank's contribution: ctx.size() consecutive

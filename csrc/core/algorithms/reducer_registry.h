@@ -1,9 +1,9 @@
 // The table of reducers: the one place that names them (but for the help of
 // the REDUCER knob, config/ being below algorithms/). Parsing names, the
-// `auto` choice, calibration, DistributedModel's choice for registered
-// buckets (registeredReducer) and the Python side (_C.reducer_registry():
-// hvdtorch/check.py, the registered reducer of collectives/ops.py, the tests,
-// benchmarks and examples) all read the table. Adding a reducer:
+// `auto` choice, calibration, the choice for registered buffers reduced in
+// place (registeredReducer, ReducerSet::forRequest) and the Python side
+// (_C.reducer_registry(): hvdtorch/check.py, the tests, benchmarks and
+// examples) all read the table. Adding a reducer:
 // docs/architecture.md, "Recipes".
 #pragma once
 

@@ -60,9 +60,15 @@ void ReducerSet::check(ReducerId id, const Context& ctx, DataType dtype, ReduceO
       if (c) return;
     throw InvalidArgument(strCat("no reducer serves ", reduceOpName(op), " on ", dtypeName(dtype)));
   }
-  const Reducer& r = const_cast<ReducerSet*>(this)->get(id);
+  const Reducer& r = get(id);
   if (!r.supports(ctx, dtype, op))
     throw InvalidArgument(strCat("reducer ", r.name(), " does not serve ", reduceOpName(op), " on ", dtypeName(dtype)));
+}
+
+ReducerId ReducerSet::forRequest(ReducerId asked, ReduceOp op, bool registered_in_place) const {
+  const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
+  if (asked == kAutoReducer && sum && registered_in_place && available(registeredReducer())) return registeredReducer();
+  return asked;
 }
 
 ReducerId ReducerSet::choose(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) const {

@@ -52,9 +52,18 @@ class ReducerSet {
   std::vector<ReducerId> automatic() const;
   // Throws InvalidArgument (the registry's reason) for an unavailable one.
   Reducer& get(ReducerId id);
+  const Reducer& get(ReducerId id) const { return const_cast<ReducerSet*>(this)->get(id); }
   // Throws InvalidArgument when `id` (auto included) cannot serve dtype/op
   // here; the message names the reducer and what it lacks.
   void check(ReducerId id, const Context& ctx, DataType dtype, ReduceOp op) const;
+  // The reducer a request asking `asked` is negotiated with, from what the op
+  // tells about its tensors: `auto` for a Sum (or Average) of a registered
+  // buffer reduced in place is the registry's registeredReducer() where it
+  // can run here -- it reduces registered buffers in place with no copy on
+  // the host, better than any other reducer there, and between hosts it runs
+  // the ring; whether it can run depends on HVDTORCH_SHM alone, the same on
+  // every rank. Otherwise `asked` (`auto` then picks per unit: choose/pick).
+  ReducerId forRequest(ReducerId asked, ReduceOp op, bool registered_in_place) const;
   // The reducer `auto` chooses for `bytes` of `dtype`/`op` on this context.
   ReducerId choose(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) const;
   Reducer& resolve(ReducerId id, const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) {

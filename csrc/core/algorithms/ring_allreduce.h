@@ -39,6 +39,9 @@ class RingAllreduce : public Reducer {
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
   bool hasReduceScatter(const Context&) const override { return true; }
   LinkTraffic linkTraffic(const Context& ctx) const override;
+  std::map<std::string, int64_t> settings() const override {
+    return {{"segment_bytes", static_cast<int64_t>(opts_.segment_bytes)}, {"window", opts_.window}};
+  }
   void reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype, ReduceOp op) override;
 
   // All-reduce among `members` only (global ranks, ring order; must contain

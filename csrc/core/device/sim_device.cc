@@ -578,6 +578,7 @@ class SimDevice : public Device {
   }
 
   uint64_t unpinnedEngineCopies() const { return unpinned_engine_copies_.load(); }
+  const SimOptions& options() const { return opt_; }
   void stall(Stream* s, int milliseconds) {
     enqueue(s, "stall", [milliseconds] { std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds)); });
   }
@@ -768,6 +769,12 @@ uint64_t simUnpinnedEngineCopies(Device& device) {
   auto* sim = dynamic_cast<SimDevice*>(&device);
   if (sim == nullptr) throw InvalidArgument(strCat(device.id().str(), " is not a simulated device"));
   return sim->unpinnedEngineCopies();
+}
+
+SimOptions simDeviceOptions(Device& device) {
+  auto* sim = dynamic_cast<SimDevice*>(&device);
+  if (sim == nullptr) throw InvalidArgument(strCat(device.id().str(), " is not a simulated device"));
+  return sim->options();
 }
 
 void simStall(Device& device, Stream* stream, int milliseconds) {

@@ -101,6 +101,11 @@ std::unique_ptr<Device> makeSimDevice(const SimOptions& options = SimOptions());
 // InvalidArgument for a device that is not simulated.
 uint64_t simUnpinnedEngineCopies(Device& device);
 
+// The options this simulated device was made with (its max_delay_us,
+// host_copy_us, ...: what the HVDTORCH_SIM_* knobs became). Throws
+// InvalidArgument for a device that is not simulated.
+SimOptions simDeviceOptions(Device& device);
+
 // Enqueues on `stream` (nullptr: the engine stream) work that takes
 // `milliseconds` without using a CPU (a sleep), standing for a long kernel:
 // tests use it to make an upload land long after an op was negotiated, on

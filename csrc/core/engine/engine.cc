@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "algorithms/device_ring.h"
 #include "common/error.h"
 #include "common/thread_placement.h"
 #include "transport/shm/link.h"
@@ -79,6 +80,22 @@ int32_t Engine::addProcessSet(std::vector<int> ranks, NativeCollectives* native)
 void Engine::removeProcessSet(int32_t id) { sets_.remove(id); }
 
 std::shared_ptr<const ProcessSet> Engine::processSet(int32_t id) const { return sets_.find(id); }
+
+std::map<std::string, int64_t> Engine::settingsInUse() const {
+  std::map<std::string, int64_t> s;
+  s["cache_capacity"] = static_cast<int64_t>(sets_.global()->cache->capacity());
+  s["staging_segment_bytes"] = static_cast<int64_t>(executor_.options().staging_segment_bytes);
+  const ReducerSet& reducers = router_.reducers();
+  for (size_t i = 0; i < reducers.size(); ++i) {
+    const auto id = static_cast<ReducerId>(i);
+    if (!reducers.available(id)) continue;
+    const Reducer& r = reducers.get(id);
+    for (const auto& [key, value] : r.settings()) s[strCat(r.name(), ".", key)] = value;
+  }
+  return s;
+}
+
+uint64_t Engine::deviceRingRuns() { return DeviceRing::runs(); }
 
 std::vector<std::shared_ptr<const ProcessSet>> Engine::processSets() const {
   const auto sets = sets_.snapshot();

@@ -39,7 +39,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -151,6 +153,15 @@ class Engine {
   // Bytes of the host fusion buffer, which grows to the largest fused unit
   // (or reduce-scatter) so far and stays; any thread may ask.
   size_t fusionBufferBytes() const { return executor_.fusionBytes(); }
+  // What the engine's parts run with, each read from the part that uses it
+  // (not from Config), so that a knob that never reaches its user shows:
+  // "cache_capacity" (the global set's response cache),
+  // "staging_segment_bytes" (the executor's) and "<reducer>.<setting>" for
+  // every reducer that can run here (Reducer::settings). hvd.check prints
+  // them; tests read the knobs back from them.
+  std::map<std::string, int64_t> settingsInUse() const;
+  // All-reduces this process ran on the device ring (algorithms/device_ring.h), for tests.
+  static uint64_t deviceRingRuns();
 
  private:
   // Calls `what` on the router of every process set this rank is a member

@@ -14,8 +14,29 @@
 #include "ops/allreduce_staged.h"
 #include "ops/op_common.h"
 #include "ops/op_table.h"
+#include "transport/shm/registered_memory.h"
 
 namespace hvdtorch::ops {
+
+namespace {
+
+// Whether every tensor of the op is its own output and lies in this rank's
+// registered memory (DistributedModel's buckets, the sharded optimizer's
+// flat parameters): a fact the router's choice reads (ReducerSet::forRequest).
+bool registeredInPlace(const Engine& engine, const AllreduceOptions& opts) {
+  const auto& registered = engine.registered();
+  if (!registered || opts.outputs.size() != opts.inputs.size()) return false;
+  for (size_t i = 0; i < opts.inputs.size(); ++i) {
+    TensorBuffer& in = *opts.inputs[i];
+    RegisteredRef where;
+    if (in.device().kind != DeviceKind::kCpu || in.data() != opts.outputs[i]->data() ||
+        !registered->find(in.data(), in.bytes(), &where))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
   const OpWhere where{engine, OpType::kAllreduce, opts.name};
@@ -32,6 +53,7 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
     const auto ps = engine.processSet(opts.process_set_id);
     const ReducerSet& reducers = ps && ps->member() ? ps->router->reducers() : engine.reducers();
     const Context& ctx = ps && ps->member() ? *ps->data : engine.dataContext();
+    args.reducer = reducers.forRequest(args.reducer, args.op, registeredInPlace(engine, opts));
     for (const auto& t : opts.inputs) reducers.check(args.reducer, ctx, t->dtype(), reduced);
   } catch (const InvalidArgument& err) {
     throw InvalidArgument(strCat(where.str(), ": ", err.what()));
@@ -39,14 +61,6 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
   // Adasum's dot products are per tensor: never fuse it with other tensors.
   args.fuse = opts.fuse && args.op != ReduceOp::kAdasum;
   return args;
-}
-
-std::string bucketReducer(const Engine& engine, const std::string& asked, ReduceOp op, bool host_memory) {
-  const std::string& name = asked.empty() ? engine.config().reducer : asked;
-  if (parseReducer(name) == kAutoReducer && op != ReduceOp::kAdasum && host_memory &&
-      engine.reducers().available(registeredReducer()))
-    return reducerName(registeredReducer());
-  return asked;
 }
 
 int64_t allreduce(Engine& engine, AllreduceOptions opts) {

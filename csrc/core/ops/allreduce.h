@@ -40,17 +40,10 @@ struct AllreduceOptions {
 // reducer, which must serve every input's dtype with that op here. Asking
 // for a reducer that defines its own op (adasum) by name makes a Sum or
 // Average that op; Adasum is never fused (its dot products are per tensor).
+// `auto` for tensors in registered memory reduced in place becomes the
+// registered reducer here (ReducerSet::forRequest), so that every rank
+// negotiates the same one.
 ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts);
-
-// The reducer of a gradient bucket's all-reduce (DistributedModel; the
-// `reducer` it was asked for, "" for the configured default): `asked`, but
-// `auto` means the registry's registeredReducer() for Average and Sum of
-// buckets in host memory when that reducer can run here. Host buckets live
-// in registered memory, which that reducer (node) reduces in place with no
-// copy on the host -- better than any other reducer there, and between hosts
-// it runs the ring. Whether it can run depends on HVDTORCH_SHM alone, the
-// same on every rank, so all ranks pick the same reducer.
-std::string bucketReducer(const Engine& engine, const std::string& asked, ReduceOp op, bool host_memory);
 
 // Checks everything that can be checked locally (nothing is sent when it
 // throws), builds the request and submits it; returns the handle.

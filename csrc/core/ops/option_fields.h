@@ -1,5 +1,5 @@
 // How an op's options struct lists its plain fields (everything but its
-// tensors and allocator), so that the Python binding (csrc/torch/module.cpp,
+// tensors and allocator), so that the Python binding (csrc/torch/bindings/bind_engine.cpp,
 // bindOp) binds each by name without naming any op's fields: every options
 // struct has
 //   static constexpr auto fields() { return std::make_tuple(field("name", &Options::name), ...); }

@@ -1,4 +1,3 @@
-#include "algorithms/reducer_registry.h"
 #include "gradients/shard_range.h"
 #include "strategies/engine_ops.h"
 #include "strategies/registry.h"
@@ -14,8 +13,7 @@ class InPlaceShard : public BucketStrategy {
   bool registeredBuckets() const override { return true; }
   std::unique_ptr<BucketOp> launch(const StrategyContext& ctx, const ReducerBucket& bucket,
                                    const std::string& name) override {
-    ops::AllreduceOptions o = ctx.allreduce;
-    o.reducer = reducerName(registeredReducer());
+    ops::AllreduceOptions o = ctx.allreduce;  // a registered bucket in place: the engine's registered reducer
     o.fuse = false;  // a fused unit would go through the fusion buffer, which grows to a bucket for good
     const ShardRange mine = shardRange(bucket.flat.numel(), ctx.set_rank, ctx.set_size);
     at::Tensor shard = bucket.flat.narrow(0, mine.start, mine.end - mine.start);

@@ -26,6 +26,7 @@ namespace hvdtorch {
 class ResponseCache {
  public:
   explicit ResponseCache(size_t capacity) : capacity_(capacity) {}
+  size_t capacity() const { return capacity_; }
 
   // Ops whose plan follows from the signature alone (every rank's request
   // is the cached one): their op table row says so. Allgather and alltoall
