@@ -30,8 +30,9 @@ Difference from Horovod: the deltas are computed and reduced in step(), after
 backward, where Horovod steps each parameter and starts its reduction as its
 gradient arrives. The values are the same.
 
-A thin front over the gradient core's reducer (_C.GradientReducer,
-csrc/torch/grad_reducer.h) in its deltas mode: the reducer's hooks count
+A thin front over the gradient core's delta reducer (_C.DeltaReducer,
+csrc/torch/delta_reducer.h), which shares the gradient reducer's buckets
+and strategies (bucket_set.h): the reducer's hooks count
 each parameter's passes (a strict counter per parameter, so a parameter
 unused in a pass does not count it), backward reduces nothing, and step()
 hands the deltas to reduce_now(), which packs them into the reducer's
@@ -76,7 +77,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         # The compressor applied here, where the wire codec cannot express it; None: the codec's.
         self._hvd_compressor = None if compression in (Compression.none, Compression.fp16) else compression
         if trainable:
-            self._hvd_reducer = _C.GradientReducer(
+            self._hvd_reducer = _C.DeltaReducer(
                 runtime.state().engine,
                 trainable,
                 plan_buckets(trainable, range(len(trainable)), fusion_bytes, 0),
@@ -90,7 +91,6 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                     process_set_id=check_process_set(process_set),
                     strategy="adasum",
                     param_names=[self._parameter_names[p] for p in trainable],
-                    mode="deltas",
                 ),
                 # The rules of each parameter's counter (csrc/core/gradients/pass_counter.h): strict,
                 # an AssertionError on a (k+1)-th gradient, raised before .grad is touched.

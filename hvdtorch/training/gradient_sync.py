@@ -82,6 +82,24 @@ def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
         sync.densify(index, param)
 
 
+# id(parameter) -> the live GradientSync whose hooks reduce its gradient
+# (_take_over).
+_syncs_by_param = weakref.WeakValueDictionary()
+
+
+def _take_over(params, names, sync) -> None:
+    """Makes ``sync`` the one DistributedOptimizer reducing ``params``: one
+    made earlier over any of them, still alive (``opt = DistributedOptimizer(...)``
+    again, the old one still bound while the new one is built), lets them go
+    (GradientSync.release): two would reduce each gradient twice and race
+    over .grad. The old one raises if it is used afterwards."""
+    for p, name in zip(params, names):
+        old = _syncs_by_param.get(id(p))
+        if old is not None and old is not sync:
+            old.release(name)
+        _syncs_by_param[id(p)] = sync
+
+
 def remove_hooks(handles) -> None:
     """Removes hook handles (a weakref.finalize target: holds no owner)."""
     for h in handles:
@@ -110,6 +128,7 @@ class GradientSync:
         self._counter = _C.PassCounter(int(backward_passes_per_step), strict=True, rank=runtime.rank())
         self._params = list(params)
         self._names = list(names)
+        self._released = ""  # the parameter a newer DistributedOptimizer took over (release())
         self._name = name
         self._op, self._prescale, self._postscale = op, prescale, postscale
         self._compression = compression
@@ -149,7 +168,8 @@ class GradientSync:
                 p.register_post_accumulate_grad_hook(lambda p, i=i: _on_accumulated(me, i, p))
                 for i, p in enumerate(self._params)
             ]
-        weakref.finalize(self, remove_hooks, handles)
+        self._remove_hooks = weakref.finalize(self, remove_hooks, handles)
+        _take_over(self._params, self._names, self)
 
     # ---- during backward ----------------------------------------------------
 
@@ -195,8 +215,28 @@ class GradientSync:
     @property
     def settled(self) -> bool:
         """A use of a stand-in finished the reduction of the passes so far
-        (until the next pass or end_step())."""
+        (until the next pass or end_step()). What step() asks first: raises
+        once a newer DistributedOptimizer took the parameters over."""
+        self._check_not_released()
         return self._settled
+
+    def release(self, name: str) -> None:
+        """A newer DistributedOptimizer reduces these parameters from now on
+        (_take_over, which names parameter ``name``): this one's hooks and
+        reducer go (the C++ reducer drains what it has in flight), its
+        stand-ins give .grad back, and using it raises."""
+        self._pending.restore()
+        self._remove_hooks()
+        self._reducer = None
+        self._released = name
+
+    def _check_not_released(self) -> None:
+        if self._released:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: this DistributedOptimizer no longer reduces parameter "
+                f"'{self._released}': a newer hvd.DistributedOptimizer over it took its parameters over (two would "
+                "reduce each gradient twice); step and synchronize the newer one"
+            )
 
     def settle(self) -> None:
         """A stand-in in .grad is used: finish the reduction now."""
@@ -228,6 +268,7 @@ class GradientSync:
             self._reducer.rebuild(self._plan_layout(self._dense_params(), self._fusion_bytes))
 
     def synchronize(self) -> None:
+        self._check_not_released()
         if self._settled:
             return  # a use of .grad finished it; no pass since
         self._pending.restore()

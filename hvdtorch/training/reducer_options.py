@@ -1,5 +1,5 @@
 """The options of the gradient core's reducer (_C.GradientReducerOptions,
-GradReducerOptions in csrc/torch/grad_reducer.h), filled by name.
+GradReducerOptions in csrc/torch/grad_reducer_options.h), filled by name.
 
 Every gradient path (DistributedModel, DistributedOptimizer, the sharded
 optimizer, the Adasum optimizer) builds its _C.GradientReducer from these,

@@ -259,7 +259,9 @@ def clipping_between_backward_and_step() -> None:
     ref_opt.step()
     _assert_equal_to_ddp(net, ddp)
     _change_behind_the_stand_ins(net, opt, g, r, "skip_synchronize")
-    # op=Sum: synchronize() after a read finished the reduction reduces nothing again, and step() does not warn.
+    # op=Sum (a second DistributedOptimizer over the same parameters, made while the first lives: it takes
+    # them over, and the first raises if used): synchronize() after a read finished the reduction reduces
+    # nothing again, and step() does not warn.
     import warnings
 
     total = hvd.DistributedOptimizer(
@@ -277,6 +279,13 @@ def clipping_between_backward_and_step() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             total.step()
+    for use in (opt.step, opt.synchronize):
+        try:
+            use()
+        except RuntimeError as e:
+            assert "a newer hvd.DistributedOptimizer over it took its parameters over" in str(e), e
+        else:
+            raise AssertionError(f"rank {r}: {use.__name__}() of a DistributedOptimizer taken over ran")
 
 
 class _TwoBranches(torch.nn.Module):

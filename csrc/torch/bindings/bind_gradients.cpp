@@ -7,6 +7,7 @@
 #include "bindings/bind_field.h"
 #include "bindings/bindings.h"
 #include "bindings/py_engine.h"
+#include "delta_reducer.h"
 #include "grad_reducer.h"
 #include "gradients/bucket_packing.h"
 #include "gradients/pass_counter.h"
@@ -43,9 +44,18 @@ std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vect
                                            std::move(counter));
 }
 
+std::unique_ptr<DeltaReducer> makeDeltaReducer(PyEngine& engine, std::vector<at::Tensor> params,
+                                               const std::vector<std::vector<int64_t>>& buckets,
+                                               const GradReducerOptions& options,
+                                               const std::shared_ptr<PassCounter>& counter) {
+  for (const auto& p : params)
+    OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedOptimizer", options.name));
+  return std::make_unique<DeltaReducer>(engine.engine(), std::move(params), buckets, options, counter);
+}
+
 // GradientReducer's options as _C.GradientReducerOptions: every field by its
 // name (hvdtorch/training/reducer_options.py fills them); the op as
-// Horovod's int (bindField), the codec and the mode by name.
+// Horovod's int (bindField), the codec by name.
 void bindGradientReducerOptions(py::module_& m) {
   using O = GradReducerOptions;
   py::class_<O> c(m, "GradientReducerOptions");
@@ -67,17 +77,6 @@ void bindGradientReducerOptions(py::module_& m) {
   c.def_property(
       "codec", [](const O& o) { return std::string(wireCodecName(o.codec)); },
       [](O& o, const std::string& name) { o.codec = wireCodecFromName(name); });
-  c.def_property(
-      "mode", [](const O& o) { return std::string(o.mode == ReducerMode::kDeltas ? "deltas" : "gradients"); },
-      [](O& o, const std::string& mode) {
-        if (mode == "deltas") {
-          o.mode = ReducerMode::kDeltas;
-        } else if (mode == "gradients") {
-          o.mode = ReducerMode::kGradients;
-        } else {
-          throw InvalidArgument(strCat("hvdtorch: GradientReducer mode '", mode, "': 'gradients' or 'deltas'"));
-        }
-      });
 }
 
 }  // namespace
@@ -136,7 +135,6 @@ void bindGradients(py::module_& m) {
       .def("finish_bucket", &GradientReducer::finishBucket, py::arg("index"), py::call_guard<py::gil_scoped_release>())
       .def("bucket_params", &GradientReducer::bucketParams)
       .def("synchronize", &GradientReducer::synchronize, py::call_guard<py::gil_scoped_release>())
-      .def("reduce_now", &GradientReducer::reduceNow, py::arg("tensors"), py::call_guard<py::gil_scoped_release>())
       .def("passes_pending", &GradientReducer::passesPending)
       .def("reset_passes", &GradientReducer::resetPasses, py::arg("backward_passes_per_step") = py::none())
       .def("set_backward_passes_per_step", &GradientReducer::setPassesPerStep)
@@ -151,6 +149,17 @@ void bindGradients(py::module_& m) {
       .def_property_readonly("counter", &GradientReducer::counter)
       .def("flats", &GradientReducer::flats)
       .def("bucket_bytes", &GradientReducer::bucketBytes);
+
+  // The Adasum optimizer's reducer (delta_reducer.h): backward only counts; reduce_now() reduces.
+  py::class_<DeltaReducer>(m, "DeltaReducer")
+      .def(py::init(&makeDeltaReducer), py::arg("engine"), py::arg("params"), py::arg("buckets"), py::arg("options"),
+           py::arg("counter") = nullptr)
+      .def("reduce_now", &DeltaReducer::reduceNow, py::arg("tensors"), py::call_guard<py::gil_scoped_release>())
+      .def("passes_pending", &DeltaReducer::passesPending)
+      .def("reset_passes", &DeltaReducer::resetPasses, py::arg("backward_passes_per_step") = py::none())
+      .def("set_backward_passes_per_step", &DeltaReducer::setPassesPerStep)
+      .def("flats", &DeltaReducer::flats)
+      .def("bucket_bytes", &DeltaReducer::bucketBytes);
 
   // The shard rule (gradients/shard_range.h): [start, end) of a bucket's elements set rank `rank` of `size` owns.
   m.def(

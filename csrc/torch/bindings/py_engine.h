@@ -1,5 +1,5 @@
-// _C.Engine: one rank's engine (csrc/core/engine/engine.h) as Python holds
-// it. It converts types only -- torch tensors and process groups to the
+// One rank's engine (csrc/core/engine/engine.h) as Python holds it,
+// _C.Engine. It converts types only -- torch tensors and process groups to the
 // core's buffers and links, Python values to core enums -- and calls the
 // core's per-op entry functions (csrc/core/ops), which hold every check and
 // policy. bind_engine.cpp binds it; the gradient bindings take it as the

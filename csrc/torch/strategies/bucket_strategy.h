@@ -8,7 +8,7 @@
 //  * launch() is called with the reducer's lock held, on the thread of a
 //    gradient hook (or of the end-of-backward callback, or of the caller of
 //    synchronize()/finalize()/reduceNow()), once the bucket's buffer holds
-//    this pass's gradients (in deltas mode: the tensors reduceNow() was
+//    this pass's gradients (for the DeltaReducer: the tensors reduceNow() was
 //    handed) in the wire dtype. It submits the bucket's first op(s) and
 //    returns what is in flight; it never blocks on other ranks.
 //  * BucketOp::finish() is called once, under the same lock, by the thread
@@ -27,7 +27,7 @@
 //    the strategy, indexed by ReducerBucket::index, or by
 //    ReducerBucket::params where it must survive a new layout;
 //    layoutChanged() is called whenever the reducer (re)builds its buckets.
-//  * Every reduced pass (in deltas mode, every reduceNow()) launches every
+//  * Every reduced pass (for the DeltaReducer, every reduceNow()) launches every
 //    bucket exactly once, so a strategy can count passes by counting
 //    launches.
 // The strategies and the names that choose them: strategies/registry.h.

@@ -1,0 +1,42 @@
+// The options of a gradient reducer (grad_reducer.h, delta_reducer.h), as
+// Python fills them by name (_C.GradientReducerOptions,
+// hvdtorch/training/reducer_options.py, which also decides the codec).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gradients/wire_codec.h"
+#include "strategies/bucket_strategy.h"
+
+namespace hvdtorch {
+
+struct GradReducerOptions {
+  std::string name;                  // unique per model, same on every rank
+  std::string reducer;               // as ops::AllreduceOptions::reducer
+  ReduceOp op = ReduceOp::kAverage;  // Average or Sum; Adasum for the Adasum optimizer's deltas (DeltaReducer)
+  double prescale = 1.0;
+  double postscale = 1.0;  // the user's; Average divides by the size on top
+  bool pipeline = true;
+  bool sync_on_backward = true;
+  bool fuse = true;  // let the engine fuse buckets ready together
+  int backward_passes_per_step = 1;
+  int32_t process_set_id = 0;  // the set whose members average these gradients
+  // How buckets travel (gradients/wire_codec.h): a bucket is its codec's wire dtype; where that is the
+  // parameters' own dtype, gradients become bucket views.
+  WireCodec codec = WireCodec::kNone;
+  std::string strategy = "allreduce_views";  // the buckets' strategy (strategies/registry.h)
+  // Non-null: the strategy itself, made and kept by the caller (which reads
+  // and restores its state: PowerSGD's); `strategy` is then ignored. One
+  // reducer per instance.
+  std::shared_ptr<BucketStrategy> strategy_instance;
+  // Non-empty: a sparse gradient is refused (InvalidArgument naming the rank
+  // and the parameter, then this advice); empty: gradients go in as they come.
+  std::string sparse_refusal;
+  std::vector<std::string> param_names;  // named by errors; empty: "parameter <index>"
+};
+
+}  // namespace hvdtorch
