@@ -72,6 +72,7 @@ def dies_during_node_allreduce():
     r = hvd.rank()
     x = torch.ones(3_000_000)
     hvd.allreduce(x, reducer="node", name="warm")
+    print(f"SHM-TOKEN {hvd.runtime.state().shm_token}", flush=True)
     print("SHM-IN-USE", flush=True)
     if r == 1:
         time.sleep(60)  # killed here by the harness
