@@ -67,8 +67,9 @@ TEST(every_request_and_plan_round_trips) {
     CHECK(back.uncached[i].args.index() == m.uncached[i].args.index());
     CHECK(Request::signatureMismatch(back.uncached[i], m.uncached[i]).empty());
   }
-  CHECK(back.uncached[4].alltoall().splits == (std::vector<int64_t>{1, 0, 2}));
-  CHECK(back.uncached[0].reduce().reducer == parseReducer("ring") && !back.uncached[0].reduce().fuse);
+  CHECK(back.uncached[4].payload<AlltoallArgs>().splits == (std::vector<int64_t>{1, 0, 2}));
+  CHECK(back.uncached[0].payload<ReduceArgs>().reducer == parseReducer("ring") &&
+        !back.uncached[0].payload<ReduceArgs>().fuse);
 
   ResponseList l;
   Response a;

@@ -42,11 +42,6 @@ std::string BroadcastArgs::mismatch(const BroadcastArgs& other) const {
   return "";
 }
 
-std::string BroadcastArgs::invalidFor(int size) const {
-  if (root < 0 || root >= size) return strCat("root rank ", root, " is not in [0, ", size, ")");
-  return "";
-}
-
 void AlltoallArgs::describe(std::ostream& os) const {
   os << ", splits [";
   for (size_t i = 0; i < splits.size(); ++i) os << (i ? ", " : "") << splits[i];
