@@ -86,6 +86,31 @@ struct BroadcastArgs {
   bool zerosAreNeutral() const { return true; }
 };
 
+// Reduce (to one root): a reduction as ReduceArgs says, whose result only
+// the root keeps.
+struct ReduceToRootArgs {
+  ReduceArgs reduce;
+  int32_t root = 0;  // the root's rank in the set
+
+  void write(ByteWriter& w) const {
+    reduce.write(w);
+    w.put(root);
+  }
+  static ReduceToRootArgs read(ByteReader& r) {
+    ReduceToRootArgs a;
+    a.reduce = ReduceArgs::read(r);
+    a.root = r.get<int32_t>();
+    return a;
+  }
+  std::string mismatch(const ReduceToRootArgs& other) const;
+  void describe(std::ostream& os) const {
+    reduce.describe(os);
+    os << ", root " << root;
+  }
+  std::optional<int32_t> rootRank() const { return root; }
+  bool zerosAreNeutral() const { return reduce.zerosAreNeutral(); }
+};
+
 // Rows of dimension 0 this rank sends to each rank, in rank order. Per rank:
 // not part of the signature.
 struct AlltoallArgs {
@@ -99,7 +124,7 @@ struct AlltoallArgs {
   bool zerosAreNeutral() const { return true; }
 };
 
-using OpArgs = std::variant<NoArgs, ReduceArgs, BroadcastArgs, AlltoallArgs>;
+using OpArgs = std::variant<NoArgs, ReduceArgs, BroadcastArgs, AlltoallArgs, ReduceToRootArgs>;
 
 // ---- response payloads ---------------------------------------------------
 

@@ -38,7 +38,8 @@ namespace hvdtorch {
   X(Barrier, barrier)             \
   X(Alltoall, alltoall)           \
   X(Reducescatter, reducescatter) \
-  X(Join, join)
+  X(Join, join)                   \
+  X(Reduce, reduce)
 
 #define HVDTORCH_OP_TYPE(Op, op) k##Op,
 enum class OpType : uint8_t { HVDTORCH_OPS(HVDTORCH_OP_TYPE) };
