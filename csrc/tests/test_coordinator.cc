@@ -21,6 +21,16 @@ Request allreduce(const std::string& name, int64_t n = 4) { return hvdtorch::tes
 
 Request broadcast(const std::string& name, int32_t root) { return hvdtorch::test::broadcastRequest(name, root); }
 
+// A reduce to `root` with reduce op `op`.
+Request reduce(const std::string& name, int32_t root, ReduceOp op = ReduceOp::kSum) {
+  Request q = hvdtorch::test::request(OpType::kReduce, name);
+  ReduceToRootArgs args;
+  args.reduce.op = op;
+  args.root = root;
+  q.args = args;
+  return q;
+}
+
 // Messages for one cycle of `p` ranks, none with anything to say yet.
 std::vector<RankMessage> quiet(int p) { return std::vector<RankMessage>(p); }
 
@@ -184,22 +194,27 @@ TEST(mismatch_pairs_each_variant_with_the_ranks_that_sent_it) {
   CHECK_MSG(contains(e, "ranks [3] submitted allreduce 'm' (float32 [6], Sum)"), "%s", e.c_str());
 }
 
-TEST(broadcast_root_outside_the_world_is_an_error) {
+// Any op's root (its payload's rootRank()), checked by the coordinator without naming the op.
+TEST(a_root_outside_the_world_is_an_error) {
   for (int root : {-1, 2, 3}) {
+    for (const Request& q : {broadcast("b", root), reduce("r", root)}) {
+      Fixture f(2);
+      auto m = quiet(2);
+      for (auto& msg : m) msg.uncached = {q};
+      const ResponseList l = f.cycle(m, milliseconds(0));
+      CHECK(l.responses.size() == 1);
+      if (l.responses.size() == 1)
+        CHECK_MSG(contains(l.responses[0].error, strCat(q.name, "': root rank ", root, " is not in [0, 2)")),
+                  "root %d: '%s'", root, l.responses[0].error.c_str());
+    }
+  }
+  for (const Request& q : {broadcast("ok", 1), reduce("ok.r", 1)}) {
     Fixture f(2);
     auto m = quiet(2);
-    for (auto& msg : m) msg.uncached = {broadcast("b", root)};
+    for (auto& msg : m) msg.uncached = {q};
     const ResponseList l = f.cycle(m, milliseconds(0));
-    CHECK(l.responses.size() == 1);
-    if (l.responses.size() == 1)
-      CHECK_MSG(contains(l.responses[0].error, strCat("root rank ", root, " is not in [0, 2)")), "root %d: '%s'", root,
-                l.responses[0].error.c_str());
+    CHECK(l.responses.size() == 1 && l.responses[0].error.empty());
   }
-  Fixture f(2);
-  auto m = quiet(2);
-  for (auto& msg : m) msg.uncached = {broadcast("ok", 1)};
-  const ResponseList l = f.cycle(m, milliseconds(0));
-  CHECK(l.responses.size() == 1 && l.responses[0].error.empty());
 }
 
 TEST(allgather_response_carries_every_ranks_first_dimension) {
@@ -367,6 +382,8 @@ TEST(ops_a_joined_rank_cannot_stand_in_for_are_errors) {
       {rs, "cannot run while ranks [1] have joined"},
       {a2a, "cannot run while ranks [1] have joined"},
       {broadcast("bc", 1), "root rank [1] has joined"},
+      {reduce("rd", 1), "root rank [1] has joined"},
+      {reduce("rd.min", 0, ReduceOp::kMin), "cannot run while ranks [1] have joined"},
   };
   for (const auto& [q, expected] : cases) {
     Fixture f(2);
@@ -378,9 +395,9 @@ TEST(ops_a_joined_rank_cannot_stand_in_for_are_errors) {
     if (l.responses.size() == 1)
       CHECK_MSG(contains(l.responses[0].error, expected), "%s: '%s'", q.name.c_str(), l.responses[0].error.c_str());
   }
-  // Sum, Average and a broadcast from a rank still in are fine.
-  for (const Request& q :
-       {withOp(allreduce("s"), ReduceOp::kSum), withOp(allreduce("av"), ReduceOp::kAverage), broadcast("b0", 0)}) {
+  // Sum, Average, and a broadcast or a Sum or Average reduce whose root is still in are fine.
+  for (const Request& q : {withOp(allreduce("s"), ReduceOp::kSum), withOp(allreduce("av"), ReduceOp::kAverage),
+                           broadcast("b0", 0), reduce("r0", 0), reduce("r0.av", 0, ReduceOp::kAverage)}) {
     Fixture f(2);
     auto m = quiet(2);
     m[0].uncached = {q};

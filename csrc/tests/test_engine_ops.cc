@@ -1,8 +1,9 @@
 // What ops deliver through the engine in the cases test_engine.cc leaves
 // open: a grouped all-reduce (always one fused unit) with Average and both
 // scale factors, a group whose size differs across ranks, an out-of-place
-// broadcast, a cached name whose signature changes on one rank, and an
-// allgather repeated under one name with different first dimensions.
+// broadcast, a reduce to each root, out of place and in place, a cached
+// name whose signature changes on one rank, and an allgather repeated under
+// one name with different first dimensions.
 // Expected values are written out, not recomputed the engine's way.
 #include <cmath>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "ops/allgather.h"
 #include "ops/allreduce.h"
 #include "ops/broadcast.h"
+#include "ops/reduce.h"
 
 using namespace hvdtorch;
 using hvdtorch::test::Cluster;
@@ -109,6 +111,35 @@ TEST(out_of_place_broadcast_sends_the_roots_input) {
         CHECK(at(in, i) == float(10 * (r + 1)));  // the input is left alone
       }
     });
+  }
+}
+
+// Rank r gives 10 (r + 1): the root gets 10 + 20 + 30, averaged when so
+// asked; every other rank's output is its input, its input left alone.
+TEST(reduce_gives_the_root_the_result_and_the_others_their_input) {
+  const int p = 3;
+  Cluster c(p);
+  for (int root = 0; root < p; ++root) {
+    for (bool in_place : {false, true}) {
+      c.onEveryRank([&](int r, Engine& eng) {
+        ops::ReduceOptions o;
+        o.name = strCat("r", root, in_place ? ".in" : ".out");
+        o.root = root;
+        o.op = in_place ? ReduceOp::kAverage : ReduceOp::kSum;
+        o.input = floats(4, float(10 * (r + 1)));
+        o.output = in_place ? o.input : floats(4, -1.f);
+        const TensorPtr in = o.input, out = o.output;
+        const int64_t h = ops::reduce(eng, std::move(o));
+        CHECK(waitDone(eng, h));
+        CHECK_MSG(eng.state(h)->error().empty(), "%s", eng.state(h)->error().c_str());
+        const float want = r != root ? float(10 * (r + 1)) : in_place ? 20.f : 60.f;
+        for (int i = 0; i < 4; ++i) {
+          CHECK_MSG(at(out, i) == want, "root %d rank %d in place %d: got %g want %g", root, r, int(in_place),
+                    double(at(out, i)), double(want));
+          if (!in_place) CHECK(at(in, i) == float(10 * (r + 1)));  // the input is left alone
+        }
+      });
+    }
   }
 }
 

@@ -29,13 +29,18 @@ Request request(OpType type, const std::string& name, std::vector<int64_t> shape
   }
   if (auto* b = std::get_if<BroadcastArgs>(&q.args)) b->root = 1;
   if (auto* t = std::get_if<AlltoallArgs>(&q.args)) t->splits = {1, 0, 2};
+  if (auto* d = std::get_if<ReduceToRootArgs>(&q.args)) {
+    d->reduce.op = ReduceOp::kMin;
+    d->reduce.postscale = 0.5;
+    d->root = 2;
+  }
   return q;
 }
 
 std::vector<Request> everyOp() {
   std::vector<Request> out;
   for (OpType t : {OpType::kAllreduce, OpType::kAllgather, OpType::kBroadcast, OpType::kBarrier, OpType::kAlltoall,
-                   OpType::kReducescatter})
+                   OpType::kReducescatter, OpType::kReduce})
     out.push_back(request(t, strCat(opTypeName(t), ".x"), {3, 2}));
   return out;
 }
@@ -67,8 +72,12 @@ TEST(every_request_and_plan_round_trips) {
     CHECK(back.uncached[i].args.index() == m.uncached[i].args.index());
     CHECK(Request::signatureMismatch(back.uncached[i], m.uncached[i]).empty());
   }
-  CHECK(back.uncached[4].alltoall().splits == (std::vector<int64_t>{1, 0, 2}));
-  CHECK(back.uncached[0].reduce().reducer == parseReducer("ring") && !back.uncached[0].reduce().fuse);
+  CHECK(back.uncached[4].payload<AlltoallArgs>().splits == (std::vector<int64_t>{1, 0, 2}));
+  CHECK(back.uncached[6].payload<ReduceToRootArgs>().root == 2 &&
+        back.uncached[6].payload<ReduceToRootArgs>().reduce.op == ReduceOp::kMin &&
+        back.uncached[6].payload<ReduceToRootArgs>().reduce.postscale == 0.5);
+  CHECK(back.uncached[0].payload<ReduceArgs>().reducer == parseReducer("ring") &&
+        !back.uncached[0].payload<ReduceArgs>().fuse);
 
   ResponseList l;
   Response a;

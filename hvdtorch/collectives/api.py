@@ -38,5 +38,6 @@ from .ops import (
 )
 from .process_set_table import add_process_set, remove_process_set
 from .process_sets import ProcessSet, global_process_set
+from .reduce import reduce, reduce_, reduce_async, reduce_async_
 from .reducescatter import grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async
 from .sparse import sparse_allreduce_async

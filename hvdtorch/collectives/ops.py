@@ -438,12 +438,12 @@ def join(device: int = -1) -> int:
     """This rank is out of data: returns, once every rank has called join(),
     the rank that joined last (Horovod's hvd.join).
 
-    Until then the other ranks go on: their all-reduces (Sum or Average;
-    Average still divides by every rank, as Horovod does) count this rank's
-    contribution as zeros, their allgathers get no rows from it, their
-    broadcasts reach it, and barriers pass it. Reduce-scatter, alltoall,
-    the other reduce ops, and a broadcast whose root has joined raise
-    HvdError on the ranks that submitted them. Only the global set joins: an
+    Until then the other ranks go on: their all-reduces and reduces (Sum or
+    Average; Average still divides by every rank, as Horovod does) count
+    this rank's contribution as zeros, their allgathers get no rows from it,
+    their broadcasts reach it, and barriers pass it. Reduce-scatter,
+    alltoall, the other reduce ops, and a broadcast or reduce whose root has
+    joined raise HvdError on the ranks that submitted them. Only the global set joins: an
     op of another process set still needs every member. A sharded optimizer
     (DistributedOptimizer(shard=...)) is the exception: this rank holds the
     only state of its shard, so inside join() it goes on stepping that shard

@@ -10,7 +10,10 @@ from tests.workers import collectives
 def check_many_ranks(steps: str = "60"):
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    collectives.check_allgather_broadcast()
+    collectives.check_allgather()
+    for root in sorted({0, n - 1}):
+        got = hvd.broadcast(collectives.value(r, (4, 5), torch.float32, 900), root_rank=root)
+        collectives.assert_equal(got, collectives.value(root, (4, 5), torch.float32, 900), f"broadcast root {root}")
     for case, op in enumerate((hvd.Sum, hvd.Average, hvd.Min, hvd.Max)):
         inputs = [collectives.value(k, (3, 5), torch.float32, 40 + case) for k in range(n)]
         got = hvd.allreduce(inputs[r], op=op, name=f"scale.op{case}")

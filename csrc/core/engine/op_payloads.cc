@@ -37,14 +37,18 @@ std::string ReduceArgs::mismatch(const ReduceArgs& y) const {
 
 void ReduceArgs::describe(std::ostream& os) const { os << ", " << reduceOpName(op); }
 
-std::string BroadcastArgs::mismatch(const BroadcastArgs& other) const {
-  if (root != other.root) return strCat("root rank ", root, " vs ", other.root);
-  return "";
-}
+namespace {
 
-std::string BroadcastArgs::invalidFor(int size) const {
-  if (root < 0 || root >= size) return strCat("root rank ", root, " is not in [0, ", size, ")");
-  return "";
+// The roots of two ranks' requests: empty when they agree.
+std::string rootMismatch(int32_t a, int32_t b) { return a == b ? "" : strCat("root rank ", a, " vs ", b); }
+
+}  // namespace
+
+std::string BroadcastArgs::mismatch(const BroadcastArgs& other) const { return rootMismatch(root, other.root); }
+
+std::string ReduceToRootArgs::mismatch(const ReduceToRootArgs& other) const {
+  const std::string roots = rootMismatch(root, other.root);
+  return roots.empty() ? reduce.mismatch(other.reduce) : roots;
 }
 
 void AlltoallArgs::describe(std::ostream& os) const {

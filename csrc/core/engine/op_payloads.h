@@ -13,13 +13,22 @@
 //     empty when two ranks' args may run together; otherwise what differs.
 //     Fields that are per-rank (alltoall splits) are not compared.
 //   void describe(std::ostream&) const;   ", Sum" after the tensors of describe()
-//   std::string invalidFor(int size) const;
-//     empty when the args make sense in a set of `size` ranks (a broadcast
-//     root inside it); checked once every rank's signature agrees.
-// A new payload type is a struct here plus its alternative in OpArgs/OpPlan.
+//   std::optional<int32_t> rootRank() const;
+//     the rank (of the set) the op cannot run without -- a broadcast's
+//     source, a reduce's destination --, if it has one. The coordinator
+//     checks it is in the set once every rank's signature agrees, and fails
+//     the op while that rank has joined, whatever the op.
+//   bool zerosAreNeutral() const;
+//     whether zeros from a joined rank leave the result what the op
+//     defines (a Sum or an Average, not a Min); asked only of ops whose row
+//     says WhileJoined::kAddsZeros.
+// The coordinator asks these through rootOf() and zerosAreNeutral() below,
+// never by op. A new payload type is a struct here plus its alternative in
+// OpArgs/OpPlan; nothing in engine/ names it.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <type_traits>
@@ -41,7 +50,8 @@ struct NoArgs {
   static NoArgs read(ByteReader&) { return {}; }
   std::string mismatch(const NoArgs&) const { return ""; }
   void describe(std::ostream&) const {}
-  std::string invalidFor(int) const { return ""; }
+  std::optional<int32_t> rootRank() const { return std::nullopt; }
+  bool zerosAreNeutral() const { return true; }
 };
 
 // All-reduce and reduce-scatter. Average reaches the executor as such: it
@@ -61,7 +71,8 @@ struct ReduceArgs {
   static ReduceArgs read(ByteReader& r);
   std::string mismatch(const ReduceArgs& other) const;
   void describe(std::ostream& os) const;
-  std::string invalidFor(int) const { return ""; }
+  std::optional<int32_t> rootRank() const { return std::nullopt; }
+  bool zerosAreNeutral() const { return op == ReduceOp::kSum || op == ReduceOp::kAverage; }
 };
 
 struct BroadcastArgs {
@@ -71,7 +82,33 @@ struct BroadcastArgs {
   static BroadcastArgs read(ByteReader& r) { return BroadcastArgs{r.get<int32_t>()}; }
   std::string mismatch(const BroadcastArgs& other) const;
   void describe(std::ostream& os) const { os << ", root " << root; }
-  std::string invalidFor(int size) const;
+  std::optional<int32_t> rootRank() const { return root; }
+  bool zerosAreNeutral() const { return true; }
+};
+
+// Reduce (to one root): a reduction as ReduceArgs says, whose result only
+// the root keeps.
+struct ReduceToRootArgs {
+  ReduceArgs reduce;
+  int32_t root = 0;  // the root's rank in the set
+
+  void write(ByteWriter& w) const {
+    reduce.write(w);
+    w.put(root);
+  }
+  static ReduceToRootArgs read(ByteReader& r) {
+    ReduceToRootArgs a;
+    a.reduce = ReduceArgs::read(r);
+    a.root = r.get<int32_t>();
+    return a;
+  }
+  std::string mismatch(const ReduceToRootArgs& other) const;
+  void describe(std::ostream& os) const {
+    reduce.describe(os);
+    os << ", root " << root;
+  }
+  std::optional<int32_t> rootRank() const { return root; }
+  bool zerosAreNeutral() const { return reduce.zerosAreNeutral(); }
 };
 
 // Rows of dimension 0 this rank sends to each rank, in rank order. Per rank:
@@ -83,10 +120,11 @@ struct AlltoallArgs {
   static AlltoallArgs read(ByteReader& r) { return AlltoallArgs{r.getVector<int64_t>()}; }
   std::string mismatch(const AlltoallArgs&) const { return ""; }
   void describe(std::ostream& os) const;
-  std::string invalidFor(int) const { return ""; }
+  std::optional<int32_t> rootRank() const { return std::nullopt; }
+  bool zerosAreNeutral() const { return true; }
 };
 
-using OpArgs = std::variant<NoArgs, ReduceArgs, BroadcastArgs, AlltoallArgs>;
+using OpArgs = std::variant<NoArgs, ReduceArgs, BroadcastArgs, AlltoallArgs, ReduceToRootArgs>;
 
 // ---- response payloads ---------------------------------------------------
 
@@ -154,6 +192,14 @@ V readAlternativeOf(size_t index, ByteReader& r, std::index_sequence<I...>) {
 template <typename V>
 V readAlternative(size_t index, ByteReader& r) {
   return readAlternativeOf<V>(index, r, std::make_index_sequence<std::variant_size_v<V>>{});
+}
+
+// What the engine asks of any request's args (the contract above), whichever op's.
+inline std::optional<int32_t> rootOf(const OpArgs& args) {
+  return std::visit([](const auto& a) { return a.rootRank(); }, args);
+}
+inline bool zerosAreNeutral(const OpArgs& args) {
+  return std::visit([](const auto& a) { return a.zerosAreNeutral(); }, args);
 }
 
 }  // namespace hvdtorch

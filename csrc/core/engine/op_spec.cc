@@ -29,6 +29,8 @@ void useOpTable(const std::vector<OpSpec>& table) {
     if (static_cast<size_t>(table[v].type) != v)
       throw InvalidArgument(strCat("op table: row ", v, " (", table[v].name, ") is not at its OpType value"));
     if (table[v].execute == nullptr) throw InvalidArgument(strCat("op table: ", table[v].name, " has no execute"));
+    if (table[v].fuses && table[v].args != argsIndex<ReduceArgs>())
+      throw InvalidArgument(strCat("op table: ", table[v].name, " fuses but does not carry ReduceArgs"));
   }
   if (table.size() != kOpTypes)
     throw InvalidArgument(strCat("op table: ", table.size(), " rows for ", kOpTypes, " op types"));

@@ -38,7 +38,8 @@ namespace hvdtorch {
   X(Barrier, barrier)             \
   X(Alltoall, alltoall)           \
   X(Reducescatter, reducescatter) \
-  X(Join, join)
+  X(Join, join)                   \
+  X(Reduce, reduce)
 
 #define HVDTORCH_OP_TYPE(Op, op) k##Op,
 enum class OpType : uint8_t { HVDTORCH_OPS(HVDTORCH_OP_TYPE) };
@@ -58,11 +59,13 @@ enum class InlineRun : uint8_t {
 
 // What an op does while some ranks of its set have joined (hvd.join()). A
 // joined rank runs a stand-in request on zeros and drops its outputs.
+// Whatever the rule, an op whose payload names a root (rootRank(),
+// engine/op_payloads.h) fails while that rank has joined.
 enum class WhileJoined : uint8_t {
   kRefused,     // an error: the op cannot run without every rank's data
-  kAddsZeros,   // joined ranks add zeros: fine for Sum and Average only
+  kAddsZeros,   // joined ranks add zeros: where the payload says zeros are neutral (Sum, Average)
   kAddsNoRows,  // joined ranks contribute no rows (needs a first dimension)
-  kReceives,    // joined ranks receive; a joined root is an error
+  kReceives,    // joined ranks receive
   kTakesPart,   // no data; joined ranks simply take part
   kIsJoin,      // the join itself: ready once every rank has joined
 };
@@ -103,7 +106,8 @@ struct OpSpec {
   // runs from the response cache (one bit per rank instead of the request).
   bool cacheable;
   // Consecutive ops of this type may share one unit, one piece per tensor
-  // (engine/negotiation/fusion_plan.h; the op carries ReduceArgs).
+  // (engine/negotiation/fusion_plan.h, which compares their ReduceArgs: a
+  // row that fuses carries ReduceArgs, and useOpTable checks it).
   bool fuses;
   InlineRun inline_run;
   WhileJoined while_joined;

@@ -56,10 +56,13 @@ struct Request {
   std::vector<TensorSpec> tensors;  // more than one for grouped ops
   OpArgs args;
 
-  // The payload of this op type (std::bad_variant_access on a mismatch: a bug).
-  const ReduceArgs& reduce() const { return std::get<ReduceArgs>(args); }
-  const BroadcastArgs& broadcast() const { return std::get<BroadcastArgs>(args); }
-  const AlltoallArgs& alltoall() const { return std::get<AlltoallArgs>(args); }
+  // The payload as its op's own type, for the op's code (ops/<op>.cc) and
+  // fusion (ReduceArgs): req.payload<BroadcastArgs>().root.
+  // std::bad_variant_access on a mismatch: a bug.
+  template <typename Args>
+  const Args& payload() const {
+    return std::get<Args>(args);
+  }
 
   void write(ByteWriter& w) const;
   static Request read(ByteReader& r);

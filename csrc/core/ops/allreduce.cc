@@ -142,7 +142,7 @@ void finishOnDevices(Executor& ex, WorkUnit& unit) {
 // waiting for the device (finishOnDevices).
 void allreduceOnDevice(Executor& ex, WorkUnit& unit, const AllreduceRoute& path, DataType dtype, size_t count) {
   Device& d = *path.device;
-  const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
+  const ReduceArgs& args = unit.pieces.front().entry->request.payload<ReduceArgs>();
   const size_t esize = dtypeSize(dtype);
   const bool alone = unit.pieces.size() == 1;
   char* fused = alone ? static_cast<char*>(unit.pieces.front().entry->outputs[unit.pieces.front().tensor]->data())
@@ -180,7 +180,7 @@ void allreduceOnDevice(Executor& ex, WorkUnit& unit, const AllreduceRoute& path,
 // allreduce_staged.h): the copies from the device land in the memory the
 // reducers, and with the node reducer the peers, read.
 void allreduceStaged(Executor& ex, WorkUnit& unit, Reducer& reducer, DataType dtype, size_t count) {
-  const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
+  const ReduceArgs& args = unit.pieces.front().entry->request.payload<ReduceArgs>();
   std::vector<StagedPart> parts;
   parts.reserve(unit.pieces.size());
   for (const auto& p : unit.pieces) {
@@ -208,7 +208,7 @@ std::atomic<uint64_t> one_rank_device_runs{0};
 // on the engine stream; an in-place all-reduce with no scaling enqueues
 // nothing. Completes as allreduceOnDevice does (finishOnDevices).
 void allreduceOneRank(Executor& ex, WorkUnit& unit, DataType dtype) {
-  const ReduceArgs& args = unit.pieces.front().entry->request.reduce();
+  const ReduceArgs& args = unit.pieces.front().entry->request.payload<ReduceArgs>();
   const int64_t divisor = ex.averageDivisor(args.op);
   ex.mark(unit, "ALLREDUCE:one rank(device)", true);
   for (const auto& p : unit.pieces) {
@@ -233,7 +233,7 @@ uint64_t oneRankDeviceAllreduces() { return one_rank_device_runs.load(); }
 
 void executeAllreduce(Executor& ex, WorkUnit& unit) {
   const Request& req = unit.pieces.front().entry->request;
-  const ReduceArgs& args = req.reduce();
+  const ReduceArgs& args = req.payload<ReduceArgs>();
   const TensorSpec& spec = req.tensors[unit.pieces.front().tensor];
   const DataType dtype = spec.dtype;
   const bool on_device = spec.device !=

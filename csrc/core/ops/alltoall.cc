@@ -47,7 +47,7 @@ OpPlan planAlltoall(const std::vector<const Request*>& by_rank) {
   const int p = static_cast<int>(by_rank.size());
   AlltoallPlan plan;
   for (int r = 0; r < p; ++r) {
-    const std::vector<int64_t>& splits = by_rank[r]->alltoall().splits;
+    const std::vector<int64_t>& splits = by_rank[r]->payload<AlltoallArgs>().splits;
     const auto& shape = by_rank[r]->tensors.at(0).shape;
     const int64_t dim0 = shape.empty() ? 0 : shape[0];
     const bool fits = static_cast<int>(splits.size()) == p &&

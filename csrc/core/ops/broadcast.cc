@@ -1,6 +1,5 @@
 #include "ops/broadcast.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "algorithms/ring_allgather.h"
@@ -14,15 +13,7 @@ namespace hvdtorch::ops {
 
 int64_t broadcast(Engine& engine, BroadcastOptions opts) {
   OpEntry op(engine, BroadcastOptions::kType, opts.name, opts.process_set_id);
-  const ProcessSet& ps = op.processSet();
-  // root_rank is a global rank (Horovod's rule, for sets too); the request
-  // carries its rank within the set, which is what the executor needs.
-  const auto at = std::find(ps.ranks.begin(), ps.ranks.end(), opts.root);
-  if (at == ps.ranks.end()) {
-    if (ps.id == 0) op.fail("root_rank ", opts.root, " is not a rank in [0, ", engine.topo().size, ")");
-    op.fail("root_rank ", opts.root, " is not in ", ps.describe());
-  }
-  const int32_t set_root = static_cast<int32_t>(at - ps.ranks.begin());
+  const int32_t set_root = op.rootInSet(opts.root);
   if (opts.input->numel() != opts.output->numel() || opts.input->dtype() != opts.output->dtype())
     op.fail("output does not match the input");
   return op.submit({std::move(opts.input)}, {std::move(opts.output)}, nullptr, BroadcastArgs{set_root});
@@ -36,7 +27,7 @@ namespace {
 void broadcastOnDevice(Executor& ex, WorkUnit& unit, Device& d) {
   const EntryPtr& entry = unit.pieces.front().entry;
   Entry& e = *entry;
-  const int root = e.request.broadcast().root;
+  const int root = e.request.payload<BroadcastArgs>().root;
   TensorBuffer& in = *e.inputs[0];
   TensorBuffer& out = *e.outputs[0];
   waitReady(d, {e.inputs[0], e.outputs[0]});
@@ -56,7 +47,7 @@ void broadcastOnDevice(Executor& ex, WorkUnit& unit, Device& d) {
 void executeBroadcast(Executor& ex, WorkUnit& unit) {
   Entry& e = *unit.pieces.front().entry;
   if (Device* d = ex.deviceOrStage(e)) return broadcastOnDevice(ex, unit, *d);
-  const int root = e.request.broadcast().root;
+  const int root = e.request.payload<BroadcastArgs>().root;
   TensorBuffer& in = *e.inputs[0];
   TensorBuffer& out = *e.outputs[0];
   if (ex.ctx().rank() == root && in.data() != out.data()) std::memcpy(out.data(), in.data(), in.bytes());

@@ -1,5 +1,7 @@
 #include "ops/op_common.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "device/devices.h"
 
@@ -77,6 +79,16 @@ void OpEntry::needRows(const std::vector<TensorPtr>& inputs) const {
   if (inputs.empty()) fail("needs at least one tensor");
   for (const auto& t : inputs)
     if (t->shape().empty()) fail("tensors need at least one dimension");
+}
+
+int32_t OpEntry::rootInSet(int root_rank) const {
+  const ProcessSet& ps = processSet();
+  const auto at = std::find(ps.ranks.begin(), ps.ranks.end(), root_rank);
+  if (at == ps.ranks.end()) {
+    if (ps.id == 0) fail("root_rank ", root_rank, " is not a rank in [0, ", engine_.topo().size, ")");
+    fail("root_rank ", root_rank, " is not in ", ps.describe());
+  }
+  return static_cast<int32_t>(at - ps.ranks.begin());
 }
 
 int64_t OpEntry::submit(std::vector<TensorPtr> inputs, std::vector<TensorPtr> outputs, OutputAllocator allocate,

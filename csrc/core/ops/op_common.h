@@ -51,6 +51,7 @@ ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double
 //
 //   int64_t broadcast(Engine& engine, BroadcastOptions opts) {
 //     OpEntry op(engine, BroadcastOptions::kType, opts.name, opts.process_set_id);
+//     const int32_t root = op.rootInSet(opts.root);
 //     ... its checks: op.fail("output does not match the input") ...
 //     return op.submit({std::move(opts.input)}, {std::move(opts.output)}, nullptr, BroadcastArgs{root});
 //   }
@@ -80,6 +81,11 @@ class OpEntry {
   // The check of the ops that take a list of row blocks (all-gather,
   // reduce-scatter): at least one tensor, each with a dimension 0.
   void needRows(const std::vector<TensorPtr>& inputs) const;
+  // The root of an op with one (broadcast, reduce): `root_rank` is a global
+  // rank (Horovod's rule, for sets too), which must be in the op's set;
+  // returns its rank within the set, what the payload carries and the
+  // executor needs. fail()s naming the set otherwise.
+  int32_t rootInSet(int root_rank) const;
 
   // Runs submit()'s checks (above), builds the entry -- the request (type,
   // set, name, one TensorSpec per input, `args`) and its tensors and

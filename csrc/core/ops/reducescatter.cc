@@ -56,7 +56,7 @@ RunShape runShape(const Entry& e, const ReducescatterPlan& plan, size_t first, s
 // buffer, block r holding rank r's rows of each.
 void reducescatterRun(Executor& ex, Entry& e, const ReducescatterPlan& plan, size_t first, size_t last,
                       const std::vector<TensorPtr>& outputs) {
-  const ReduceArgs& args = e.request.reduce();
+  const ReduceArgs& args = e.request.payload<ReduceArgs>();
   const DataType dtype = e.inputs[first]->dtype();
   const size_t esize = dtypeSize(dtype);
   const int p = ex.ctx().size();
@@ -99,7 +99,7 @@ void reducescatterRun(Executor& ex, Entry& e, const ReducescatterPlan& plan, siz
 // the packed blocks are followed by the block this rank receives.
 void reducescatterRunOnDevice(Executor& ex, Device& d, Entry& e, const ReducescatterPlan& plan, size_t first,
                               size_t last, const std::vector<TensorPtr>& outputs) {
-  const ReduceArgs& args = e.request.reduce();
+  const ReduceArgs& args = e.request.payload<ReduceArgs>();
   const DataType dtype = e.inputs[first]->dtype();
   const size_t esize = dtypeSize(dtype);
   const int p = ex.ctx().size();
@@ -143,7 +143,7 @@ void executeReducescatter(Executor& ex, WorkUnit& unit) {
   const ReducescatterPlan& plan = std::get<ReducescatterPlan>(unit.plan);
   const int p = ex.ctx().size();
   const size_t n = e.inputs.size();
-  Device* on_device = ex.deviceOrStage(e, Executor::reducedOp(e.request.reduce().op));
+  Device* on_device = ex.deviceOrStage(e, Executor::reducedOp(e.request.payload<ReduceArgs>().op));
   if (on_device) waitReady(*on_device, e.inputs);
   std::vector<TensorPtr> outs;
   for (size_t t = 0; t < n; ++t) {

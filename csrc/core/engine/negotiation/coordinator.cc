@@ -66,17 +66,18 @@ std::string Coordinator::validate(const std::vector<Request>& reqs) const {
 std::string Coordinator::whileJoinedError(std::vector<Request>& reqs, const std::vector<int>& stand_ins) const {
   const Request& model = reqs[0];
   const std::string joined = strCat("ranks ", rankList(stand_ins), " have joined");
+  // The row says what the op does with joined ranks; the payload answers
+  // for the request (its reduce op, its root), whichever op it is.
   const WhileJoined rule = opSpec(model.type).while_joined;
-  const bool adds_zeros_wrongly = rule == WhileJoined::kAddsZeros && model.reduce().op != ReduceOp::kSum &&
-                                  model.reduce().op != ReduceOp::kAverage;
+  const bool adds_zeros_wrongly = rule == WhileJoined::kAddsZeros && !zerosAreNeutral(model.args);
   if (rule == WhileJoined::kRefused || adds_zeros_wrongly)
     return strCat(model.describe(), (scope_.empty() ? "" : " in " + scope_), ": cannot run while ", joined,
                   " (while ranks have joined, only ", opsRunningWhileJoined(),
                   " run; joined ranks take part with zeros)");
-  if (rule == WhileJoined::kReceives &&
-      std::find(stand_ins.begin(), stand_ins.end(), model.broadcast().root) != stand_ins.end())
-    return strCat(model.describe(), ": its root rank ", rankList({model.broadcast().root}),
-                  " has joined and has nothing to send");
+  const std::optional<int32_t> root = rootOf(model.args);
+  if (root && std::find(stand_ins.begin(), stand_ins.end(), *root) != stand_ins.end())
+    return strCat(model.describe(), ": its root rank ", rankList({*root}),
+                  " has joined (a joined rank neither sends data nor keeps a result)");
   if (rule == WhileJoined::kAddsNoRows) {
     for (int r : stand_ins) {
       for (auto& t : reqs[r].tensors) {
@@ -106,8 +107,10 @@ std::string Coordinator::opsRunningWhileJoined() {
 }
 
 std::string Coordinator::argsError(const Request& model) const {
-  const std::string invalid = std::visit([&](const auto& a) { return a.invalidFor(size_); }, model.args);
-  return invalid.empty() ? "" : strCat(opTypeName(model.type), " '", model.name, "': ", invalid);
+  const std::optional<int32_t> root = rootOf(model.args);
+  if (root && (*root < 0 || *root >= size_))
+    return strCat(opTypeName(model.type), " '", model.name, "': root rank ", *root, " is not in [0, ", size_, ")");
+  return "";
 }
 
 std::string Coordinator::planInto(const std::vector<Request>& reqs, Response& s) const {

@@ -23,8 +23,10 @@
 //    joined rank adds zeros to all-reduces (Sum and Average only: Average
 //    still divides by every rank, as Horovod does), no rows to allgathers,
 //    and receives broadcasts; reduce-scatter, alltoall, the other reduce ops
-//    and a broadcast from a joined root are errors (each op's rule is the
-//    while_joined column of the op table, engine/op_spec.h). The join itself is ready
+//    and any op whose root has joined are errors (each op's rule is the
+//    while_joined column of the op table, engine/op_spec.h; its reduce op
+//    and root are its payload's answers, engine/op_payloads.h, so nothing
+//    here names an op). The join itself is ready
 //    once every rank has joined, never times out (the others may train for
 //    a long time yet) and tells everyone the rank that joined last.
 //  * Ops named with kNoStandInPrefix are never stood in for: a joined rank
@@ -125,7 +127,7 @@ class Coordinator {
   static std::string opsRunningWhileJoined();
   // Signatures that differ across ranks, every variant with its ranks.
   std::string validate(const std::vector<Request>& reqs) const;
-  // Args that make no sense in this set (a broadcast root outside it).
+  // Args that make no sense in this set: a root (OpArgs' rootRank(), any op's) outside it.
   std::string argsError(const Request& model) const;
   // The op's plan from every rank's request, into `s`.
   std::string planInto(const std::vector<Request>& reqs, Response& s) const;

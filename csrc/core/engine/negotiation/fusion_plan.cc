@@ -7,8 +7,8 @@ namespace hvdtorch {
 namespace {
 
 bool fusable(const Request& a, size_t ta, const Request& b, size_t tb) {
-  const ReduceArgs& x = a.reduce();
-  const ReduceArgs& y = b.reduce();
+  const ReduceArgs& x = a.payload<ReduceArgs>();
+  const ReduceArgs& y = b.payload<ReduceArgs>();
   return x.fuse && y.fuse && a.tensors[ta].dtype == b.tensors[tb].dtype &&
          a.tensors[ta].device == b.tensors[tb].device && x.op == y.op && x.prescale == y.prescale &&
          x.postscale == y.postscale && x.reducer == y.reducer;

@@ -1,0 +1,33 @@
+"""reduce on 1-4 processes: the root's result for every dtype, op and root,
+every other rank's output equal to its input, on two emulated hosts, in a
+process set without rank 0, with a joined rank, and errors; one op per
+test id."""
+
+import pytest
+
+from tests.harness import run_ranks
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_values(nranks):
+    run_ranks("tests.workers.reduce:values", nranks, timeout=240)
+
+
+@pytest.mark.parametrize("shm", ["0", "1"])
+def test_values_over_each_transport_and_two_hosts(shm):
+    run_ranks("tests.workers.reduce:values", 4, hosts=list("aabb"), timeout=240, env={"HVDTORCH_SHM": shm})
+
+
+@pytest.mark.parametrize("nranks", [1, 3])
+def test_errors(nranks):
+    results = run_ranks("tests.workers.reduce:errors", nranks, timeout=120)
+    for res in results:
+        assert f"rank {res.rank} raised ValueError" in res.output, res.output
+
+
+def test_in_a_process_set_without_rank_0():
+    run_ranks("tests.workers.reduce:in_a_set_without_rank_0", 3, timeout=120)
+
+
+def test_with_a_joined_rank():
+    run_ranks("tests.workers.reduce:with_a_joined_rank", 3, timeout=120)
