@@ -25,6 +25,7 @@ them, so training goes on as under DDP's join (which takes them from a rank
 still training too: the last).
 """
 
+import re
 from typing import Dict, List, Tuple
 
 import torch
@@ -33,8 +34,9 @@ from .. import runtime
 from ..collectives import ops
 from .sync_batch_norm import SyncBatchNorm
 
-# How the engine refuses a broadcast whose root has joined (Coordinator::whileJoinedError).
-_ROOT_JOINED = "has joined and has nothing to send"
+# How the engine refuses an op whose root has joined (Coordinator::whileJoinedError: "...: its root
+# rank [0] has joined (...)"); tests/workers/join.py pins the same words.
+_ROOT_JOINED = re.compile(r"its root rank \[\d+\] has joined")
 
 
 def _synced_by_construction(module: torch.nn.Module) -> set:
@@ -88,7 +90,7 @@ class BufferSync:
             try:
                 ops.broadcast_(flat, root, name=f"{self._name}.{what}.{k}", process_set=self._set)
             except ops.HvdError as e:
-                if _ROOT_JOINED not in str(e):
+                if not _ROOT_JOINED.search(str(e)):
                     raise
                 root = self._first_rank_training(f"{self._name}.{what}.{k}")
                 ops.broadcast_(flat, root, name=f"{self._name}.{what}.{k}.joined", process_set=self._set)
