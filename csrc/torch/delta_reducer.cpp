@@ -1,5 +1,7 @@
 #include "delta_reducer.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 
 namespace hvdtorch {

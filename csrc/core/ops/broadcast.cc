@@ -14,8 +14,7 @@ namespace hvdtorch::ops {
 int64_t broadcast(Engine& engine, BroadcastOptions opts) {
   OpEntry op(engine, BroadcastOptions::kType, opts.name, opts.process_set_id);
   const int32_t set_root = op.rootInSet(opts.root);
-  if (opts.input->numel() != opts.output->numel() || opts.input->dtype() != opts.output->dtype())
-    op.fail("output does not match the input");
+  op.outputLikeInput(*opts.input, *opts.output);
   return op.submit({std::move(opts.input)}, {std::move(opts.output)}, nullptr, BroadcastArgs{set_root});
 }
 

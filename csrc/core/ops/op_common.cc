@@ -91,6 +91,10 @@ int32_t OpEntry::rootInSet(int root_rank) const {
   return static_cast<int32_t>(at - ps.ranks.begin());
 }
 
+void OpEntry::outputLikeInput(const TensorBuffer& input, const TensorBuffer& output) const {
+  if (input.numel() != output.numel() || input.dtype() != output.dtype()) fail("output does not match the input");
+}
+
 int64_t OpEntry::submit(std::vector<TensorPtr> inputs, std::vector<TensorPtr> outputs, OutputAllocator allocate,
                         OpArgs args) {
   if (!allocate && opSpec(where_.type).outputs == Outputs::kAllocated) fail("needs an output allocator");

@@ -52,7 +52,7 @@ ReduceArgs reduceArgs(const OpWhere& where, ReduceOp op, double prescale, double
 //   int64_t broadcast(Engine& engine, BroadcastOptions opts) {
 //     OpEntry op(engine, BroadcastOptions::kType, opts.name, opts.process_set_id);
 //     const int32_t root = op.rootInSet(opts.root);
-//     ... its checks: op.fail("output does not match the input") ...
+//     op.outputLikeInput(*opts.input, *opts.output);  // its checks, through fail()
 //     return op.submit({std::move(opts.input)}, {std::move(opts.output)}, nullptr, BroadcastArgs{root});
 //   }
 //
@@ -86,6 +86,9 @@ class OpEntry {
   // returns its rank within the set, what the payload carries and the
   // executor needs. fail()s naming the set otherwise.
   int32_t rootInSet(int root_rank) const;
+  // The check of the ops whose output mirrors their one input (broadcast,
+  // reduce): the same number of elements and dtype; fail()s otherwise.
+  void outputLikeInput(const TensorBuffer& input, const TensorBuffer& output) const;
 
   // Runs submit()'s checks (above), builds the entry -- the request (type,
   // set, name, one TensorSpec per input, `args`) and its tensors and

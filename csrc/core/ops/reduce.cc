@@ -13,8 +13,7 @@ namespace hvdtorch::ops {
 int64_t reduce(Engine& engine, ReduceOptions opts) {
   OpEntry op(engine, ReduceOptions::kType, opts.name, opts.process_set_id);
   const int32_t set_root = op.rootInSet(opts.root);
-  if (opts.input->numel() != opts.output->numel() || opts.input->dtype() != opts.output->dtype())
-    op.fail("output does not match the input");
+  op.outputLikeInput(*opts.input, *opts.output);
   if (opts.op == ReduceOp::kAdasum) op.fail("Adasum has no reduce; use Sum, Average, Min, Max or Product");
   ReduceToRootArgs args{reduceArgs(op.where(), opts.op, 1.0, 1.0, {opts.input}), set_root};
   args.reduce.fuse = false;

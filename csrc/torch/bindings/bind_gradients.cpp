@@ -34,12 +34,17 @@ std::function<void()> pythonCallback(py::function fn) {
   };
 }
 
+// Every parameter a reducer is built over is a tensor the engine can take (OpBinding::check), named by `front`.
+void checkParameters(const PyEngine& engine, const std::vector<at::Tensor>& params, const char* front,
+                     const std::string& name) {
+  for (const auto& p : params) OpBinding::check(p, opWhere(engine.engine()->topo().rank, front, name));
+}
+
 std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
                                                      std::vector<std::vector<int64_t>> buckets,
                                                      const GradReducerOptions& options,
                                                      std::shared_ptr<PassCounter> counter) {
-  for (const auto& p : params)
-    OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedModel", options.name));
+  checkParameters(engine, params, "DistributedModel", options.name);
   return std::make_unique<GradientReducer>(engine.engine(), std::move(params), std::move(buckets), options,
                                            std::move(counter));
 }
@@ -48,8 +53,7 @@ std::unique_ptr<DeltaReducer> makeDeltaReducer(PyEngine& engine, std::vector<at:
                                                const std::vector<std::vector<int64_t>>& buckets,
                                                const GradReducerOptions& options,
                                                const std::shared_ptr<PassCounter>& counter) {
-  for (const auto& p : params)
-    OpBinding::check(p, opWhere(engine.engine()->topo().rank, "DistributedOptimizer", options.name));
+  checkParameters(engine, params, "DistributedOptimizer", options.name);
   return std::make_unique<DeltaReducer>(engine.engine(), std::move(params), buckets, options, counter);
 }
 
