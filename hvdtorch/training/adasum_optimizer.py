@@ -52,6 +52,7 @@ from ..collectives import ops, own_state
 from ..collectives.compression import Compression
 from ..collectives.handles import check_process_set
 from .buckets import plan_buckets
+from .gradient_sync import take_over
 from .parameter_names import names_by_parameter
 from .reducer_options import reducer_options
 from .shared_groups import load_keeping_groups
@@ -66,6 +67,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._hvd_name = name
         self._hvd_process_set = process_set
         self._hvd_reducer = None  # made below, over the trainable parameters (none: nothing to reduce)
+        self._hvd_released = ""  # the parameter a newer DistributedOptimizer took over (release())
         self.set_backward_passes_per_step(backward_passes_per_step)
         trainable, seen = [], set()
         for group in self.param_groups:
@@ -102,6 +104,15 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                     advice="raise backward_passes_per_step",
                 ),
             )
+            # One DistributedOptimizer reduces a parameter: this one takes them over from an older one.
+            take_over(trainable, [self._parameter_names[p] for p in trainable], self)
+
+    def release(self, name: str) -> None:
+        """A newer DistributedOptimizer reduces these parameters from now on
+        (gradient_sync.take_over, naming parameter ``name``): the reducer and
+        its hooks go, and step() raises."""
+        self._hvd_reducer = None
+        self._hvd_released = name
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Changes how many backward passes may accumulate before each step()."""
@@ -121,6 +132,12 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         )
 
     def step(self, closure=None):
+        if self._hvd_released:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: this DistributedOptimizer no longer reduces parameter "
+                f"'{self._hvd_released}': a newer hvd.DistributedOptimizer over it took its parameters over (two "
+                "would reduce each gradient twice); step the newer one"
+            )
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -83,12 +83,13 @@ def _on_accumulated(sync_ref, index: int, param: torch.Tensor) -> None:
 
 
 # id(parameter) -> the live GradientSync whose hooks reduce its gradient
-# (_take_over).
+# (take_over).
 _syncs_by_param = weakref.WeakValueDictionary()
 
 
-def _take_over(params, names, sync) -> None:
-    """Makes ``sync`` the one DistributedOptimizer reducing ``params``: one
+def take_over(params, names, sync) -> None:
+    """Makes ``sync`` (a GradientSync, or the Adasum optimizer: anything with
+    release(name)) the one DistributedOptimizer reducing ``params``: one
     made earlier over any of them, still alive (``opt = DistributedOptimizer(...)``
     again, the old one still bound while the new one is built), lets them go
     (GradientSync.release): two would reduce each gradient twice and race
@@ -169,7 +170,7 @@ class GradientSync:
                 for i, p in enumerate(self._params)
             ]
         self._remove_hooks = weakref.finalize(self, remove_hooks, handles)
-        _take_over(self._params, self._names, self)
+        take_over(self._params, self._names, self)
 
     # ---- during backward ----------------------------------------------------
 
@@ -222,7 +223,7 @@ class GradientSync:
 
     def release(self, name: str) -> None:
         """A newer DistributedOptimizer reduces these parameters from now on
-        (_take_over, which names parameter ``name``): this one's hooks and
+        (take_over, which names parameter ``name``): this one's hooks and
         reducer go (the C++ reducer drains what it has in flight), its
         stand-ins give .grad back, and using it raises."""
         self._pending.restore()

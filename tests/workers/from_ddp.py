@@ -279,13 +279,21 @@ def clipping_between_backward_and_step() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             total.step()
-    for use in (opt.step, opt.synchronize):
+    # Adasum's optimizer takes part in the same rule, in both directions.
+    adasum = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), op=hvd.Adasum
+    )
+    last = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters())
+    for use in (opt.step, opt.synchronize, total.step, adasum.step):
         try:
             use()
         except RuntimeError as e:
             assert "a newer hvd.DistributedOptimizer over it took its parameters over" in str(e), e
         else:
-            raise AssertionError(f"rank {r}: {use.__name__}() of a DistributedOptimizer taken over ran")
+            raise AssertionError(f"rank {r}: {use.__qualname__}() of a DistributedOptimizer taken over ran")
+    last.zero_grad()
+    net(torch.randn(8, 5, generator=g)).pow(2).sum().backward()
+    last.step()  # the newest one trains
 
 
 class _TwoBranches(torch.nn.Module):
