@@ -88,7 +88,29 @@ void DeviceRouter::closeRings() {
 }
 
 // Times every route of `routes` on `d` and agrees the times (see the header).
-DeviceRouteModel DeviceRouter::calibrate(Device& d, const DeviceRouteMask& routes, const RunRoute& run) {
+bool DeviceRouter::backendTakes(Device& d, const std::vector<DataType>& dtypes, std::optional<ReduceOp> reduce) const {
+  NativeCollectives* backend = ctx_.native();
+  if (ctx_.size() == 1 || backend == nullptr) return false;
+  if (!reduce) return backend->movesOnDevice(d);
+  for (DataType dtype : dtypes)
+    if (!backend->reducesOnDevice(d, dtype, *reduce)) return false;
+  return true;
+}
+
+void DeviceRouter::runRoute(DeviceRoute route, Device& d, void* buf, size_t count, const RunStaged& staged) {
+  switch (route) {
+    case DeviceRoute::kNative:
+      ctx_.native()->allreduceOnDevice(d, buf, count, DataType::kFloat32, ReduceOp::kSum);
+      break;
+    case DeviceRoute::kRing: ring(d)->allreduce(buf, count, DataType::kFloat32, ReduceOp::kSum); break;
+    case DeviceRoute::kStaged: staged(d, buf, count); break;
+  }
+  std::unique_ptr<Event> done = d.newEvent();
+  d.record(*done, nullptr);
+  d.synchronize(*done);
+}
+
+DeviceRouteModel DeviceRouter::calibrate(Device& d, const DeviceRouteMask& routes, const RunStaged& staged) {
   const std::vector<size_t> sizes = probeSizes(options_.calibration_bytes);
   struct Scratch {
     Device& d;
@@ -107,7 +129,7 @@ DeviceRouteModel DeviceRouter::calibrate(Device& d, const DeviceRouteMask& route
       for (int r = 0; r < kDeviceRoutes; ++r) {
         if (!routes[r]) continue;
         const auto t0 = std::chrono::steady_clock::now();
-        run(static_cast<DeviceRoute>(r), d, scratch.p, count);
+        runRoute(static_cast<DeviceRoute>(r), d, scratch.p, count, staged);
         const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
         if (rep >= 0) times[r].push_back(took.count());
       }
@@ -132,12 +154,16 @@ DeviceRouteModel DeviceRouter::calibrate(Device& d, const DeviceRouteMask& route
 }
 
 DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes,
-                              const RunRoute& run, const std::function<void(bool begin)>& calibrating) {
+                              const RunStaged& staged, const std::function<void(bool begin)>& calibrating) {
   static const ReducerId ring_id = parseReducer("ring");
   static const ReducerId native = parseReducer("native");
   NativeCollectives* backend = ctx_.native();
-  if (asked == native) return backend && backend->reducesOnDevice(d, dtype, op) ? DevicePath{&d, false} : DevicePath{};
-  if (asked == ring_id) return ring(d) ? DevicePath{&d, true} : DevicePath{};
+  if (asked == native)
+    return backend && backend->reducesOnDevice(d, dtype, op) ? DevicePath{&d, nullptr} : DevicePath{};
+  if (asked == ring_id) {
+    DeviceRing* on = ring(d);
+    return on ? DevicePath{&d, on} : DevicePath{};
+  }
   if (asked != kAutoReducer) return {};
 
   const bool calibrate_now = calibratesNext(d, asked);
@@ -152,7 +178,7 @@ DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, Reduce
     applies[static_cast<int>(DeviceRoute::kRing)] = ring(d) != nullptr;
     applies[static_cast<int>(DeviceRoute::kStaged)] = true;
     if (std::count(applies.begin(), applies.end(), true) > 1) {
-      routes.model = calibrate(d, applies, run);
+      routes.model = calibrate(d, applies, staged);
       ++calibrations;
       const std::string described = routes.model->describe();
       {
@@ -185,8 +211,8 @@ DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, Reduce
   if (routes.model) serves[static_cast<int>(DeviceRoute::kRing)] = elementwise && ring(d) != nullptr;
   const DeviceRoute route = routes.model ? routes.model->choose(bytes, serves, rule) : rule;
   switch (route) {
-    case DeviceRoute::kNative: return {&d, false};
-    case DeviceRoute::kRing: return {&d, true};
+    case DeviceRoute::kNative: return {&d, nullptr};
+    case DeviceRoute::kRing: return {&d, ring(d)};
     case DeviceRoute::kStaged: break;
   }
   return {};

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "algorithms/device_ring.h"
 #include "algorithms/device_routes.h"
@@ -47,8 +48,8 @@
 namespace hvdtorch {
 
 struct DevicePath {
-  Device* device = nullptr;  // null: stage through the host
-  bool ring = false;         // the device ring; else the backend's device collectives
+  Device* device = nullptr;    // null: stage through the host
+  DeviceRing* ring = nullptr;  // the device ring on `device`; null: the backend's device collectives
 };
 
 struct DeviceRouterOptions {
@@ -60,10 +61,12 @@ struct DeviceRouterOptions {
 
 class DeviceRouter {
  public:
-  // One float32 Sum all-reduce of buf[0 .. count) on the device by `route`,
-  // returning once the device has finished it: the calibration's probe. The
-  // ops supply it (staging through the host is theirs).
-  using RunRoute = std::function<void(DeviceRoute route, Device& device, void* buf, size_t count)>;
+  // The calibration's run of the staged route: one float32 Sum all-reduce
+  // of buf[0 .. count), memory of `device`, staged through the host, as the
+  // all-reduce op stages (the executor's pinned pool and segments: timing
+  // anything else would measure another route). The router runs the two
+  // device routes itself and returns once the device has finished each.
+  using RunStaged = std::function<void(Device& device, void* buf, size_t count)>;
 
   DeviceRouter(Context& ctx, DeviceRouterOptions options) : ctx_(ctx), options_(options) {}
   DeviceRouter(const DeviceRouter&) = delete;
@@ -75,11 +78,18 @@ class DeviceRouter {
   // The route of an all-reduce of `bytes` of `dtype`/`op` (the reduced op)
   // on `device` for reducer `asked` (a registered reducer or kAutoReducer).
   // The first `auto` one of a device decides its routes first: the
-  // calibration, a collective, runs through `run` where more than one route
-  // applies, between calibrating(true) and calibrating(false) (the op's
-  // timeline phase; may be empty).
-  DevicePath path(Device& device, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes, const RunRoute& run,
+  // calibration, a collective, runs where more than one route applies (the
+  // staged one through `staged`), between calibrating(true) and
+  // calibrating(false) (the op's timeline phase; may be empty).
+  DevicePath path(Device& device, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes, const RunStaged& staged,
                   const std::function<void(bool begin)>& calibrating = nullptr);
+  // Whether the backend's device collectives take an op other than the
+  // all-reduce on `device`: a reducing one (`reduce`, the reduced op) for
+  // each of `dtypes`, a moving one (broadcast, all-gather, all-to-all)
+  // where they move its memory; never on one rank. The same answer on every
+  // rank (the device kind, dtypes and op are in the op's signature); the
+  // first ask of a device may be a collective (NativeCollectives).
+  bool backendTakes(Device& device, const std::vector<DataType>& dtypes, std::optional<ReduceOp> reduce) const;
 
   // The device ring on `device` over this router's context, made on first
   // use (a collective: every rank makes it in the same unit); null where it
@@ -101,7 +111,10 @@ class DeviceRouter {
   };
   // Whether path() for `asked` on `device` decides `auto`'s routes first.
   bool calibratesNext(Device& device, ReducerId asked) const;
-  DeviceRouteModel calibrate(Device& device, const DeviceRouteMask& routes, const RunRoute& run);
+  DeviceRouteModel calibrate(Device& device, const DeviceRouteMask& routes, const RunStaged& staged);
+  // One calibration run of `route` on buf[0 .. count), the engine stream
+  // drained after it.
+  void runRoute(DeviceRoute route, Device& device, void* buf, size_t count, const RunStaged& staged);
 
   Context& ctx_;
   DeviceRouterOptions options_;

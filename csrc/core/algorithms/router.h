@@ -1,13 +1,19 @@
-// The one router of a data context's all-reduces: where each runs, for host
-// and device tensors alike, and what decides it. The all-reduce op asks it
-// (ops/allreduce.cc): host tensors go to a reducer, the one asked for or,
-// for `auto`, the one the calibrated cost model holds cheapest (its
+// The one router of a data context's collectives: where each runs, for
+// host and device tensors alike, and what decides it. The ops hand it facts
+// (the reducer asked for, dtype, op, size, the device of their tensors) and
+// take its answer; none of them picks an algorithm or a route itself.
+//
+// All-reduces (route()): host tensors go to a reducer, the one asked for
+// or, for `auto`, the one the calibrated cost model holds cheapest (its
 // ReducerSet, reducer_set.h); device tensors take a route, the backend's
 // device collectives, the device ring or staging through the host to a
 // host reducer, which `auto` picks by a rule until the device calibration
-// has measured (its DeviceRouter, device_router.h). It also owns the device
-// memory fused units of device tensors are packed into, for every op with
-// a device path (deviceFusion()).
+// has measured (its DeviceRouter, device_router.h, which runs the
+// calibration). The other ops with a device path (placement()) run on the
+// device where the backend's device collectives take them and are staged
+// otherwise; a reduce-scatter's host reducer is reduceScatterer()'s. It also
+// owns the device memory fused units of device tensors are packed into,
+// for every op with a device path (deviceFusion()).
 //
 // One per data context (the Engine's, each process set's), made beside the
 // executor that runs on that context and outliving it; the executor hands
@@ -22,7 +28,9 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "algorithms/device_router.h"
 #include "algorithms/reducer_set.h"
@@ -42,17 +50,18 @@ struct AllreduceQuery {
   bool on_device = false;
   Device* device = nullptr;
   std::string several_devices;
-  // Device tensors: the device calibration's run of one route (ops' own:
-  // staging through the host is theirs), and what is told before (true) and
+  // Device tensors: how the device calibration runs the staged route on a
+  // scratch buffer through the host reducer the router hands it (staging is
+  // the op's: ops/allreduce_staged.h), and what is told before (true) and
   // after (false) the calibration runs (DeviceRouter::path).
-  DeviceRouter::RunRoute probe;
+  std::function<void(Device& device, void* buf, size_t count, Reducer& host)> run_staged;
   std::function<void(bool begin)> calibrating;
 };
 
 // The router's answer: exactly one way.
 struct AllreduceRoute {
-  Device* device = nullptr;  // reduce on this device: the device ring (`ring`) or the backend's collectives
-  bool ring = false;
+  Device* device = nullptr;  // reduce on this device: on `ring`, or where null the backend's collectives
+  DeviceRing* ring = nullptr;
   // One rank holding device tensors: nothing to exchange; they are scaled
   // on their device (staging would move every byte through the host twice).
   bool alone = false;
@@ -80,10 +89,23 @@ class Router {
   // order; the answer is the same on every rank.
   AllreduceRoute route(const AllreduceQuery& query);
 
+  // Where an op other than the all-reduce with a device path (reduce-scatter,
+  // all-gather, broadcast, all-to-all) runs tensors of `device`: on it,
+  // through the backend's device collectives, where they take the op (a
+  // reducing op passes its reduced op and every input's dtype; more than one
+  // rank); otherwise null, and the caller stages them through the host
+  // (Executor::deviceOrStage). The same answer on every rank.
+  Device* placement(Device& device, const std::vector<DataType>& dtypes, std::optional<ReduceOp> reduce) {
+    return devices_.backendTakes(device, dtypes, reduce) ? &device : nullptr;
+  }
+
+  // The host reducer of a reduce-scatter of `bytes`: the cheapest available
+  // one with a reduce-scatter on this context.
+  Reducer& reduceScatterer(size_t bytes, DataType dtype, ReduceOp op) {
+    return reducers_.reduceScatterer(ctx_, bytes, dtype, op);
+  }
+
   // ---- what the routes run on ----
-  // The device ring on `device`, made on first use (a collective); null
-  // where it does not apply.
-  DeviceRing* ring(Device& device) { return devices_.ring(device); }
   // The device rings' teardown handshake (DeviceRouter::closeRings), a collective.
   void closeRings() { devices_.closeRings(); }
   // After a failure, from any thread (DeviceRouter::releaseRingWaits).
@@ -95,8 +117,8 @@ class Router {
   void* deviceFusion(Device& device, size_t bytes);
 
   // The host reducers and the cost model: a host route runs through
-  // reducers().allreduce (timed into the model); checks, calibration at
-  // init, reduce-scatter, the Python side's view of the model.
+  // reducers().allreduce (timed into the model); the engine's checks and
+  // calibration at init, the Python side's view of the model.
   ReducerSet& reducers() { return reducers_; }
   const ReducerSet& reducers() const { return reducers_; }
 

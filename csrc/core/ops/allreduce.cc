@@ -95,27 +95,6 @@ Device* unitDevice(const WorkUnit& unit, ReducerId asked, std::string& several) 
   return &deviceFor(id);
 }
 
-// The device calibration's probe (DeviceRouter::RunRoute): one float32 Sum
-// all-reduce of buf[0 .. count) by `route`, returning once the device has
-// finished it (the engine stream drained). Staging through the host is the
-// ops' (allreduce_staged.h), so the all-reduce hands the router its probe.
-void runRoute(Executor& ex, Device& d, DeviceRoute route, void* buf, size_t count) {
-  switch (route) {
-    case DeviceRoute::kNative:
-      ex.ctx().native()->allreduceOnDevice(d, buf, count, DataType::kFloat32, ReduceOp::kSum);
-      break;
-    case DeviceRoute::kRing: ex.router().ring(d)->allreduce(buf, count, DataType::kFloat32, ReduceOp::kSum); break;
-    case DeviceRoute::kStaged: {
-      const size_t bytes = count * sizeof(float);
-      Reducer& host = ex.router().reducers().resolve(kAutoReducer, ex.ctx(), bytes, DataType::kFloat32, ReduceOp::kSum);
-      reduceStaged(ex, {{&d, buf, buf, 0, count}}, host, DataType::kFloat32, count, ReduceOp::kSum, {},
-                   [](const std::string&, bool) {});
-      break;
-    }
-  }
-  d.synchronize(*drainEngineStream(d));
-}
-
 // Finishes every piece of `unit` without the host waiting for its device:
 // one completion event per device, recorded on its engine stream after what
 // the op enqueued there, which the caller's stream waits on; the entries are
@@ -160,7 +139,7 @@ void allreduceOnDevice(Executor& ex, WorkUnit& unit, const AllreduceRoute& path,
   const ReduceOp op = Executor::reducedOp(args.op);
   ex.mark(unit, phase, true);
   if (path.ring) {
-    ex.router().ring(d)->allreduce(fused, count, dtype, op);
+    path.ring->allreduce(fused, count, dtype, op);
   } else {
     ex.ctx().native()->allreduceOnDevice(d, fused, count, dtype, op);
   }
@@ -249,7 +228,11 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
   if (on_device) {
     query.on_device = true;
     query.device = unitDevice(unit, args.reducer, query.several_devices);
-    query.probe = [&ex](DeviceRoute r, Device& d, void* buf, size_t n) { runRoute(ex, d, r, buf, n); };
+    // The calibration's staged route is this op's staging (allreduce_staged.h).
+    query.run_staged = [&ex](Device& d, void* buf, size_t n, Reducer& host) {
+      reduceStaged(ex, {{&d, buf, buf, 0, n}}, host, DataType::kFloat32, n, ReduceOp::kSum, {},
+                   [](const std::string&, bool) {});
+    };
     // The first `auto` all-reduce of a device may time its routes
     // (algorithms/device_router.h): a phase of this op on the timeline.
     query.calibrating = [&ex, &unit](bool begin) { ex.mark(unit, "DEVICE_CALIBRATION", begin); };

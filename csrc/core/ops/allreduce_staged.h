@@ -1,6 +1,7 @@
 // The all-reduce of device memory staged through the host: the core of the
 // all-reduce's staged path (ops/allreduce.cc), also timed by the device
-// calibration (algorithms/device_router.h; its probe is in ops/allreduce.cc) on a scratch buffer.
+// calibration (algorithms/device_router.h) on a scratch buffer, through the
+// staged run ops/allreduce.cc hands the router (AllreduceQuery::run_staged).
 #pragma once
 
 #include <functional>

@@ -80,8 +80,7 @@ void reducescatterRun(Executor& ex, Entry& e, const ReducescatterPlan& plan, siz
   }
   const ReduceOp op = Executor::reducedOp(args.op);
   if (p > 1) {
-    Reducer& reducer =
-        ex.router().reducers().reduceScatterer(ex.ctx(), (block_at[p - 1] + counts[p - 1]) * esize, dtype, op);
+    Reducer& reducer = ex.router().reduceScatterer((block_at[p - 1] + counts[p - 1]) * esize, dtype, op);
     reducer.reduceScatter(ex.ctx(), buf, counts, dtype, op);
   }
   // Unpack my block: averaged if so asked, postscaled.

@@ -80,14 +80,9 @@ void Executor::completeOnDevice(Device& device, const EntryPtr& entry) {
 Device* Executor::deviceOrStage(Entry& e, std::optional<ReduceOp> reduce) {
   if (e.request.tensors.empty() || e.request.tensors[0].device == DeviceKind::kCpu) return nullptr;
   Device& d = deviceFor((!e.inputs.empty() ? e.inputs.front() : e.outputs.front())->device());
-  NativeCollectives* backend = ctx_.native();
-  bool takes = ctx_.size() > 1 && backend != nullptr;
-  if (takes && reduce) {
-    for (const auto& t : e.inputs) takes = takes && backend->reducesOnDevice(d, t->dtype(), *reduce);
-  } else if (takes) {
-    takes = backend->movesOnDevice(d);
-  }
-  if (takes) return &d;
+  std::vector<DataType> dtypes;
+  for (const auto& t : e.inputs) dtypes.push_back(t->dtype());
+  if (Device* on = router_.placement(d, dtypes, reduce)) return on;
   e.staged = StagedEntry::stageIn(e, staging_);
   return nullptr;
 }

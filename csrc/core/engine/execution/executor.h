@@ -83,13 +83,11 @@ class Executor {
   // on the engine stream after its work, handed to its state (the caller's
   // stream waits on it), the entry held until it completed, and completed.
   void completeOnDevice(Device& device, const EntryPtr& entry);
-  // How an op of Staging::kByOp other than the all-reduce picks its path:
-  // the device of the entry's tensors where they are device memory and the
-  // backend's device collectives serve them (more than one rank; a reducing
-  // op passes its op, and the backend must reduce every input's dtype with
-  // it; others need the backend to move device memory), decided alike on
-  // every rank. Otherwise null: device tensors are staged through pinned
-  // host memory (StagedEntry::stageIn), host tensors left as they are.
+  // How an op of Staging::kByOp other than the all-reduce takes its path:
+  // host tensors are left as they are (null); for device tensors the
+  // router decides (Router::placement: a reducing op passes its reduced
+  // op), and where it answers null they are staged through pinned host
+  // memory (StagedEntry::stageIn). Returns the device to run on, or null.
   Device* deviceOrStage(Entry& entry, std::optional<ReduceOp> reduce = std::nullopt);
   // Runs host reducer `reducer` over data[0 .. count) on the executor's
   // context: the router's ReducerSet::allreduce (timed into `auto`'s model),
