@@ -29,6 +29,7 @@ from tests.harness import ROOT, launcher_free_env, run_ranks
         "powersgd_state_of_another_rank",
         "scheduler_built_before_sharding",
         "sharded_optimizer_before_the_model",
+        "one_optimizer_across_sharding",
     ],
 )
 def test_ddp_pattern(check):

@@ -18,9 +18,10 @@ buckets from training/buckets.py's planner, the C++ GradientReducer
 """
 
 import contextlib
+import gc
 import itertools
 import weakref
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -58,13 +59,41 @@ def claim_for_sharding(param: torch.Tensor, optimizer) -> None:
     _sharded_by_param[id(param)] = optimizer
 
 
+def sharded_stepper(param: torch.Tensor):
+    """The live sharded optimizer that steps ``param``, if any. One that only
+    a reference cycle keeps (dropped by the user, not yet collected) is
+    collected first and does not count."""
+    if id(param) not in _sharded_by_param:
+        return None
+    gc.collect()
+    return _sharded_by_param.get(id(param))
+
+
+def refuse_if_sharded(params: Sequence[torch.Tensor], name_of: Callable[[torch.Tensor], str], front: str) -> None:
+    """A sharded optimizer's parameters are views of its buckets, and it
+    reduces their gradients itself: no other gradient front can take them
+    over from it, and beside it one would reduce every gradient a second
+    time (silently doubled with op=hvd.Sum). Refused, naming the fix and the
+    parameter (``name_of``, asked only for the refused one)."""
+    for p in params:
+        opt = sharded_stepper(p)
+        if opt is not None:
+            name = name_of(p)
+            raise ValueError(
+                f"hvdtorch: {front}: parameter '{name}' is stepped by a sharded optimizer "
+                f"(hvd.DistributedOptimizer(..., shard={getattr(opt, '_stage', '?')})) that is still alive; one "
+                "optimizer reduces each parameter's gradient. Drop the old one first (del opt, and whatever else "
+                "holds it, such as a learning-rate scheduler), or keep one"
+            )
+
+
 def _check_not_sharded(module: torch.nn.Module) -> None:
     """A sharded optimizer built before the model reduces the gradients
     itself and has made the parameters views of its buckets: a
     DistributedModel over them would reduce every gradient a second time,
     racing with it. Refused, naming the order that works."""
     for name, p in module.named_parameters():
-        opt = _sharded_by_param.get(id(p))
+        opt = sharded_stepper(p)
         if opt is not None and owner_of(p) is None:
             raise ValueError(
                 f"hvdtorch: DistributedModel: parameter '{name}' is already stepped by a sharded optimizer "

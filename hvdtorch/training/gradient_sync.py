@@ -93,12 +93,16 @@ def take_over(params, names, sync) -> None:
     made earlier over any of them, still alive (``opt = DistributedOptimizer(...)``
     again, the old one still bound while the new one is built), lets them go
     (GradientSync.release): two would reduce each gradient twice and race
-    over .grad. The old one raises if it is used afterwards."""
+    over .grad. The old one raises if it is used afterwards. ``sync`` None:
+    a sharded optimizer takes them (zero/optimizer.py); it is not kept here,
+    as nothing takes parameters over from it
+    (distributed_model.refuse_if_sharded)."""
     for p, name in zip(params, names):
-        old = _syncs_by_param.get(id(p))
+        old = _syncs_by_param.pop(id(p), None)
         if old is not None and old is not sync:
             old.release(name)
-        _syncs_by_param[id(p)] = sync
+        if sync is not None:
+            _syncs_by_param[id(p)] = sync
 
 
 def remove_hooks(handles) -> None:

@@ -27,6 +27,7 @@ from ..zero.optimizer import ShardedOptimizer
 from .adasum_optimizer import _DistributedAdasumOptimizer
 from .bucketed_step import steps_in_pieces
 from .buckets import layers_by_name, plan_buckets
+from .distributed_model import refuse_if_sharded
 from .gradient_sync import GradientSync
 from .parameter_names import names_by_id
 from .shared_groups import load_keeping_groups
@@ -284,6 +285,14 @@ def DistributedOptimizer(
     names the module whose forward waits (found by itself on a
     DistributedModel's parameters)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
+    # One optimizer per parameter: a newer DistributedOptimizer takes parameters over from an older one
+    # (gradient_sync.take_over, and a sharded one through release_to_sharding), but never from a live
+    # sharded optimizer, whose parameters are views of its buckets.
+    refuse_if_sharded(
+        [p for group in optimizer.param_groups for p in group["params"]],
+        lambda p: names_by_id(optimizer.param_groups, named_parameters).get(id(p), "?"),
+        "hvd.DistributedOptimizer",
+    )
     if op != ops.Adasum:  # Adasum's step applies any compressor to the update (adasum_optimizer.py)
         check_bucket_compression(compression, "DistributedOptimizer")
     if is_powersgd(compression):

@@ -70,7 +70,7 @@ from ..collectives.compression import Compression
 from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
 from ..training.distributed_model import DistributedModel, claim_for_sharding, owner_of
-from ..training.gradient_sync import remove_hooks
+from ..training.gradient_sync import remove_hooks, take_over
 from ..training.parameter_names import names_by_id
 from ..training.pending_gradients import weak_method
 
@@ -282,6 +282,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._buckets = plan(numbered, int(fusion_bytes), first)
         if not self._buckets:
             raise ValueError("hvdtorch: the optimizer has no parameter that requires grad: nothing to shard")
+        # A DistributedOptimizer made earlier over these parameters lets them go (one optimizer per parameter).
+        take_over(all_params, self._names, None)
         self._flatten_parameters()
         self._gather_in_place = self._size > 1 and self._agree_layout_and_gather()
         self.optim = self._inner_optimizer(optimizer)

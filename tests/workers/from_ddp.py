@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 import hvdtorch as hvd
 
+from tests.workers.common import expect
+
 
 def _bn_net(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
@@ -294,6 +296,51 @@ def clipping_between_backward_and_step() -> None:
     last.zero_grad()
     net(torch.randn(8, 5, generator=g)).pow(2).sum().backward()
     last.step()  # the newest one trains
+
+
+def one_optimizer_across_sharding() -> None:
+    """One optimizer reduces a parameter's gradient, across the plain and
+    sharded fronts too. A sharded optimizer made over a live plain one takes
+    the parameters over (the old one raises if used) and its Sum step equals
+    one Sum step (two fronts would add every gradient twice); any
+    DistributedOptimizer made over a live sharded one is refused, naming the
+    parameter and the fix; once the old one is dropped (with the scheduler
+    that held it) a new one trains."""
+    hvd.init()
+    r = hvd.rank()
+    for shard in (1, 2):
+        net = torch.nn.Linear(5, 3)
+        hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+        x = torch.randn(4, 5, generator=torch.Generator().manual_seed(r)) * (1 + r)
+        local = torch.autograd.grad(net(x).pow(2).sum(), net.weight)[0]
+        expected = net.weight.detach() - 0.5 * hvd.allreduce(local, op=hvd.Sum, name=f"sum_ref{shard}")
+        plain = hvd.DistributedOptimizer(
+            torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), op=hvd.Sum
+        )
+        sharded = hvd.DistributedOptimizer(
+            torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), op=hvd.Sum, shard=shard
+        )
+        sched = torch.optim.lr_scheduler.StepLR(sharded, 1)
+        sharded.zero_grad()
+        net(x).pow(2).sum().backward()
+        sharded.step()
+        torch.testing.assert_close(net.weight.detach(), expected, msg=lambda m: f"rank {r} shard={shard}: {m}")
+        for use in (plain.step, plain.synchronize):
+            expect(RuntimeError, ["took its parameters over"], use, r)
+        for later in ({}, {"shard": shard}, {"op": hvd.Adasum}):
+            expect(
+                ValueError,
+                ["'weight'", f"shard={shard}", "still alive", "Drop the old one first"],
+                lambda: hvd.DistributedOptimizer(
+                    torch.optim.SGD(net.parameters(), lr=0.5), named_parameters=net.named_parameters(), **later
+                ),
+                r,
+            )
+        del sharded, sched
+        again = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.5), shard=shard)
+        again.zero_grad()
+        net(x).pow(2).sum().backward()
+        again.step()
 
 
 class _TwoBranches(torch.nn.Module):
