@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 import hvdtorch as hvd
-
 from tests.workers.common import expect
 
 
