@@ -4,6 +4,7 @@ DDP"). Each rank seeds its own models differently, as a script that forgot
 to broadcast would; DDP runs over torch.distributed's default group, which
 hvd.init() made."""
 
+import gc
 import os
 import sys
 
@@ -335,8 +336,16 @@ def one_optimizer_across_sharding() -> None:
                 ),
                 r,
             )
-        del sharded, sched
-        again = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.5), shard=shard)
+        # Dropped, but kept by a reference cycle (as a closure over it would keep it) until the next
+        # collection, which automatic collection must not run first: the new optimizer does not count it.
+        gc.disable()
+        try:
+            holder = {"opt": sharded}
+            holder["self"] = holder
+            del sharded, sched, holder
+            again = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.5), shard=shard)
+        finally:
+            gc.enable()
         again.zero_grad()
         net(x).pow(2).sum().backward()
         again.step()
