@@ -65,9 +65,10 @@ void ReducerSet::check(ReducerId id, const Context& ctx, DataType dtype, ReduceO
     throw InvalidArgument(strCat("reducer ", r.name(), " does not serve ", reduceOpName(op), " on ", dtypeName(dtype)));
 }
 
-ReducerId ReducerSet::forRequest(ReducerId asked, ReduceOp op, bool registered_in_place) const {
+ReducerId ReducerSet::forRequest(ReducerId asked, ReduceOp op, const std::function<bool()>& registered_in_place) const {
   const bool sum = op == ReduceOp::kSum || op == ReduceOp::kAverage;
-  if (asked == kAutoReducer && sum && registered_in_place && available(registeredReducer())) return registeredReducer();
+  if (asked == kAutoReducer && sum && available(registeredReducer()) && registered_in_place())
+    return registeredReducer();
   return asked;
 }
 

@@ -27,6 +27,7 @@
 // other const methods may be called from any thread meanwhile.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -63,7 +64,9 @@ class ReducerSet {
   // the host, better than any other reducer there, and between hosts it runs
   // the ring; whether it can run depends on HVDTORCH_SHM alone, the same on
   // every rank. Otherwise `asked` (`auto` then picks per unit: choose/pick).
-  ReducerId forRequest(ReducerId asked, ReduceOp op, bool registered_in_place) const;
+  // `registered_in_place` is asked only where the answer matters (`auto`,
+  // Sum or Average): the lookup in the registered memory is not free.
+  ReducerId forRequest(ReducerId asked, ReduceOp op, const std::function<bool()>& registered_in_place) const;
   // The reducer `auto` chooses for `bytes` of `dtype`/`op` on this context.
   ReducerId choose(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) const;
   Reducer& resolve(ReducerId id, const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) {

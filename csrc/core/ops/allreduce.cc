@@ -53,7 +53,7 @@ ReduceArgs allreduceArgs(const Engine& engine, const AllreduceOptions& opts) {
     const auto ps = engine.processSet(opts.process_set_id);
     const ReducerSet& reducers = ps && ps->member() ? ps->router->reducers() : engine.reducers();
     const Context& ctx = ps && ps->member() ? *ps->data : engine.dataContext();
-    args.reducer = reducers.forRequest(args.reducer, args.op, registeredInPlace(engine, opts));
+    args.reducer = reducers.forRequest(args.reducer, args.op, [&] { return registeredInPlace(engine, opts); });
     for (const auto& t : opts.inputs) reducers.check(args.reducer, ctx, t->dtype(), reduced);
   } catch (const InvalidArgument& err) {
     throw InvalidArgument(strCat(where.str(), ": ", err.what()));
