@@ -69,9 +69,9 @@ def main():
         configs = {
             "hvd-inplace": functools.partial(hvd.allreduce_, x, op=hvd.Sum, name="fo.inplace"),
             "hvd-fresh": functools.partial(hvd.allreduce, x, op=hvd.Sum, name="fo.fresh"),
-            "hvd-clone": lambda: hvd.allreduce_(x.clone(), op=hvd.Sum, name="fo.clone"),
+            "hvd-clone": lambda x=x: hvd.allreduce_(x.clone(), op=hvd.Sum, name="fo.clone"),
             "gloo-inplace": functools.partial(dist.all_reduce, x, group=gloo),
-            "gloo-clone": lambda: dist.all_reduce(x.clone(), group=gloo),
+            "gloo-clone": lambda x=x: dist.all_reduce(x.clone(), group=gloo),
         }
         for fn in configs.values():
             fn()  # warm-up: negotiation, the response cache, links, the pool's first block
@@ -83,7 +83,8 @@ def main():
     if hvd.rank() == 0:
         launcher = hvd.runtime.state().launcher
         print(
-            f"{hvd.size()} ranks ({launcher}), {args.rounds} interleaved rounds x {args.reps} reps; ms, median [min-max]"
+            f"{hvd.size()} ranks ({launcher}), {args.rounds} interleaved rounds x {args.reps} reps; "
+            "ms, median [min-max]"
         )
         for nbytes, per_round in rows:
             med = {name: statistics.median(ts) for name, ts in per_round.items()}
