@@ -3,6 +3,8 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -21,7 +23,13 @@ void* dataOf(void* block) { return static_cast<char*>(block) + kHeader; }
 }  // namespace
 
 OutputPool& OutputPool::instance() {
-  static OutputPool* pool = new OutputPool();  // never destroyed: deleters may run at exit
+  static OutputPool* pool = [] {
+    // A child forked while another thread held the lock (a DataLoader worker
+    // started while the engine's thread frees an output) gets it unlocked:
+    // tensors it inherited come back through put() there too.
+    pthread_atfork(nullptr, nullptr, [] { new (&instance().mu_) std::mutex(); });
+    return new OutputPool();  // never destroyed: deleters may run at exit
+  }();
   return *pool;
 }
 
