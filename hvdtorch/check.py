@@ -213,6 +213,7 @@ def reducers() -> Dict[str, object]:
         "cost_model": {k: {"alpha_s": a, "beta_s_per_byte": b} for k, (a, b) in model.items()},
         "auto_picks": picks,
         "settings_in_use": engine.settings_in_use(),
+        "output_pool": hvd._C.output_pool_stats(),
     }
 
 
@@ -352,6 +353,11 @@ def format_report(r: Dict[str, object]) -> str:
             "  auto picks: " + ", ".join(f"{_human_bytes(int(n))} -> {k}" for n, k in red["auto_picks"].items())
         )
         lines.append("  in use: " + ", ".join(f"{k} {v}" for k, v in red["settings_in_use"].items()))
+        pool = red["output_pool"]
+        lines.append(
+            f"  output pool: keeps up to {_human_bytes(pool['limit_bytes'])}, holds {_human_bytes(pool['kept_bytes'])} "
+            f"in {pool['kept_blocks']} blocks; {pool['reused']} outputs reused, {pool['fresh']} mapped fresh"
+        )
     if "job" in r:
         job = r["job"]
         lines += ["", f"job: {job['size']} ranks"]

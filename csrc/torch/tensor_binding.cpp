@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "config/config.h"
 #include "device/devices.h"
+#include "output_pool.h"
 #include "torch_tensor.h"
 
 #ifdef HVDTORCH_HAVE_CUDA_DEVICE
@@ -143,7 +144,9 @@ OutputAllocator OpBinding::allocatorLike(const at::Tensor& t) {
       return std::make_shared<TorchTensor>(out, dtype, id, nullptr);
     }
 #endif
-    at::Tensor out = at::empty(shape, opts.dtype(toScalarType(dtype)));
+    // Host outputs come from the output pool (output_pool.h): a repeated op reuses mapped memory.
+    at::Tensor out = opts.device().is_cpu() ? OutputPool::instance().empty(shape, toScalarType(dtype))
+                                            : at::empty(shape, opts.dtype(toScalarType(dtype)));
     return std::make_shared<TorchTensor>(out, dtype, deviceOf(out), nullptr);
   };
 }

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .. import runtime
+from .. import _C, runtime
 from ..exceptions import InvalidArgumentError
 from .process_sets import set_id
 
@@ -48,6 +48,16 @@ def contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
             "supported; densify them first (tensor.to_dense())"
         )
     return t if t.is_contiguous() else t.contiguous()
+
+
+def fresh_output(src: torch.Tensor) -> torch.Tensor:
+    """An empty contiguous output like ``src`` for an op that returns a new
+    tensor: host memory from the output pool (csrc/torch/output_pool.h),
+    which a repeated call reuses instead of faulting in fresh pages; device
+    memory from torch's caching allocator, which already does."""
+    if src.device.type == "cpu":
+        return _C.pooled_empty_like(src)
+    return torch.empty_like(src, memory_format=torch.contiguous_format)
 
 
 def submit(options, inputs: Sequence[torch.Tensor] = (), outputs: Sequence[torch.Tensor] = (), **fields) -> int:

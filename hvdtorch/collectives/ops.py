@@ -22,7 +22,16 @@ from .. import _C, runtime
 from .._C import HvdError  # noqa: F401  (re-exported)
 from ..exceptions import InvalidArgumentError
 from .compression import Compression
-from .handles import check_process_set, contiguous, op_name, poll, register, submit, synchronize  # noqa: F401
+from .handles import (  # noqa: F401
+    check_process_set,
+    contiguous,
+    fresh_output,
+    op_name,
+    poll,
+    register,
+    submit,
+    synchronize,
+)
 from .process_sets import ProcessSet, global_process_set, set_id  # noqa: F401  (re-exported)
 
 # Reduce ops, with Horovod's values.
@@ -84,7 +93,7 @@ def allreduce_async(
     psid = check_process_set(process_set)
     op = _resolve_op(average, op)
     src = contiguous(tensor, "allreduce")
-    out = torch.empty_like(src, memory_format=torch.contiguous_format)
+    out = fresh_output(src)
     name = op_name("allreduce", name, psid)
     h = _allreduce_submit([src], [out], name, op, prescale_factor, postscale_factor, reducer, psid)
     return register(h, lambda _outs: out)
@@ -194,7 +203,7 @@ def grouped_allreduce_async(
     psid = check_process_set(process_set)
     op = _resolve_op(average, op)
     srcs = [contiguous(t, "grouped_allreduce") for t in tensors]
-    outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in srcs]
+    outs = [fresh_output(t) for t in srcs]
     name = op_name("grouped_allreduce", name, psid)
     h = _allreduce_submit(srcs, outs, name, op, prescale_factor, postscale_factor, reducer, psid)
     return register(h, lambda _outs: outs)
@@ -385,7 +394,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> int:
     """Starts a broadcast from ``root_rank`` (a global rank, also in a process set)."""
     psid = check_process_set(process_set)
     src = contiguous(tensor, "broadcast")
-    out = src.clone(memory_format=torch.contiguous_format)
+    out = fresh_output(src).copy_(src)  # the root's result is its input
     h = _broadcast_submit(src, out, root_rank, op_name("broadcast", name, psid), psid)
     return register(h, lambda _outs: out)
 

@@ -16,7 +16,7 @@ device tensors go through host memory.
 import torch
 
 from .. import _C
-from .handles import check_process_set, contiguous, op_name, register, submit, synchronize
+from .handles import check_process_set, contiguous, fresh_output, op_name, register, submit, synchronize
 from .ops import Average
 
 
@@ -29,7 +29,7 @@ def reduce_async(tensor, root_rank=0, op=Average, name=None, process_set=None) -
     root and a copy of the input elsewhere."""
     psid = check_process_set(process_set)
     src = contiguous(tensor, "reduce")
-    out = torch.empty_like(src, memory_format=torch.contiguous_format)
+    out = fresh_output(src)
     h = _submit(src, out, root_rank, op, op_name("reduce", name, psid), psid)
     return register(h, lambda _outs: out)
 

@@ -43,6 +43,8 @@ PROBES = {
     "HVDTORCH_RING_WINDOW": ("3", "ring_windows_in_use", [3]),
     "HVDTORCH_STAGING_SEGMENT_BYTES": ("3145728", "staging_segment_bytes", 3145728),
     "HVDTORCH_CENTRAL_SHARDS": ("2", "central_shards", 2),
+    # bytes the output pool keeps (csrc/torch/output_pool.h)
+    "HVDTORCH_OUTPUT_POOL_BYTES": ("4194304", "output_pool_limit", 4194304),
     # 0: init measures nothing (the cost model has no sample at 16 and 64 KiB, which init measures otherwise)
     "HVDTORCH_CALIBRATE": ("0", "calibrated_at_init", False),
     # the simulated device's own options (made on first use, whether or not tensors go through it)
@@ -73,6 +75,10 @@ def probe_group_timeout_s():
 
 def probe_cycle_time_ms():
     return runtime.state().engine.cycle_time_ms()
+
+
+def probe_output_pool_limit():
+    return _C.output_pool_stats()["limit_bytes"]
 
 
 def probe_fusion_threshold():

@@ -53,6 +53,11 @@ const std::vector<Config::Knob>& Config::knobs() {
        "on one host, staging otherwise) only for a route measured at least 20% faster; 0: the rule alone; must be "
        "the same on every rank"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
+      {"OUTPUT_POOL_BYTES", "268435456",
+       "bytes of freed host memory kept for the fresh outputs of the collectives (hvd.allreduce(x), allgather, "
+       "broadcast, alltoall, reducescatter, reduce on CPU tensors of 128 KiB or more), so that a repeated call "
+       "reuses memory already mapped instead of faulting in new pages; 0: every output is torch's fresh "
+       "allocation"},
       {"TIMELINE", "",
        "Chrome-trace file written by rank 0 from init() on ({rank} in the path: one file per rank); phases "
        "NEGOTIATE, QUEUE, MEMCPY_IN_FUSION, ALLREDUCE:<reducer>, MEMCPY_OUT_FUSION, ALLGATHER, BROADCAST, "
@@ -160,6 +165,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     device_ring_slot_bytes = std::max<size_t>(64, static_cast<size_t>(toNumber(key, v)));
   } else if (key == "DEVICE_RING_SLOTS") {
     device_ring_slots = static_cast<uint32_t>(toInt(key, v, 1, 16));
+  } else if (key == "OUTPUT_POOL_BYTES") {
+    output_pool_bytes = static_cast<size_t>(toNumber(key, v));
   } else if (key == "STAGING_SEGMENT_BYTES") {
     staging_segment_bytes = static_cast<size_t>(toNumber(key, v));
   } else if (key == "DEVICE_CALIBRATION_BYTES") {

@@ -30,10 +30,12 @@ struct Config {
   size_t staging_segment_bytes = 8u << 20;                            // HVDTORCH_STAGING_SEGMENT_BYTES
   size_t device_calibration_bytes = 16u << 20;                        // HVDTORCH_DEVICE_CALIBRATION_BYTES
   int central_shards = 1;                                             // HVDTORCH_CENTRAL_SHARDS
-  bool calibrate = true;                                              // HVDTORCH_CALIBRATE
-  std::string thread_affinity = "auto";                               // HVDTORCH_THREAD_AFFINITY
-  std::string timeline;                                               // HVDTORCH_TIMELINE (path)
-  std::string hostname;                                               // HVDTORCH_HOSTNAME (empty: the real one)
+  // Read by the adapter (csrc/torch/output_pool.h), not by the engine.
+  size_t output_pool_bytes = 256u << 20;  // HVDTORCH_OUTPUT_POOL_BYTES
+  bool calibrate = true;                  // HVDTORCH_CALIBRATE
+  std::string thread_affinity = "auto";   // HVDTORCH_THREAD_AFFINITY
+  std::string timeline;                   // HVDTORCH_TIMELINE (path)
+  std::string hostname;                   // HVDTORCH_HOSTNAME (empty: the real one)
   // Read by the Python tuner (hvdtorch/autotune.py), not by the engine.
   bool autotune = false;             // HVDTORCH_AUTOTUNE
   std::string autotune_log;          // HVDTORCH_AUTOTUNE_LOG (path; empty: no log)

@@ -10,6 +10,7 @@
 #include "device/sim_device.h"
 #include "engine/engine.h"
 #include "ops/allreduce.h"
+#include "output_pool.h"
 #include "tensor_binding.h"
 #include "transport/shm/segment.h"
 
@@ -47,6 +48,22 @@ void bindDevices(py::module_& m) {
   // Device calibrations this process ran for reducer=auto, and the last one's times (algorithms/device_router.h).
   m.def("device_calibrations", &deviceCalibrations);
   m.def("last_device_calibration", &lastDeviceCalibration);
+  // The output pool (output_pool.h): fresh host outputs, and what it holds and served.
+  // An empty contiguous tensor of `like`'s shape and dtype on pooled memory (`like` on the CPU).
+  m.def("pooled_empty_like",
+        [](const at::Tensor& like) { return OutputPool::instance().empty(like.sizes(), like.scalar_type()); });
+  m.def("output_pool_stats", [] {
+    const OutputPool::Stats s = OutputPool::instance().stats();
+    py::dict d;
+    d["limit_bytes"] = s.limit;
+    d["kept_bytes"] = s.kept_bytes;
+    d["kept_blocks"] = s.kept_blocks;
+    d["reused"] = s.reused;
+    d["fresh"] = s.fresh;
+    d["returned"] = s.returned;
+    d["dropped"] = s.dropped;
+    return d;
+  });
   // Removes what killed jobs left in /dev/shm (segments of hvdtorch jobs whose creator is dead); init() calls it.
   m.def("remove_dead_shm_segments", [] { return ShmSegment::removeDeadJobSegments(); });
 }

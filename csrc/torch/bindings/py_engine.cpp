@@ -5,6 +5,7 @@
 #include "c10d_device_collectives.h"
 #include "config/config.h"
 #include "ops/op_table.h"
+#include "output_pool.h"
 #include "torch_tensor.h"
 
 namespace py = pybind11;
@@ -22,7 +23,7 @@ const at::Tensor& onlyTensor(const std::string& where, const char* what, const s
 
 OutputAllocator cpuAllocator() {
   return [](DataType dtype, const std::vector<int64_t>& shape) -> TensorPtr {
-    return std::make_shared<TorchTensor>(at::empty(shape, at::TensorOptions().dtype(toScalarType(dtype))), dtype);
+    return std::make_shared<TorchTensor>(OutputPool::instance().empty(shape, toScalarType(dtype)), dtype);
   };
 }
 
@@ -36,8 +37,9 @@ PyEngine::PyEngine(const std::map<std::string, std::string>& options, int rank, 
   t.data = [data_pg](int peer) { return std::make_unique<C10dLink>(data_pg, peer); };
   t.native = native_.get();
   t.shm_token = shm_token;
-  engine_ = std::make_shared<Engine>(Config::load(options), Topology::build(rank, host_of_rank), std::move(t),
-                                     ops::opTable());
+  const Config config = Config::load(options);
+  engine_ = std::make_shared<Engine>(config, Topology::build(rank, host_of_rank), std::move(t), ops::opTable());
+  OutputPool::instance().open(config.output_pool_bytes);
 }
 
 int32_t PyEngine::addProcessSet(const std::vector<int>& ranks,
@@ -92,6 +94,7 @@ void PyEngine::shutdown() {
   engine_->shutdown();
   native_.reset();  // the engine no longer uses it; it holds the data process group
   set_natives_.clear();
+  OutputPool::instance().close();  // outputs still held are freed when they go
 }
 
 py::dict PyEngine::topology() const {
