@@ -1,9 +1,9 @@
 #include "output_pool.h"
 
+#include <pthread.h>
+
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
-
-#include <pthread.h>
 
 #include <cstdlib>
 #include <cstring>

@@ -81,6 +81,7 @@ Device* Executor::deviceOrStage(Entry& e, std::optional<ReduceOp> reduce) {
   if (e.request.tensors.empty() || e.request.tensors[0].device == DeviceKind::kCpu) return nullptr;
   Device& d = deviceFor((!e.inputs.empty() ? e.inputs.front() : e.outputs.front())->device());
   std::vector<DataType> dtypes;
+  dtypes.reserve(e.inputs.size());
   for (const auto& t : e.inputs) dtypes.push_back(t->dtype());
   if (Device* on = router_.placement(d, dtypes, reduce)) return on;
   e.staged = StagedEntry::stageIn(e, staging_);
