@@ -24,11 +24,13 @@ class CallerTensor : public DeviceTensor {
   // The upload reads `host`: it must have run before `host` goes.
   ~CallerTensor() override {
     if (ready_) device_of_.synchronize(*ready_);
+    if (registered_) device_of_.unregisterHost(host.data());
   }
   std::shared_ptr<Event> ready() const override { return ready_; }
   Device& device_of_ = deviceFor(device());
   std::shared_ptr<Event> ready_;
-  std::vector<char> host;  // the values being uploaded; kept until the copy ran
+  std::vector<char> host;    // the values being uploaded; kept until the copy ran
+  bool registered_ = false;  // `host` registered with the device (a late upload)
 };
 
 // One rank's side of the framework: its device and its "current stream".
@@ -43,7 +45,15 @@ struct Caller {
                                        bool late = false) {
     auto t = std::make_shared<CallerTensor>(dev, dtype, std::move(shape));
     t->host = std::move(host);
-    if (late) stall(8);
+    if (late) {
+      // From registered memory, as a framework's pinned upload: a copy from
+      // pageable memory makes the host wait for the stream's earlier work
+      // (CUDA's rule, which the simulated device keeps), which would sit out
+      // the stall here, before the op is even submitted.
+      dev.registerHost(t->host.data(), t->bytes());
+      t->registered_ = true;
+      stall(8);
+    }
     dev.copyFromHost(t->data(), t->host.data(), t->bytes(), stream.get());
     t->ready_ = dev.newEvent();
     dev.record(*t->ready_, stream.get());

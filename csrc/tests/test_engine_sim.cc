@@ -687,11 +687,13 @@ TEST(native_auto_and_broadcast_through_the_backends_device_collectives) {
     ops::BroadcastOptions o;
     o.name = "dn.broadcast";
     o.root = 1;
+    // The output first: a pageable upload after the late input would make
+    // the host wait for it (sim_tensors.h).
+    o.output = caller.upload(DataType::kInt32, shape, hostValues(DataType::kInt32, shape, [](size_t) { return -1.0; }));
     o.input =
         caller.upload(DataType::kInt32, shape,
                       hostValues(DataType::kInt32, shape, [&](size_t i) { return 10.0 * r + static_cast<double>(i); }),
                       /*late=*/true);
-    o.output = caller.upload(DataType::kInt32, shape, hostValues(DataType::kInt32, shape, [](size_t) { return -1.0; }));
     const TensorPtr out = o.output;
     const int64_t h = ops::broadcast(eng, std::move(o));
     errors[r] = waitFor(eng, h);
