@@ -58,28 +58,27 @@ void OutputPool::close() {
 }
 
 at::DataPtr OutputPool::allocate(size_t bytes) {
+  // Small blocks: the C library's heap keeps those anyway.
+  if (bytes < kMinPooledBytes) return c10::GetCPUAllocator()->allocate(bytes);
+  const size_t size = sizeClass(bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (limit_ == 0 || bytes < kMinPooledBytes) {
-      // Closed, or small: the C library's heap keeps small blocks anyway.
-    } else {
-      const size_t size = sizeClass(bytes);
-      auto it = kept_.find(size);
-      if (it != kept_.end() && !it->second.empty()) {
-        void* block = it->second.back();
-        it->second.pop_back();
-        kept_bytes_ -= size;
-        ++counts_.reused;
-        return {dataOf(block), block, &OutputPool::giveBack, at::Device(at::kCPU)};
-      }
-      ++counts_.fresh;
-      void* block = nullptr;
-      if (posix_memalign(&block, kHeader, kHeader + size) != 0) throw std::bad_alloc();
-      classOf(block) = size;
+    if (limit_ == 0) return c10::GetCPUAllocator()->allocate(bytes);  // closed
+    auto it = kept_.find(size);
+    if (it != kept_.end() && !it->second.empty()) {
+      void* block = it->second.back();
+      it->second.pop_back();
+      kept_bytes_ -= size;
+      ++counts_.reused;
       return {dataOf(block), block, &OutputPool::giveBack, at::Device(at::kCPU)};
     }
+    ++counts_.fresh;
   }
-  return c10::GetCPUAllocator()->allocate(bytes);
+  // Mapped outside the lock; put() frees it if the pool is closed by then.
+  void* block = nullptr;
+  if (posix_memalign(&block, kHeader, kHeader + size) != 0) throw std::bad_alloc();
+  classOf(block) = size;
+  return {dataOf(block), block, &OutputPool::giveBack, at::Device(at::kCPU)};
 }
 
 void OutputPool::copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }

@@ -110,9 +110,7 @@ DeviceRing::~DeviceRing() {
   // engine failed) a peer may still have our memory mapped: freed anyway.
   releaseWaits();  // a wait for a dead peer's write would hold the stream forever
   try {
-    auto done = dev_.newEvent();
-    dev_.record(*done, nullptr);
-    dev_.synchronize(*done);
+    drainEngineStream(dev_);
     unmapNeighbours();
   } catch (const std::exception& e) {
     // Shutting down after a failure: the device may be gone already. Say so and go on freeing.
@@ -178,9 +176,7 @@ void DeviceRing::close() {
   std::lock_guard<std::mutex> lk(release_mu_);
   if (own_ == nullptr) return;
   // Our copies into next's inbox and our kernels reading ours are done.
-  auto done = dev_.newEvent();
-  dev_.record(*done, nullptr);
-  dev_.synchronize(*done);
+  drainEngineStream(dev_);
   unmapNeighbours();
   // Peers stop in the same cycle and have run the same units: a peer that
   // has not answered within seconds is not coming (the words are members:

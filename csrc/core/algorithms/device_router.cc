@@ -105,9 +105,7 @@ void DeviceRouter::runRoute(DeviceRoute route, Device& d, void* buf, size_t coun
     case DeviceRoute::kRing: ring(d)->allreduce(buf, count, DataType::kFloat32, ReduceOp::kSum); break;
     case DeviceRoute::kStaged: staged(d, buf, count); break;
   }
-  std::unique_ptr<Event> done = d.newEvent();
-  d.record(*done, nullptr);
-  d.synchronize(*done);
+  drainEngineStream(d);
 }
 
 DeviceRouteModel DeviceRouter::calibrate(Device& d, const DeviceRouteMask& routes, const RunStaged& staged) {

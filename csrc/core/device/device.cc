@@ -41,4 +41,11 @@ std::unique_ptr<Event> Device::openEvent(const IpcEventHandle&) {
 void Device::writeFlag(void*, uint32_t, Stream*) { notSupported(*this, "writeFlag (stream flags)"); }
 void Device::waitFlag(const void*, uint32_t, Stream*) { notSupported(*this, "waitFlag (stream flags)"); }
 
+std::shared_ptr<Event> drainEngineStream(Device& device) {
+  std::shared_ptr<Event> done = device.newEvent();
+  device.record(*done, nullptr);
+  device.synchronize(*done);
+  return done;
+}
+
 }  // namespace hvdtorch

@@ -168,4 +168,9 @@ class Device {
 // The host: shared, stateless, always available.
 Device& cpuDevice();
 
+// Blocks the host until `device`'s engine stream has run everything enqueued
+// so far; returns the event it recorded there (complete by then), which an
+// op's completion hands to the framework.
+std::shared_ptr<Event> drainEngineStream(Device& device);
+
 }  // namespace hvdtorch

@@ -94,13 +94,6 @@ void waitReady(Device& device, const std::vector<TensorPtr>& tensors) {
   }
 }
 
-std::shared_ptr<Event> drainEngineStream(Device& device) {
-  std::shared_ptr<Event> done = device.newEvent();
-  device.record(*done, nullptr);
-  device.synchronize(*done);
-  return done;
-}
-
 // ---- StagedEntry -------------------------------------------------------------
 
 // Outputs the op allocates while it runs: made on the device by the entry's

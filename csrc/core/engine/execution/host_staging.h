@@ -91,11 +91,6 @@ class StagedTensor : public TensorBuffer {
 // distinct event once).
 void waitReady(Device& device, const std::vector<TensorPtr>& tensors);
 
-// Blocks the host until `device`'s engine stream has run everything enqueued
-// so far; returns the event it recorded there (complete by then), which an
-// op's completion hands to the framework.
-std::shared_ptr<Event> drainEngineStream(Device& device);
-
 struct Entry;
 
 // One entry's device buffers, swapped for host copies while its op runs:
