@@ -2,6 +2,12 @@
 // this object goes: the reducers' way into autograd (grad_reducer.h,
 // delta_reducer.h). Holding the accumulators keeps the nodes, and so the
 // hooks, alive as long as their owner.
+//
+// Compiled autograd cannot trace C++ hooks: where it meets one it raises the
+// error compiledAutogradRefusal() words (what works instead), not torch's
+// bare "compiled_args nyi". DistributedModel removes these hooks (clear())
+// and drives its reducer from hooks compiled autograd traces
+// (hvdtorch/training/compiled_hooks.py).
 #pragma once
 
 #include <torch/csrc/autograd/function_hook.h>
@@ -35,6 +41,8 @@ class AccumulatorHooks {
   // parameter's index `index` when it does not require grad). `after` may be
   // empty. Errors thrown by either go through rethrowForAutograd.
   void add(const at::Tensor& param, const std::string& where, size_t index, Before before, After after);
+  // Removes every hook added so far.
+  void clear();
 
  private:
   std::vector<AccumulatorPtr> accumulators_;

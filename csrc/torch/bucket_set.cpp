@@ -134,6 +134,11 @@ void BucketSet::rebuild(const std::vector<std::vector<int64_t>>& layout) {
   strategy_->layoutChanged(refs);
 }
 
+void BucketSet::leaveGradients() {
+  grads_ = false;
+  rebuild(bucketParams());
+}
+
 ReducerBucket BucketSet::strategyView(size_t index) const {
   const Bucket& b = buckets_[index];
   ReducerBucket ref{index, b.flat, params_[b.params[0]].scalar_type(), b.params, b.offsets, {}};

@@ -61,6 +61,9 @@ class BucketSet {
   // New layout (each inner list: parameter indices). With `grads`, current
   // gradient values are kept.
   void rebuild(const std::vector<std::vector<int64_t>>& layout);
+  // From now on as if built without `grads`: no bucket is a view of .grad and
+  // nothing is written into .grad (the layout is rebuilt, unchanged).
+  void leaveGradients();
 
   at::Tensor slotView(const Bucket& b, size_t slot) const;
   // Hands bucket `index` to the strategy (a shard strategy drops .grad first).

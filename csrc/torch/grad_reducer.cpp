@@ -85,6 +85,76 @@ void GradientReducer::beforeGrad(size_t index, const variable_list& grads) {
   if (started && at_pass_start_) at_pass_start_();  // outside the lock: it may be Python
 }
 
+void GradientReducer::useTracedHooks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pass_active_ && !pass_ended_)
+    throw InvalidArgument(strCat(set_.options().name, ": cannot change hooks during backward"));
+  hooks_.clear();
+  set_.leaveGradients();
+  traced_hooks_ = true;
+}
+
+void GradientReducer::gradientReady(int64_t index, const at::Tensor& grad) {
+  if (index < 0 || static_cast<size_t>(index) >= ready_.size())
+    throw InvalidArgument(strCat(set_.options().name, ": gradientReady(", index, "): there are ", ready_.size(),
+                                 " parameters"));
+  const auto i = static_cast<size_t>(index);
+  beforeGrad(i, {grad});
+  if (set_.loneIdentity()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Passes that only accumulate leave it to compiled autograd, which adds into .grad itself.
+  if (!pass_active_ || pass_ended_ || !reduce_this_pass_ || ready_[i]) return;
+  ready_[i] = true;
+  if (!recorded_order_) ready_order_.push_back(index);
+  Bucket& b = set_.bucketOf(i);
+  const at::Tensor slot = set_.slotView(b, set_.slotOf(i));
+  slot.copy_(grad.reshape(slot.sizes()));  // converts when the bucket has a wire dtype
+  if (--b.pending == 0 && set_.options().pipeline) set_.launch(set_.bucketIndexOf(i));
+}
+
+void GradientReducer::backwardEnded(const std::vector<std::optional<at::Tensor>>& grads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (grads.size() != ready_.size())
+    throw InvalidArgument(strCat(set_.options().name, ": backwardEnded() got ", grads.size(), " gradients for ",
+                                 ready_.size(), " parameters"));
+  if (!pass_active_ || pass_ended_) return;
+  counter_->endPass();
+  if (!reduce_this_pass_ || set_.loneIdentity()) {
+    pass_active_ = false;
+    return;
+  }
+  // launchRemaining()'s rule, with the gradients given rather than .grad.
+  for (size_t j = 0; j < set_.buckets().size(); ++j) {
+    Bucket& b = set_.buckets()[j];
+    if (b.launched) continue;
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      const size_t p = b.params[s];
+      if (ready_[p]) continue;
+      ready_[p] = true;
+      const at::Tensor slot = set_.slotView(b, s);
+      if (grads[p] && grads[p]->defined()) {
+        slot.copy_(grads[p]->reshape(slot.sizes()));
+      } else {
+        slot.zero_();
+      }
+    }
+    set_.launch(j);
+  }
+  recorded_order_ = true;
+  pass_ended_ = true;
+  const std::vector<at::Tensor> results = waitAll();
+  for (size_t j = 0; j < set_.buckets().size(); ++j) {
+    const Bucket& b = set_.buckets()[j];
+    if (!results[j].defined()) continue;
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      const size_t p = b.params[s];
+      if (!grads[p] || !grads[p]->defined()) continue;
+      at::Tensor out = *grads[p];
+      out.copy_(results[j].narrow(0, b.offsets[s], out.numel()).view(out.sizes()));
+    }
+  }
+}
+
 void GradientReducer::setPassCallbacks(std::function<void()> at_start, std::function<void()> after_drop) {
   std::lock_guard<std::mutex> lock(mu_);
   at_pass_start_ = std::move(at_start);
@@ -110,6 +180,7 @@ void GradientReducer::startPass() {
     b.launched = false;
   }
   if (!recorded_order_) ready_order_.clear();
+  if (traced_hooks_) return;  // the caller's traced hooks end the pass (backwardEnded)
   // Runs once the whole backward pass is done, on the autograd engine's thread.
   torch::autograd::Engine::get_default_engine().queue_callback([this] {
     try {

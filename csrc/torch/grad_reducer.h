@@ -37,6 +37,16 @@
 //  * Passes where reduction is off (no_sync(), or all but every
 //    backward_passes_per_step-th pass) only accumulate locally. Which pass
 //    reduces is the pass counter's decision.
+//  * Compiled autograd traces no C++ hook (accumulator_hooks.h): after
+//    useTracedHooks() the caller's hooks, which it can trace, drive the
+//    reducer instead (hvdtorch/training/compiled_model.py), and .grad is
+//    never touched: compiled autograd writes .grad when its graph ends, so
+//    the gradients come as arguments. gradientReady(i, grad) once parameter
+//    i's gradient is accumulated (the first of a pass starts it) copies it
+//    into its slot; backwardEnded(grads) at the end of the pass fills the
+//    slots of gradients not seen (from grads, or zeros), launches the rest,
+//    waits for every bucket (whatever the sync mode: the result must be in
+//    grads before the graph ends) and copies the results into grads.
 //  * Alone in its process set the reducer asks no strategy: with scale
 //    factors of product 1 and a strategy that keeps gradients, the hooks
 //    leave gradients where autograd put them; otherwise, and in
@@ -110,6 +120,13 @@ class GradientReducer {
   // accumulates in place. Buckets with a reduction in flight are left alone.
   void viewGradients();
   void setSyncEnabled(bool enabled);
+  // Compiled autograd (see the contract above): removes the C++ hooks and
+  // stops using .grad, for good. InvalidArgument during a pass, for an index
+  // out of range, and for a list of grads of the wrong length.
+  void useTracedHooks();
+  bool tracedHooks() const { return traced_hooks_; }
+  void gradientReady(int64_t index, const at::Tensor& grad);
+  void backwardEnded(const std::vector<std::optional<at::Tensor>>& grads);
   // Called once per backward pass on the autograd thread, outside the
   // reducer's lock: `at_start` when the pass begins, before anything of it
   // accumulates into .grad; `after_drop` at the end of a reduced pass whose
@@ -147,6 +164,7 @@ class GradientReducer {
   bool pass_active_ = false;
   bool pass_ended_ = false;  // backward finished, results not yet waited for
   bool reduce_this_pass_ = false;
+  bool traced_hooks_ = false;  // useTracedHooks(): the caller queues the end of the pass
   // A reduced pass is in flight (its buckets may still be launched or waited for); mu_ held.
   bool reducingLocked() const { return pass_active_ && reduce_this_pass_; }
   std::function<void()> at_pass_start_;     // setPassCallbacks

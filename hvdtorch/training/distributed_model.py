@@ -34,6 +34,7 @@ from .bucketed_step import step_as_reduced, steps_in_pieces
 from .buckets import complete_order, layers_by_name, plan_buckets
 from .buffer_sync import BufferSync
 from .coming_from_ddp import ddp_arguments
+from .compiled_model import begin_bucketed_graphs, compiled_autograd_on, end_bucketed_graphs, use_traced_hooks
 from .reducer_options import reducer_options
 from .step_marks import StepMarks
 
@@ -270,16 +271,43 @@ class DistributedModel(torch.nn.Module):
         if init_sync:
             self._buffers_sync.broadcast_state()
 
+    # Under torch.compile this frame runs eagerly and only the module's call
+    # is compiled (compiled_model.py): no graph break inside the model, its
+    # graphs split at the bucket size, the bookkeeping around it in Python.
+    @torch.compiler.disable(recursive=False)
     def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled():
-            if self._sync_enabled():
-                self._buffers_sync.before_forward()
-            if self._rebuild_pending:
-                self._maybe_rebuild()
-            # Step boundaries count once the bucket order is agreed.
-            if self._autotune is not None and not self._rebuild_pending:
-                self._autotune.step_boundary()
-        return self._marks.forward(lambda: self.module(*args, **kwargs))
+        self._before_forward()
+        outer = begin_bucketed_graphs(self)
+        try:
+            return self._marks.forward(self.module, args, kwargs)
+        finally:
+            end_bucketed_graphs(outer)
+
+    @torch.compiler.disable
+    def _before_forward(self) -> None:
+        if not torch.is_grad_enabled():
+            return
+        if self._reducer is not None and compiled_autograd_on() and not self._reducer.traced_hooks:
+            self._traced_hooks = use_traced_hooks(self, self._params)
+        if self._reducer is not None and self._reducer.traced_hooks:
+            # The C++ pre-hook's wait for an unfinished pass (sync="explicit" without
+            # sync_gradients()) before the next accumulates into the buckets.
+            self._reducer.finalize()
+        if self._sync_enabled():
+            self._buffers_sync.before_forward()
+        if self._rebuild_pending:
+            self._maybe_rebuild()
+        # Step boundaries count once the bucket order is agreed.
+        if self._autotune is not None and not self._rebuild_pending:
+            self._autotune.step_boundary()
+
+    @property
+    def bucket_bytes_cap(self) -> int:
+        """The bucket cap, where torch's DDPOptimizer reads it to split
+        compiled graphs (compiled_model.py). It splits its first piece at
+        torch's first-bucket size and refuses a smaller cap: caps below that
+        (and fusion_bytes=0) split at that size."""
+        return max(self._fusion_bytes, torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 
     def hand_gradients_to(self, owner) -> None:
         """From now on ``owner`` (a sharded optimizer) reduces this model's
@@ -288,6 +316,8 @@ class DistributedModel(torch.nn.Module):
         no_sync() and bucket_bytes() are the owner's. For good."""
         if self._reducer is not None:
             self._reducer.finalize()
+        for h in self.__dict__.pop("_traced_hooks", []):
+            h.remove()
         self._reducer = None  # the destructor removes the hooks
         self._gradient_owner = owner
         self._rebuild_pending = False

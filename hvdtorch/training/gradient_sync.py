@@ -65,6 +65,7 @@ from ..collectives import sparse
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .bucketed_step import step_as_reduced
+from .compiled_model import refuse_compiled_autograd
 from .gradient_marks import GradientMarks
 from .pending_gradients import PendingGradients, weak_method
 from .reducer_options import reducer_options
@@ -180,6 +181,7 @@ class GradientSync:
 
     def on_grad(self, index: int, grads) -> None:
         """Runs before parameter ``index`` accumulates ``grads[0]``."""
+        refuse_compiled_autograd(f"DistributedOptimizer '{self._name}'")
         if not self._counter.in_pass:
             self._begin_pass()
         grad = grads[0]

@@ -36,6 +36,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .. import runtime
+from .compiled_model import refuse_compiled_autograd
 
 # The one element every stand-in of a dtype and device expands (read-only: nothing writes into a stand-in).
 _ZEROS: Dict[Tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -83,6 +84,7 @@ def _real(a):
     param = a._hvd_param()
     grad = None if param is None else param.grad
     if grad is None or isinstance(grad, PendingGradient):
+        refuse_compiled_autograd("DistributedOptimizer")  # what this is when Dynamo traces it
         raise RuntimeError(
             f"hvdtorch: rank {runtime.rank()}: the .grad of {a._hvd_name!r} was used after its reduction, but the "
             "parameter holds no reduced gradient (it was set to None or freed)"

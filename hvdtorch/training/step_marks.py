@@ -16,6 +16,7 @@ While no timeline is written, marking costs one call that returns False.
 import torch
 
 from .. import _C
+from .compiled_model import call_module, compiled_autograd_on
 
 
 def _first_tensor_needing_grad(out):
@@ -36,16 +37,20 @@ class StepMarks:
         self._engine = engine
         self._name = name
 
-    def forward(self, call):
-        """Runs ``call()`` (the module's forward) and marks it; returns its output."""
+    # Runs eagerly under torch.compile; the module's call is what gets compiled.
+    @torch.compiler.disable(recursive=False)
+    def forward(self, module, args, kwargs):
+        """Runs ``module(*args, **kwargs)`` and marks it; returns its output.
+        Under compiled autograd BACKWARD is not marked: it traces the hook
+        that marks it, and cannot trace the mark."""
         if not _C.timeline_enabled(self._engine):
-            return call()
+            return call_module(module, args, kwargs)
         _C.timeline_begin(self._engine, self._name, "FORWARD")
         try:
-            out = call()
+            out = call_module(module, args, kwargs)
         finally:
             _C.timeline_end(self._engine, self._name, "FORWARD")
-        t = _first_tensor_needing_grad(out) if torch.is_grad_enabled() else None
+        t = _first_tensor_needing_grad(out) if torch.is_grad_enabled() and not compiled_autograd_on() else None
         if t is not None:
             t.register_hook(self._backward_started)
         return out

@@ -144,6 +144,12 @@ void bindGradients(py::module_& m) {
       .def("set_backward_passes_per_step", &GradientReducer::setPassesPerStep)
       .def("view_gradients", &GradientReducer::viewGradients)
       .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
+      .def("use_traced_hooks", &GradientReducer::useTracedHooks)
+      .def_property_readonly("traced_hooks", &GradientReducer::tracedHooks)
+      .def("gradient_ready", &GradientReducer::gradientReady, py::arg("index"), py::arg("grad"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("backward_ended", &GradientReducer::backwardEnded, py::arg("grads"),
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "set_pass_callbacks",
           [](GradientReducer& r, py::function at_start, py::function after_drop) {
