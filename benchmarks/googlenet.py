@@ -28,6 +28,10 @@ Configurations (--configs):
   ddp               torch DistributedDataParallel on the Gloo default group
   solo              the bare model on every rank, no gradient exchange: what
                     N processes reach on this machine without communication
+  <any>+compiled    the same, its model torch.compile'd (DDP through torch's
+                    DDPOptimizer, hvdtorch through the same graph splits);
+                    compared with the same configuration eager and with the
+                    peers compiled. Compilation happens in the first warmup.
 
 Method: every configuration's model and optimizer are built once; then
 --rounds rounds run the configurations in turn (ABCD ABCD ...), so machine
@@ -82,13 +86,19 @@ def build_model(setting):
     return FCHeavyNet(num_classes=NUM_CLASSES, image_size=s["image_size"])
 
 
+def eager_name(name):
+    """The configuration without "+compiled"."""
+    return name[: -len("+compiled")] if name.endswith("+compiled") else name
+
+
 def is_hvdtorch(name):
-    return name not in ("solo", "ddp", "horovod")
+    return eager_name(name) not in ("solo", "ddp", "horovod")
 
 
 def hvdtorch_options(name):
     """(reducer, pipeline, fusion bytes, broadcast buffers) of a
     <reducer>:<mode>[/nobuffers] configuration."""
+    name = eager_name(name)
     name, nobuffers = (name[: -len("/nobuffers")], True) if name.endswith("/nobuffers") else (name, False)
     reducer, _, mode = name.partition(":")
     if not reducer or not (mode in MODES or mode.isdigit()):
@@ -108,7 +118,9 @@ class Config:
         self.name = name
         self.model = build_model(setting)
         self.sync = lambda: None  # solo; DDP waits inside backward
-        if name == "ddp" and size > 1:
+        if eager_name(name) == "horovod" and name != "horovod":
+            raise SystemExit("googlenet.py: horovod+compiled: Horovod's optimizer is not compiled here")
+        if eager_name(name) == "ddp" and size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             self.model = DistributedDataParallel(self.model)
@@ -124,6 +136,7 @@ class Config:
                 broadcast_buffers=buffers,
             )
             self.sync = self.model.sync_gradients
+        self.forward = torch.compile(self.model) if name.endswith("+compiled") else self.model
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.step = self.opt.step
         if name == "horovod":
@@ -141,7 +154,7 @@ def train_steps(cfg, data, steps, phases=None):
         t0 = time.perf_counter()
         x, y = next(data)
         t1 = time.perf_counter()
-        loss = F.cross_entropy(cfg.model(x), y)
+        loss = F.cross_entropy(cfg.forward(x), y)
         t2 = time.perf_counter()
         cfg.opt.zero_grad()
         loss.backward()
@@ -231,12 +244,16 @@ def print_table(rows, size):
     by = {r["config"]: r for r in rows}
     for r in rows:
         ratios = []
-        if is_hvdtorch(r["config"]):
+        name, compiled = eager_name(r["config"]), r["config"].endswith("+compiled")
+        if is_hvdtorch(name):
             for peer in ("horovod", "ddp", "solo"):
+                peer = peer + "+compiled" if compiled else peer
                 if peer in by:
                     ratios.append(f"{r['img_per_s'] / by[peer]['img_per_s']:.2f}x {peer}")
+        if compiled and name in by:
+            ratios.append(f"{r['img_per_s'] / by[name]['img_per_s']:.2f}x eager")
         print(
-            f"  {r['config']:>14}: {r['img_per_s']:7.1f} [{r['img_per_s_min']:.1f}-{r['img_per_s_max']:.1f}]"
+            f"  {r['config']:>23}: {r['img_per_s']:7.1f} [{r['img_per_s_min']:.1f}-{r['img_per_s_max']:.1f}]"
             + (f"  ({', '.join(ratios)})" if ratios else ""),
         )
 

@@ -13,6 +13,10 @@ def test_every_op_with_a_fresh_output():
     run_ranks("tests.workers.output_pool:every_op_with_a_fresh_output", 2, timeout=120)
 
 
+def test_fresh_allreduce_reads_its_input():
+    run_ranks("tests.workers.output_pool:fresh_allreduce_reads_its_input", 2, timeout=120)
+
+
 def test_bounded_and_released():
     run_ranks(
         "tests.workers.output_pool:bounded_and_released",

@@ -35,6 +35,7 @@ LAYERS = {
     "hvdtorch.training.parameter_names": 0,
     "hvdtorch.training.buckets": 0,
     "hvdtorch.training.step_marks": 0,
+    "hvdtorch.training.compiled_model": 0,  # DistributedModel under torch.compile: torch only
     "hvdtorch.timeline.summary": 0,
     "hvdtorch.timeline.plot": 0,
     "hvdtorch.runtime": 1,

@@ -96,8 +96,8 @@ void GradientReducer::useTracedHooks() {
 
 void GradientReducer::gradientReady(int64_t index, const at::Tensor& grad) {
   if (index < 0 || static_cast<size_t>(index) >= ready_.size())
-    throw InvalidArgument(strCat(set_.options().name, ": gradientReady(", index, "): there are ", ready_.size(),
-                                 " parameters"));
+    throw InvalidArgument(
+        strCat(set_.options().name, ": gradientReady(", index, "): there are ", ready_.size(), " parameters"));
   const auto i = static_cast<size_t>(index);
   beforeGrad(i, {grad});
   if (set_.loneIdentity()) return;

@@ -109,10 +109,17 @@ def use_traced_hooks(dm, params) -> list:
     _models[key] = dm
     params = list(params)
     dm._reducer.use_traced_hooks()
-    return [
+    handles = [
         p.register_post_accumulate_grad_hook(functools.partial(_after_accumulation, model=key, index=i, params=params))
         for i, p in enumerate(params)
     ]
+    weakref.finalize(dm, _remove, list(handles))  # the parameters may outlive the model
+    return handles
+
+
+def _remove(handles) -> None:
+    for h in handles:
+        h.remove()
 
 
 def call_module(module, args, kwargs):

@@ -68,9 +68,9 @@ def _train(route: str, mode: str, steps: int = 3, **kw):
     try:
         for step in range(steps):
             opt.zero_grad()
-            if accumulate:
+            if accumulate:  # every rank uses the branch here, then only branch_on_rank
                 with model.no_sync():
-                    forward_backward(_batch(r, 100 + step))
+                    fwd(_batch(r, 100 + step), use_branch=True).pow(2).sum().backward()
             forward_backward(_batch(r, step))
             if kw.get("sync") == "explicit":
                 model.sync_gradients()
@@ -114,12 +114,13 @@ def every_route_compiled() -> None:
 def compiled_autograd() -> None:
     """DistributedModel under compiled autograd: small buckets (several
     launch during backward), sync="explicit", an unused branch on one rank,
-    no_sync() accumulation, fp16 on the wire, Sum."""
+    no_sync() accumulation (its branch unused in the reducing pass on one
+    rank), fp16 on the wire, Sum with a predivide factor."""
     hvd.init()
     _same("model", "ca", fusion_bytes=512, first_bucket_bytes=512)
     _same("model", "ca", sync="explicit")
     _same("model", "ca", branch_on_rank=1)
-    _same("model", "ca", accumulate=True)
+    _same("model", "ca", accumulate=True, branch_on_rank=1)
     _same("model", "ca", compression=hvd.Compression.fp16)
     _same("model", "ca", op=hvd.Sum, gradient_predivide_factor=2.0)
     hvd.shutdown()

@@ -10,6 +10,7 @@ import torch
 
 import hvdtorch as hvd
 from hvdtorch import _C
+from tests.workers.common import available_reducers
 
 MIB = 1 << 20
 
@@ -97,6 +98,25 @@ def every_op_with_a_fresh_output() -> None:
         after = _stats()
         assert after["reused"] > before["reused"], (op, before, after)
         del out
+    hvd.shutdown()
+
+
+def fresh_allreduce_reads_its_input() -> None:
+    """An out-of-place all-reduce on every reducer (the node reducer reads
+    the input and writes the output itself: Reducer::allreduceInto) gives
+    the reduction of the inputs, in an output that held an earlier result,
+    and leaves the input as it was; with a prescale factor too."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for reducer in available_reducers(hvd.runtime.state().engine):
+        for k, pre in enumerate((1.0, 1.0, 3.0)):  # the second call reuses the first's freed output
+            x = torch.arange(MIB // 4, dtype=torch.float32) + 10.0 * r + k
+            kept = x.clone()
+            out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=pre, name=f"in.{reducer}.{k}", reducer=reducer)
+            want = pre * sum(torch.arange(MIB // 4, dtype=torch.float32) + 10.0 * q + k for q in range(n))
+            torch.testing.assert_close(out, want, msg=lambda m: f"rank {r}: {reducer}, call {k}: {m}")
+            assert torch.equal(x, kept), f"rank {r}: {reducer}, call {k}: the input changed"
+            del out
     hvd.shutdown()
 
 

@@ -55,28 +55,40 @@ void NodeAllreduce::guarded(Body&& body) {
 }
 
 void NodeAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) {
+  allreduceInto(ctx, data, data, count, dtype, op);
+}
+
+void NodeAllreduce::allreduceInto(Context& ctx, const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
   const Topology& t = ctx.topo();
+  const size_t esize = dtypeSize(dtype);
+  if (in != out && count > 0) {
+    if (t.size == 1 || !t.homogeneous() || t.local_size == 1) {
+      // No slots on these paths: the base rule (copy, then in place).
+      Reducer::allreduceInto(ctx, in, out, count, dtype, op);
+      return;
+    }
+  }
   if (count == 0 || t.size == 1) return;
   checkUsable(ctx, dtype, op, 1);
   if (!t.homogeneous()) {
     // Slices would not line up across hosts of different local_size.
-    ring_.allreduce(ctx, data, count, dtype, op);
+    ring_.allreduce(ctx, out, count, dtype, op);
     return;
   }
   if (t.local_size == 1) {
-    ring_.allreduceAmong(ctx, t.cross_ranks, data, count, dtype, op);
+    ring_.allreduceAmong(ctx, t.cross_ranks, out, count, dtype, op);
     return;
   }
-  const size_t esize = dtypeSize(dtype);
   const size_t chunk = opts_.slot_bytes / esize;
   guarded([&] {
-    char* base = static_cast<char*>(data);
+    const char* from = static_cast<const char*>(in);
+    char* to = static_cast<char*>(out);
     for (size_t done = 0; done < count; done += chunk)
-      reduceChunk(ctx, base + done * esize, std::min(chunk, count - done), dtype, op);
+      reduceChunk(ctx, from + done * esize, to + done * esize, std::min(chunk, count - done), dtype, op);
   });
 }
 
-void NodeAllreduce::reduceChunk(Context& ctx, char* data, size_t count, DataType dtype, ReduceOp op) {
+void NodeAllreduce::reduceChunk(Context& ctx, const char* in, char* data, size_t count, DataType dtype, ReduceOp op) {
   const Topology& t = ctx.topo();
   ShmArena& a = arena(ctx);
   const size_t esize = dtypeSize(dtype);
@@ -86,11 +98,13 @@ void NodeAllreduce::reduceChunk(Context& ctx, char* data, size_t count, DataType
 
   // 1. Publish where this chunk is: in a registered buffer, or copied into
   //    this rank's slot (the slot holds the chunk in its own layout).
+  //    Out of place (in != data) the chunk is always copied: peers write
+  //    results straight into a registered buffer, which must be the output.
   RegisteredRef where;
-  const bool registered = opts_.registered && opts_.registered->find(data, count * esize, &where);
+  const bool registered = in == data && opts_.registered && opts_.registered->find(data, count * esize, &where);
   a.source(me) = registered ? where : RegisteredRef{};
   if (registered) ++in_place_chunks_;
-  if (!registered) std::memcpy(a.slot(set, me), data, count * esize);
+  if (!registered) std::memcpy(a.slot(set, me), in, count * esize);
   a.barrier(ctx.deadline(), "after copy-in");
 
   // The chunk of every local rank, wherever it lives.

@@ -79,6 +79,9 @@ class NodeAllreduce : public Reducer {
   ~NodeAllreduce() override;
   const char* name() const override { return "node"; }
   void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) override;
+  // Copies in from `in` and out to `out` (through the slots; a registered
+  // buffer is reduced in place only when in == out).
+  void allreduceInto(Context& ctx, const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override;
   // One host with several ranks: the reduce-scatter runs in shared memory.
   bool hasReduceScatter(const Context& ctx) const override;
   // Step 2's rings among the hosts, chunk after chunk: the slices of all
@@ -98,7 +101,8 @@ class NodeAllreduce : public Reducer {
   // reducer broken (see above).
   template <typename Body>
   void guarded(Body&& body);
-  void reduceChunk(Context& ctx, char* data, size_t count, DataType dtype, ReduceOp op);
+  // One chunk of at most a slot, from `in` into `out` (the same pointer: in place).
+  void reduceChunk(Context& ctx, const char* in, char* out, size_t count, DataType dtype, ReduceOp op);
 
   NodeOptions opts_;
   RingAllreduce ring_;

@@ -1,11 +1,18 @@
 #include "algorithms/reducer.h"
 
+#include <cstring>
+
 #include "common/error.h"
 
 namespace hvdtorch {
 
 bool Reducer::supports(const Context&, DataType, ReduceOp op) const {
   return op == ReduceOp::kSum || op == ReduceOp::kMin || op == ReduceOp::kMax || op == ReduceOp::kProduct;
+}
+
+void Reducer::allreduceInto(Context& ctx, const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
+  if (in != out) std::memcpy(out, in, count * dtypeSize(dtype));
+  allreduce(ctx, out, count, dtype, op);
 }
 
 void Reducer::reduceScatter(Context& ctx, void*, const std::vector<size_t>&, DataType, ReduceOp) {

@@ -36,6 +36,12 @@ class Reducer {
   virtual ~Reducer() = default;
   virtual const char* name() const = 0;
   virtual void allreduce(Context& ctx, void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // The all-reduce of `in` into `out` (count elements each; `in` is left as
+  // it is, and in == out is allreduce()). Default: copies `in` into `out`,
+  // then allreduce(out). A reducer that copies its input anyway (node: into
+  // its shared slots) reads `in` and writes `out` there instead, which
+  // saves a pass over the data for an op with a fresh output.
+  virtual void allreduceInto(Context& ctx, const void* in, void* out, size_t count, DataType dtype, ReduceOp op);
   // Whether allreduce() serves this dtype/op here (default: the element-wise
   // ops Sum, Min, Max, Product on every dtype).
   virtual bool supports(const Context& ctx, DataType dtype, ReduceOp op) const;

@@ -97,9 +97,14 @@ Reducer& ReducerSet::pick(ReducerId id, const Context& ctx, size_t bytes, DataTy
   return get(best);
 }
 
-void ReducerSet::allreduce(Context& ctx, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op) {
+void ReducerSet::allreduce(Context& ctx, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op,
+                           const void* in) {
   const auto t0 = std::chrono::steady_clock::now();
-  reducer.allreduce(ctx, data, count, dtype, op);
+  if (in != nullptr && in != data) {
+    reducer.allreduceInto(ctx, in, data, count, dtype, op);
+  } else {
+    reducer.allreduce(ctx, data, count, dtype, op);
+  }
   const double seconds = secondsSince(t0);
   record(idOf(reducer), count * dtypeSize(dtype), seconds);
   bool fold_now;

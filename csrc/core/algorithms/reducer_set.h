@@ -79,7 +79,9 @@ class ReducerSet {
   // reducer.allreduce(...), timed into the model; a collective, and at fold
   // points two (agree()). Every rank calls it for the same ops in the same
   // order, as the executor does.
-  void allreduce(Context& ctx, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op);
+  // `in` (not null, not data): out of place, reducer.allreduceInto(in, data).
+  void allreduce(Context& ctx, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op,
+                 const void* in = nullptr);
   // The cheapest available reducer with a reduce-scatter on this context.
   Reducer& reduceScatterer(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op);
 

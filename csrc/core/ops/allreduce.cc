@@ -245,12 +245,15 @@ void executeAllreduce(Executor& ex, WorkUnit& unit) {
 
   const int64_t divisor = ex.averageDivisor(args.op);
   if (unit.pieces.size() == 1) {
-    // One host tensor: reduce straight in the output, no fusion-buffer copies.
+    // One host tensor: reduce straight in the output, no fusion-buffer
+    // copies; out of place and unscaled, the reducer reads the input itself.
     const auto& p = unit.pieces.front();
     TensorBuffer& in = *p.entry->inputs[p.tensor];
     TensorBuffer& out = *p.entry->outputs[p.tensor];
-    copyScaled(out.data(), in.data(), count, dtype, args.prescale);
-    ex.reduceOnHost(unit, reducer, out.data(), count, dtype, op, &p.entry->state->times);
+    const bool reads_input = args.prescale == 1.0 && in.data() != out.data();
+    if (!reads_input) copyScaled(out.data(), in.data(), count, dtype, args.prescale);
+    ex.reduceOnHost(unit, reducer, out.data(), count, dtype, op, &p.entry->state->times,
+                    reads_input ? in.data() : nullptr);
     copyAveraged(out.data(), out.data(), count, dtype, divisor, args.postscale);
     ex.finishPiece(p);
     return;

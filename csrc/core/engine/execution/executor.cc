@@ -1,6 +1,7 @@
 #include "engine/execution/executor.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include "common/error.h"
 #include "device/devices.h"
@@ -34,12 +35,15 @@ void Executor::mark(const WorkUnit& unit, const std::string& phase, bool begin) 
 }
 
 void Executor::reduceOnHost(const WorkUnit& unit, Reducer& reducer, void* data, size_t count, DataType dtype,
-                            ReduceOp op, OpTimes* times) {
+                            ReduceOp op, OpTimes* times, const void* in) {
   const std::string collective = strCat("ALLREDUCE:", reducer.name());
   mark(unit, collective, true);
   if (times) times->reduce_begun = OpTimes::now();
-  if (ctx_.size() > 1)
-    router_.reducers().allreduce(ctx_, reducer, data, count, dtype, op);  // timed into `auto`'s model
+  if (ctx_.size() > 1) {
+    router_.reducers().allreduce(ctx_, reducer, data, count, dtype, op, in);  // timed into `auto`'s model
+  } else if (in != nullptr && in != data) {
+    std::memcpy(data, in, count * dtypeSize(dtype));
+  }
   if (times) times->reduce_ended = OpTimes::now();
   mark(unit, collective, false);
 }

@@ -93,8 +93,10 @@ class Executor {
   // context: the router's ReducerSet::allreduce (timed into `auto`'s model),
   // marked as the unit's ALLREDUCE:<reducer> phase on the timeline and, where
   // `times` is given, as its reduce phase; nothing to exchange on one rank.
+  // `in` (not null, not data): the input, reduced into data (out of place:
+  // Reducer::allreduceInto).
   void reduceOnHost(const WorkUnit& unit, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op,
-                    OpTimes* times = nullptr);
+                    OpTimes* times = nullptr, const void* in = nullptr);
   // What the reducers run for `op`, and what the result is divided by.
   static ReduceOp reducedOp(ReduceOp op);
   int64_t averageDivisor(ReduceOp op) const;
