@@ -112,6 +112,12 @@ void GradientReducer::gradientReady(int64_t index, const at::Tensor& grad) {
   if (--b.pending == 0 && set_.options().pipeline) set_.launch(set_.bucketIndexOf(i));
 }
 
+bool GradientReducer::nextPassReduces() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (set_.loneIdentity() || counter_->local()) return false;
+  return counter_->passes() + 1 == counter_->passesPerStep();
+}
+
 void GradientReducer::backwardEnded(const std::vector<std::optional<at::Tensor>>& grads) {
   std::lock_guard<std::mutex> lock(mu_);
   if (grads.size() != ready_.size())

@@ -126,6 +126,10 @@ class GradientReducer {
   void useTracedHooks();
   bool tracedHooks() const { return traced_hooks_; }
   void gradientReady(int64_t index, const at::Tensor& grad);
+  // Whether the next backward pass reduces (outside no_sync(), the k-th
+  // pass, more than an identity): then it gives every parameter a .grad,
+  // one unused this pass included (its slot's result).
+  bool nextPassReduces();
   void backwardEnded(const std::vector<std::optional<at::Tensor>>& grads);
   // Called once per backward pass on the autograd thread, outside the
   // reducer's lock: `at_start` when the pass begins, before anything of it

@@ -59,24 +59,46 @@ def gradient_ready(grad: torch.Tensor, model: int, index: int) -> None:
 
 
 @torch.library.custom_op("hvdtorch::backward_ended", mutates_args=("grads",))
-def backward_ended(grads: List[Optional[torch.Tensor]], model: int) -> None:
+def backward_ended(grads: List[torch.Tensor], indices: List[int], model: int) -> None:
     """The backward pass is over: the rest is launched, everything waited
-    for, and every gradient given gets its reduced value."""
+    for, and every gradient given (that of parameter indices[i], in the
+    reducer's order) gets its reduced value."""
     dm = _models.get(model)
     if dm is not None and dm._reducer is not None:
-        dm._reducer.backward_ended(grads)
+        full = [None] * len(dm._params)
+        for i, g in zip(indices, grads):
+            full[i] = g
+        dm._reducer.backward_ended(full)
 
 
-def _after_accumulation(param: torch.Tensor, *, model: int, index: int, params: List[torch.Tensor]) -> None:
+class PassState:
+    """What the traced end of a pass reads (Dynamo guards on it and compiles
+    one graph per value): whether this pass reduces, so that a parameter
+    unused in it gets a .grad (the C++ hooks give it a view of its bucket,
+    which holds the ranks' average), where a pass that only accumulates
+    leaves .grad as it is. DistributedModel sets it before each forward and
+    at no_sync()'s edges (GradientReducer::nextPassReduces)."""
+
+    def __init__(self):
+        self.reduces = False
+
+
+def _after_accumulation(param: torch.Tensor, *, model: int, index: int, params: List[torch.Tensor], state) -> None:
     torch.ops.hvdtorch.gradient_ready(param.grad, model, index)
     # Queued by every hook: the first one run ends the pass, the rest find it ended.
     # Compiled autograd traces a queued callback only where a graph break is an error.
     with torch._dynamo.error_on_graph_break(True):
-        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_end, params, model))
+        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_end, params, model, state))
 
 
-def _end(params: List[torch.Tensor], model: int) -> None:
-    torch.ops.hvdtorch.backward_ended([p.grad for p in params], model)
+def _end(params: List[torch.Tensor], model: int, state: PassState) -> None:
+    if state.reduces:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    # Only the gradients there are (auto-functionalization takes no list with holes).
+    present = [i for i, p in enumerate(params) if p.grad is not None]
+    torch.ops.hvdtorch.backward_ended([params[i].grad for i in present], present, model)
 
 
 def compiled_autograd_on() -> bool:
@@ -102,15 +124,17 @@ def refuse_compiled_autograd(front: str) -> None:
         )
 
 
-def use_traced_hooks(dm, params) -> list:
-    """Moves ``dm``'s reducer to hooks compiled autograd traces; returns
-    their handles (removed with the model's hooks)."""
+def use_traced_hooks(dm, params, state: PassState) -> list:
+    """Moves ``dm``'s reducer to hooks compiled autograd traces, whose end of
+    a pass reads ``state``; returns their handles (removed with the model)."""
     key = next(_keys)
     _models[key] = dm
     params = list(params)
     dm._reducer.use_traced_hooks()
     handles = [
-        p.register_post_accumulate_grad_hook(functools.partial(_after_accumulation, model=key, index=i, params=params))
+        p.register_post_accumulate_grad_hook(
+            functools.partial(_after_accumulation, model=key, index=i, params=params, state=state)
+        )
         for i, p in enumerate(params)
     ]
     weakref.finalize(dm, _remove, list(handles))  # the parameters may outlive the model

@@ -34,7 +34,13 @@ from .bucketed_step import step_as_reduced, steps_in_pieces
 from .buckets import complete_order, layers_by_name, plan_buckets
 from .buffer_sync import BufferSync
 from .coming_from_ddp import ddp_arguments
-from .compiled_model import begin_bucketed_graphs, compiled_autograd_on, end_bucketed_graphs, use_traced_hooks
+from .compiled_model import (
+    PassState,
+    begin_bucketed_graphs,
+    compiled_autograd_on,
+    end_bucketed_graphs,
+    use_traced_hooks,
+)
 from .reducer_options import reducer_options
 from .step_marks import StepMarks
 
@@ -288,11 +294,13 @@ class DistributedModel(torch.nn.Module):
         if not torch.is_grad_enabled():
             return
         if self._reducer is not None and compiled_autograd_on() and not self._reducer.traced_hooks:
-            self._traced_hooks = use_traced_hooks(self, self._params)
+            self._pass_state = PassState()
+            self._traced_hooks = use_traced_hooks(self, self._params, self._pass_state)
         if self._reducer is not None and self._reducer.traced_hooks:
             # The C++ pre-hook's wait for an unfinished pass (sync="explicit" without
             # sync_gradients()) before the next accumulates into the buckets.
             self._reducer.finalize()
+            self._note_next_pass()
         if self._sync_enabled():
             self._buffers_sync.before_forward()
         if self._rebuild_pending:
@@ -397,12 +405,20 @@ class DistributedModel(torch.nn.Module):
                     yield
                 return
             self._reducer.set_sync_enabled(False)
+            self._note_next_pass()
             try:
                 yield
             finally:
                 self._reducer.set_sync_enabled(True)
+                self._note_next_pass()
         finally:
             self._in_no_sync = False
+
+    def _note_next_pass(self) -> None:
+        """Traced hooks: whether the coming backward reduces (compiled_model.PassState)."""
+        state = self.__dict__.get("_pass_state")
+        if state is not None and self._reducer is not None:
+            state.reduces = self._reducer.next_pass_reduces()
 
     def _sync_enabled(self) -> bool:
         return not self.__dict__.get("_in_no_sync", False)

@@ -47,9 +47,11 @@ def _train(route: str, mode: str, steps: int = 3, **kw):
     net = _Net().double()
     branch_on = kw.pop("branch_on_rank", None)
     accumulate = kw.pop("accumulate", False)
+    local_only = kw.pop("local_only", False)
     if kw.pop("powersgd", False):  # its state is the run's own
         kw["compression"] = hvd.Compression.powersgd(rank=1, start_iter=1)
-    base = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    # Weight decay moves a parameter whose .grad is zeros, not one whose .grad is None.
+    base = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     if route == "model":
         model = hvd.DistributedModel(net, **kw)
         opt = base
@@ -62,16 +64,21 @@ def _train(route: str, mode: str, steps: int = 3, **kw):
     def forward_backward(x):
         fwd(x, use_branch=branch_on == r).pow(2).sum().backward()
 
+    # Read by torch.compile() when called: set first.
+    torch._dynamo.config.compiled_autograd = mode == "ca"
     if mode == "ca":
         forward_backward = torch.compile(forward_backward)
-    torch._dynamo.config.compiled_autograd = mode == "ca"
     try:
         for step in range(steps):
             opt.zero_grad()
             if accumulate:  # every rank uses the branch here, then only branch_on_rank
                 with model.no_sync():
                     fwd(_batch(r, 100 + step), use_branch=True).pow(2).sum().backward()
-            forward_backward(_batch(r, step))
+            if local_only:  # a step after a pass that only accumulated
+                with model.no_sync():
+                    forward_backward(_batch(r, step))
+            else:
+                forward_backward(_batch(r, step))
             if kw.get("sync") == "explicit":
                 model.sync_gradients()
             opt.step()
@@ -88,6 +95,8 @@ def _same(route: str, mode: str, **kw) -> None:
     what = f"rank {hvd.rank()}: {route} {mode} {kw}"
     for i, (g, w) in enumerate(zip(got, want)):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12, msg=lambda m: f"{what}: parameter {i}: {m}")
+    if kw.get("local_only"):
+        return  # nothing was reduced: each rank trained its own
     # Every rank ends with the same parameters.
     flat = torch.cat([p.reshape(-1) for p in got]).reshape(1, -1)
     everyone = hvd.allgather(flat, name=f"compiled.{route}.{mode}.{len(kw)}")
@@ -115,12 +124,14 @@ def compiled_autograd() -> None:
     """DistributedModel under compiled autograd: small buckets (several
     launch during backward), sync="explicit", an unused branch on one rank,
     no_sync() accumulation (its branch unused in the reducing pass on one
-    rank), fp16 on the wire, Sum with a predivide factor."""
+    rank), a step after a no_sync() pass (the unused branch keeps no
+    .grad), fp16 on the wire, Sum with a predivide factor."""
     hvd.init()
     _same("model", "ca", fusion_bytes=512, first_bucket_bytes=512)
     _same("model", "ca", sync="explicit")
     _same("model", "ca", branch_on_rank=1)
     _same("model", "ca", accumulate=True, branch_on_rank=1)
+    _same("model", "ca", local_only=True, branch_on_rank=1)
     _same("model", "ca", compression=hvd.Compression.fp16)
     _same("model", "ca", op=hvd.Sum, gradient_predivide_factor=2.0)
     hvd.shutdown()

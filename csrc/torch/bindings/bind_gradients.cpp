@@ -146,6 +146,7 @@ void bindGradients(py::module_& m) {
       .def("set_sync_enabled", &GradientReducer::setSyncEnabled)
       .def("use_traced_hooks", &GradientReducer::useTracedHooks)
       .def_property_readonly("traced_hooks", &GradientReducer::tracedHooks)
+      .def("next_pass_reduces", &GradientReducer::nextPassReduces)
       .def("gradient_ready", &GradientReducer::gradientReady, py::arg("index"), py::arg("grad"),
            py::call_guard<py::gil_scoped_release>())
       .def("backward_ended", &GradientReducer::backwardEnded, py::arg("grads"),
