@@ -39,7 +39,7 @@ graph then stores in .grad. Both declare the gradients mutated: true of
 import functools
 import itertools
 import weakref
-from typing import List, Optional
+from typing import List
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
