@@ -150,11 +150,16 @@ class Config:
 
 
 def train_steps(cfg, data, steps, phases=None):
+    """``steps`` steps of ``cfg``: a Config, or any object with its model,
+    opt, sync and step (benchmarks/cluster.py's, zero.py's); ``forward``,
+    where there is one, is the call of the model to train through (the
+    model compiled)."""
+    forward = getattr(cfg, "forward", cfg.model)
     for _ in range(steps):
         t0 = time.perf_counter()
         x, y = next(data)
         t1 = time.perf_counter()
-        loss = F.cross_entropy(cfg.forward(x), y)
+        loss = F.cross_entropy(forward(x), y)
         t2 = time.perf_counter()
         cfg.opt.zero_grad()
         loss.backward()
