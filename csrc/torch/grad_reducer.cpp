@@ -100,16 +100,7 @@ void GradientReducer::gradientReady(int64_t index, const at::Tensor& grad) {
         strCat(set_.options().name, ": gradientReady(", index, "): there are ", ready_.size(), " parameters"));
   const auto i = static_cast<size_t>(index);
   beforeGrad(i, {grad});
-  if (set_.loneIdentity()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  // Passes that only accumulate leave it to compiled autograd, which adds into .grad itself.
-  if (!pass_active_ || pass_ended_ || !reduce_this_pass_ || ready_[i]) return;
-  ready_[i] = true;
-  if (!recorded_order_) ready_order_.push_back(index);
-  Bucket& b = set_.bucketOf(i);
-  const at::Tensor slot = set_.slotView(b, set_.slotOf(i));
-  slot.copy_(grad.reshape(slot.sizes()));  // converts when the bucket has a wire dtype
-  if (--b.pending == 0 && set_.options().pipeline) set_.launch(set_.bucketIndexOf(i));
+  onGradReady(i, &grad);
 }
 
 bool GradientReducer::nextPassReduces() {
@@ -129,23 +120,7 @@ void GradientReducer::backwardEnded(const std::vector<std::optional<at::Tensor>>
     pass_active_ = false;
     return;
   }
-  // launchRemaining()'s rule, with the gradients given rather than .grad.
-  for (size_t j = 0; j < set_.buckets().size(); ++j) {
-    Bucket& b = set_.buckets()[j];
-    if (b.launched) continue;
-    for (size_t s = 0; s < b.params.size(); ++s) {
-      const size_t p = b.params[s];
-      if (ready_[p]) continue;
-      ready_[p] = true;
-      const at::Tensor slot = set_.slotView(b, s);
-      if (grads[p] && grads[p]->defined()) {
-        slot.copy_(grads[p]->reshape(slot.sizes()));
-      } else {
-        slot.zero_();
-      }
-    }
-    set_.launch(j);
-  }
+  launchRemaining(&grads);
   recorded_order_ = true;
   pass_ended_ = true;
   const std::vector<at::Tensor> results = waitAll();
@@ -197,14 +172,19 @@ void GradientReducer::startPass() {
   });
 }
 
-void GradientReducer::writeSlot(Bucket& b, size_t slot) {
-  at::Tensor& grad = set_.params()[b.params[slot]].mutable_grad();
+at::Tensor GradientReducer::fillSlot(Bucket& b, size_t slot, const at::Tensor& grad) {
   const at::Tensor view = set_.slotView(b, slot);
   if (!grad.defined()) {
     view.zero_();
   } else if (grad.data_ptr() != view.data_ptr()) {
     view.copy_(grad);  // converts when the bucket has a wire dtype
   }
+  return view;
+}
+
+void GradientReducer::writeSlot(Bucket& b, size_t slot) {
+  at::Tensor& grad = set_.params()[b.params[slot]].mutable_grad();
+  const at::Tensor view = fillSlot(b, slot, grad);
   if (b.views) grad = view;
 }
 
@@ -216,7 +196,7 @@ void GradientReducer::startReductionNow() {
   for (auto& b : set_.buckets()) b.launched = false;
 }
 
-void GradientReducer::onGradReady(size_t index) {
+void GradientReducer::onGradReady(size_t index, const at::Tensor* given) {
   // One rank: averaging is the identity (prescale x postscale = 1, Sum of
   // one), so gradients stay where autograd put them and nothing runs.
   if (set_.loneIdentity()) return;
@@ -225,18 +205,23 @@ void GradientReducer::onGradReady(size_t index) {
   Bucket& b = set_.bucketOf(index);
   const size_t slot = set_.slotOf(index);
   if (!reduce_this_pass_) {
-    // Accumulating locally: keep .grad a view so later passes add in place.
+    // Accumulating locally: keep .grad a view so later passes add in place
+    // (traced hooks have no views: compiled autograd adds into .grad itself).
     if (b.views) writeSlot(b, slot);
     return;
   }
   if (ready_[index]) return;  // a hook may fire twice for a reused accumulator
   ready_[index] = true;
   if (!recorded_order_) ready_order_.push_back(static_cast<int64_t>(index));
-  writeSlot(b, slot);
+  if (given != nullptr) {
+    fillSlot(b, slot, *given);
+  } else {
+    writeSlot(b, slot);
+  }
   if (--b.pending == 0 && set_.options().pipeline) set_.launch(set_.bucketIndexOf(index));
 }
 
-void GradientReducer::launchRemaining() {
+void GradientReducer::launchRemaining(const std::vector<std::optional<at::Tensor>>* given) {
   // Index order, on every rank: parameters without a gradient this pass
   // (unused branches) contribute no new gradient: their .grad so far, or
   // zeros (a slot may still hold last pass's result after .grad was cleared).
@@ -245,8 +230,11 @@ void GradientReducer::launchRemaining() {
     if (b.launched) continue;
     for (size_t s = 0; s < b.params.size(); ++s) {
       const size_t p = b.params[s];
-      if (!ready_[p]) {
-        ready_[p] = true;
+      if (ready_[p]) continue;
+      ready_[p] = true;
+      if (given != nullptr) {
+        fillSlot(b, s, (*given)[p].value_or(at::Tensor()));
+      } else {
         writeSlot(b, s);
       }
     }

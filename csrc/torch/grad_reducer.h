@@ -147,14 +147,19 @@ class GradientReducer {
   using Bucket = BucketSet::Bucket;
 
   void beforeGrad(size_t index, const torch::autograd::variable_list& grads);
-  void onGradReady(size_t index);
+  // `given`: the gradient, from the traced hooks (useTracedHooks); null: .grad.
+  void onGradReady(size_t index, const at::Tensor* given = nullptr);
   void startPass();
   // synchronize() with no reduced pass in flight: every slot is written afresh.
   void startReductionNow();
+  // Puts `grad` (zeros when undefined) into the slot; returns the slot.
+  at::Tensor fillSlot(Bucket& b, size_t slot, const at::Tensor& grad);
   // Puts the parameter's .grad (zeros when undefined) into its slot and, with
   // views, makes .grad that slot.
   void writeSlot(Bucket& b, size_t slot);
-  void launchRemaining();
+  // Launches every bucket not launched yet, filling the slots of gradients
+  // not seen this pass: from `given` (the traced hooks' gradients), or .grad.
+  void launchRemaining(const std::vector<std::optional<at::Tensor>>* given = nullptr);
   // The BucketSet's waitAll(), which ends the pass whatever it raises.
   std::vector<at::Tensor> waitAll();
   void endOfBackward();

@@ -125,7 +125,7 @@ def compiled_autograd() -> None:
     launch during backward), sync="explicit", an unused branch on one rank,
     no_sync() accumulation (its branch unused in the reducing pass on one
     rank), a step after a no_sync() pass (the unused branch keeps no
-    .grad), fp16 on the wire, Sum with a predivide factor."""
+    .grad), fp16 on the wire, PowerSGD, Sum with a predivide factor."""
     hvd.init()
     _same("model", "ca", fusion_bytes=512, first_bucket_bytes=512)
     _same("model", "ca", sync="explicit")
@@ -133,6 +133,7 @@ def compiled_autograd() -> None:
     _same("model", "ca", accumulate=True, branch_on_rank=1)
     _same("model", "ca", local_only=True, branch_on_rank=1)
     _same("model", "ca", compression=hvd.Compression.fp16)
+    _same("model", "ca", powersgd=True)
     _same("model", "ca", op=hvd.Sum, gradient_predivide_factor=2.0)
     hvd.shutdown()
 

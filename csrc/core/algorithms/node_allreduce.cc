@@ -61,14 +61,10 @@ void NodeAllreduce::allreduce(Context& ctx, void* data, size_t count, DataType d
 void NodeAllreduce::allreduceInto(Context& ctx, const void* in, void* out, size_t count, DataType dtype, ReduceOp op) {
   const Topology& t = ctx.topo();
   const size_t esize = dtypeSize(dtype);
-  if (in != out && count > 0) {
-    if (t.size == 1 || !t.homogeneous() || t.local_size == 1) {
-      // No slots on these paths: the base rule (copy, then in place).
-      Reducer::allreduceInto(ctx, in, out, count, dtype, op);
-      return;
-    }
-  }
-  if (count == 0 || t.size == 1) return;
+  if (count == 0) return;
+  // Only the slots read `in`: the other paths reduce `out` in place.
+  if (in != out && (t.size == 1 || !t.homogeneous() || t.local_size == 1)) std::memcpy(out, in, count * esize);
+  if (t.size == 1) return;
   checkUsable(ctx, dtype, op, 1);
   if (!t.homogeneous()) {
     // Slices would not line up across hosts of different local_size.

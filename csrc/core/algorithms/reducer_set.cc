@@ -100,11 +100,7 @@ Reducer& ReducerSet::pick(ReducerId id, const Context& ctx, size_t bytes, DataTy
 void ReducerSet::allreduce(Context& ctx, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op,
                            const void* in) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (in != nullptr && in != data) {
-    reducer.allreduceInto(ctx, in, data, count, dtype, op);
-  } else {
-    reducer.allreduce(ctx, data, count, dtype, op);
-  }
+  reducer.allreduceInto(ctx, in != nullptr ? in : data, data, count, dtype, op);
   const double seconds = secondsSince(t0);
   record(idOf(reducer), count * dtypeSize(dtype), seconds);
   bool fold_now;

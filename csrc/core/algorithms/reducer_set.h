@@ -79,7 +79,7 @@ class ReducerSet {
   // reducer.allreduce(...), timed into the model; a collective, and at fold
   // points two (agree()). Every rank calls it for the same ops in the same
   // order, as the executor does.
-  // `in` (not null, not data): out of place, reducer.allreduceInto(in, data).
+  // `in` (not null): out of place, from `in` into `data` (Reducer::allreduceInto).
   void allreduce(Context& ctx, Reducer& reducer, void* data, size_t count, DataType dtype, ReduceOp op,
                  const void* in = nullptr);
   // The cheapest available reducer with a reduce-scatter on this context.
