@@ -4,10 +4,10 @@
 // hooks, alive as long as their owner.
 //
 // Compiled autograd cannot trace C++ hooks: where it meets one it raises the
-// error compiledAutogradRefusal() words (what works instead), not torch's
+// error refuseCompiledAutograd() words (what works instead), not torch's
 // bare "compiled_args nyi". DistributedModel removes these hooks (clear())
 // and drives its reducer from hooks compiled autograd traces
-// (hvdtorch/training/compiled_hooks.py).
+// (hvdtorch/training/compiled_model.py).
 #pragma once
 
 #include <torch/csrc/autograd/function_hook.h>
