@@ -234,6 +234,7 @@ class DistributedModel(torch.nn.Module):
             first_bucket_bytes=int(first_bucket_bytes),
         )
         self._gradient_owner = None
+        self._parameter_units = None  # shard=3's (zero/parameter_units.py), once a sharded optimizer holds them
         self._fusion_bytes = int(fusion_bytes)
         self._first_bucket_bytes = int(first_bucket_bytes)
         # The order buckets are filled in: reverse registration order until
@@ -285,7 +286,10 @@ class DistributedModel(torch.nn.Module):
         self._before_forward()
         outer = begin_bucketed_graphs(self)
         try:
-            return self._marks.forward(self.module, args, kwargs)
+            if self._parameter_units is None:
+                return self._marks.forward(self.module, args, kwargs)
+            with self._parameter_units.forward():
+                return self._marks.forward(self.module, args, kwargs)
         finally:
             end_bucketed_graphs(outer)
 
@@ -330,6 +334,20 @@ class DistributedModel(torch.nn.Module):
         self._gradient_owner = owner
         self._rebuild_pending = False
         self._autotune = None
+
+    def hold_parameters_sharded(self, units) -> None:
+        """From now on ``units`` (shard=3's ParameterUnits) gathers the
+        parameters around forward, and state_dict(), load_state_dict() and
+        gathered_parameters() go through it. For good."""
+        self._parameter_units = units
+
+    def gathered_parameters(self, modifier_rank: Optional[int] = 0):
+        """shard=3: a context (collective) inside which every parameter holds
+        its full value; on exit each rank takes back the values
+        ``modifier_rank`` holds then (None: read only, a write raises)."""
+        if self._parameter_units is None:
+            return contextlib.nullcontext()
+        return self._parameter_units.gathered_parameters(modifier_rank)
 
     def _maybe_rebuild(self):
         order = self._reducer.ready_order()
@@ -429,10 +447,15 @@ class DistributedModel(torch.nn.Module):
         return list(self._reducer.bucket_bytes())
 
     # The wrapper is transparent: keys, attributes and modes are the module's.
-    def state_dict(self, *args, **kwargs):
+    # shard=3: collective, the full state gathered (``to``: the ranks that get it, None every rank).
+    def state_dict(self, *args, to=None, **kwargs):
+        if self._parameter_units is not None:
+            return self._parameter_units.state_dict(self.module, kwargs.get("prefix", ""), to=to)
         return self.module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if self._parameter_units is not None:
+            return self._parameter_units.load_state_dict(self.module, state_dict, strict=strict)
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def __getattr__(self, name):

@@ -263,6 +263,7 @@ def DistributedOptimizer(
     shard=0,
     model=None,
     overlap_gathers=False,
+    reshard_after_forward=True,
 ):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
@@ -283,7 +284,11 @@ def DistributedOptimizer(
     before (the optimizer's param_groups, a weight held elsewhere) before
     opt.wait_parameters() may see it half gathered. model=
     names the module whose forward waits (found by itself on a
-    DistributedModel's parameters)."""
+    DistributedModel's parameters). shard=3: ZeRO stage 3, the parameters
+    sharded too, over a DistributedModel's parameters (model=, or found by
+    itself): each layer's parameters are gathered around its forward and
+    again in backward (zero/parameter_units.py); reshard_after_forward=False
+    keeps them from forward until backward."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
     # One optimizer per parameter: a newer DistributedOptimizer takes parameters over from an older one
     # (gradient_sync.take_over, and a sharded one through release_to_sharding), but never from a live
@@ -326,9 +331,12 @@ def DistributedOptimizer(
             fusion_bytes=fusion_bytes,
             model=model,
             overlap_gathers=overlap_gathers,
+            reshard_after_forward=reshard_after_forward,
         )
     if overlap_gathers:
         raise ValueError("hvdtorch: overlap_gathers=True applies to a sharded optimizer (shard=1 or 2) only")
+    if not reshard_after_forward:
+        raise ValueError("hvdtorch: reshard_after_forward=False applies to shard=3 only")
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
     if num_groups != 0:

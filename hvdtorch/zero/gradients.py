@@ -51,6 +51,10 @@ counter, _C.PassCounter, here the one the reducer is given):
     node arena, and into an output it allocates each step. Otherwise
     shard=2 reduce-scatters (between hosts it moves half the bytes of an
     all-reduce).
+  * transient (shard=3): the flat buffers hold memory from the start of a
+    pass until synchronize() only (their storage is released after it and
+    taken back when the next pass begins, or before a synchronize() without
+    one), so that between steps a rank keeps no gradient but its shard's.
   * Compression.fp16 flattens float32/float64 buckets into float16 (the wire
     dtype) and converts the result back to the parameters' dtype; 16-bit
     floats go as they are (the gradient core's codec rule,
@@ -118,12 +122,15 @@ class BucketGradients:
         process_set,
         in_place: bool = False,
         settle: Optional[Callable[[], None]] = None,
+        transient: bool = False,
     ):
         """``params[i]`` is the parameter numbered i in the buckets' ``params``
         (None for parameters no bucket holds). ``in_place``: see the top; the
         same on every rank. ``settle`` (shard=1): the optimizer's
         synchronize(), run when a stand-in in .grad is used (it must not keep
-        the optimizer alive)."""
+        the optimizer alive). ``transient`` (shard=3): the flat buffers hold
+        memory only from the start of a pass until synchronize() (see the
+        top)."""
         # The one pass counter of this path (csrc/core/gradients/pass_counter.h), strict, given to the reducer.
         self._counter = _C.PassCounter(
             int(backward_passes_per_step),
@@ -186,7 +193,18 @@ class BucketGradients:
             handles = [p.register_post_accumulate_grad_hook(lambda p, m=marks: _pass_ran(m)) for p in held]
             weakref.finalize(self, remove_hooks, handles)
         # shard=2 drops each .grad: stand-ins say why (see the top).
-        self._held = HeldGradients(held, [names[i] for i in order], self._reducer) if scatter else None
+        self._transient = bool(transient) and scatter
+        self._held = None
+        if scatter:
+            self._held = HeldGradients(
+                held,
+                [names[i] for i in order],
+                self._reducer,
+                at_pass_start=weak_method(self, "_hold_flats") if self._transient else None,
+            )
+        self._released = False
+        if self._transient:
+            self._release_flats()
 
     @property
     def _flats(self) -> List[torch.Tensor]:
@@ -220,7 +238,27 @@ class BucketGradients:
         in the parameters' dtype."""
         self.restore_pending()
         self._marks.check()
-        return self._reducer.synchronize()
+        self._hold_flats()
+        results = self._reducer.synchronize()
+        if self._transient:
+            self._release_flats()
+        return results
+
+    def _hold_flats(self) -> None:
+        """transient: the flat buffers' memory back (contents undefined: every
+        slot is written before its bucket is reduced, .grad being None)."""
+        if self._released:
+            for flat in self._reducer.flats():
+                flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+            self._released = False
+
+    def _release_flats(self) -> None:
+        """transient: the flat buffers' memory goes (nothing views them between
+        synchronize() and the next pass: the shard strategy dropped .grad and
+        the reduce-scatter's results are tensors of their own)."""
+        for flat in self._reducer.flats():
+            flat.untyped_storage().resize_(0)
+        self._released = True
 
     def restore_pending(self) -> None:
         """shard=1: the stand-ins in .grad back to the real gradients (synchronize(), the next pass)."""
@@ -237,6 +275,7 @@ class BucketGradients:
         are waited for (every rank launched them) and dropped."""
         self.remove_held()
         self.restore_pending()
+        self._hold_flats()
         self._reducer.finalize()
         self._marks.forget()
         self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))

@@ -22,7 +22,7 @@ Rules (the same on every rank, computed without communication):
 """
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -51,19 +51,22 @@ def shard_range(numel: int, rank: int, size: int) -> Tuple[int, int]:
 
 
 def plan(
-    groups: Sequence[Sequence[Tuple[int, torch.Tensor]]], bucket_bytes: int, first_bucket_bytes: int
+    groups: Sequence[Sequence[Tuple[int, torch.Tensor]]],
+    bucket_bytes: int,
+    first_bucket_bytes: int,
+    unit_of: Optional[Dict[int, int]] = None,
 ) -> List[Bucket]:
     """Buckets of the parameters of ``groups`` (one list per optimizer group
     of (index, parameter): the index is the parameter's number in torch's
     optimizer state_dict; parameters left out are not sharded).
     bucket_bytes <= 0: one parameter per bucket. Which parameters share a
     bucket is the one planner's choice (training/buckets.py), here with the
-    group as part of a bucket's key; this adds the offsets and shapes."""
+    group (and ``unit_of[index]``, shard=3's unit, zero/parameter_units.py)
+    as part of a bucket's key; this adds the offsets and shapes."""
     entries = [(g, i, p) for g, group in enumerate(groups) for i, p in group]
     params = [p for _, _, p in entries]
-    layout = plan_buckets(
-        params, reversed(range(len(entries))), bucket_bytes, first_bucket_bytes, [g for g, _, _ in entries]
-    )
+    keys = [g if unit_of is None else (g, unit_of[i]) for g, i, _ in entries]
+    layout = plan_buckets(params, reversed(range(len(entries))), bucket_bytes, first_bucket_bytes, keys)
     buckets: List[Bucket] = []
     for members in layout:
         g, _, first = entries[members[0]]

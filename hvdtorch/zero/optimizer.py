@@ -80,6 +80,7 @@ from . import host_heap
 from . import join as shard_join
 from .gradients import BucketGradients
 from .layout import plan, signature
+from .parameter_units import ParameterUnits, unit_of_parameters
 
 _instance_ids = itertools.count()
 # Why the sharded optimizer refuses Compression.powersgd.
@@ -178,8 +179,11 @@ def _check_same(what: str, given, default, model_value) -> None:
 
 
 def _check_arguments(optimizer, shard: int, op: int, gradient_predivide_factor: float) -> None:
-    if shard not in (1, 2):
-        raise ValueError(f"hvdtorch: shard must be 1 (optimizer state) or 2 (state and gradients), got {shard!r}")
+    if shard not in (1, 2, 3):
+        raise ValueError(
+            f"hvdtorch: shard must be 1 (optimizer state), 2 (state and gradients) or 3 (state, gradients and "
+            f"parameters), got {shard!r}"
+        )
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"hvdtorch: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     check_shardable(optimizer)
@@ -221,6 +225,17 @@ def _gradient_options(all_params, model, shard: int, overlap_gathers: bool, give
             process_set=g["process_set"],
         )
     module = dm.module if dm is not None else model
+    if shard == 3 and dm is None:
+        raise ValueError(
+            "hvdtorch: shard=3 gathers each layer's parameters around its forward, which the DistributedModel "
+            "runs: wrap the model (model = hvd.DistributedModel(net)), build the optimizer over its parameters "
+            "and pass model=model"
+        )
+    if shard == 3 and overlap_gathers:
+        raise ValueError(
+            "hvdtorch: overlap_gathers=True does not apply to shard=3: its step() gathers nothing (each layer's "
+            "forward gathers its parameters, prefetching the next)"
+        )
     if overlap_gathers and module is None:
         raise ValueError(
             "hvdtorch: overlap_gathers=True needs the module whose forward waits for its parameters: pass "
@@ -244,6 +259,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         first_bucket_bytes: int = 1 << 20,
         model: Optional[torch.nn.Module] = None,
         overlap_gathers: bool = False,
+        reshard_after_forward: bool = True,
     ):
         _check_arguments(optimizer, shard, op, gradient_predivide_factor)
         names = names_by_id(optimizer.param_groups, named_parameters)
@@ -279,7 +295,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # A joined rank takes part in every collective of the optimizer (zero/join.py).
         self._name = f"{shard_join.NO_STAND_IN_PREFIX}sharded{next(_instance_ids)}"
         first = min(int(first_bucket_bytes), int(fusion_bytes)) if fusion_bytes > 0 else 0
-        self._buckets = plan(numbered, int(fusion_bytes), first)
+        unit_of = None
+        if shard == 3:
+            unit_of = unit_of_parameters(module, [p if p.requires_grad else None for p in all_params])
+        self._buckets = plan(numbered, int(fusion_bytes), first, unit_of)
         if not self._buckets:
             raise ValueError("hvdtorch: the optimizer has no parameter that requires grad: nothing to shard")
         # A DistributedOptimizer made earlier over these parameters lets them go (one optimizer per parameter).
@@ -295,6 +314,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for p in all_params:
             claim_for_sharding(p, self)
         self._connect_gradients(dm, gradients)
+        self._units = None  # shard=3: the parameters' gather and free (zero/parameter_units.py)
+        if shard == 3:
+            self._units = ParameterUnits(
+                self._name,
+                module,
+                self._buckets,
+                self._all_params,
+                self._names,
+                self._shards,
+                unit_of,
+                ps,
+                reshard_after_forward,
+            )
+            dm.hold_parameters_sharded(self._units)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
         # Gradients reduced since the last step() (_reduced_now: and no backward pass since).
         self._synchronized = False
@@ -317,13 +350,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _flatten_parameters(self) -> None:
         """Parameters become views of flat buckets (in registered memory where
-        the engine has it, see _gather); this rank's shards are views too."""
+        the engine has it, see _gather); this rank's shards are views too.
+        shard=3: the shards are tensors of their own, and the flat buckets
+        exist only while gathered (zero/parameter_units.py)."""
         engine = runtime.state().engine
-        self._flats: List[torch.Tensor] = []
+        self._flats: List[Optional[torch.Tensor]] = []
         self._shards: List[torch.Tensor] = []
         with torch.no_grad():
             for b in self._buckets:
                 device = self._all_params[b.params[0]].device
+                if self._stage == 3:
+                    flat = torch.empty(b.numel, dtype=b.dtype, device=device)
+                    for i, offset in zip(b.params, b.offsets):
+                        p = self._all_params[i]
+                        flat[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+                    start, end = b.shard_range(self._rank, self._size)
+                    self._flats.append(None)
+                    self._shards.append(flat[start:end].clone())
+                    continue
                 if device.type == "cpu" and self._size > 1:
                     flat = engine.registered_zeros(b.numel, b.dtype)
                 else:
@@ -359,7 +403,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._names,
             self._buckets,
             self._name,
-            self._stage == 2,
+            self._stage >= 2,
             gradients["op"],
             1.0 / f,
             f,
@@ -368,10 +412,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._process_set,
             in_place=self._gather_in_place,
             settle=weak_method(self, "settle"),  # shard=1: a use of .grad after backward finishes the reduction
+            transient=self._stage == 3 and self._size > 1,
         )
         if dm is not None:
             dm.hand_gradients_to(self)
-        self._grads.view_gradients_from_the_start()
+        if self._stage < 3:
+            self._grads.view_gradients_from_the_start()
 
     # ---- construction helpers -------------------------------------------------
 
@@ -381,7 +427,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         registered memory)."""
         mine = signature(self._buckets)
         own_buffers = runtime.state().engine.registered_stats()[0]
-        here = (mine, runtime.cross_rank(), own_buffers > 0 and self._flats[0].device.type == "cpu")
+        registered = own_buffers > 0 and self._stage < 3 and self._flats[0].device.type == "cpu"
+        here = (mine, runtime.cross_rank(), registered)
         every = allgather_object(here, name=f"{self._name}.layout", process_set=self._process_set)
         differ = [self._process_set.ranks[k] for k, theirs in enumerate(every) if theirs[0] != mine]
         if differ:
@@ -435,7 +482,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         an output it allocates each time. A rank that has joined takes part
         with its own shard too (the names keep the engine from standing in
         for it with zeros, zero/join.py). Otherwise: an all-gather, whose
-        output becomes the parameters' storage."""
+        output becomes the parameters' storage. shard=3 gathers nothing here:
+        each layer's forward gathers its own (zero/parameter_units.py)."""
+        if self._stage == 3:
+            self._units.after_step()
+            return
         if self._size == 1:
             return
         for j in reversed(range(len(self._buckets))):  # the first layers' bucket is the last one
@@ -499,7 +550,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _synchronize(self) -> None:
         # shard=2: gradients synchronize() left in the shards, neither stepped on nor zeroed.
-        unconsumed = self._stage == 2 and self._synchronized and any(s.grad is not None for s in self._shards)
+        unconsumed = self._stage >= 2 and self._synchronized and any(s.grad is not None for s in self._shards)
         results = self._grads.synchronize()
         if unconsumed:
             raise RuntimeError(
@@ -508,7 +559,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "would be replaced by the new pass's, where DDP adds them. Call step() or zero_grad() after "
                 "synchronize(), or accumulate passes inside optimizer.no_sync() (or backward_passes_per_step)"
             )
-        if self._stage == 2:
+        if self._stage >= 2:
             for shard, grad in zip(self._shards, results):
                 shard.grad = grad
         else:
@@ -623,7 +674,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._grads.remove_held()  # shard=2's stand-ins end with the pass they stood for
         for outer, inner in zip(self.param_groups, self.optim.param_groups):
             inner.update({k: v for k, v in outer.items() if k not in ("params", "param_names")})
-        if self._flats and self._flats[0].device.type == "cpu":
+        if self._shards and self._shards[0].device.type == "cpu":
             # The step's temporaries are mapped, not kept on the heap under the next forward and
             # backward (zero/host_heap.py says why).
             host_heap.fix_mmap_threshold()
@@ -685,7 +736,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 else:
                     p.grad.requires_grad_(False)
                 p.grad.zero_()
-        self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
+        if self._stage < 3:  # shard=3 keeps no gradient buffer between steps
+            self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
 
     # ---- sizes -----------------------------------------------------------------
 

@@ -1,0 +1,482 @@
+"""shard=3's parameters (ZeRO-3): each rank keeps its shard of every parameter
+at rest, and a unit's full values exist only while its forward or backward
+needs them.
+
+Contract:
+  * Units. A unit is a module of the model with parameters of its own
+    (``parameters(recurse=False)``); a parameter several modules hold (tied
+    weights) belongs to the root module's unit, which is gathered for the
+    whole forward. The shard layout's buckets never span units
+    (zero/layout.py's plan, the unit in each bucket's key), so a unit is a
+    set of buckets, and a bucket is gathered and freed as a whole.
+  * At rest a parameter's ``.data`` is a stand-in of its shape, dtype and
+    device that takes no memory: one NaN, expanded (every element reads NaN,
+    any write raises). ``state_dict()`` and ``load_state_dict()`` of the
+    model or any module in it raise, naming the DistributedModel's own
+    (which gather) and ``gathered_parameters()``.
+  * Gather: an all-gather of the bucket's shards (collective, named after
+    the bucket's first parameter, so that an op a rank never joins fails
+    naming it); its output becomes the bucket's storage and the parameters
+    views of it. A unit is gathered by a forward pre-hook and freed by the
+    forward hook (kept until backward with ``reshard_after_forward=False``);
+    free means the parameters go back to their stand-ins and the storage is
+    dropped, never resized, so nothing that still holds it can read freed
+    memory.
+  * Backward. While the DistributedModel's forward runs, autograd saves
+    tensors that alias a gathered bucket (a weight, its transpose) as
+    (bucket, offset, sizes, strides) instead of the tensor
+    (``saved_tensors_hooks``); unpacking one in backward gathers the bucket
+    again if it was freed. So what autograd keeps between forward and
+    backward holds no gathered bucket, and backward reads the values the
+    shards hold. A bucket is freed again once every parameter in it has its
+    gradient accumulated, and whatever is still gathered at the end of
+    backward is freed then.
+  * Prefetch. The order in which a forward first gathers the buckets is
+    recorded; the next forward starts the gather of the bucket after the
+    one it waits for, backward the one before. Every decision to gather or
+    free follows the program's order (hooks, autograd's order of nodes on
+    one device), never the timing of the network, so every rank issues the
+    same gathers in the same order: every rank must run the same units in
+    forward, as under FSDP.
+  * ``gathered_parameters(modifier_rank)`` pins every bucket gathered for
+    its body (nothing is freed, forward and backward inside included); on a
+    clean exit each bucket is broadcast from ``modifier_rank`` and every
+    rank takes its range back into its shard (None: read only; a write to a
+    parameter inside is then an error at exit).
+  * Full state dicts are gathered bucket by bucket (never the whole model at
+    once) and cloned on the ranks that receive them; loading one writes each
+    rank's range of every parameter into its shard, locally: any number of
+    ranks, any bucket layout.
+"""
+
+import contextlib
+import weakref
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .. import runtime
+from ..collectives import ops
+from ..training.gradient_sync import remove_hooks
+from .layout import Bucket
+
+
+def unit_of_parameters(module: torch.nn.Module, params: Sequence[Optional[torch.Tensor]]) -> Dict[int, int]:
+    """Parameter index -> unit number (the order of ``module.modules()``):
+    the module that holds it, or the root's unit (0) for one held by several.
+    ``params[i]`` None is skipped. A parameter that is not the module's
+    raises: nothing would gather it."""
+    modules = [module] + [m for m in module.modules() if m is not module]
+    holders: Dict[int, List[int]] = {}
+    for u, m in enumerate(modules):
+        for p in m.parameters(recurse=False):
+            holders.setdefault(id(p), []).append(u)
+    units = {}
+    for i, p in enumerate(params):
+        if p is None:
+            continue
+        held = holders.get(id(p))
+        if held is None:
+            raise ValueError(
+                f"hvdtorch: shard=3: the optimizer steps a parameter of shape {tuple(p.shape)} that is not a "
+                "parameter of the model: shard=3 gathers parameters around their module's forward, and nothing "
+                "would gather this one; register it on a module of the model"
+            )
+        units[i] = held[0] if len(held) == 1 else 0
+    return units
+
+
+class _SavedView:
+    """What autograd keeps instead of a tensor that aliases a gathered bucket."""
+
+    __slots__ = ("bucket", "offset", "size", "stride")
+
+    def __init__(self, bucket: int, offset: int, size: Tuple[int, ...], stride: Tuple[int, ...]):
+        self.bucket, self.offset, self.size, self.stride = bucket, offset, size, stride
+
+
+def _hook_of(units_ref, method: str):
+    """A hook that calls ``method`` on the units while they live (the model's
+    hooks must not keep the optimizer alive)."""
+
+    def hook(*args):
+        units = units_ref()
+        if units is not None:
+            return getattr(units, method)(*args)
+        return None
+
+    return hook
+
+
+def _end_of_backward(units_ref) -> None:
+    units = units_ref()
+    if units is not None:
+        units.end_backward()
+
+
+class ParameterUnits:
+    def __init__(
+        self,
+        name: str,
+        module: torch.nn.Module,
+        buckets: Sequence[Bucket],
+        params: Sequence[torch.Tensor],
+        names: Sequence[str],
+        shards: Sequence[torch.Tensor],
+        unit_of: Dict[int, int],
+        process_set,
+        reshard_after_forward: bool,
+    ):
+        """``params[i]``: the parameter numbered i in the buckets; ``shards[j]``:
+        this rank's persistent shard of bucket j (the inner optimizer steps
+        it); ``unit_of``: unit_of_parameters() of the same parameters."""
+        self._name = name
+        self._buckets = list(buckets)
+        self._params = params
+        self._names = names
+        self._shards = shards
+        self._process_set = process_set
+        self._rank, self._size = process_set.rank(), process_set.size()
+        self._reshard = bool(reshard_after_forward)
+        nb = len(self._buckets)
+        self._full: List[Optional[torch.Tensor]] = [None] * nb  # the gathered bucket, while gathered
+        self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
+        self._bucket_of_storage: Dict[int, int] = {}  # data_ptr of a gathered bucket's storage -> bucket
+        self._pins = 0  # gathered_parameters() depth: nothing is freed while > 0
+        self._reading = 0  # > 0 while this code itself reads the module's state dict
+        self._order: List[int] = []  # buckets in the order the last complete forward first gathered them
+        self._position: Dict[int, int] = {}
+        self._recording: List[int] = []
+        self._recorded = set()
+        self._missing = [len(b.params) for b in self._buckets]  # parameters whose gradient is not in yet
+        self._callback_queued = False
+        self._stand_ins = {}
+        self._stand_in_of_storage: Dict[int, int] = {}  # data_ptr of a stand-in's one element -> parameter
+        for b in self._buckets:
+            for i in b.params:
+                p = params[i]
+                one = torch.full((), float("nan"), dtype=p.dtype, device=p.device)
+                self._stand_ins[i] = one.expand(p.shape)
+                self._stand_in_of_storage[one.untyped_storage().data_ptr()] = i
+        modules = [module] + [m for m in module.modules() if m is not module]
+        self._unit_buckets: Dict[int, List[int]] = {}
+        self._unit_of_module: Dict[int, List[int]] = {}  # id(module) -> its unit's buckets
+        for j, b in enumerate(self._buckets):
+            u = unit_of[b.params[0]]
+            self._unit_buckets.setdefault(u, []).append(j)
+        me = weakref.ref(self)
+        handles = []
+        for u, m in enumerate(modules):
+            js = self._unit_buckets.get(u)
+            if js:
+                handles.append(m.register_forward_pre_hook(_hook_of(me, "_unit_forward_pre")))
+                handles.append(m.register_forward_hook(_hook_of(me, "_unit_forward_post")))
+                self._unit_of_module[id(m)] = js
+            if js or m is module:
+                handles.append(m.register_state_dict_pre_hook(_hook_of(me, "_refuse_state_dict")))
+                handles.append(m.register_load_state_dict_pre_hook(_hook_of(me, "_refuse_load_state_dict")))
+        for b_idx, b in enumerate(self._buckets):
+            for i in b.params:
+                handles.append(
+                    params[i].register_post_accumulate_grad_hook(
+                        lambda _p, j=b_idx, r=me: _hook_of(r, "_gradient_in")(j)
+                    )
+                )
+        weakref.finalize(self, remove_hooks, handles)
+        with torch.no_grad():
+            for j in range(nb):
+                self._to_stand_ins(j)
+
+    # ---- gather and free ----------------------------------------------------------
+
+    def _op_name(self, j: int) -> str:
+        return f"{self._name}.gather.{j}.{self._names[self._buckets[j].params[0]]}"
+
+    def _start(self, j: int) -> None:
+        """Starts gathering bucket j unless it is gathered or on its way."""
+        if self._full[j] is not None or j in self._gathers:
+            return
+        self._gathers[j] = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._process_set)
+
+    def _finish(self, j: int) -> torch.Tensor:
+        """Bucket j gathered: waits for its all-gather (started here if it was
+        not) and makes its parameters views of the result."""
+        full = self._full[j]
+        if full is not None:
+            return full
+        self._start(j)
+        full = ops.synchronize(self._gathers.pop(j))
+        self._full[j] = full
+        self._bucket_of_storage[full.untyped_storage().data_ptr()] = j
+        b = self._buckets[j]
+        for i, offset, shape in zip(b.params, b.offsets, b.shapes):
+            p = self._params[i]
+            p.data = full[offset : offset + p.numel()].view(shape)
+        return full
+
+    def _free(self, j: int) -> None:
+        if self._pins:
+            return
+        if j in self._gathers:
+            self._finish(j)  # a collective is never left behind
+        full = self._full[j]
+        if full is None:
+            return
+        self._bucket_of_storage.pop(full.untyped_storage().data_ptr(), None)
+        self._full[j] = None
+        self._to_stand_ins(j)
+
+    def _to_stand_ins(self, j: int) -> None:
+        for i in self._buckets[j].params:
+            self._params[i].data = self._stand_ins[i]
+
+    def free_all(self) -> None:
+        for j in range(len(self._buckets)):
+            self._free(j)
+
+    def _gather(self, js: Sequence[int]) -> None:
+        for j in js:
+            self._start(j)
+        for j in js:
+            self._finish(j)
+
+    def _prefetch(self, j: int, step: int) -> None:
+        k = self._position.get(j)
+        if k is not None and 0 <= k + step < len(self._order):
+            self._start(self._order[k + step])
+
+    # ---- forward --------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def forward(self):
+        """Around the DistributedModel's forward: what was gathered before is
+        freed (a second forward before backward included: backward gathers
+        again what it needs), the gathering order is recorded for the next
+        forward's prefetch, and autograd saves aliases of gathered buckets by
+        position (see the top)."""
+        self.free_all()
+        self._recording, self._recorded = [], set()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield
+        finally:
+            if self._recording:
+                self._order, self._position = self._recording, {j: k for k, j in enumerate(self._recording)}
+            if self._reshard or not torch.is_grad_enabled():
+                self.free_all()  # else kept for backward
+
+    def _unit_forward_pre(self, module, _args) -> None:
+        js = self._unit_of_module[id(module)]
+        for j in js:
+            if j not in self._recorded:
+                self._recorded.add(j)
+                self._recording.append(j)
+        self._gather(js)
+        self._prefetch(js[-1], +1)
+
+    def _unit_forward_post(self, module, _args, _output) -> None:
+        if self._reshard or not torch.is_grad_enabled():
+            for j in self._unit_of_module[id(module)]:
+                self._free(j)
+
+    def _pack(self, t: torch.Tensor):
+        if t.layout != torch.strided or t.device.type == "meta":
+            return t
+        ptr = t.untyped_storage().data_ptr()
+        j = self._bucket_of_storage.get(ptr)
+        if j is None:
+            i = self._stand_in_of_storage.get(ptr)
+            if i is not None:
+                raise RuntimeError(
+                    f"hvdtorch: rank {runtime.rank()}: parameter {self._names[i]!r} is used outside the forward "
+                    "of the module that holds it: shard=3 gathers a module's parameters for its own forward "
+                    "only. Use it through its module, register it on the module that uses it too (tied "
+                    "weights), or pass reshard_after_forward=False (units stay gathered until backward)"
+                )
+            return t
+        if t.dtype != self._full[j].dtype:
+            return t
+        return _SavedView(j, t.storage_offset() - self._full[j].storage_offset(), tuple(t.size()), tuple(t.stride()))
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _SavedView):
+            return saved
+        self._in_backward()
+        full = self._full[saved.bucket]
+        if full is None:
+            full = self._finish(saved.bucket)
+            self._prefetch(saved.bucket, -1)
+        return full.as_strided(saved.size, saved.stride, full.storage_offset() + saved.offset)
+
+    # ---- backward -------------------------------------------------------------------
+
+    def _in_backward(self) -> None:
+        if self._callback_queued:
+            return
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(_hook_of(weakref.ref(self), "end_backward"))
+        except RuntimeError:
+            return  # not inside backward (a saved tensor read by hand)
+        self._callback_queued = True
+
+    def _gradient_in(self, j: int) -> None:
+        self._in_backward()
+        if self._missing[j] > 0:
+            self._missing[j] -= 1
+            if self._missing[j] == 0:
+                self._free(j)
+
+    def end_backward(self) -> None:
+        self._callback_queued = False
+        self._missing = [len(b.params) for b in self._buckets]
+        self.free_all()
+
+    # ---- outside forward ------------------------------------------------------------
+
+    def after_step(self) -> None:
+        """The shards changed: nothing gathered before may be read again."""
+        self.free_all()
+
+    @contextlib.contextmanager
+    def gathered_parameters(self, modifier_rank: Optional[int] = 0):
+        """Every parameter whole inside (collective); see the top for writes."""
+        if modifier_rank is not None and not 0 <= int(modifier_rank) < self._size:
+            raise ValueError(
+                f"hvdtorch: gathered_parameters(modifier_rank={modifier_rank}): a rank of the process set "
+                f"(0..{self._size - 1}), or None"
+            )
+        self._gather(list(reversed(range(len(self._buckets)))))
+        self._pins += 1
+        versions = {i: self._params[i]._version for b in self._buckets for i in b.params}
+        clean = False
+        try:
+            yield
+            clean = True
+        finally:
+            self._pins -= 1
+            try:
+                if clean and self._pins == 0:
+                    self._write_back(modifier_rank, versions)
+            finally:
+                if self._pins == 0:
+                    self.free_all()
+
+    def _write_back(self, modifier_rank: Optional[int], versions: Dict[int, int]) -> None:
+        if modifier_rank is None:
+            written = [self._names[i] for i, v in versions.items() if self._params[i]._version != v]
+            if written:
+                raise RuntimeError(
+                    f"hvdtorch: rank {runtime.rank()}: parameters {written[:5]} were written inside "
+                    "gathered_parameters(modifier_rank=None), which is read only: the write would be lost. Pass "
+                    "modifier_rank= (the rank whose values every rank takes)"
+                )
+            return
+        root = self._process_set.ranks[int(modifier_rank)]
+        with torch.no_grad():
+            for j, b in enumerate(self._buckets):
+                full = self._full[j]
+                if self._size > 1:
+                    ops.broadcast_(full, root, name=f"{self._name}.write_back.{j}", process_set=self._process_set)
+                start, end = b.shard_range(self._rank, self._size)
+                self._shards[j].copy_(full[start:end])
+
+    # ---- state dicts ----------------------------------------------------------------
+
+    def _refuse_state_dict(self, module, *_) -> None:
+        if self._pins or self._reading:
+            return
+        raise RuntimeError(
+            f"hvdtorch: rank {runtime.rank()}: state_dict() of a module whose parameters shard=3 holds sharded "
+            f"({type(module).__name__}): its parameters are stand-ins outside forward. Use the DistributedModel's "
+            "state_dict() (the full state, gathered), or read them inside `with model.gathered_parameters():`"
+        )
+
+    def _refuse_load_state_dict(self, module, *_) -> None:
+        if self._pins or self._reading:
+            return
+        raise RuntimeError(
+            f"hvdtorch: rank {runtime.rank()}: load_state_dict() into a module whose parameters shard=3 holds "
+            f"sharded ({type(module).__name__}): use the DistributedModel's load_state_dict() (every rank takes "
+            "its shard), or write them inside `with model.gathered_parameters():`"
+        )
+
+    def state_dict(self, module: torch.nn.Module, prefix: str = "", to=None) -> dict:
+        """Collective: the module's full state (parameters gathered bucket by
+        bucket, cloned) on ``to`` (a global rank, a list of them, or None:
+        every rank); an empty dict elsewhere."""
+        receivers = None if to is None else {int(r) for r in ([to] if isinstance(to, int) else to)}
+        here = receivers is None or runtime.rank() in receivers
+        self._reading += 1
+        try:
+            raw = module.state_dict(prefix=prefix, keep_vars=True)
+        finally:
+            self._reading -= 1
+        keys_of: Dict[int, List[str]] = {}
+        for k, v in raw.items():
+            keys_of.setdefault(id(v), []).append(k)
+        out = {k: v.detach().clone() for k, v in raw.items() if not self._is_sharded(v)} if here else {}
+        for j, b in enumerate(self._buckets):
+            was_gathered = self._full[j] is not None
+            full = self._finish(j)
+            if here:
+                for i, offset, shape in zip(b.params, b.offsets, b.shapes):
+                    value = full[offset : offset + int(torch.Size(shape).numel())].view(shape).clone()
+                    for k in keys_of.get(id(self._params[i]), []):
+                        out[k] = value
+            if not was_gathered:
+                self._free(j)
+        return {k: out[k] for k in raw if k in out}
+
+    def _is_sharded(self, v) -> bool:
+        return any(v is self._params[i] for i in self._stand_ins)
+
+    def load_state_dict(self, module: torch.nn.Module, state_dict, strict: bool = True):
+        """Each rank writes its range of every parameter into its shard (local,
+        so every rank calls it with the full state); buffers and parameters
+        shard=3 does not hold load as torch loads them."""
+        sharded_ids = {id(self._params[i]): i for i in self._stand_ins}
+        self._reading += 1
+        try:
+            raw = module.state_dict(keep_vars=True)
+            rest = {k: v for k, v in state_dict.items() if not (k in raw and id(raw[k]) in sharded_ids)}
+            result = module.load_state_dict(rest, strict=False)
+        finally:
+            self._reading -= 1
+        missing = [k for k in result.missing_keys if not (k in raw and id(raw[k]) in sharded_ids)]
+        taken = set()
+        with torch.no_grad():
+            for k, v in raw.items():
+                i = sharded_ids.get(id(v))
+                if i is None or i in taken:
+                    continue
+                if k not in state_dict:
+                    missing.append(k)
+                    continue
+                value = state_dict[k]
+                if tuple(value.shape) != tuple(v.shape):
+                    raise RuntimeError(
+                        f"hvdtorch: load_state_dict: {k!r} has shape {tuple(value.shape)} in the state dict, "
+                        f"{tuple(v.shape)} in the model"
+                    )
+                taken.add(i)
+                self._write_parameter(i, value)
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(
+                f"hvdtorch: load_state_dict: missing keys {missing}, unexpected keys {list(result.unexpected_keys)}"
+            )
+        self.free_all()
+        return torch.nn.modules.module._IncompatibleKeys(missing, list(result.unexpected_keys))
+
+    def _write_parameter(self, i: int, value: torch.Tensor) -> None:
+        for j, b in enumerate(self._buckets):
+            if i not in b.params:
+                continue
+            offset = b.offsets[b.params.index(i)]
+            start, end = b.shard_range(self._rank, self._size)
+            lo, hi = max(start, offset), min(end, offset + value.numel())
+            if lo < hi:
+                flat = value.detach().reshape(-1).to(self._shards[j].dtype)
+                self._shards[j][lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
+            if self._full[j] is not None:  # a gathered copy would be stale
+                self._free(j)
+            return

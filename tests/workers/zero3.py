@@ -1,0 +1,316 @@
+"""Rank-side checks of shard=3 (parameters sharded at rest).
+
+Every rank builds the same model (same seed), trains it with shard=3 on its
+part of each global batch, and trains a private one-process copy on the
+whole batch; in float64 the parameters must match to rtol 1e-9. The model
+has a module with a parameter of its own and a child (nested units), a
+parameter no forward uses, tied weights (one parameter held by two
+modules), a module called twice in one forward, a LayerNorm, a frozen
+parameter and shapes no number of ranks divides.
+"""
+
+import copy
+import gc
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import hvdtorch as hvd
+from tests.workers.common import expect
+
+PER_RANK = 3
+D = 7
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(D, D)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, D))
+        self.unused = torch.nn.Parameter(torch.randn(3))  # in the model, never in a forward
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) * self.scale
+
+
+class Net(torch.nn.Module):
+    def __init__(self, checkpointed=False):
+        super().__init__()
+        self.inp = torch.nn.Linear(5, D)
+        self.block = Block()
+        self.norm = torch.nn.LayerNorm(D)
+        self.mid = torch.nn.Linear(D, D, bias=False)
+        self.out = torch.nn.Linear(D, D, bias=False)
+        self.out.weight = self.mid.weight  # tied: held by two modules
+        self.head = torch.nn.Linear(D, 3)
+        self.frozen = torch.nn.Parameter(torch.ones(D), requires_grad=False)
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        h = torch.relu(self.inp(x))
+        if self.checkpointed:
+            h = checkpoint(self.block, h, use_reentrant=False)
+        else:
+            h = self.block(h)
+        h = self.block(h)  # called twice
+        h = self.out(torch.relu(self.mid(self.norm(h)))) * self.frozen
+        return self.head(h)
+
+
+def batch(step, n):
+    g = torch.Generator().manual_seed(100 + step)
+    return (
+        torch.randn(PER_RANK * n, 5, dtype=torch.float64, generator=g),
+        torch.randn(PER_RANK * n, 3, dtype=torch.float64, generator=g),
+    )
+
+
+def local_loss(model, step, k, n):
+    x, y = batch(step, n)
+    s = slice(k * PER_RANK, (k + 1) * PER_RANK)
+    return F.mse_loss(model(x[s]), y[s])
+
+
+def make_opt(kind, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)  # no decay: block.unused gets zeros (see the guide)
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def base_model(checkpointed=False):
+    torch.manual_seed(0)
+    return Net(checkpointed).double()
+
+
+def assert_equal_to(dm, ref, what, tol=(1e-9, 1e-12)):
+    full = dm.state_dict()
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(full[k], v, rtol=tol[0], atol=tol[1], msg=lambda m, k=k: f"{what}: {k}: {m}")
+
+
+def train(
+    kind="adam", steps=3, accumulate=1, use_no_sync=False, checkpointed=False, dm_kw=None, tol=(1e-9, 1e-12), **kw
+):
+    """Trains shard=3 and the one-process reference; checks they match."""
+    n, r = hvd.size(), hvd.rank()
+    base = base_model(checkpointed)
+    ref = copy.deepcopy(base)
+    ref_opt = make_opt(kind, [p for p in ref.parameters() if p.requires_grad])
+    dm = hvd.DistributedModel(
+        copy.deepcopy(base), backward_passes_per_step=1 if use_no_sync else accumulate, **(dm_kw or {})
+    )
+    opt = hvd.DistributedOptimizer(
+        make_opt(kind, [p for p in dm.parameters() if p.requires_grad]),
+        named_parameters=dm.named_parameters(),
+        shard=3,
+        model=dm,
+        fusion_bytes=kw.pop("fusion_bytes", 96),
+        **kw,
+    )
+    for step in range(steps):
+        opt.zero_grad()
+        for a in range(accumulate):
+            s = step * accumulate + a
+            if use_no_sync and a < accumulate - 1:
+                with dm.no_sync():
+                    (local_loss(dm, s, r, n) / accumulate).backward()
+            else:
+                (local_loss(dm, s, r, n) / accumulate).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        for a in range(accumulate):
+            s = step * accumulate + a
+            (sum(local_loss(ref, s, k, n) for k in range(n)) / n / accumulate).backward()
+        ref_opt.step()
+    assert_equal_to(dm, ref, f"rank {r}: {kind} {kw} {dm_kw}", tol)
+    return dm, opt, ref
+
+
+def check_training(which):
+    hvd.init()
+    train("adam")
+    if which == "quick":
+        return
+    train("sgd")
+    train("adam", reshard_after_forward=False)
+    train("adam", fusion_bytes=0)  # one parameter per bucket
+    train("sgd", accumulate=2)
+    train("adam", accumulate=3, use_no_sync=True)
+    train("adam", checkpointed=True)
+    train("sgd", fusion_bytes=25 << 20)  # one bucket per unit
+    # fp16 on the wire: the gradients are rounded, so equal within float16's precision.
+    train("sgd", dm_kw={"compression": hvd.Compression.fp16}, tol=(2e-3, 2e-4))
+
+
+def check_memory_at_rest():
+    """Between steps no rank holds a gathered bucket, a full parameter or a
+    gradient buffer; the shards are the parameters' 1/N."""
+    hvd.init()
+    n = hvd.size()
+    dm, opt, _ = train("adam", steps=2)
+    units = opt._units
+    assert all(f is None for f in units._full), "a bucket stays gathered after step()"
+    assert not units._gathers, "a gather is left in flight"
+    for name, p in dm.named_parameters():
+        if p.requires_grad:
+            assert p.stride() == (0,) * p.dim() and p.untyped_storage().nbytes() == 8, name
+    assert all(f.untyped_storage().nbytes() == 0 for f in opt._grads._flats), "gradient buffers kept"
+    total = sum(p.numel() for p in dm.parameters() if p.requires_grad)
+    held = sum(s.numel() for s in opt._shards)
+    assert held == total * 1 // n or abs(held - total / n) <= len(opt._shards), (held, total, n)
+    # After a forward (reshard_after_forward) nothing is gathered either, and what autograd saved holds no
+    # gathered bucket alive (each gathered bucket is watched through a weak reference).
+    gathered = []
+    finish = units._finish
+
+    def watched(j):
+        full = finish(j)
+        gathered.append(weakref.ref(full))
+        return full
+
+    units._finish = watched
+    x, y = batch(0, n)
+    out = dm(x[:PER_RANK])
+    assert gathered, "the forward gathered nothing"
+    assert all(f is None for f in units._full)
+    gc.collect()
+    alive = sum(w() is not None for w in gathered)
+    assert alive == 0, f"{alive} of {len(gathered)} gathered buckets outlive the forward"
+    F.mse_loss(out, y[:PER_RANK]).backward()
+    assert all(f is None for f in units._full), "a bucket stays gathered after backward"
+    opt.step()
+
+
+def check_gathered_parameters_and_state_dicts():
+    hvd.init()
+    r = hvd.rank()
+    dm, opt, ref = train("sgd", steps=2)
+    # Writes inside are taken from modifier_rank (0): rank 0 writes 1.0, the others 2.0.
+    with dm.gathered_parameters():
+        torch.testing.assert_close(dm.module.head.weight, ref.head.weight, rtol=1e-9, atol=1e-12)
+        with torch.no_grad():
+            dm.module.head.bias.fill_(1.0 if r == 0 else 2.0)
+    with dm.gathered_parameters(modifier_rank=None):
+        assert bool((dm.module.head.bias == 1.0).all()), dm.module.head.bias
+    expect(
+        RuntimeError,
+        ["read only"],
+        lambda: _write_inside_read_only(dm),
+        r,
+    )
+    # The module's own state_dict() raises; the DistributedModel's is the whole state on `to` only.
+    expect(RuntimeError, ["DistributedModel's state_dict()"], lambda: dm.module.state_dict(), r)
+    expect(RuntimeError, ["DistributedModel's load_state_dict()"], lambda: dm.module.block.load_state_dict({}), r)
+    only0 = dm.state_dict(to=0)
+    assert (len(only0) > 0) == (r == 0), sorted(only0)
+    full = dm.state_dict()
+    assert "out.weight" in full and "mid.weight" in full and "frozen" in full
+    path = os.environ["ZERO3_CKPT"]
+    if r == 0:
+        torch.save(full, path)
+    hvd.barrier()
+    # A plain model loads it; a shard=3 model at this size loads it and trains on equally.
+    plain = base_model()
+    plain.load_state_dict(torch.load(path))
+    fresh = hvd.DistributedModel(base_model())
+    hvd.DistributedOptimizer(
+        make_opt("sgd", [p for p in fresh.parameters() if p.requires_grad]), shard=3, model=fresh, fusion_bytes=64
+    )
+    fresh.load_state_dict(torch.load(path))
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    expect(RuntimeError, ["missing keys"], lambda: fresh.load_state_dict({"head.bias": full["head.bias"]}), r)
+
+
+def _write_inside_read_only(dm):
+    with dm.gathered_parameters(modifier_rank=None):
+        with torch.no_grad():
+            dm.module.head.weight.mul_(2)
+
+
+def check_load_saved_elsewhere():
+    """A full state saved by a job of another size loads here."""
+    hvd.init()
+    dm = hvd.DistributedModel(base_model())
+    hvd.DistributedOptimizer(
+        make_opt("adam", [p for p in dm.parameters() if p.requires_grad]), shard=3, model=dm, fusion_bytes=200
+    )
+    saved = torch.load(os.environ["ZERO3_CKPT"])
+    dm.load_state_dict(saved)
+    for k, v in dm.state_dict().items():
+        torch.testing.assert_close(v, saved[k], rtol=0, atol=0, msg=k)
+
+
+class UsesWeightOutside(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Linear(4, 4, bias=False)
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return F.linear(self.head(self.emb(x)), self.emb.weight)  # emb's weight outside emb's forward
+
+
+def check_errors():
+    hvd.init()
+    r = hvd.rank()
+
+    def opt_of(net, **kw):
+        return hvd.DistributedOptimizer(
+            torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1),
+            named_parameters=net.named_parameters(),
+            **kw,
+        )
+
+    expect(ValueError, ["shard=3 gathers"], lambda: opt_of(torch.nn.Linear(2, 2), shard=3), r)
+    expect(
+        ValueError,
+        ["PowerSGD"],
+        lambda: opt_of(
+            hvd.DistributedModel(torch.nn.Linear(2, 2)), shard=3, compression=hvd.Compression.powersgd(rank=1)
+        ),
+        r,
+    )
+    expect(
+        ValueError, ["Adasum"], lambda: opt_of(hvd.DistributedModel(torch.nn.Linear(2, 2)), shard=3, op=hvd.Adasum), r
+    )
+    expect(
+        ValueError,
+        ["overlap_gathers"],
+        lambda: opt_of(hvd.DistributedModel(torch.nn.Linear(2, 2)), shard=3, overlap_gathers=True),
+        r,
+    )
+    expect(ValueError, ["reshard_after_forward"], lambda: opt_of(torch.nn.Linear(2, 2), reshard_after_forward=False), r)
+    dm = hvd.DistributedModel(torch.nn.Linear(2, 2))
+    stray = torch.nn.Parameter(torch.zeros(3))
+    expect(
+        ValueError,
+        ["not a parameter of the model"],
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(list(dm.parameters()) + [stray], lr=0.1), shard=3, model=dm),
+        r,
+    )
+    # A parameter used outside its module's forward is named, with the fix.
+    dm = hvd.DistributedModel(UsesWeightOutside().double())
+    opt_of(dm, shard=3, model=dm)
+    expect(RuntimeError, ["reshard_after_forward=False"], lambda: dm(torch.ones(2, 4, dtype=torch.float64)), r)
+    dm = hvd.DistributedModel(UsesWeightOutside().double())
+    opt = opt_of(dm, shard=3, model=dm, reshard_after_forward=False)
+    dm(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
+    opt.step()
+
+
+def check_eval_and_inference():
+    hvd.init()
+    n = hvd.size()
+    dm, opt, ref = train("adam", steps=1)
+    x, _ = batch(9, n)
+    dm.eval()
+    ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(dm(x), ref(x), rtol=1e-9, atol=1e-12)
+    with torch.inference_mode():
+        torch.testing.assert_close(dm(x), ref(x), rtol=1e-9, atol=1e-12)
+    assert all(f is None for f in opt._units._full)
