@@ -22,6 +22,10 @@ def test_memory_at_rest(nranks):
     run_ranks("tests.workers.zero3:check_memory_at_rest", nranks, timeout=120)
 
 
+def test_kept_buckets():
+    run_ranks("tests.workers.zero3:check_kept_buckets", 2, timeout=120)
+
+
 def test_gathered_parameters_and_state_dicts_across_job_sizes(tmp_path):
     env = {"ZERO3_CKPT": str(tmp_path / "full.pt")}
     run_ranks("tests.workers.zero3:check_gathered_parameters_and_state_dicts", 2, timeout=120, env=env)

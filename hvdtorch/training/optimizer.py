@@ -264,6 +264,7 @@ def DistributedOptimizer(
     model=None,
     overlap_gathers=False,
     reshard_after_forward=True,
+    keep_gathered_below=256 << 10,
 ):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
@@ -288,7 +289,9 @@ def DistributedOptimizer(
     sharded too, over a DistributedModel's parameters (model=, or found by
     itself): each layer's parameters are gathered around its forward and
     again in backward (zero/parameter_units.py); reshard_after_forward=False
-    keeps them from forward until backward."""
+    keeps them from forward until backward; buckets of fewer than
+    keep_gathered_below bytes stay gathered from the first forward after a
+    step to the next step."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
     # One optimizer per parameter: a newer DistributedOptimizer takes parameters over from an older one
     # (gradient_sync.take_over, and a sharded one through release_to_sharding), but never from a live
@@ -332,6 +335,7 @@ def DistributedOptimizer(
             model=model,
             overlap_gathers=overlap_gathers,
             reshard_after_forward=reshard_after_forward,
+            keep_gathered_below=keep_gathered_below,
         )
     if overlap_gathers:
         raise ValueError("hvdtorch: overlap_gathers=True applies to a sharded optimizer (shard=1 or 2) only")

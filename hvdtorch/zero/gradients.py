@@ -245,12 +245,15 @@ class BucketGradients:
         return results
 
     def _hold_flats(self) -> None:
-        """transient: the flat buffers' memory back (contents undefined: every
-        slot is written before its bucket is reduced, .grad being None)."""
+        """transient: the flat buffers' memory back, zeroed, every .grad a view
+        of its slot."""
         if self._released:
             for flat in self._reducer.flats():
                 flat.untyped_storage().resize_(flat.numel() * flat.element_size())
             self._released = False
+            # No .grad holds anything (the last pass's were dropped): zeroed views of the slots, so that
+            # backward accumulates into the buckets, not into gradients it allocates and the hooks copy.
+            self._reducer.view_gradients()
 
     def _release_flats(self) -> None:
         """transient: the flat buffers' memory goes (nothing views them between

@@ -260,6 +260,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         model: Optional[torch.nn.Module] = None,
         overlap_gathers: bool = False,
         reshard_after_forward: bool = True,
+        keep_gathered_below: int = 256 << 10,
     ):
         _check_arguments(optimizer, shard, op, gradient_predivide_factor)
         names = names_by_id(optimizer.param_groups, named_parameters)
@@ -326,6 +327,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 unit_of,
                 ps,
                 reshard_after_forward,
+                keep_gathered_below,
             )
             dm.hold_parameters_sharded(self._units)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight

@@ -31,6 +31,11 @@ Contract:
     shards hold. A bucket is freed again once every parameter in it has its
     gradient accumulated, and whatever is still gathered at the end of
     backward is freed then.
+  * Small buckets stay gathered (``keep_gathered_below`` bytes, as
+    DeepSpeed's persistence threshold): they are gathered together, by one
+    grouped all-gather at the first forward after a step, and kept until
+    the next step, so that the norms and biases of a deep network cost one
+    collective per step instead of two each. ``kept_bytes()`` counts them.
   * Prefetch. The order in which a forward first gathers the buckets is
     recorded; the next forward starts the gather of the bucket after the
     one it waits for, backward the one before. Every decision to gather or
@@ -126,6 +131,7 @@ class ParameterUnits:
         unit_of: Dict[int, int],
         process_set,
         reshard_after_forward: bool,
+        keep_gathered_below: int = 0,
     ):
         """``params[i]``: the parameter numbered i in the buckets; ``shards[j]``:
         this rank's persistent shard of bucket j (the inner optimizer steps
@@ -149,6 +155,11 @@ class ParameterUnits:
         self._recording: List[int] = []
         self._recorded = set()
         self._missing = [len(b.params) for b in self._buckets]  # parameters whose gradient is not in yet
+        # Buckets kept gathered from their first forward after a step to the next step (see the top).
+        self._kept = [
+            j for j, b in enumerate(self._buckets) if b.numel * self._shards[j].element_size() < keep_gathered_below
+        ]
+        self._kept_set = set(self._kept)
         self._callback_queued = False
         self._stand_ins = {}
         self._stand_in_of_storage: Dict[int, int] = {}  # data_ptr of a stand-in's one element -> parameter
@@ -196,7 +207,19 @@ class ParameterUnits:
         """Starts gathering bucket j unless it is gathered or on its way."""
         if self._full[j] is not None or j in self._gathers:
             return
-        self._gathers[j] = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._process_set)
+        handle = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._process_set)
+        self._gathers[j] = (handle, [j])
+
+    def _start_kept(self) -> None:
+        """Starts one grouped all-gather of every kept bucket not gathered."""
+        js = [j for j in self._kept if self._full[j] is None and j not in self._gathers]
+        if not js:
+            return
+        handle = ops.grouped_allgather_async(
+            [self._shards[j] for j in js], name=f"{self._name}.gather_kept", process_set=self._process_set
+        )
+        for j in js:
+            self._gathers[j] = (handle, js)
 
     def _finish(self, j: int) -> torch.Tensor:
         """Bucket j gathered: waits for its all-gather (started here if it was
@@ -205,17 +228,29 @@ class ParameterUnits:
         if full is not None:
             return full
         self._start(j)
-        full = ops.synchronize(self._gathers.pop(j))
+        handle, together = self._gathers[j]
+        results = ops.synchronize(handle)
+        if len(together) == 1 and not isinstance(results, list):
+            results = [results]
+        for k, result in zip(together, results):
+            del self._gathers[k]
+            self._install(k, result)
+        return self._full[j]
+
+    def _install(self, j: int, full: torch.Tensor) -> None:
         self._full[j] = full
         self._bucket_of_storage[full.untyped_storage().data_ptr()] = j
         b = self._buckets[j]
         for i, offset, shape in zip(b.params, b.offsets, b.shapes):
             p = self._params[i]
             p.data = full[offset : offset + p.numel()].view(shape)
-        return full
 
-    def _free(self, j: int) -> None:
-        if self._pins:
+    def kept_bytes(self) -> int:
+        """Bytes of the buckets kept gathered between uses (see the top)."""
+        return sum(self._buckets[j].numel * self._shards[j].element_size() for j in self._kept)
+
+    def _free(self, j: int, kept_too: bool = False) -> None:
+        if self._pins or (j in self._kept_set and not kept_too):
             return
         if j in self._gathers:
             self._finish(j)  # a collective is never left behind
@@ -230,9 +265,9 @@ class ParameterUnits:
         for i in self._buckets[j].params:
             self._params[i].data = self._stand_ins[i]
 
-    def free_all(self) -> None:
+    def free_all(self, kept_too: bool = False) -> None:
         for j in range(len(self._buckets)):
-            self._free(j)
+            self._free(j, kept_too)
 
     def _gather(self, js: Sequence[int]) -> None:
         for j in js:
@@ -255,6 +290,7 @@ class ParameterUnits:
         forward's prefetch, and autograd saves aliases of gathered buckets by
         position (see the top)."""
         self.free_all()
+        self._start_kept()
         self._recording, self._recorded = [], set()
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
@@ -335,7 +371,7 @@ class ParameterUnits:
 
     def after_step(self) -> None:
         """The shards changed: nothing gathered before may be read again."""
-        self.free_all()
+        self.free_all(kept_too=True)
 
     @contextlib.contextmanager
     def gathered_parameters(self, modifier_rank: Optional[int] = 0):
@@ -424,7 +460,7 @@ class ParameterUnits:
                     for k in keys_of.get(id(self._params[i]), []):
                         out[k] = value
             if not was_gathered:
-                self._free(j)
+                self._free(j, kept_too=True)
         return {k: out[k] for k in raw if k in out}
 
     def _is_sharded(self, v) -> bool:
@@ -442,6 +478,7 @@ class ParameterUnits:
             result = module.load_state_dict(rest, strict=False)
         finally:
             self._reading -= 1
+        self.free_all(kept_too=True)
         missing = [k for k in result.missing_keys if not (k in raw and id(raw[k]) in sharded_ids)]
         taken = set()
         with torch.no_grad():
@@ -464,7 +501,7 @@ class ParameterUnits:
             raise RuntimeError(
                 f"hvdtorch: load_state_dict: missing keys {missing}, unexpected keys {list(result.unexpected_keys)}"
             )
-        self.free_all()
+        self.free_all(kept_too=True)
         return torch.nn.modules.module._IncompatibleKeys(missing, list(result.unexpected_keys))
 
     def _write_parameter(self, i: int, value: torch.Tensor) -> None:
@@ -478,5 +515,5 @@ class ParameterUnits:
                 flat = value.detach().reshape(-1).to(self._shards[j].dtype)
                 self._shards[j][lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
             if self._full[j] is not None:  # a gathered copy would be stale
-                self._free(j)
+                self._free(j, kept_too=True)
             return

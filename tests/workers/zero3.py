@@ -9,6 +9,7 @@ modules), a module called twice in one forward, a LayerNorm, a frozen
 parameter and shapes no number of ranks divides.
 """
 
+import contextlib
 import copy
 import gc
 import os
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import hvdtorch as hvd
+from hvdtorch.collectives import ops
 from tests.workers.common import expect
 
 PER_RANK = 3
@@ -108,6 +110,7 @@ def train(
         shard=3,
         model=dm,
         fusion_bytes=kw.pop("fusion_bytes", 96),
+        keep_gathered_below=kw.pop("keep_gathered_below", 0),
         **kw,
     )
     for step in range(steps):
@@ -141,6 +144,8 @@ def check_training(which):
     train("adam", accumulate=3, use_no_sync=True)
     train("adam", checkpointed=True)
     train("sgd", fusion_bytes=25 << 20)  # one bucket per unit
+    train("adam", keep_gathered_below=1 << 20)  # every bucket kept gathered between uses
+    train("sgd", keep_gathered_below=200, accumulate=2)  # some kept, some not
     # fp16 on the wire: the gradients are rounded, so equal within float16's precision.
     train("sgd", dm_kw={"compression": hvd.Compression.fp16}, tol=(2e-3, 2e-4))
 
@@ -182,6 +187,40 @@ def check_memory_at_rest():
     F.mse_loss(out, y[:PER_RANK]).backward()
     assert all(f is None for f in units._full), "a bucket stays gathered after backward"
     opt.step()
+
+
+def check_kept_buckets():
+    """Buckets under keep_gathered_below: one grouped all-gather at the first
+    forward after a step, kept through forward and backward, freed by step()."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    dm, opt, _ = train("adam", steps=1, keep_gathered_below=200)
+    units = opt._units
+    kept = set(units._kept)
+    assert kept and len(kept) < len(units._full), (kept, len(units._full))
+    assert units.kept_bytes() == sum(opt._buckets[j].numel * 8 for j in kept)
+    opt.step()  # frees what the state_dict() of the check left gathered
+    x, y = batch(0, n)
+    grouped = []
+    start = ops.grouped_allgather_async
+
+    def counted(tensors, name=None, process_set=None):
+        grouped.append(len(tensors))
+        return start(tensors, name=name, process_set=process_set)
+
+    ops.grouped_allgather_async = counted
+    try:
+        for sync in (False, True):
+            with contextlib.nullcontext() if sync else dm.no_sync():
+                loss = F.mse_loss(dm(x[r * PER_RANK : (r + 1) * PER_RANK]), y[r * PER_RANK : (r + 1) * PER_RANK])
+                assert {j for j, f in enumerate(units._full) if f is not None} == kept
+                loss.backward()
+                assert {j for j, f in enumerate(units._full) if f is not None} == kept
+    finally:
+        ops.grouped_allgather_async = start
+    assert grouped == [len(kept)], grouped  # one grouped gather for the two forwards
+    opt.step()
+    assert all(f is None for f in units._full)
 
 
 def check_gathered_parameters_and_state_dicts():
@@ -294,10 +333,10 @@ def check_errors():
     )
     # A parameter used outside its module's forward is named, with the fix.
     dm = hvd.DistributedModel(UsesWeightOutside().double())
-    opt_of(dm, shard=3, model=dm)
+    opt_of(dm, shard=3, model=dm, keep_gathered_below=0)
     expect(RuntimeError, ["reshard_after_forward=False"], lambda: dm(torch.ones(2, 4, dtype=torch.float64)), r)
     dm = hvd.DistributedModel(UsesWeightOutside().double())
-    opt = opt_of(dm, shard=3, model=dm, reshard_after_forward=False)
+    opt = opt_of(dm, shard=3, model=dm, reshard_after_forward=False, keep_gathered_below=0)
     dm(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
     opt.step()
 
