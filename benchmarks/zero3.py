@@ -13,7 +13,8 @@ Settings:
 Configurations (torch.optim.Adam, lr 1e-4):
   dm      hvd.DistributedModel, the plain optimizer
   shard2  + hvd.DistributedOptimizer(shard=2)
-  shard3  + hvd.DistributedOptimizer(shard=3, model=dm)
+  shard3  + hvd.DistributedOptimizer(shard=3, model=dm); shard3@<bytes>: with
+          keep_gathered_below=<bytes> (not in the default --configs)
   fsdp2   torch.distributed.fsdp.fully_shard on every Linear and Conv2d
           (its layers' units), then on the root; Gloo
 Method: as benchmarks/zero.py's. Throughput: one torchrun job builds every
@@ -94,7 +95,8 @@ class Config:
         self.model = hvd.DistributedModel(model, name=f"z3.{name}")
         self.opt = torch.optim.Adam(self.model.parameters(), lr=LR)
         if name.startswith("shard"):
-            self.opt = hvd.DistributedOptimizer(self.opt, shard=int(name[5]), model=self.model)
+            kw = {"keep_gathered_below": int(name.split("@")[1])} if "@" in name else {}
+            self.opt = hvd.DistributedOptimizer(self.opt, shard=int(name[5]), model=self.model, **kw)
 
     def steps(self, data, n):
         for _ in range(n):

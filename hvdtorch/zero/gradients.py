@@ -217,7 +217,7 @@ class BucketGradients:
         accumulates in place. Otherwise autograd allocates each gradient of
         the first backward and the reducer's hook copies it into its slot
         (and makes .grad the view, freeing it)."""
-        if any(self._params[i].grad is not None for b in self._buckets for i in b.params):
+        if self._released or any(self._params[i].grad is not None for b in self._buckets for i in b.params):
             return
         self._reducer.view_gradients()
 
@@ -225,8 +225,10 @@ class BucketGradients:
         """Zeroes the buckets and makes every .grad a view of its slot, so that
         the next backward accumulates in place (no allocation, no copy into the
         bucket). Only between steps; a bucket whose dtype differs from its
-        parameters' (fp16 compression) is left alone."""
-        self._reducer.view_gradients()
+        parameters' (fp16 compression) is left alone. Not while the buffers
+        are released (transient: taking them back makes the views)."""
+        if not self._released:
+            self._reducer.view_gradients()
 
     def pending(self) -> bool:
         """A counted backward pass ran since the last synchronize()."""

@@ -305,6 +305,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # A DistributedOptimizer made earlier over these parameters lets them go (one optimizer per parameter).
         take_over(all_params, self._names, None)
         self._flatten_parameters()
+        # Whether the buckets are reduced (and, shard=1/2, gathered) in place: every rank on one host with
+        # registered memory.
         self._gather_in_place = self._size > 1 and self._agree_layout_and_gather()
         self.optim = self._inner_optimizer(optimizer)
         # The wrapped optimizer's own group dicts, not copies: a learning-rate
@@ -414,11 +416,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._process_set,
             in_place=self._gather_in_place,
             settle=weak_method(self, "settle"),  # shard=1: a use of .grad after backward finishes the reduction
-            transient=self._stage == 3 and self._size > 1,
+            # shard=3 off the in-place path: no gradient buffer between steps. In place the buffers are
+            # registered and stay: the reduced shard is a view of them, where a reduce-scatter allocates it.
+            transient=self._stage == 3 and self._size > 1 and not self._gather_in_place,
         )
         if dm is not None:
             dm.hand_gradients_to(self)
-        if self._stage < 3:
+        if self._stage < 3 or self._gather_in_place:
             self._grads.view_gradients_from_the_start()
 
     # ---- construction helpers -------------------------------------------------
@@ -428,8 +432,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         parameters are gathered in place (every rank on one host, every flat in
         registered memory)."""
         mine = signature(self._buckets)
-        own_buffers = runtime.state().engine.registered_stats()[0]
-        registered = own_buffers > 0 and self._stage < 3 and self._flats[0].device.type == "cpu"
+        engine = runtime.state().engine
+        cpu = self._shards[0].device.type == "cpu"
+        # shard=3 has no flat of its own yet: a probe tells whether this rank has registered memory.
+        probe = engine.registered_zeros(1, torch.uint8) if cpu and self._stage == 3 else None
+        registered = engine.registered_stats()[0] > 0 and cpu
+        del probe
         here = (mine, runtime.cross_rank(), registered)
         every = allgather_object(here, name=f"{self._name}.layout", process_set=self._process_set)
         differ = [self._process_set.ranks[k] for k, theirs in enumerate(every) if theirs[0] != mine]
@@ -738,7 +746,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 else:
                     p.grad.requires_grad_(False)
                 p.grad.zero_()
-        if self._stage < 3:  # shard=3 keeps no gradient buffer between steps
+        if self._stage < 3 or self._gather_in_place:  # else shard=3 keeps no gradient buffer between steps
             self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
 
     # ---- sizes -----------------------------------------------------------------
