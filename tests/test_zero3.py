@@ -42,3 +42,26 @@ def test_errors():
 
 def test_eval_and_inference():
     run_ranks("tests.workers.zero3:check_eval_and_inference", 2, timeout=120)
+
+
+def test_units_plan():
+    from hvdtorch.zero.parameter_units import plan_units
+    from tests.workers.zero3 import base_model
+
+    net = base_model()
+    params = [p if p.requires_grad else None for p in net.parameters()]
+    index = {id(p): i for i, p in enumerate(net.parameters())}
+
+    def unit(plan, p):
+        return plan.of_param[index[id(p)]]
+
+    block = plan_units(net, params, 600)  # the block's subtree is 528 bytes, the whole model 1560
+    assert unit(block, net.block.lin.weight) == unit(block, net.block.scale) != 0
+    assert block.of_module[id(net.block.lin)] == block.of_module[id(net.block)]  # hooked, gathers the block
+    assert unit(block, net.mid.weight) == 0  # tied: held by mid's unit and out's
+    assert len({unit(block, net.inp.weight), unit(block, net.head.weight), unit(block, net.block.scale)}) == 3
+    assert index[id(net.frozen)] not in block.of_param  # frozen: not sharded
+    each = plan_units(net, params, 0)  # no subtree fits: every module is a unit of its own parameters
+    assert unit(each, net.block.lin.weight) != unit(each, net.block.scale)
+    whole = plan_units(net, params, 25 << 20)
+    assert set(whole.of_param.values()) == {0}

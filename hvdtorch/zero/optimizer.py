@@ -80,7 +80,7 @@ from . import host_heap
 from . import join as shard_join
 from .gradients import BucketGradients
 from .layout import plan, signature
-from .parameter_units import ParameterUnits, unit_of_parameters
+from .parameter_units import ParameterUnits, plan_units
 
 _instance_ids = itertools.count()
 # Why the sharded optimizer refuses Compression.powersgd.
@@ -296,10 +296,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # A joined rank takes part in every collective of the optimizer (zero/join.py).
         self._name = f"{shard_join.NO_STAND_IN_PREFIX}sharded{next(_instance_ids)}"
         first = min(int(first_bucket_bytes), int(fusion_bytes)) if fusion_bytes > 0 else 0
-        unit_of = None
+        units = None
         if shard == 3:
-            unit_of = unit_of_parameters(module, [p if p.requires_grad else None for p in all_params])
-        self._buckets = plan(numbered, int(fusion_bytes), first, unit_of)
+            # A unit is the largest module whose parameters fit one bucket (zero/parameter_units.py).
+            units = plan_units(module, [p if p.requires_grad else None for p in all_params], int(fusion_bytes))
+        self._buckets = plan(numbered, int(fusion_bytes), first, None if units is None else units.of_param)
         if not self._buckets:
             raise ValueError("hvdtorch: the optimizer has no parameter that requires grad: nothing to shard")
         # A DistributedOptimizer made earlier over these parameters lets them go (one optimizer per parameter).
@@ -326,7 +327,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self._all_params,
                 self._names,
                 self._shards,
-                unit_of,
+                units,
                 ps,
                 reshard_after_forward,
                 keep_gathered_below,

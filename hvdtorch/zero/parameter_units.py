@@ -3,12 +3,19 @@ at rest, and a unit's full values exist only while its forward or backward
 needs them.
 
 Contract:
-  * Units. A unit is a module of the model with parameters of its own
-    (``parameters(recurse=False)``); a parameter several modules hold (tied
-    weights) belongs to the root module's unit, which is gathered for the
-    whole forward. The shard layout's buckets never span units
-    (zero/layout.py's plan, the unit in each bucket's key), so a unit is a
-    set of buckets, and a bucket is gathered and freed as a whole.
+  * Units (plan_units). Walking down from the root, the first module whose
+    subtree's parameters fit one bucket (the optimizer's fusion_bytes) is a
+    unit with its whole subtree (a block of a deep network, a Linear of a
+    wide MLP: one gather for the block, not one per layer); a module above
+    that with parameters of its own is a unit of those alone. A parameter
+    that modules of different units hold (tied weights), and the root's own,
+    belong to the root's unit, gathered for the whole forward. The shard
+    layout's buckets never span units (zero/layout.py's plan, the unit in
+    each bucket's key), so a unit is a set of buckets, and a bucket is
+    gathered and freed as a whole. Every module of a unit with parameters
+    of its own is hooked too, and the unit is gathered while any of their
+    forwards runs (counted), so a module called on its own (outside its
+    unit's forward) finds its parameters.
   * At rest a parameter's ``.data`` is a stand-in of its shape, dtype and
     device that takes no memory: one NaN, expanded (every element reads NaN,
     any write raises). ``state_dict()`` and ``load_state_dict()`` of the
@@ -56,6 +63,7 @@ Contract:
 
 import contextlib
 import weakref
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -66,29 +74,76 @@ from ..training.gradient_sync import remove_hooks
 from .layout import Bucket
 
 
-def unit_of_parameters(module: torch.nn.Module, params: Sequence[Optional[torch.Tensor]]) -> Dict[int, int]:
-    """Parameter index -> unit number (the order of ``module.modules()``):
-    the module that holds it, or the root's unit (0) for one held by several.
-    ``params[i]`` None is skipped. A parameter that is not the module's
+@dataclass
+class UnitPlan:
+    """Which unit each parameter belongs to, and which unit each hooked
+    module's forward needs gathered (unit 0: the root module's)."""
+
+    of_param: Dict[int, int]  # parameter index -> unit
+    of_module: Dict[int, int]  # id(module) -> unit, for every module in ``hooked``
+    hooked: List[torch.nn.Module]
+
+
+def plan_units(module: torch.nn.Module, params: Sequence[Optional[torch.Tensor]], cap_bytes: int) -> UnitPlan:
+    """The units of ``module`` (see the top): walking down from the root, the
+    first module whose subtree's parameters take at most ``cap_bytes`` is a
+    unit with its whole subtree; a module above that with parameters of its
+    own is a unit of those alone; the root's own parameters, and any held by
+    modules of different units (tied weights), are the root's unit.
+    ``params[i]`` None is not sharded. A parameter that is not the module's
     raises: nothing would gather it."""
-    modules = [module] + [m for m in module.modules() if m is not module]
-    holders: Dict[int, List[int]] = {}
-    for u, m in enumerate(modules):
-        for p in m.parameters(recurse=False):
-            holders.setdefault(id(p), []).append(u)
-    units = {}
+    index = {id(p): i for i, p in enumerate(params) if p is not None}
+
+    def own(m):
+        return [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index]
+
+    def subtree_bytes(m):
+        mine = {index[id(p)] for p in m.parameters() if id(p) in index}
+        return sum(params[i].numel() * params[i].element_size() for i in mine)
+
+    of_module: Dict[int, int] = {id(module): 0}
+    hooked = [module]
+    seen = {id(module)}
+    count = 1
+
+    def visit(m, unit):
+        nonlocal count
+        for child in m.children():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            u = unit
+            if u is None and 0 < subtree_bytes(child) <= cap_bytes:
+                u = count  # the child's whole subtree
+                count += 1
+                of_module[id(child)], _ = u, hooked.append(child)
+            elif own(child):
+                if u is None:
+                    of_module[id(child)] = count  # its own parameters only
+                    count += 1
+                else:
+                    of_module[id(child)] = u  # inside a unit: called alone, its forward gathers the unit
+                hooked.append(child)
+            visit(child, u)
+
+    visit(module, 0 if 0 < subtree_bytes(module) <= cap_bytes else None)
+    holders: Dict[int, set] = {}
+    for m in hooked:
+        for i in own(m):
+            holders.setdefault(i, set()).add(of_module[id(m)])
+    of_param = {}
     for i, p in enumerate(params):
         if p is None:
             continue
-        held = holders.get(id(p))
-        if held is None:
+        units = holders.get(i)
+        if units is None:
             raise ValueError(
                 f"hvdtorch: shard=3: the optimizer steps a parameter of shape {tuple(p.shape)} that is not a "
                 "parameter of the model: shard=3 gathers parameters around their module's forward, and nothing "
                 "would gather this one; register it on a module of the model"
             )
-        units[i] = held[0] if len(held) == 1 else 0
-    return units
+        of_param[i] = next(iter(units)) if len(units) == 1 else 0
+    return UnitPlan(of_param, of_module, hooked)
 
 
 class _SavedView:
@@ -128,14 +183,14 @@ class ParameterUnits:
         params: Sequence[torch.Tensor],
         names: Sequence[str],
         shards: Sequence[torch.Tensor],
-        unit_of: Dict[int, int],
+        units: UnitPlan,
         process_set,
         reshard_after_forward: bool,
         keep_gathered_below: int = 0,
     ):
         """``params[i]``: the parameter numbered i in the buckets; ``shards[j]``:
         this rank's persistent shard of bucket j (the inner optimizer steps
-        it); ``unit_of``: unit_of_parameters() of the same parameters."""
+        it); ``units``: plan_units() of the same parameters."""
         self._name = name
         self._buckets = list(buckets)
         self._params = params
@@ -169,23 +224,18 @@ class ParameterUnits:
                 one = torch.full((), float("nan"), dtype=p.dtype, device=p.device)
                 self._stand_ins[i] = one.expand(p.shape)
                 self._stand_in_of_storage[one.untyped_storage().data_ptr()] = i
-        modules = [module] + [m for m in module.modules() if m is not module]
-        self._unit_buckets: Dict[int, List[int]] = {}
-        self._unit_of_module: Dict[int, List[int]] = {}  # id(module) -> its unit's buckets
+        self._unit_buckets: Dict[int, List[int]] = {}  # unit -> its buckets
         for j, b in enumerate(self._buckets):
-            u = unit_of[b.params[0]]
-            self._unit_buckets.setdefault(u, []).append(j)
+            self._unit_buckets.setdefault(units.of_param[b.params[0]], []).append(j)
+        self._unit_of_module = dict(units.of_module)
+        self._users = [0] * (max(self._unit_of_module.values()) + 1)  # forwards running that need the unit
         me = weakref.ref(self)
         handles = []
-        for u, m in enumerate(modules):
-            js = self._unit_buckets.get(u)
-            if js:
-                handles.append(m.register_forward_pre_hook(_hook_of(me, "_unit_forward_pre")))
-                handles.append(m.register_forward_hook(_hook_of(me, "_unit_forward_post")))
-                self._unit_of_module[id(m)] = js
-            if js or m is module:
-                handles.append(m.register_state_dict_pre_hook(_hook_of(me, "_refuse_state_dict")))
-                handles.append(m.register_load_state_dict_pre_hook(_hook_of(me, "_refuse_load_state_dict")))
+        for m in units.hooked:
+            handles.append(m.register_forward_pre_hook(_hook_of(me, "_unit_forward_pre")))
+            handles.append(m.register_forward_hook(_hook_of(me, "_unit_forward_post")))
+            handles.append(m.register_state_dict_pre_hook(_hook_of(me, "_refuse_state_dict")))
+            handles.append(m.register_load_state_dict_pre_hook(_hook_of(me, "_refuse_load_state_dict")))
         for b_idx, b in enumerate(self._buckets):
             for i in b.params:
                 handles.append(
@@ -289,6 +339,7 @@ class ParameterUnits:
         again what it needs), the gathering order is recorded for the next
         forward's prefetch, and autograd saves aliases of gathered buckets by
         position (see the top)."""
+        self._users = [0] * len(self._users)  # a forward that raised left its counts behind
         self.free_all()
         self._start_kept()
         self._recording, self._recorded = [], set()
@@ -302,7 +353,11 @@ class ParameterUnits:
                 self.free_all()  # else kept for backward
 
     def _unit_forward_pre(self, module, _args) -> None:
-        js = self._unit_of_module[id(module)]
+        u = self._unit_of_module[id(module)]
+        self._users[u] += 1
+        js = self._unit_buckets.get(u)
+        if self._users[u] > 1 or not js:
+            return  # gathered by the unit's outer forward (or nothing to gather)
         for j in js:
             if j not in self._recorded:
                 self._recorded.add(j)
@@ -311,8 +366,10 @@ class ParameterUnits:
         self._prefetch(js[-1], +1)
 
     def _unit_forward_post(self, module, _args, _output) -> None:
-        if self._reshard or not torch.is_grad_enabled():
-            for j in self._unit_of_module[id(module)]:
+        u = self._unit_of_module[id(module)]
+        self._users[u] = max(self._users[u] - 1, 0)
+        if self._users[u] == 0 and (self._reshard or not torch.is_grad_enabled()):
+            for j in self._unit_buckets.get(u, ()):
                 self._free(j)
 
     def _pack(self, t: torch.Tensor):

@@ -6,7 +6,8 @@ whole batch; in float64 the parameters must match to rtol 1e-9. The model
 has a module with a parameter of its own and a child (nested units), a
 parameter no forward uses, tied weights (one parameter held by two
 modules), a module called twice in one forward, a LayerNorm, a frozen
-parameter and shapes no number of ranks divides.
+parameter, a module of a unit called on its own and shapes no number of
+ranks divides.
 """
 
 import contextlib
@@ -58,6 +59,7 @@ class Net(torch.nn.Module):
         else:
             h = self.block(h)
         h = self.block(h)  # called twice
+        h = h + 0.5 * self.block.lin(h)  # a module of the block's unit called on its own
         h = self.out(torch.relu(self.mid(self.norm(h)))) * self.frozen
         return self.head(h)
 
@@ -143,7 +145,8 @@ def check_training(which):
     train("sgd", accumulate=2)
     train("adam", accumulate=3, use_no_sync=True)
     train("adam", checkpointed=True)
-    train("sgd", fusion_bytes=25 << 20)  # one bucket per unit
+    train("sgd", fusion_bytes=25 << 20)  # the whole model is one unit
+    train("adam", fusion_bytes=600)  # the block (528 bytes) is one unit with its child
     train("adam", keep_gathered_below=1 << 20)  # every bucket kept gathered between uses
     train("sgd", keep_gathered_below=200, accumulate=2)  # some kept, some not
     # fp16 on the wire: the gradients are rounded, so equal within float16's precision.
@@ -183,6 +186,20 @@ def check_memory_at_rest():
         return full
 
     units._finish = watched
+    # While the head's forward starts, only the root's unit (the tied weight) and what is prefetched are
+    # gathered: every unit before it was freed after its forward.
+    gathered_at = {}
+
+    def count(name):
+        gathered_at[name] = sum(f is not None for f in units._full)
+
+    buckets_of = {
+        name: len(units._unit_buckets.get(units._unit_of_module[id(m)], []))
+        for name, m in dm.module.named_modules()
+        if id(m) in units._unit_of_module
+    }
+    head = dm.module.head.register_forward_pre_hook(lambda *_: count("head"))
+    last = dm.module.inp.weight.register_post_accumulate_grad_hook(lambda *_: count("inp.weight"))
     x, y = batch(0, n)
     out = dm(x[:PER_RANK])
     assert gathered, "the forward gathered nothing"
@@ -191,7 +208,12 @@ def check_memory_at_rest():
     alive = sum(w() is not None for w in gathered)
     assert alive == 0, f"{alive} of {len(gathered)} gathered buckets outlive the forward"
     F.mse_loss(out, y[:PER_RANK]).backward()
+    head.remove()
+    last.remove()
     assert all(f is None for f in units._full), "a bucket stays gathered after backward"
+    assert gathered_at["head"] <= buckets_of[""] + buckets_of["head"], (gathered_at, buckets_of)
+    # In backward, a unit is freed once its gradients are in: at the last gradient only the first layer's is left.
+    assert gathered_at["inp.weight"] <= buckets_of["inp"], (gathered_at, buckets_of)
     opt.step()
 
 
@@ -339,10 +361,10 @@ def check_errors():
     )
     # A parameter used outside its module's forward is named, with the fix.
     dm = hvd.DistributedModel(UsesWeightOutside().double())
-    opt_of(dm, shard=3, model=dm, keep_gathered_below=0)
+    opt_of(dm, shard=3, model=dm, keep_gathered_below=0, fusion_bytes=0)
     expect(RuntimeError, ["reshard_after_forward=False"], lambda: dm(torch.ones(2, 4, dtype=torch.float64)), r)
     dm = hvd.DistributedModel(UsesWeightOutside().double())
-    opt = opt_of(dm, shard=3, model=dm, reshard_after_forward=False, keep_gathered_below=0)
+    opt = opt_of(dm, shard=3, model=dm, reshard_after_forward=False, keep_gathered_below=0, fusion_bytes=0)
     dm(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
     opt.step()
 
