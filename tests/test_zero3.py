@@ -65,3 +65,8 @@ def test_units_plan():
     assert unit(each, net.block.lin.weight) != unit(each, net.block.scale)
     whole = plan_units(net, params, 25 << 20)
     assert set(whole.of_param.values()) == {0}
+
+
+def test_elastic_state_commits_restores_and_resumes_at_another_size(tmp_path):
+    run_ranks("tests.workers.zero3:check_elastic", 2, args=[str(tmp_path), "commit"], timeout=120)
+    run_ranks("tests.workers.zero3:check_elastic", 3, args=[str(tmp_path), "resume"], timeout=120)

@@ -117,6 +117,7 @@ class State:
         if self._commit_dir and runtime.local_rank() == 0:
             persist.write_atomically(self.commit_path, self._snapshot())
         self._full_optimizer = None
+        self._full_model = None
         if runtime.size() > 1:
             ops.barrier()
         self.check_host_updates()
@@ -234,7 +235,10 @@ class TorchState(ObjectState):
     in memory on each rank (restore() is local), writes the whole state,
     gathered to every host's writer, in a commit on disk, and sync() hands
     every rank its shard of the job's state (of the commit rank 0 loaded, if
-    it loaded one).
+    it loaded one). With shard=3 the model's parameters are sharded too and
+    travel alike: each rank keeps its shards in memory, a commit writes the
+    full model, and sync() hands every rank its range of the model of rank
+    0's commit read from disk.
 
     A Compression.powersgd compressor's state travels with the model (a
     DistributedModel's) or the optimizer (a DistributedOptimizer's): see the
@@ -263,6 +267,12 @@ class TorchState(ObjectState):
         self._saved_optimizer = None
         self._saved_samplers = {}
         self._sharded = isinstance(optimizer, ShardedOptimizer)
+        # shard=3: the model's parameters are sharded too: each rank keeps its shards in memory, a commit
+        # writes the full model (gathered to the writers), and sync() hands rank 0's commit read from disk
+        # to every rank (a broadcast of the state_dict() would go to copies).
+        self._sharded_model = getattr(model, "_parameter_units", None) is not None
+        self._full_model = None
+        self._model_from_disk = False
         self._full_optimizer = None  # sharded: the whole state, on the writers of a commit
         self._optimizer_from_disk = False  # sharded: _saved_optimizer is a whole state read from disk
         # The DistributedModel's PowerSGD compressor, whose state lives beside the model's (the
@@ -273,7 +283,9 @@ class TorchState(ObjectState):
 
     def save(self) -> None:
         super().save()
-        if self.model is not None:
+        if self._sharded_model:
+            self._saved_model = self.model.sharded_state_dict()  # clones
+        elif self.model is not None:
             self._saved_model = copy.deepcopy(self.model.state_dict())
         if self.optimizer is not None:
             # Sharded: each rank keeps its own shard in memory (a restore happens at the same size).
@@ -305,6 +317,9 @@ class TorchState(ObjectState):
                 s.processed_indices = set().union(*every)
 
     def _gather_for_disk(self) -> None:
+        if self._sharded_model:
+            local_ranks = broadcast.allgather_object(runtime.local_rank(), name="elastic.state.model_local_ranks")
+            self._full_model = self.model.state_dict(to=[r for r, local in enumerate(local_ranks) if local == 0])
         if self._sharded:
             local_ranks = broadcast.allgather_object(runtime.local_rank(), name="elastic.state.local_ranks")
             writers = [r for r, local in enumerate(local_ranks) if local == 0]
@@ -323,6 +338,14 @@ class TorchState(ObjectState):
         self.optimizer.load_state_dict(full)
         self._optimizer_from_disk = False
 
+    def _sync_sharded_model(self) -> None:
+        """shard=3: every rank takes its range of rank 0's commit read from
+        disk; otherwise every rank already holds its shard of one model."""
+        if broadcast.broadcast_object(self._model_from_disk, 0, name="elastic.state.model_from_disk"):
+            mine = self._saved_model if runtime.rank() == 0 else None
+            self.model.load_state_dict(broadcast.broadcast_object(mine, 0, name="elastic.state.model"))
+        self._model_from_disk = False
+
     def sync(self) -> None:
         # Each rank's own PowerSGD states, before rank 0's optimizer state (which carries one) replaces it.
         optimizer_powersgd = getattr(self.optimizer, "_hvd_compression", None)
@@ -332,7 +355,9 @@ class TorchState(ObjectState):
             for c, name in ((self._model_powersgd, "elastic.model"), (optimizer_powersgd, "elastic.optimizer"))
             if c is not None
         ]
-        if self.model is not None:
+        if self._sharded_model:
+            self._sync_sharded_model()
+        elif self.model is not None:
             broadcast.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None and self._sharded:
             self._sync_sharded_optimizer()
@@ -351,7 +376,7 @@ class TorchState(ObjectState):
         out = super()._saved()
         optimizer = self._full_optimizer if self._sharded else self._saved_optimizer
         out.update(
-            model=self._saved_model,
+            model=self._full_model if self._sharded_model else self._saved_model,
             optimizer=optimizer,
             samplers=self._saved_samplers,
             powersgd=self._saved_powersgd,
@@ -362,6 +387,7 @@ class TorchState(ObjectState):
     def _load_saved(self, saved: Dict) -> None:
         super()._load_saved(saved)
         self._saved_model = saved["model"]
+        self._model_from_disk = self._sharded_model
         # A commit on disk is the job's (one writer per host; a shared folder keeps the last writer's): what
         # a rank of it held of its own (Adasum's, PowerSGD's) is taken on purpose, as sync() hands it out.
         self._saved_optimizer = own_state.disown(saved["optimizer"])

@@ -453,6 +453,14 @@ class DistributedModel(torch.nn.Module):
             return self._parameter_units.state_dict(self.module, kwargs.get("prefix", ""), to=to)
         return self.module.state_dict(*args, **kwargs)
 
+    def sharded_state_dict(self):
+        """shard=3: this rank's shards and the rest of the module's state
+        (local); load_state_dict() takes it back at the same rank and size, or
+        every rank's in a list at any number of ranks."""
+        if self._parameter_units is None:
+            raise ValueError("hvdtorch: sharded_state_dict() is for shard=3 models; use state_dict()")
+        return self._parameter_units.sharded_state_dict(self.module)
+
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         if self._parameter_units is not None:
             return self._parameter_units.load_state_dict(self.module, state_dict, strict=strict)

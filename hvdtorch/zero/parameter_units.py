@@ -71,7 +71,10 @@ import torch
 from .. import runtime
 from ..collectives import ops
 from ..training.gradient_sync import remove_hooks
-from .layout import Bucket
+from .layout import Bucket, signature
+
+# The key of a sharded_state_dict() (what load_state_dict() tells it by).
+SHARDED_FORMAT = "hvdtorch.zero3.shards"
 
 
 @dataclass
@@ -520,6 +523,60 @@ class ParameterUnits:
                 self._free(j, kept_too=True)
         return {k: out[k] for k in raw if k in out}
 
+    def sharded_state_dict(self, module: torch.nn.Module) -> dict:
+        """This rank's shards (cloned) and the module's state shard=3 does not
+        hold (buffers, frozen parameters): local, cheap."""
+        self._reading += 1
+        try:
+            raw = module.state_dict(keep_vars=True)
+        finally:
+            self._reading -= 1
+        rest = {k: v.detach().clone() for k, v in raw.items() if not self._is_sharded(v)}
+        return {
+            SHARDED_FORMAT: {
+                "rank": self._rank,
+                "size": self._size,
+                "buckets": signature(self._buckets),
+                "shards": [s.detach().clone() for s in self._shards],
+                "rest": rest,
+            }
+        }
+
+    def _load_sharded(self, module: torch.nn.Module, given) -> None:
+        """A sharded_state_dict(): this rank's own (same rank and size), or the
+        list of every rank's (any number of ranks, the same buckets)."""
+        mine = signature(self._buckets)
+        parts = [g[SHARDED_FORMAT] for g in (given if isinstance(given, (list, tuple)) else [given])]
+        if any(p["buckets"] != mine for p in parts):
+            raise ValueError(
+                "hvdtorch: load_state_dict: the sharded state was saved with other buckets (another model or "
+                "fusion_bytes): load the full state (the DistributedModel's state_dict()) instead"
+            )
+        if len(parts) == 1 and (parts[0]["rank"], parts[0]["size"]) != (self._rank, self._size):
+            raise ValueError(
+                f"hvdtorch: load_state_dict: rank {self._rank} of {self._size} was given the shards of rank "
+                f"{parts[0]['rank']} of {parts[0]['size']}: pass this rank's own sharded_state_dict(), or the list "
+                "of every rank's"
+            )
+        with torch.no_grad():
+            if len(parts) == 1:
+                for shard, saved in zip(self._shards, parts[0]["shards"]):
+                    shard.copy_(saved)
+            else:
+                parts = sorted(parts, key=lambda p: p["rank"])
+                if [p["rank"] for p in parts] != list(range(parts[0]["size"])):
+                    raise ValueError("hvdtorch: load_state_dict: the list must hold every rank's sharded state")
+                for j, b in enumerate(self._buckets):
+                    full = torch.cat([p["shards"][j].reshape(-1) for p in parts])
+                    start, end = b.shard_range(self._rank, self._size)
+                    self._shards[j].copy_(full[start:end])
+        self._reading += 1
+        try:
+            module.load_state_dict(parts[0]["rest"], strict=False)
+        finally:
+            self._reading -= 1
+        self.free_all(kept_too=True)
+
     def _is_sharded(self, v) -> bool:
         return any(v is self._params[i] for i in self._stand_ins)
 
@@ -527,6 +584,11 @@ class ParameterUnits:
         """Each rank writes its range of every parameter into its shard (local,
         so every rank calls it with the full state); buffers and parameters
         shard=3 does not hold load as torch loads them."""
+        if SHARDED_FORMAT in state_dict or (
+            isinstance(state_dict, (list, tuple)) and all(SHARDED_FORMAT in s for s in state_dict)
+        ):
+            self._load_sharded(module, state_dict)
+            return torch.nn.modules.module._IncompatibleKeys([], [])
         sharded_ids = {id(self._params[i]): i for i in self._stand_ins}
         self._reading += 1
         try:

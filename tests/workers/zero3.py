@@ -276,9 +276,21 @@ def check_gathered_parameters_and_state_dicts():
     full = dm.state_dict()
     assert "out.weight" in full and "mid.weight" in full and "frozen" in full
     path = os.environ["ZERO3_CKPT"]
+    mine = dm.sharded_state_dict()
+    every = hvd.allgather_object(mine)
     if r == 0:
         torch.save(full, path)
+        torch.save(every, path + ".shards")
     hvd.barrier()
+    # This rank's own shards load back at this size; another rank's are refused.
+    opt.zero_grad()
+    local_loss(dm, 5, r, hvd.size()).backward()
+    opt.step()
+    assert not torch.equal(dm.state_dict()["head.weight"], full["head.weight"])
+    dm.load_state_dict(mine)
+    for k, v in full.items():
+        torch.testing.assert_close(dm.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    expect(ValueError, ["shards of rank"], lambda: dm.load_state_dict(every[1 - r]), r)
     # A plain model loads it; a shard=3 model at this size loads it and trains on equally.
     plain = base_model()
     plain.load_state_dict(torch.load(path))
@@ -308,6 +320,16 @@ def check_load_saved_elsewhere():
     saved = torch.load(os.environ["ZERO3_CKPT"])
     dm.load_state_dict(saved)
     for k, v in dm.state_dict().items():
+        torch.testing.assert_close(v, saved[k], rtol=0, atol=0, msg=k)
+    # Every rank's shards from the 2-rank job (buckets of another fusion_bytes are refused).
+    every = torch.load(os.environ["ZERO3_CKPT"] + ".shards")
+    expect(ValueError, ["other buckets"], lambda: dm.load_state_dict(every), hvd.rank())
+    same = hvd.DistributedModel(base_model())
+    hvd.DistributedOptimizer(
+        make_opt("adam", [p for p in same.parameters() if p.requires_grad]), shard=3, model=same, fusion_bytes=96
+    )
+    same.load_state_dict(every)
+    for k, v in same.state_dict().items():
         torch.testing.assert_close(v, saved[k], rtol=0, atol=0, msg=k)
 
 
@@ -381,3 +403,48 @@ def check_eval_and_inference():
     with torch.inference_mode():
         torch.testing.assert_close(dm(x), ref(x), rtol=1e-9, atol=1e-12)
     assert all(f is None for f in opt._units._full)
+
+
+def _elastic_state(commit_dir):
+    dm = hvd.DistributedModel(base_model())
+    opt = hvd.DistributedOptimizer(
+        make_opt("adam", [p for p in dm.parameters() if p.requires_grad]), shard=3, model=dm, fusion_bytes=96
+    )
+    return dm, opt, hvd.elastic.TorchState(dm, opt, commit_dir=commit_dir)
+
+
+def _step(dm, opt, s):
+    n, r = hvd.size(), hvd.rank()
+    opt.zero_grad()
+    local_loss(dm, s, r, n).backward()
+    opt.step()
+
+
+def check_elastic(commit_dir, phase):
+    """commit: train, commit, train on, restore() gives the commit back (in
+    memory, sharded); then a job of another size loads the commit on rank 0
+    and sync() hands every rank the committed model."""
+    hvd.init()
+    r = hvd.rank()
+    dm, opt, state = _elastic_state(commit_dir)
+    if phase == "commit":
+        for s in range(2):
+            _step(dm, opt, s)
+        state.commit()
+        committed = dm.state_dict()
+        _step(dm, opt, 2)
+        assert not torch.equal(dm.state_dict()["head.weight"], committed["head.weight"])
+        state.restore()
+        for k, v in committed.items():
+            torch.testing.assert_close(dm.state_dict()[k], v, rtol=0, atol=0, msg=k)
+        if r == 0:
+            torch.save(committed, os.path.join(commit_dir, "expected.pt"))
+        hvd.barrier()
+        return
+    if r == 0:
+        assert state.load_last_commit()
+    state.sync()
+    expected = torch.load(os.path.join(commit_dir, "expected.pt"))
+    for k, v in dm.state_dict().items():
+        torch.testing.assert_close(v, expected[k], rtol=0, atol=0, msg=k)
+    _step(dm, opt, 3)  # and trains on
