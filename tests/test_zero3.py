@@ -70,3 +70,8 @@ def test_units_plan():
 def test_elastic_state_commits_restores_and_resumes_at_another_size(tmp_path):
     run_ranks("tests.workers.zero3:check_elastic", 2, args=[str(tmp_path), "commit"], timeout=120)
     run_ranks("tests.workers.zero3:check_elastic", 3, args=[str(tmp_path), "resume"], timeout=120)
+
+
+@pytest.mark.parametrize("mode", ["compile", "amp"])
+def test_compiled_and_amp(mode):
+    run_ranks("tests.workers.zero3:check_compiled_and_amp", 2, args=[mode], timeout=240)

@@ -160,8 +160,12 @@ class _SavedView:
 
 def _hook_of(units_ref, method: str):
     """A hook that calls ``method`` on the units while they live (the model's
-    hooks must not keep the optimizer alive)."""
+    hooks must not keep the optimizer alive). Under torch.compile it runs
+    eagerly, outside any graph: it changes the parameters' storage, so the
+    code after it is traced (and guarded) with the parameters as they are
+    then."""
 
+    @torch.compiler.disable
     def hook(*args):
         units = units_ref()
         if units is not None:

@@ -448,3 +448,36 @@ def check_elastic(commit_dir, phase):
     for k, v in dm.state_dict().items():
         torch.testing.assert_close(v, expected[k], rtol=0, atol=0, msg=k)
     _step(dm, opt, 3)  # and trains on
+
+
+def check_compiled_and_amp(mode):
+    """torch.compile of the DistributedModel (graph breaks at the gathers),
+    equal in float64 to the compiled one-process model; bfloat16 autocast
+    within its precision."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    base = base_model()
+    ref = copy.deepcopy(base)
+    ref_opt = make_opt("adam", [p for p in ref.parameters() if p.requires_grad])
+    dm = hvd.DistributedModel(copy.deepcopy(base))
+    opt = hvd.DistributedOptimizer(
+        make_opt("adam", [p for p in dm.parameters() if p.requires_grad]),
+        shard=3,
+        model=dm,
+        fusion_bytes=96,
+        keep_gathered_below=200,
+    )
+    forward, ref_forward = (torch.compile(dm), torch.compile(ref)) if mode == "compile" else (dm, ref)
+    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if mode == "amp" else contextlib.nullcontext
+    for s in range(3):
+        opt.zero_grad()
+        with amp():
+            loss = local_loss(forward, s, r, n)
+        loss.backward()
+        opt.step()
+        ref_opt.zero_grad()
+        with amp():
+            ref_loss = sum(local_loss(ref_forward, s, k, n) for k in range(n)) / n
+        ref_loss.backward()
+        ref_opt.step()
+    assert_equal_to(dm, ref, mode, (1e-9, 1e-12) if mode == "compile" else (2e-2, 2e-3))
