@@ -40,6 +40,10 @@ def test_errors():
     run_ranks("tests.workers.zero3:check_errors", 2, timeout=120)
 
 
+def test_join_refused():
+    run_ranks("tests.workers.zero3:check_join_refused", 2, timeout=60)
+
+
 def test_eval_and_inference():
     run_ranks("tests.workers.zero3:check_eval_and_inference", 2, timeout=120)
 

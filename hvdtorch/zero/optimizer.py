@@ -699,6 +699,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def listen_while_joined(self) -> int:
         """Inside hvd.join(): starts waiting for what the others do next."""
+        if self._stage == 3:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: hvd.join() with shard=3: every forward of the others gathers "
+                "each layer's parameters from every rank, which a rank out of data does not run (they fail after "
+                "HVDTORCH_TIMEOUT naming this rank). Give every rank the same number of batches (drop_last=True, "
+                "hvd.elastic.ElasticSampler), or use shard=2 with join()"
+            )
         return self._announcer.listen()
 
     def heard(self, token: int) -> bool:

@@ -481,3 +481,10 @@ def check_compiled_and_amp(mode):
         ref_loss.backward()
         ref_opt.step()
     assert_equal_to(dm, ref, mode, (1e-9, 1e-12) if mode == "compile" else (2e-2, 2e-3))
+
+
+def check_join_refused():
+    hvd.init()
+    dm = hvd.DistributedModel(base_model())
+    hvd.DistributedOptimizer(make_opt("sgd", [p for p in dm.parameters() if p.requires_grad]), shard=3, model=dm)
+    expect(RuntimeError, ["hvd.join() with shard=3", "same number of batches"], hvd.join, hvd.rank())
