@@ -1,9 +1,11 @@
 """ZeRO sharding, where ShardedOptimizer keeps each rank's share of the
-optimizer state (shard=1) and of the gradients (shard=2).
+optimizer state (shard=1), of the gradients (shard=2) and of the parameters
+(shard=3).
 
 optimizer.py (ShardedOptimizer) on top of layout.py (the flat buckets and
 who owns what), state.py (optimizer state sharded or whole), gradients.py
-(how the gradients travel), join.py (stepping on after hvd.join()) and
-checkpoint.py. Built on training/distributed_model.py and the collectives.
-Nothing here is imported eagerly by this file.
+(how the gradients travel), parameter_units.py (shard=3: gathering and
+freeing the parameters around forward and backward), join.py (stepping on
+after hvd.join()) and checkpoint.py. Built on training/distributed_model.py
+and the collectives. Nothing here is imported eagerly by this file.
 """

@@ -1,4 +1,4 @@
-"""ShardedOptimizer: ZeRO stages 1 and 2 (Rajbhandari et al., SC'20) on
+"""ShardedOptimizer: ZeRO stages 1, 2 and 3 (Rajbhandari et al., SC'20) on
 hvdtorch's engine. Each rank keeps optimizer state for its shard of the
 parameters only, steps that shard, and all-gathers the updated parameters.
 
@@ -49,8 +49,14 @@ How:
   * Only optimizers whose update is element-wise can step a flat shard
     exactly as they would step the parameters (zero/state.py); others are
     refused with the reason (check_shardable).
+  * shard=3 (ZeRO-3): the shards are tensors of their own and the flat
+    buckets exist only while gathered; step() gathers nothing: the model's
+    forward gathers each unit's buckets, backward again, and both free them
+    (zero/parameter_units.py). It needs the DistributedModel (model=, or the
+    one over the parameters), whose forward and state dicts go through it.
   * Uneven data, hvd.join(): a joined rank goes on stepping its shard with
-    the others, on zero gradients of its own (zero/join.py).
+    the others, on zero gradients of its own (zero/join.py); refused with
+    shard=3, whose forwards gather from every rank.
   * Checkpoints: zero/checkpoint.py.
 """
 
