@@ -22,10 +22,6 @@ def test_memory_at_rest(nranks):
     run_ranks("tests.workers.zero3:check_memory_at_rest", nranks, timeout=120)
 
 
-def test_memory_at_rest_reduce_scattered():
-    run_ranks("tests.workers.zero3:check_memory_at_rest", 2, timeout=120, env={"HVDTORCH_SHM": "0"})
-
-
 def test_kept_buckets():
     run_ranks("tests.workers.zero3:check_kept_buckets", 2, timeout=120)
 

@@ -56,13 +56,18 @@ BucketSet::BucketSet(std::shared_ptr<Engine> engine, std::vector<at::Tensor> par
   ctx_.set_rank = set->set_rank;
   // A strategy that drops gradients needs the hooks even alone: .grad is dropped when a bucket launches.
   lone_identity_ = set_size_ == 1 && opts_.prescale * opts_.postscale == 1.0 && strategy_->keepsGradients();
+  if (opts_.release_buckets && std::string(strategy_->name()) != "reduce_scatter_shard")
+    throw InvalidArgument(strCat(opts_.name, ": release_buckets needs the reduce_scatter_shard strategy, not ",
+                                 strategy_->name(), " (which may keep or reuse a bucket after its op)"));
   rebuild(layout);
   // Bad options (an unknown or unavailable reducer, say) fail here, not in
   // the first backward pass.
   ops::AllreduceOptions probe = ctx_.allreduce;
   probe.name = opts_.name;
-  for (const auto& b : buckets_)
-    probe.inputs.push_back(std::make_shared<TorchTensor>(b.flat, toDataType(b.flat.scalar_type(), opts_.name)));
+  for (const auto& b : buckets_) {
+    const at::Tensor t = b.flat.defined() ? b.flat : at::zeros({1}, b.options);  // released: its dtype and device
+    probe.inputs.push_back(std::make_shared<TorchTensor>(t, toDataType(t.scalar_type(), opts_.name)));
+  }
   probe.outputs = probe.inputs;  // in place, as the buckets are reduced
   ops::allreduceArgs(*engine_, probe);
 }
@@ -108,9 +113,15 @@ void BucketSet::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     // CPU buckets live in registered memory where the strategy reduces them
     // in place: the node reducer then needs no copy through the node arena.
     const at::TensorOptions options = params_[members[0]].options().dtype(bucket_dtype).requires_grad(false);
-    b.flat = options.device().is_cpu() && strategy_->registeredBuckets()
-                 ? registeredZeros(*engine_, packing.numel, bucket_dtype)
-                 : at::zeros({packing.numel}, options);
+    b.numel = packing.numel;
+    b.options = options;
+    if (opts_.release_buckets) {
+      b.views = false;  // nothing may point into a tensor that is dropped after the reduction
+    } else {
+      b.flat = options.device().is_cpu() && strategy_->registeredBuckets()
+                   ? registeredZeros(*engine_, packing.numel, bucket_dtype)
+                   : at::zeros({packing.numel}, options);
+    }
     next.push_back(std::move(b));
   }
   for (size_t i = 0; i < params_.size(); ++i)
@@ -118,7 +129,7 @@ void BucketSet::rebuild(const std::vector<std::vector<int64_t>>& layout) {
 
   // Carry current gradients over into the new buckets (gradient accumulation
   // may span a rebuild), then point .grad at the new views.
-  for (size_t i = 0; i < params_.size() && grads_; ++i) {
+  for (size_t i = 0; i < params_.size() && grads_ && !opts_.release_buckets; ++i) {
     Bucket& b = next[bucket_of[i]];
     at::Tensor& grad = params_[i].mutable_grad();
     const at::Tensor view = slotView(b, slot_of[i]);
@@ -151,8 +162,27 @@ at::Tensor BucketSet::slotView(const Bucket& b, size_t slot) const {
   return b.flat.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
 }
 
+void BucketSet::hold(Bucket& b) {
+  if (!b.flat.defined()) b.flat = at::zeros({b.numel}, b.options);
+}
+
+void BucketSet::collectFinished() {
+  if (!opts_.release_buckets) return;
+  for (Bucket& b : buckets_) {
+    if (!b.op || !b.op->done()) continue;
+    try {
+      b.early = decode(b, b.op->finish());
+    } catch (...) {
+      b.early_error = std::current_exception();  // raised by waitAll(), with the others
+    }
+    b.op.reset();
+    b.flat = at::Tensor();
+  }
+}
+
 void BucketSet::launch(size_t index) {
   Bucket& b = buckets_[index];
+  hold(b);
   b.launched = true;
   if (!strategy_->keepsGradients())
     for (int64_t p : b.params) params_[p].mutable_grad() = at::Tensor();  // only a shard comes back
@@ -187,13 +217,19 @@ std::vector<at::Tensor> BucketSet::waitAll() {
   std::vector<at::Tensor> results(buckets_.size());
   for (size_t j = 0; j < buckets_.size(); ++j) {
     Bucket& b = buckets_[j];
-    if (!b.op) continue;
-    try {
-      results[j] = decode(b, b.op->finish());
-    } catch (...) {
-      if (!error) error = std::current_exception();
+    if (b.early_error && !error) error = b.early_error;
+    results[j] = std::move(b.early);
+    b.early = at::Tensor();
+    b.early_error = nullptr;
+    if (b.op) {
+      try {
+        results[j] = decode(b, b.op->finish());
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+      b.op.reset();
     }
-    b.op.reset();
+    if (opts_.release_buckets) b.flat = at::Tensor();
   }
   if (error) std::rethrow_exception(error);
   return results;
@@ -214,7 +250,8 @@ std::vector<std::vector<int64_t>> BucketSet::bucketParams() const {
 
 std::vector<int64_t> BucketSet::bucketBytes() const {
   std::vector<int64_t> out;
-  for (const auto& b : buckets_) out.push_back(b.flat.numel() * static_cast<int64_t>(b.flat.element_size()));
+  for (const auto& b : buckets_)
+    out.push_back(b.numel * static_cast<int64_t>(c10::elementSize(b.options.dtype().toScalarType())));
   return out;
 }
 

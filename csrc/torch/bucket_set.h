@@ -20,6 +20,12 @@
 //    alone in its process set nothing is exchanged: the bucket is scaled in
 //    place and handed back whole. waitAll() finishes every launched bucket.
 //  * Names of the ops: "<name>.g<layout generation>.b<bucket index>".
+//  * release_buckets (options): a bucket's tensor exists only from hold()
+//    (the first slot written in a pass, or its launch) until its result is
+//    taken: by collectFinished() as soon as its op is done, or by waitAll().
+//    Such buckets are never views of .grad (hooks copy into them), and a
+//    result is a tensor of its own (reduce_scatter_shard's), so dropping the
+//    bucket's tensor frees it.
 // Not thread-safe: the owner's lock guards every call.
 #pragma once
 
@@ -38,7 +44,11 @@ namespace hvdtorch {
 class BucketSet {
  public:
   struct Bucket {
-    at::Tensor flat;               // persistent storage of the bucket
+    at::Tensor flat;  // storage of the bucket (undefined while released)
+    int64_t numel = 0;
+    at::TensorOptions options;  // of flat
+    at::Tensor early;           // release_buckets: the result collectFinished() took
+    std::exception_ptr early_error;
     std::vector<int64_t> params;   // indices into params()
     std::vector<int64_t> offsets;  // element offset of each param in flat
     bool views = false;            // grads are views into flat
@@ -66,6 +76,11 @@ class BucketSet {
   void leaveGradients();
 
   at::Tensor slotView(const Bucket& b, size_t slot) const;
+  // release_buckets: makes the bucket's tensor (zeros) if it is released.
+  void hold(Bucket& b);
+  // release_buckets: takes the result of every launched bucket whose op is
+  // done and releases its tensor (no-op otherwise). Never blocks.
+  void collectFinished();
   // Hands bucket `index` to the strategy (a shard strategy drops .grad first).
   void launch(size_t index);
   // The strategy's result of `b` in the parameters' dtype; with `grads` and

@@ -173,6 +173,7 @@ void GradientReducer::startPass() {
 }
 
 at::Tensor GradientReducer::fillSlot(Bucket& b, size_t slot, const at::Tensor& grad) {
+  set_.hold(b);
   const at::Tensor view = set_.slotView(b, slot);
   if (!grad.defined()) {
     view.zero_();
@@ -218,7 +219,10 @@ void GradientReducer::onGradReady(size_t index, const at::Tensor* given) {
   } else {
     writeSlot(b, slot);
   }
-  if (--b.pending == 0 && set_.options().pipeline) set_.launch(set_.bucketIndexOf(index));
+  if (--b.pending == 0 && set_.options().pipeline) {
+    set_.collectFinished();  // buckets released as early as their reductions allow
+    set_.launch(set_.bucketIndexOf(index));
+  }
 }
 
 void GradientReducer::launchRemaining(const std::vector<std::optional<at::Tensor>>* given) {

@@ -37,6 +37,12 @@ struct GradReducerOptions {
   // and the parameter, then this advice); empty: gradients go in as they come.
   std::string sparse_refusal;
   std::vector<std::string> param_names;  // named by errors; empty: "parameter <index>"
+  // The buckets hold memory only from the first gradient written into them
+  // in a pass until their reduction is done (bucket_set.h): the sharded
+  // optimizer's shard=3, whose gradients are then sharded at rest and, as far
+  // as the reductions keep up, during backward too. Needs a strategy that
+  // keeps nothing of a bucket after its op (reduce_scatter_shard).
+  bool release_buckets = false;
 };
 
 }  // namespace hvdtorch

@@ -51,10 +51,13 @@ counter, _C.PassCounter, here the one the reducer is given):
     node arena, and into an output it allocates each step. Otherwise
     shard=2 reduce-scatters (between hosts it moves half the bytes of an
     all-reduce).
-  * transient (shard=3): the flat buffers hold memory from the start of a
-    pass until synchronize() only (their storage is released after it and
-    taken back when the next pass begins, or before a synchronize() without
-    one), so that between steps a rank keeps no gradient but its shard's.
+  * transient (shard=3): the reducer releases its buckets
+    (GradientReducerOptions.release_buckets, csrc/torch/bucket_set.h): a
+    bucket's buffer exists from the first gradient written into it in a
+    pass until its reduce-scatter is done (taken as soon as it is, while
+    backward goes on), so that a rank keeps its shards of the gradients and
+    the buckets still in flight only. Always reduce-scattered: registered
+    buffers are kept for good.
   * Compression.fp16 flattens float32/float64 buckets into float16 (the wire
     dtype) and converts the result back to the parameters' dtype; 16-bit
     floats go as they are (the gradient core's codec rule,
@@ -128,9 +131,7 @@ class BucketGradients:
         (None for parameters no bucket holds). ``in_place``: see the top; the
         same on every rank. ``settle`` (shard=1): the optimizer's
         synchronize(), run when a stand-in in .grad is used (it must not keep
-        the optimizer alive). ``transient`` (shard=3): the flat buffers hold
-        memory only from the start of a pass until synchronize() (see the
-        top)."""
+        the optimizer alive). ``transient`` (shard=3): see the top."""
         # The one pass counter of this path (csrc/core/gradients/pass_counter.h), strict, given to the reducer.
         self._counter = _C.PassCounter(
             int(backward_passes_per_step),
@@ -145,7 +146,7 @@ class BucketGradients:
         for b in self._buckets:
             layout.append(list(range(start, start + len(b.params))))
             start += len(b.params)
-        in_place = bool(in_place) and process_set.size() > 1
+        in_place = bool(in_place) and process_set.size() > 1 and not transient
         if not scatter:
             strategy = "allreduce_views"
         else:
@@ -168,6 +169,7 @@ class BucketGradients:
                 strategy=strategy,
                 param_names=[names[i] for i in order],
                 sparse_refusal=_SPARSE_REFUSAL,
+                release_buckets=bool(transient) and scatter,
             ),
             counter=self._counter,
         )
@@ -193,18 +195,7 @@ class BucketGradients:
             handles = [p.register_post_accumulate_grad_hook(lambda p, m=marks: _pass_ran(m)) for p in held]
             weakref.finalize(self, remove_hooks, handles)
         # shard=2 drops each .grad: stand-ins say why (see the top).
-        self._transient = bool(transient) and scatter
-        self._held = None
-        if scatter:
-            self._held = HeldGradients(
-                held,
-                [names[i] for i in order],
-                self._reducer,
-                at_pass_start=weak_method(self, "_hold_flats") if self._transient else None,
-            )
-        self._released = False
-        if self._transient:
-            self._release_flats()
+        self._held = HeldGradients(held, [names[i] for i in order], self._reducer) if scatter else None
 
     @property
     def _flats(self) -> List[torch.Tensor]:
@@ -217,7 +208,7 @@ class BucketGradients:
         accumulates in place. Otherwise autograd allocates each gradient of
         the first backward and the reducer's hook copies it into its slot
         (and makes .grad the view, freeing it)."""
-        if self._released or any(self._params[i].grad is not None for b in self._buckets for i in b.params):
+        if any(self._params[i].grad is not None for b in self._buckets for i in b.params):
             return
         self._reducer.view_gradients()
 
@@ -225,10 +216,9 @@ class BucketGradients:
         """Zeroes the buckets and makes every .grad a view of its slot, so that
         the next backward accumulates in place (no allocation, no copy into the
         bucket). Only between steps; a bucket whose dtype differs from its
-        parameters' (fp16 compression) is left alone. Not while the buffers
-        are released (transient: taking them back makes the views)."""
-        if not self._released:
-            self._reducer.view_gradients()
+        parameters' (fp16 compression) or released (transient) is left
+        alone."""
+        self._reducer.view_gradients()
 
     def pending(self) -> bool:
         """A counted backward pass ran since the last synchronize()."""
@@ -240,30 +230,7 @@ class BucketGradients:
         in the parameters' dtype."""
         self.restore_pending()
         self._marks.check()
-        self._hold_flats()
-        results = self._reducer.synchronize()
-        if self._transient:
-            self._release_flats()
-        return results
-
-    def _hold_flats(self) -> None:
-        """transient: the flat buffers' memory back, zeroed, every .grad a view
-        of its slot."""
-        if self._released:
-            for flat in self._reducer.flats():
-                flat.untyped_storage().resize_(flat.numel() * flat.element_size())
-            self._released = False
-            # No .grad holds anything (the last pass's were dropped): zeroed views of the slots, so that
-            # backward accumulates into the buckets, not into gradients it allocates and the hooks copy.
-            self._reducer.view_gradients()
-
-    def _release_flats(self) -> None:
-        """transient: the flat buffers' memory goes (nothing views them between
-        synchronize() and the next pass: the shard strategy dropped .grad and
-        the reduce-scatter's results are tensors of their own)."""
-        for flat in self._reducer.flats():
-            flat.untyped_storage().resize_(0)
-        self._released = True
+        return self._reducer.synchronize()
 
     def restore_pending(self) -> None:
         """shard=1: the stand-ins in .grad back to the real gradients (synchronize(), the next pass)."""
@@ -280,7 +247,6 @@ class BucketGradients:
         are waited for (every rank launched them) and dropped."""
         self.remove_held()
         self.restore_pending()
-        self._hold_flats()
         self._reducer.finalize()
         self._marks.forget()
         self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))

@@ -51,24 +51,16 @@ class HeldGradient(torch.Tensor):
 
 
 class HeldGradients:
-    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], reducer, at_pass_start=None):
+    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], reducer):
         """``reducer``: the _C.GradientReducer that drops these parameters'
         .grad; its pass callbacks place and remove the stand-ins (once per
-        pass each, not a hook per parameter). ``at_pass_start``: also called
-        when a pass begins, after the stand-ins are removed (it must not keep
-        its owner alive)."""
+        pass each, not a hook per parameter)."""
         self._params = list(params)
         self._names = list(names)
         self._stand_ins = None  # one per parameter, made at the first placement and reused
         self._placed = False
-        self._at_pass_start = at_pass_start
         # Weakly: the reducer must not keep the optimizer alive.
-        reducer.set_pass_callbacks(weak_method(self, "pass_starts"), weak_method(self, "place"))
-
-    def pass_starts(self) -> None:
-        self.remove()
-        if self._at_pass_start is not None:
-            self._at_pass_start()
+        reducer.set_pass_callbacks(weak_method(self, "remove"), weak_method(self, "place"))
 
     def place(self) -> None:
         """After a reduced pass: a stand-in wherever .grad is None."""

@@ -423,13 +423,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._process_set,
             in_place=self._gather_in_place,
             settle=weak_method(self, "settle"),  # shard=1: a use of .grad after backward finishes the reduction
-            # shard=3 off the in-place path: no gradient buffer between steps. In place the buffers are
-            # registered and stay: the reduced shard is a view of them, where a reduce-scatter allocates it.
-            transient=self._stage == 3 and self._size > 1 and not self._gather_in_place,
+            # shard=3: the gradient buffers are released once reduced (sharded gradients).
+            transient=self._stage == 3,
         )
         if dm is not None:
             dm.hand_gradients_to(self)
-        if self._stage < 3 or self._gather_in_place:
+        if self._stage < 3:
             self._grads.view_gradients_from_the_start()
 
     # ---- construction helpers -------------------------------------------------
@@ -760,7 +759,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 else:
                     p.grad.requires_grad_(False)
                 p.grad.zero_()
-        if self._stage < 3 or self._gather_in_place:  # else shard=3 keeps no gradient buffer between steps
+        if self._stage < 3:  # shard=3 keeps no gradient buffer between steps
             self._grads.view_gradients()  # zeroed views of the buckets: backward accumulates in place
 
     # ---- sizes -----------------------------------------------------------------

@@ -71,6 +71,7 @@ void bindGradientReducerOptions(py::module_& m) {
   bindField(c, ops::field("postscale", &O::postscale));
   bindField(c, ops::field("pipeline", &O::pipeline));
   bindField(c, ops::field("sync_on_backward", &O::sync_on_backward));
+  bindField(c, ops::field("release_buckets", &O::release_buckets));
   bindField(c, ops::field("fuse", &O::fuse));
   bindField(c, ops::field("backward_passes_per_step", &O::backward_passes_per_step));
   bindField(c, ops::field("process_set_id", &O::process_set_id));

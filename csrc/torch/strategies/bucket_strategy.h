@@ -20,6 +20,9 @@
 //    converts the result into the parameters' dtype (the codec's decode).
 //  * BucketOp::drain() waits at most `timeout` for every op the bucket has
 //    in flight, without throwing (the reducer is going away).
+//  * BucketOp::done() says, without blocking, that finish() would not wait
+//    (false when the op cannot tell): a reducer that releases its buckets
+//    finishes those early (grad_reducer_options.h release_buckets).
 //  * A strategy is only asked to launch when the process set has two or
 //    more ranks; alone in its set, the reducer applies the scale factors to
 //    the bucket itself and hands back the whole bucket.
@@ -49,6 +52,7 @@ namespace hvdtorch {
 struct ReducerBucket {
   size_t index = 0;              // position in the reducer's layout
   at::Tensor flat;               // the bucket, 1-D, in the wire dtype; the same storage every pass until a rebuild
+                                 // (unless the reducer releases its buckets: a new tensor each pass)
   at::ScalarType param_dtype{};  // the dtype of its parameters
   // Its parameters in slot order: index in the reducer's parameter list
   // (the same on every rank), element offset in `flat`, shape.
@@ -72,6 +76,7 @@ class BucketOp {
   virtual ~BucketOp() = default;
   virtual at::Tensor finish() = 0;
   virtual void drain(std::chrono::milliseconds timeout) = 0;
+  virtual bool done() const { return false; }
 };
 
 class BucketStrategy {

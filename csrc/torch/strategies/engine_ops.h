@@ -35,6 +35,7 @@ class EngineOp : public BucketOp {
   at::Tensor finish() override { return result_(waitForOp(*state_)); }
 
   void drain(std::chrono::milliseconds timeout) override { state_->waitFor(timeout); }
+  bool done() const override { return state_->done(); }
 
  private:
   std::shared_ptr<OpState> state_;
