@@ -1,11 +1,13 @@
 #include "bucket_set.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
 #include <chrono>
 
 #include "common/error.h"
 #include "gradients/bucket_packing.h"
+#include "output_pool.h"
 #include "registered_tensor.h"
 #include "strategies/registry.h"
 #include "torch_tensor.h"
@@ -163,7 +165,12 @@ at::Tensor BucketSet::slotView(const Bucket& b, size_t slot) const {
 }
 
 void BucketSet::hold(Bucket& b) {
-  if (!b.flat.defined()) b.flat = at::zeros({b.numel}, b.options);
+  if (b.flat.defined()) return;
+  // Uninitialized: every slot is written before the bucket is launched (packing leaves no gaps). On the
+  // host from the output pool, which keeps a released bucket's pages for the next one (a fresh block of
+  // a few MiB is faulted in page by page every pass).
+  b.flat = b.options.device().is_cpu() ? OutputPool::instance().empty({b.numel}, b.options.dtype().toScalarType())
+                                       : at::empty({b.numel}, b.options);
 }
 
 void BucketSet::collectFinished() {

@@ -76,7 +76,7 @@ class BucketSet {
   void leaveGradients();
 
   at::Tensor slotView(const Bucket& b, size_t slot) const;
-  // release_buckets: makes the bucket's tensor (zeros) if it is released.
+  // release_buckets: makes the bucket's tensor (uninitialized) if it is released.
   void hold(Bucket& b);
   // release_buckets: takes the result of every launched bucket whose op is
   // done and releases its tensor (no-op otherwise). Never blocks.
