@@ -36,6 +36,10 @@ def test_errors():
     run_ranks("tests.workers.zero3:check_errors", 2, timeout=120)
 
 
+def test_process_set():
+    run_ranks("tests.workers.zero3:check_process_set", 3, timeout=120)
+
+
 def test_join_refused():
     run_ranks("tests.workers.zero3:check_join_refused", 2, timeout=60)
 

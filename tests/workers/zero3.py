@@ -483,3 +483,34 @@ def check_join_refused():
     dm = hvd.DistributedModel(base_model())
     hvd.DistributedOptimizer(make_opt("sgd", [p for p in dm.parameters() if p.requires_grad]), shard=3, model=dm)
     expect(RuntimeError, ["hvd.join() with shard=3", "same number of batches"], hvd.join, hvd.rank())
+
+
+def check_process_set():
+    """shard=3 over a process set of ranks 0 and 2 (the DistributedModel's):
+    the members train like one process on their global batch."""
+    hvd.init()
+    r = hvd.rank()
+    pair = hvd.add_process_set([0, 2])
+    if r != 1:
+        base = base_model()
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt("sgd", [p for p in ref.parameters() if p.requires_grad])
+        dm = hvd.DistributedModel(copy.deepcopy(base), process_set=pair)
+        opt = hvd.DistributedOptimizer(
+            make_opt("sgd", [p for p in dm.parameters() if p.requires_grad]),
+            shard=3,
+            model=dm,
+            fusion_bytes=96,
+            keep_gathered_below=0,
+        )
+        k = pair.rank()
+        for s in range(2):
+            opt.zero_grad()
+            local_loss(dm, s, k, 2).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            (sum(local_loss(ref, s, j, 2) for j in range(2)) / 2).backward()
+            ref_opt.step()
+        assert_equal_to(dm, ref, "process set [0, 2]")
+    hvd.barrier()
+    hvd.remove_process_set(pair)
