@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/error.h"
@@ -75,10 +76,15 @@ BucketSet::BucketSet(std::shared_ptr<Engine> engine, std::vector<at::Tensor> par
 }
 
 BucketSet::~BucketSet() {
-  const auto timeout =
-      std::chrono::duration_cast<std::chrono::milliseconds>(engine_->config().timeout + std::chrono::seconds(5));
-  for (auto& b : buckets_)
-    if (b.op) b.op->drain(timeout);
+  // One deadline for all the buckets, not one each: a reducer dropped with many buckets in flight after a
+  // peer is gone (an exception unwinding every rank) waits the timeout once, not once per bucket.
+  const auto deadline = std::chrono::steady_clock::now() + engine_->config().timeout + std::chrono::seconds(5);
+  for (auto& b : buckets_) {
+    if (!b.op) continue;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    b.op->drain(std::max(left, std::chrono::milliseconds(0)));
+  }
 }
 
 std::string BucketSet::paramName(size_t index) const {
