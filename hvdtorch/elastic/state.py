@@ -231,7 +231,7 @@ class TorchState(ObjectState):
     AveragedModel) are saved and restored through them, in place; other
     extras are deep-copied values (ObjectState).
 
-    A sharded optimizer (hvd.DistributedOptimizer(shard=1|2)) keeps its shard
+    A sharded optimizer (hvd.DistributedOptimizer(shard=1|2|3)) keeps its shard
     in memory on each rank (restore() is local), writes the whole state,
     gathered to every host's writer, in a commit on disk, and sync() hands
     every rank its shard of the job's state (of the commit rank 0 loaded, if
