@@ -607,7 +607,12 @@ def check_errors():
 
     expect(ValueError, ["MyAdam", "element"], lambda: hvd.DistributedOptimizer(MyAdam(net.parameters()), shard=2), r)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
-    expect(ValueError, ["shard must be 1", "2 (state and gradients) or 3"], lambda: hvd.DistributedOptimizer(sgd, shard=4), r)
+    expect(
+        ValueError,
+        ["shard must be 1", "2 (state and gradients) or 3"],
+        lambda: hvd.DistributedOptimizer(sgd, shard=4),
+        r,
+    )
     expect(ValueError, ["sparse_as_dense"], lambda: hvd.DistributedOptimizer(sgd, shard=2, sparse_as_dense=True), r)
 
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=named(), shard=2)
