@@ -58,7 +58,13 @@ Contract:
   * Full state dicts are gathered bucket by bucket (never the whole model at
     once) and cloned on the ranks that receive them; loading one writes each
     rank's range of every parameter into its shard, locally: any number of
-    ranks, any bucket layout.
+    ranks, any bucket layout. A sharded state dict is this rank's shards and
+    the module's other state (buffers, frozen parameters): it loads back at
+    the same rank and size, and every rank's, as a list, at any size with
+    the same buckets.
+  * A saved tensor on a stand-in (a parameter used outside the forward of
+    its unit) raises, naming the parameter and the fixes: backward would
+    read NaN.
 """
 
 import contextlib
