@@ -317,12 +317,14 @@ class TorchState(ObjectState):
                 s.processed_indices = set().union(*every)
 
     def _gather_for_disk(self) -> None:
+        if not (self._sharded_model or self._sharded):
+            return
+        # Each host's writer (its local rank 0) gets the whole state.
+        local_ranks = broadcast.allgather_object(runtime.local_rank(), name="elastic.state.local_ranks")
+        writers = [r for r, local in enumerate(local_ranks) if local == 0]
         if self._sharded_model:
-            local_ranks = broadcast.allgather_object(runtime.local_rank(), name="elastic.state.model_local_ranks")
-            self._full_model = self.model.state_dict(to=[r for r, local in enumerate(local_ranks) if local == 0])
+            self._full_model = self.model.state_dict(to=writers)
         if self._sharded:
-            local_ranks = broadcast.allgather_object(runtime.local_rank(), name="elastic.state.local_ranks")
-            writers = [r for r, local in enumerate(local_ranks) if local == 0]
             self._full_optimizer = self.optimizer.consolidate_state_dict(to=writers)
 
     def _sync_sharded_optimizer(self) -> None:

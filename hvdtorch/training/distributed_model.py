@@ -449,9 +449,17 @@ class DistributedModel(torch.nn.Module):
     # The wrapper is transparent: keys, attributes and modes are the module's.
     # shard=3: collective, the full state gathered (``to``: the ranks that get it, None every rank).
     def state_dict(self, *args, to=None, **kwargs):
-        if self._parameter_units is not None:
-            return self._parameter_units.state_dict(self.module, kwargs.get("prefix", ""), to=to)
-        return self.module.state_dict(*args, **kwargs)
+        if self._parameter_units is None:
+            if to is not None:
+                raise ValueError("hvdtorch: state_dict(to=...) is for shard=3 models, whose state is gathered")
+            return self.module.state_dict(*args, **kwargs)
+        unsupported = (["positional arguments"] if args else []) + [k for k in kwargs if k != "prefix"]
+        if unsupported:
+            raise ValueError(
+                f"hvdtorch: state_dict() of a shard=3 model takes prefix= and to= only, not {', '.join(unsupported)}: "
+                "it returns clones of the gathered parameters (no destination, no live parameters)"
+            )
+        return self._parameter_units.state_dict(self.module, kwargs.get("prefix", ""), to=to)
 
     def sharded_state_dict(self):
         """shard=3: this rank's shards and the rest of the module's state
@@ -463,6 +471,11 @@ class DistributedModel(torch.nn.Module):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         if self._parameter_units is not None:
+            if assign:
+                raise ValueError(
+                    "hvdtorch: load_state_dict(assign=True) of a shard=3 model: each rank copies its range of every "
+                    "parameter into its shard; the given tensors cannot become the parameters"
+                )
             return self._parameter_units.load_state_dict(self.module, state_dict, strict=strict)
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 

@@ -23,7 +23,7 @@ from ..collectives import ops
 from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
-from ..zero.optimizer import ShardedOptimizer
+from ..zero.optimizer import KEEP_GATHERED_BELOW, ShardedOptimizer
 from .adasum_optimizer import _DistributedAdasumOptimizer
 from .bucketed_step import steps_in_pieces
 from .buckets import layers_by_name, plan_buckets
@@ -264,7 +264,7 @@ def DistributedOptimizer(
     model=None,
     overlap_gathers=False,
     reshard_after_forward=True,
-    keep_gathered_below=256 << 10,
+    keep_gathered_below=KEEP_GATHERED_BELOW,
 ):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
@@ -339,8 +339,8 @@ def DistributedOptimizer(
         )
     if overlap_gathers:
         raise ValueError("hvdtorch: overlap_gathers=True applies to a sharded optimizer (shard=1 or 2) only")
-    if not reshard_after_forward:
-        raise ValueError("hvdtorch: reshard_after_forward=False applies to shard=3 only")
+    if not reshard_after_forward or keep_gathered_below != KEEP_GATHERED_BELOW:
+        raise ValueError("hvdtorch: reshard_after_forward and keep_gathered_below apply to shard=3 only")
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
     if num_groups != 0:

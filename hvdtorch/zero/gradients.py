@@ -146,7 +146,7 @@ class BucketGradients:
         for b in self._buckets:
             layout.append(list(range(start, start + len(b.params))))
             start += len(b.params)
-        in_place = bool(in_place) and process_set.size() > 1 and not transient
+        in_place = bool(in_place) and process_set.size() > 1
         if not scatter:
             strategy = "allreduce_views"
         else:

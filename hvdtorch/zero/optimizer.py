@@ -89,6 +89,8 @@ from .layout import plan, signature
 from .parameter_units import ParameterUnits, plan_units
 
 _instance_ids = itertools.count()
+# shard=3's default: buckets smaller than this stay gathered between uses (zero/parameter_units.py).
+KEEP_GATHERED_BELOW = 256 << 10
 # Why the sharded optimizer refuses Compression.powersgd.
 _POWERSGD_REFUSAL = (
     "hvdtorch: shard={shard} does not combine with Compression.powersgd: the sharded optimizer reduces each "
@@ -184,7 +186,14 @@ def _check_same(what: str, given, default, model_value) -> None:
         )
 
 
-def _check_arguments(optimizer, shard: int, op: int, gradient_predivide_factor: float) -> None:
+def _check_arguments(
+    optimizer,
+    shard: int,
+    op: int,
+    gradient_predivide_factor: float,
+    reshard_after_forward: bool,
+    keep_gathered_below: int,
+) -> None:
     if shard not in (1, 2, 3):
         raise ValueError(
             f"hvdtorch: shard must be 1 (optimizer state), 2 (state and gradients) or 3 (state, gradients and "
@@ -193,6 +202,11 @@ def _check_arguments(optimizer, shard: int, op: int, gradient_predivide_factor: 
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"hvdtorch: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     check_shardable(optimizer)
+    if shard != 3 and (not reshard_after_forward or keep_gathered_below != KEEP_GATHERED_BELOW):
+        raise ValueError(
+            f"hvdtorch: reshard_after_forward and keep_gathered_below apply to shard=3 only (shard={shard} keeps "
+            "whole parameters)"
+        )
     if op not in (ops.Average, ops.Sum):
         raise ValueError("hvdtorch: a sharded optimizer reduces gradients with op=hvd.Average or hvd.Sum")
     if gradient_predivide_factor <= 0:
@@ -266,9 +280,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         model: Optional[torch.nn.Module] = None,
         overlap_gathers: bool = False,
         reshard_after_forward: bool = True,
-        keep_gathered_below: int = 256 << 10,
+        keep_gathered_below: int = KEEP_GATHERED_BELOW,
     ):
-        _check_arguments(optimizer, shard, op, gradient_predivide_factor)
+        _check_arguments(optimizer, shard, op, gradient_predivide_factor, reshard_after_forward, keep_gathered_below)
         names = names_by_id(optimizer.param_groups, named_parameters)
         numbered, all_params = [], []
         for group in optimizer.param_groups:
@@ -312,7 +326,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # A DistributedOptimizer made earlier over these parameters lets them go (one optimizer per parameter).
         take_over(all_params, self._names, None)
         self._flatten_parameters()
-        # Whether the buckets are reduced (and, shard=1/2, gathered) in place: every rank on one host with
+        # Whether the buckets are reduced and gathered in place (shard=1/2): every rank on one host with
         # registered memory.
         self._gather_in_place = self._size > 1 and self._agree_layout_and_gather()
         self.optim = self._inner_optimizer(optimizer)
@@ -438,12 +452,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         parameters are gathered in place (every rank on one host, every flat in
         registered memory)."""
         mine = signature(self._buckets)
-        engine = runtime.state().engine
-        cpu = self._shards[0].device.type == "cpu"
-        # shard=3 has no flat of its own yet: a probe tells whether this rank has registered memory.
-        probe = engine.registered_zeros(1, torch.uint8) if cpu and self._stage == 3 else None
-        registered = engine.registered_stats()[0] > 0 and cpu
-        del probe
+        # shard=3 has no flats to reduce or gather in place: its gradient buffers are released (reduce-scattered).
+        registered = (
+            self._stage < 3 and runtime.state().engine.registered_stats()[0] > 0 and self._flats[0].device.type == "cpu"
+        )
         here = (mine, runtime.cross_rank(), registered)
         every = allgather_object(here, name=f"{self._name}.layout", process_set=self._process_set)
         differ = [self._process_set.ranks[k] for k, theirs in enumerate(every) if theirs[0] != mine]

@@ -231,8 +231,12 @@ class ParameterUnits:
         self._callback_queued = False
         self._stand_ins = {}
         self._stand_in_of_storage: Dict[int, int] = {}  # data_ptr of a stand-in's one element -> parameter
-        for b in self._buckets:
-            for i in b.params:
+        self._index_of: Dict[int, int] = {}  # id(parameter) -> its number, for the parameters held sharded
+        self._place: Dict[int, Tuple[int, int]] = {}  # parameter number -> (its bucket, its offset there)
+        for j, b in enumerate(self._buckets):
+            for i, offset in zip(b.params, b.offsets):
+                self._index_of[id(params[i])] = i
+                self._place[i] = (j, offset)
                 p = params[i]
                 one = torch.full((), float("nan"), dtype=p.dtype, device=p.device)
                 self._stand_ins[i] = one.expand(p.shape)
@@ -244,18 +248,16 @@ class ParameterUnits:
         self._users = [0] * (max(self._unit_of_module.values()) + 1)  # forwards running that need the unit
         me = weakref.ref(self)
         handles = []
+        forward_pre, forward_post = _hook_of(me, "_unit_forward_pre"), _hook_of(me, "_unit_forward_post")
+        refuse_save, refuse_load = _hook_of(me, "_refuse_state_dict"), _hook_of(me, "_refuse_load_state_dict")
         for m in units.hooked:
-            handles.append(m.register_forward_pre_hook(_hook_of(me, "_unit_forward_pre")))
-            handles.append(m.register_forward_hook(_hook_of(me, "_unit_forward_post")))
-            handles.append(m.register_state_dict_pre_hook(_hook_of(me, "_refuse_state_dict")))
-            handles.append(m.register_load_state_dict_pre_hook(_hook_of(me, "_refuse_load_state_dict")))
-        for b_idx, b in enumerate(self._buckets):
-            for i in b.params:
-                handles.append(
-                    params[i].register_post_accumulate_grad_hook(
-                        lambda _p, j=b_idx, r=me: _hook_of(r, "_gradient_in")(j)
-                    )
-                )
+            handles.append(m.register_forward_pre_hook(forward_pre))
+            handles.append(m.register_forward_hook(forward_post))
+            handles.append(m.register_state_dict_pre_hook(refuse_save))
+            handles.append(m.register_load_state_dict_pre_hook(refuse_load))
+        gradient_in = _hook_of(me, "_gradient_in")
+        for i, (j, _) in self._place.items():
+            handles.append(params[i].register_post_accumulate_grad_hook(lambda _p, j=j: gradient_in(j)))
         weakref.finalize(self, remove_hooks, handles)
         with torch.no_grad():
             for j in range(nb):
@@ -489,22 +491,33 @@ class ParameterUnits:
     # ---- state dicts ----------------------------------------------------------------
 
     def _refuse_state_dict(self, module, *_) -> None:
-        if self._pins or self._reading:
-            return
-        raise RuntimeError(
-            f"hvdtorch: rank {runtime.rank()}: state_dict() of a module whose parameters shard=3 holds sharded "
-            f"({type(module).__name__}): its parameters are stand-ins outside forward. Use the DistributedModel's "
-            "state_dict() (the full state, gathered), or read them inside `with model.gathered_parameters():`"
+        self._refuse(
+            f"state_dict() of a module whose parameters shard=3 holds sharded ({type(module).__name__}): its "
+            "parameters are stand-ins outside forward. Use the DistributedModel's state_dict() (the full state, "
+            "gathered), or read them"
         )
 
     def _refuse_load_state_dict(self, module, *_) -> None:
+        self._refuse(
+            f"load_state_dict() into a module whose parameters shard=3 holds sharded ({type(module).__name__}): "
+            "use the DistributedModel's load_state_dict() (every rank takes its shard), or write them"
+        )
+
+    def _refuse(self, what: str) -> None:
+        """The module state hooks: a read or write of stand-ins raises, except
+        inside gathered_parameters() or this code's own (_own_reads())."""
         if self._pins or self._reading:
             return
-        raise RuntimeError(
-            f"hvdtorch: rank {runtime.rank()}: load_state_dict() into a module whose parameters shard=3 holds "
-            f"sharded ({type(module).__name__}): use the DistributedModel's load_state_dict() (every rank takes "
-            "its shard), or write them inside `with model.gathered_parameters():`"
-        )
+        raise RuntimeError(f"hvdtorch: rank {runtime.rank()}: {what} inside `with model.gathered_parameters():`")
+
+    @contextlib.contextmanager
+    def _own_reads(self):
+        """The module's state_dict()/load_state_dict() called by this code, which takes the parameters itself."""
+        self._reading += 1
+        try:
+            yield
+        finally:
+            self._reading -= 1
 
     def state_dict(self, module: torch.nn.Module, prefix: str = "", to=None) -> dict:
         """Collective: the module's full state (parameters gathered bucket by
@@ -512,15 +525,12 @@ class ParameterUnits:
         every rank); an empty dict elsewhere."""
         receivers = None if to is None else {int(r) for r in ([to] if isinstance(to, int) else to)}
         here = receivers is None or runtime.rank() in receivers
-        self._reading += 1
-        try:
+        with self._own_reads():
             raw = module.state_dict(prefix=prefix, keep_vars=True)
-        finally:
-            self._reading -= 1
         keys_of: Dict[int, List[str]] = {}
         for k, v in raw.items():
             keys_of.setdefault(id(v), []).append(k)
-        out = {k: v.detach().clone() for k, v in raw.items() if not self._is_sharded(v)} if here else {}
+        out = {k: v.detach().clone() for k, v in raw.items() if id(v) not in self._index_of} if here else {}
         for j, b in enumerate(self._buckets):
             was_gathered = self._full[j] is not None
             full = self._finish(j)
@@ -536,12 +546,9 @@ class ParameterUnits:
     def sharded_state_dict(self, module: torch.nn.Module) -> dict:
         """This rank's shards (cloned) and the module's state shard=3 does not
         hold (buffers, frozen parameters): local, cheap."""
-        self._reading += 1
-        try:
+        with self._own_reads():
             raw = module.state_dict(keep_vars=True)
-        finally:
-            self._reading -= 1
-        rest = {k: v.detach().clone() for k, v in raw.items() if not self._is_sharded(v)}
+        rest = {k: v.detach().clone() for k, v in raw.items() if id(v) not in self._index_of}
         return {
             SHARDED_FORMAT: {
                 "rank": self._rank,
@@ -580,15 +587,9 @@ class ParameterUnits:
                     full = torch.cat([p["shards"][j].reshape(-1) for p in parts])
                     start, end = b.shard_range(self._rank, self._size)
                     self._shards[j].copy_(full[start:end])
-        self._reading += 1
-        try:
+        with self._own_reads():
             module.load_state_dict(parts[0]["rest"], strict=False)
-        finally:
-            self._reading -= 1
         self.free_all(kept_too=True)
-
-    def _is_sharded(self, v) -> bool:
-        return any(v is self._params[i] for i in self._stand_ins)
 
     def load_state_dict(self, module: torch.nn.Module, state_dict, strict: bool = True):
         """Each rank writes its range of every parameter into its shard (local,
@@ -599,15 +600,11 @@ class ParameterUnits:
         ):
             self._load_sharded(module, state_dict)
             return torch.nn.modules.module._IncompatibleKeys([], [])
-        sharded_ids = {id(self._params[i]): i for i in self._stand_ins}
-        self._reading += 1
-        try:
+        sharded_ids = self._index_of
+        with self._own_reads():
             raw = module.state_dict(keep_vars=True)
             rest = {k: v for k, v in state_dict.items() if not (k in raw and id(raw[k]) in sharded_ids)}
             result = module.load_state_dict(rest, strict=False)
-        finally:
-            self._reading -= 1
-        self.free_all(kept_too=True)
         missing = [k for k in result.missing_keys if not (k in raw and id(raw[k]) in sharded_ids)]
         taken = set()
         with torch.no_grad():
@@ -634,15 +631,11 @@ class ParameterUnits:
         return torch.nn.modules.module._IncompatibleKeys(missing, list(result.unexpected_keys))
 
     def _write_parameter(self, i: int, value: torch.Tensor) -> None:
-        for j, b in enumerate(self._buckets):
-            if i not in b.params:
-                continue
-            offset = b.offsets[b.params.index(i)]
-            start, end = b.shard_range(self._rank, self._size)
-            lo, hi = max(start, offset), min(end, offset + value.numel())
-            if lo < hi:
-                flat = value.detach().reshape(-1).to(self._shards[j].dtype)
-                self._shards[j][lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
-            if self._full[j] is not None:  # a gathered copy would be stale
-                self._free(j, kept_too=True)
-            return
+        j, offset = self._place[i]
+        start, end = self._buckets[j].shard_range(self._rank, self._size)
+        lo, hi = max(start, offset), min(end, offset + value.numel())
+        if lo < hi:
+            flat = value.detach().reshape(-1).to(self._shards[j].dtype)
+            self._shards[j][lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
+        if self._full[j] is not None:  # a gathered copy would be stale
+            self._free(j, kept_too=True)

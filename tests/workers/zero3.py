@@ -84,6 +84,25 @@ def make_opt(kind, params):
     return torch.optim.Adam(params, lr=0.01)
 
 
+def global_loss(model, step, n):
+    """The loss whose gradient is the average of every rank's local gradient."""
+    return sum(local_loss(model, step, k, n) for k in range(n)) / n
+
+
+def trainable(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def sharded(kind, base=None, dm_kw=None, **opt_kw):
+    """A DistributedModel over a copy of ``base`` (a fresh base_model() by
+    default) and its shard=3 optimizer of ``kind``."""
+    dm = hvd.DistributedModel(base_model() if base is None else copy.deepcopy(base), **(dm_kw or {}))
+    opt = hvd.DistributedOptimizer(
+        make_opt(kind, trainable(dm)), named_parameters=dm.named_parameters(), shard=3, model=dm, **opt_kw
+    )
+    return dm, opt
+
+
 def base_model(checkpointed=False):
     torch.manual_seed(0)
     return Net(checkpointed).double()
@@ -102,15 +121,11 @@ def train(
     n, r = hvd.size(), hvd.rank()
     base = base_model(checkpointed)
     ref = copy.deepcopy(base)
-    ref_opt = make_opt(kind, [p for p in ref.parameters() if p.requires_grad])
-    dm = hvd.DistributedModel(
-        copy.deepcopy(base), backward_passes_per_step=1 if use_no_sync else accumulate, **(dm_kw or {})
-    )
-    opt = hvd.DistributedOptimizer(
-        make_opt(kind, [p for p in dm.parameters() if p.requires_grad]),
-        named_parameters=dm.named_parameters(),
-        shard=3,
-        model=dm,
+    ref_opt = make_opt(kind, trainable(ref))
+    dm, opt = sharded(
+        kind,
+        base,
+        dict(dm_kw or {}, backward_passes_per_step=1 if use_no_sync else accumulate),
         fusion_bytes=kw.pop("fusion_bytes", 96),
         keep_gathered_below=kw.pop("keep_gathered_below", 0),
         **kw,
@@ -128,7 +143,7 @@ def train(
         ref_opt.zero_grad()
         for a in range(accumulate):
             s = step * accumulate + a
-            (sum(local_loss(ref, s, k, n) for k in range(n)) / n / accumulate).backward()
+            (global_loss(ref, s, n) / accumulate).backward()
         ref_opt.step()
     assert_equal_to(dm, ref, f"rank {r}: {kind} {kw} {dm_kw}", tol)
     return dm, opt, ref
@@ -289,10 +304,7 @@ def check_gathered_parameters_and_state_dicts():
     # A plain model loads it; a shard=3 model at this size loads it and trains on equally.
     plain = base_model()
     plain.load_state_dict(torch.load(path))
-    fresh = hvd.DistributedModel(base_model())
-    hvd.DistributedOptimizer(
-        make_opt("sgd", [p for p in fresh.parameters() if p.requires_grad]), shard=3, model=fresh, fusion_bytes=64
-    )
+    fresh, _ = sharded("sgd", fusion_bytes=64)
     fresh.load_state_dict(torch.load(path))
     for k, v in plain.state_dict().items():
         torch.testing.assert_close(fresh.state_dict()[k], v, rtol=0, atol=0, msg=k)
@@ -308,10 +320,7 @@ def _write_inside_read_only(dm):
 def check_load_saved_elsewhere():
     """A full state saved by a job of another size loads here."""
     hvd.init()
-    dm = hvd.DistributedModel(base_model())
-    hvd.DistributedOptimizer(
-        make_opt("adam", [p for p in dm.parameters() if p.requires_grad]), shard=3, model=dm, fusion_bytes=200
-    )
+    dm, _ = sharded("adam", fusion_bytes=200)
     saved = torch.load(os.environ["ZERO3_CKPT"])
     dm.load_state_dict(saved)
     for k, v in dm.state_dict().items():
@@ -319,10 +328,7 @@ def check_load_saved_elsewhere():
     # Every rank's shards from the 2-rank job (buckets of another fusion_bytes are refused).
     every = torch.load(os.environ["ZERO3_CKPT"] + ".shards")
     expect(ValueError, ["other buckets"], lambda: dm.load_state_dict(every), hvd.rank())
-    same = hvd.DistributedModel(base_model())
-    hvd.DistributedOptimizer(
-        make_opt("adam", [p for p in same.parameters() if p.requires_grad]), shard=3, model=same, fusion_bytes=96
-    )
+    same, _ = sharded("adam", fusion_bytes=96)
     same.load_state_dict(every)
     for k, v in same.state_dict().items():
         torch.testing.assert_close(v, saved[k], rtol=0, atol=0, msg=k)
@@ -344,7 +350,7 @@ def check_errors():
 
     def opt_of(net, **kw):
         return hvd.DistributedOptimizer(
-            torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1),
+            torch.optim.SGD(trainable(net), lr=0.1),
             named_parameters=net.named_parameters(),
             **kw,
         )
@@ -367,7 +373,19 @@ def check_errors():
         lambda: opt_of(hvd.DistributedModel(torch.nn.Linear(2, 2)), shard=3, overlap_gathers=True),
         r,
     )
-    expect(ValueError, ["reshard_after_forward"], lambda: opt_of(torch.nn.Linear(2, 2), reshard_after_forward=False), r)
+    # shard=3's options are refused elsewhere, not ignored.
+    only3 = ["reshard_after_forward and keep_gathered_below apply to shard=3 only"]
+    expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), reshard_after_forward=False), r)
+    expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), keep_gathered_below=0), r)
+    expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=2, reshard_after_forward=False), r)
+    expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=1, keep_gathered_below=1 << 20), r)
+    # What a shard=3 model's state dicts cannot honour is refused, not ignored.
+    dm, _ = sharded("sgd")
+    expect(ValueError, ["prefix= and to= only", "keep_vars"], lambda: dm.state_dict(keep_vars=True), r)
+    expect(ValueError, ["positional arguments"], lambda: dm.state_dict({}), r)
+    expect(ValueError, ["assign=True"], lambda: dm.load_state_dict(dm.state_dict(), assign=True), r)
+    plain = hvd.DistributedModel(torch.nn.Linear(2, 2))
+    expect(ValueError, ["state_dict(to=...) is for shard=3"], lambda: plain.state_dict(to=0), r)
     dm = hvd.DistributedModel(torch.nn.Linear(2, 2))
     stray = torch.nn.Parameter(torch.zeros(3))
     expect(
@@ -401,10 +419,7 @@ def check_eval_and_inference():
 
 
 def _elastic_state(commit_dir):
-    dm = hvd.DistributedModel(base_model())
-    opt = hvd.DistributedOptimizer(
-        make_opt("adam", [p for p in dm.parameters() if p.requires_grad]), shard=3, model=dm, fusion_bytes=96
-    )
+    dm, opt = sharded("adam", fusion_bytes=96)
     return dm, opt, hvd.elastic.TorchState(dm, opt, commit_dir=commit_dir)
 
 
@@ -451,17 +466,9 @@ def check_compiled_and_amp(mode):
     within its precision."""
     hvd.init()
     n, r = hvd.size(), hvd.rank()
-    base = base_model()
-    ref = copy.deepcopy(base)
-    ref_opt = make_opt("adam", [p for p in ref.parameters() if p.requires_grad])
-    dm = hvd.DistributedModel(copy.deepcopy(base))
-    opt = hvd.DistributedOptimizer(
-        make_opt("adam", [p for p in dm.parameters() if p.requires_grad]),
-        shard=3,
-        model=dm,
-        fusion_bytes=96,
-        keep_gathered_below=200,
-    )
+    ref = base_model()
+    ref_opt = make_opt("adam", trainable(ref))
+    dm, opt = sharded("adam", ref, fusion_bytes=96, keep_gathered_below=200)
     forward, ref_forward = (torch.compile(dm), torch.compile(ref)) if mode == "compile" else (dm, ref)
     amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if mode == "amp" else contextlib.nullcontext
     for s in range(3):
@@ -472,7 +479,7 @@ def check_compiled_and_amp(mode):
         opt.step()
         ref_opt.zero_grad()
         with amp():
-            ref_loss = sum(local_loss(ref_forward, s, k, n) for k in range(n)) / n
+            ref_loss = global_loss(ref_forward, s, n)
         ref_loss.backward()
         ref_opt.step()
     assert_equal_to(dm, ref, mode, (1e-9, 1e-12) if mode == "compile" else (2e-2, 2e-3))
@@ -480,8 +487,7 @@ def check_compiled_and_amp(mode):
 
 def check_join_refused():
     hvd.init()
-    dm = hvd.DistributedModel(base_model())
-    hvd.DistributedOptimizer(make_opt("sgd", [p for p in dm.parameters() if p.requires_grad]), shard=3, model=dm)
+    dm, opt = sharded("sgd")  # kept: a dropped optimizer takes no part in join()
     expect(RuntimeError, ["hvd.join() with shard=3", "same number of batches"], hvd.join, hvd.rank())
 
 
@@ -492,24 +498,16 @@ def check_process_set():
     r = hvd.rank()
     pair = hvd.add_process_set([0, 2])
     if r != 1:
-        base = base_model()
-        ref = copy.deepcopy(base)
-        ref_opt = make_opt("sgd", [p for p in ref.parameters() if p.requires_grad])
-        dm = hvd.DistributedModel(copy.deepcopy(base), process_set=pair)
-        opt = hvd.DistributedOptimizer(
-            make_opt("sgd", [p for p in dm.parameters() if p.requires_grad]),
-            shard=3,
-            model=dm,
-            fusion_bytes=96,
-            keep_gathered_below=0,
-        )
+        ref = base_model()
+        ref_opt = make_opt("sgd", trainable(ref))
+        dm, opt = sharded("sgd", ref, {"process_set": pair}, fusion_bytes=96, keep_gathered_below=0)
         k = pair.rank()
         for s in range(2):
             opt.zero_grad()
             local_loss(dm, s, k, 2).backward()
             opt.step()
             ref_opt.zero_grad()
-            (sum(local_loss(ref, s, j, 2) for j in range(2)) / 2).backward()
+            global_loss(ref, s, 2).backward()
             ref_opt.step()
         assert_equal_to(dm, ref, "process set [0, 2]")
     hvd.barrier()
