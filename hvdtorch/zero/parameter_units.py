@@ -263,6 +263,15 @@ class ParameterUnits:
             for j in range(nb):
                 self._to_stand_ins(j)
 
+    def __deepcopy__(self, memo):
+        # A copy of the model (torch's AveragedModel makes one) would hold stand-ins and hooks bound to this
+        # job's collectives: say how to copy its values instead.
+        raise RuntimeError(
+            f"hvdtorch: rank {runtime.rank()}: a shard=3 model cannot be copied (its parameters are stand-ins "
+            "outside forward). Copy the values: build the plain module again and load model.state_dict() into "
+            "it (an EMA: update it inside `with model.gathered_parameters(modifier_rank=None):` from model.module)"
+        )
+
     # ---- gather and free ----------------------------------------------------------
 
     def _op_name(self, j: int) -> str:

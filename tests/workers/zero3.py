@@ -384,6 +384,7 @@ def check_errors():
     expect(ValueError, ["prefix= and to= only", "keep_vars"], lambda: dm.state_dict(keep_vars=True), r)
     expect(ValueError, ["positional arguments"], lambda: dm.state_dict({}), r)
     expect(ValueError, ["assign=True"], lambda: dm.load_state_dict(dm.state_dict(), assign=True), r)
+    expect(RuntimeError, ["cannot be copied", "gathered_parameters"], lambda: copy.deepcopy(dm), r)
     plain = hvd.DistributedModel(torch.nn.Linear(2, 2))
     expect(ValueError, ["state_dict(to=...) is for shard=3"], lambda: plain.state_dict(to=0), r)
     dm = hvd.DistributedModel(torch.nn.Linear(2, 2))
