@@ -93,8 +93,12 @@ def test_reference_script_trains_as_under_ddp(reference_runs, route):
         if "running" not in key and "num_batches" not in key:
             assert torch.equal(p, ranks[1]["model"][key]), f"{route}: {key} differs across ranks"
     resumed = reference_runs[route]["resumed"]
+    # PowerSGD's float32 orthogonalization does not round alike in the
+    # uninterrupted and the resumed run on every CPU (up to 1.2e-5 apart on
+    # an AVX-512 one): the resumed run is held to its DDP comparison's rounding.
+    rtol, atol = (1e-3, 5e-5) if route == "powersgd" else (1e-6, 1e-7)
     for part in ("model", "ema"):
         for key, w in got[part].items():
             torch.testing.assert_close(
-                resumed[part][key], w, rtol=1e-6, atol=1e-7, msg=lambda m: f"{route}, resumed {part}.{key}: {m}"
+                resumed[part][key], w, rtol=rtol, atol=atol, msg=lambda m: f"{route}, resumed {part}.{key}: {m}"
             )

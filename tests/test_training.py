@@ -46,3 +46,8 @@ def test_plain_buckets_without_shared_memory():
     run_ranks(
         "tests.workers.training:check_no_registered_memory_without_shm", 2, timeout=120, env={"HVDTORCH_SHM": "0"}
     )
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_parameter_unused_everywhere_left_alone(nranks):
+    run_ranks("tests.workers.training:unused_everywhere_like_one_process", nranks, timeout=120)

@@ -62,6 +62,11 @@ BucketSet::BucketSet(std::shared_ptr<Engine> engine, std::vector<at::Tensor> par
   if (opts_.release_buckets && std::string(strategy_->name()) != "reduce_scatter_shard")
     throw InvalidArgument(strCat(opts_.name, ": release_buckets needs the reduce_scatter_shard strategy, not ",
                                  strategy_->name(), " (which may keep or reuse a bucket after its op)"));
+  if (opts_.unused != "" && opts_.unused != "leave" && opts_.unused != "report")
+    throw InvalidArgument(strCat(opts_.name, ": unused is \"\", \"leave\" or \"report\", not \"", opts_.unused, "\""));
+  if (opts_.unused == "leave" && !strategy_->keepsGradients())
+    throw InvalidArgument(strCat(opts_.name, ": unused=\"leave\" needs a strategy that keeps gradients, not ",
+                                 strategy_->name()));
   rebuild(layout);
   // Bad options (an unknown or unavailable reducer, say) fail here, not in
   // the first backward pass.

@@ -102,6 +102,9 @@ class BucketSet {
   const GradReducerOptions& options() const { return opts_; }
   const BucketStrategy& strategy() const { return *strategy_; }
   const std::shared_ptr<Engine>& engine() const { return engine_; }
+  // Ranks that reduce these buckets, and what every bucket launch shares.
+  int setSize() const { return set_size_; }
+  const StrategyContext& context() const { return ctx_; }
   // The parameter's name for errors.
   std::string paramName(size_t index) const;
 

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "python_errors.h"
+#include "strategies/engine_ops.h"
 
 namespace hvdtorch {
 
@@ -32,6 +33,7 @@ GradientReducer::GradientReducer(std::shared_ptr<Engine> engine, std::vector<at:
                        : ownCounter(set_.options().backward_passes_per_step, set_.engine()->topo().rank)) {
   const auto& hooked = set_.params();
   ready_.assign(hooked.size(), false);
+  used_.assign(hooked.size(), 0);
   for (size_t i = 0; i < hooked.size(); ++i)
     hooks_.add(
         hooked[i], set_.options().name, i, [this, i](const variable_list& grads) { beforeGrad(i, grads); },
@@ -62,6 +64,7 @@ bool GradientReducer::passesPending() {
 void GradientReducer::resetPasses(std::optional<int> passes_per_step) {
   std::lock_guard<std::mutex> lock(mu_);
   counter_->reset(passes_per_step);
+  std::fill(used_.begin(), used_.end(), 0);  // the passes' gradients are dropped with them
 }
 
 void GradientReducer::setPassesPerStep(int passes_per_step) {
@@ -77,6 +80,7 @@ void GradientReducer::beforeGrad(size_t index, const variable_list& grads) {
       startPass();
       started = true;
     }
+    used_[index] = 1;
     const std::string& refusal = set_.options().sparse_refusal;
     if (!refusal.empty() && !grads.empty() && grads[0].defined() && grads[0].layout() != c10::kStrided)
       throw InvalidArgument(strCat("hvdtorch: rank ", set_.engine()->topo().rank, ": parameter '",
@@ -155,6 +159,7 @@ void GradientReducer::startPass() {
   pass_active_ = true;
   pass_ended_ = false;
   reduce_this_pass_ = counter_->reducing();
+  unused_started_ = false;
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& b : set_.buckets()) {
     b.pending = static_cast<int>(b.params.size());
@@ -193,6 +198,7 @@ void GradientReducer::startReductionNow() {
   pass_active_ = true;
   pass_ended_ = true;
   reduce_this_pass_ = true;
+  unused_started_ = false;
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& b : set_.buckets()) b.launched = false;
 }
@@ -229,6 +235,7 @@ void GradientReducer::launchRemaining(const std::vector<std::optional<at::Tensor
   // Index order, on every rank: parameters without a gradient this pass
   // (unused branches) contribute no new gradient: their .grad so far, or
   // zeros (a slot may still hold last pass's result after .grad was cleared).
+  if (!unused_started_ && !set_.options().unused.empty()) startUnusedFlags(given);
   for (size_t i = 0; i < set_.buckets().size(); ++i) {
     Bucket& b = set_.buckets()[i];
     if (b.launched) continue;
@@ -251,7 +258,75 @@ std::vector<at::Tensor> GradientReducer::waitAll() {
     bool& active;
     ~EndPass() { active = false; }
   } end{pass_active_};
-  return set_.waitAll();
+  std::vector<at::Tensor> results;
+  try {
+    results = set_.waitAll();
+  } catch (...) {
+    unused_op_.reset();  // the op keeps its tensor alive; the job is failing anyway
+    throw;
+  }
+  settleUnused();
+  return results;
+}
+
+void GradientReducer::startUnusedFlags(const std::vector<std::optional<at::Tensor>>* given) {
+  unused_started_ = true;
+  unused_everywhere_.clear();
+  const bool leave = set_.options().unused == "leave";
+  const size_t n = used_.size();
+  unused_flags_ = at::zeros({static_cast<int64_t>(n)}, at::kFloat);
+  float* flag = unused_flags_.data_ptr<float>();
+  for (size_t p = 0; p < n; ++p) {
+    // The traced hooks' end of a pass gives every parameter a gradient (zeros
+    // where it had none): there, only use counts.
+    const bool gave = used_[p] != 0 || (leave && given == nullptr && set_.params()[p].grad().defined());
+    flag[p] = gave ? 1.0F : 0.0F;
+  }
+  std::fill(used_.begin(), used_.end(), 0);  // the next window starts
+  if (set_.setSize() < 2) return;            // settled as it is
+  ops::AllreduceOptions o;
+  o.op = ReduceOp::kSum;  // a count of the ranks that gave one: exact in float up to 2^24 ranks
+  o.process_set_id = set_.options().process_set_id;
+  unused_op_ = allreduceInPlace(*set_.engine(), std::move(o), unused_flags_, set_.options().name + ".unused");
+}
+
+void GradientReducer::settleUnused() {
+  if (!unused_started_) return;
+  if (unused_flags_.defined()) {  // the first call of this pass
+    if (unused_op_) {
+      std::shared_ptr<OpState> op = std::move(unused_op_);
+      waitForOp(*op);
+    }
+    const float* count = unused_flags_.data_ptr<float>();
+    for (int64_t p = 0; p < unused_flags_.numel(); ++p)
+      if (count[p] == 0.0F) unused_everywhere_.push_back(p);
+    unused_flags_ = at::Tensor();
+  }
+  if (set_.options().unused != "leave") return;
+  if (traced_hooks_ && !unused_everywhere_.empty()) {
+    // Compiled autograd's graph writes every .grad when it ends: None cannot be left.
+    std::string names;
+    for (size_t i = 0; i < unused_everywhere_.size() && i < 5; ++i)
+      names += strCat(i ? ", '" : "'", set_.paramName(static_cast<size_t>(unused_everywhere_[i])), "'");
+    throw InvalidArgument(strCat(
+        "hvdtorch: rank ", set_.engine()->topo().rank, ": ", unused_everywhere_.size(),
+        " parameter(s) got no gradient on any rank in this step (", names,
+        "); under compiled autograd the graph gives each a zero .grad, which the optimizer would step on (weight "
+        "decay, momentum) where one process and DDP leave .grad None and skip it. Freeze what no loss uses "
+        "(p.requires_grad_(False)), or run this model's backward with compiled autograd off"));
+  }
+  for (int64_t p : unused_everywhere_) set_.params()[static_cast<size_t>(p)].mutable_grad() = at::Tensor();
+}
+
+std::vector<int64_t> GradientReducer::waitUnused() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reducingLocked() && pass_ended_) settleUnused();
+  return unused_everywhere_;
+}
+
+std::vector<int64_t> GradientReducer::unusedEverywhere() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return unused_everywhere_;
 }
 
 void GradientReducer::endOfBackward() {
@@ -299,6 +374,7 @@ void GradientReducer::finishBucket(int64_t index) {
   if (!b.op) return;
   try {
     set_.decode(b, b.op->finish());
+    settleUnused();  // again after each bucket: decode may have written .grad anew
   } catch (...) {
     b.op.reset();
     try {

@@ -43,6 +43,16 @@ struct GradReducerOptions {
   // as the reductions keep up, during backward too. Needs a strategy that
   // keeps nothing of a bucket after its op (reduce_scatter_shard).
   bool release_buckets = false;
+  // Parameters that got no gradient on any rank of the set since the last
+  // reduction (grad_reducer.h, "Unused everywhere"):
+  //  ""        no exchange: their slots carry zeros like any locally unused one;
+  //  "leave"   they keep .grad undefined, as in one process and under DDP
+  //            (the optimizer skips them); a parameter counts as given a
+  //            gradient where a pass used it or its .grad was defined;
+  //  "report"  only use counts (the sharded optimizer's .grad are always its
+  //            own views) and nothing is changed: unusedEverywhere() lists them.
+  // Either costs one all-reduce of a float per parameter per reduced pass.
+  std::string unused;
 };
 
 }  // namespace hvdtorch

@@ -10,8 +10,9 @@ of being ignored (docs/guide.md, "Coming from DDP").
 | dim=0 | checked: only 0 (the module runs on one device: nothing is scattered) |
 | broadcast_buffers, init_sync | DistributedModel's own arguments, same meaning (buffer_sync.py) |
 | bucket_cap_mb | fusion_bytes = bucket_cap_mb MiB |
-| find_unused_parameters, static_graph | accepted: unused parameters are always handled, the bucket |
-| | order is learnt in the first step |
+| find_unused_parameters, static_graph | accepted: unused parameters are always handled as with |
+| | find_unused_parameters=True (no rank's gradient: .grad stays None); the bucket order is learnt |
+| | in the first step |
 | gradient_as_bucket_view, check_reduction | accepted: gradients are always views into the buckets |
 | process_group | only the default (whole-job) group; use process_set= for a subset of ranks |
 | anything else (mixed_precision, device_mesh, ...) | TypeError naming it |

@@ -259,6 +259,8 @@ class DistributedModel(torch.nn.Module):
                 backward_passes_per_step=int(backward_passes_per_step),
                 process_set_id=psid,
                 strategy_instance=strategy,
+                unused="leave",  # no rank's gradient: .grad stays None, as under DDP and in one process
+                param_names=[names.get(id(p), f"parameter {i}") for i, p in enumerate(params)],
             ),
         )
         # Re-order buckets by the ready order observed in the first iteration

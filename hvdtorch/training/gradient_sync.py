@@ -9,7 +9,9 @@ Contract (the same as Horovod's DistributedOptimizer):
   * synchronize() returns with every gradient reduced: after the k-th pass by
     waiting for the reductions backward launched, earlier (fewer passes, or
     none: a second step()) by reducing what .grad holds now. A parameter
-    without a gradient contributes zeros.
+    without a gradient contributes zeros; one no rank gave a gradient keeps
+    .grad None, as in one process (Horovod gives it zeros): the reducer's
+    unused="leave" (csrc/torch/grad_reducer.h), and no stand-in for it.
   * zero_grad() after a backward pass and before synchronize() raises
     AssertionError: it would discard gradients other ranks are reducing.
   * Between the end of the reducing pass and synchronize(), .grad holds
@@ -153,7 +155,9 @@ class GradientSync:
         self._densified: Dict[int, int] = {}
         # .grad between a reducing pass and synchronize(): stand-ins that finish the reduction when used
         # (pending_gradients.py); a change through an older reference is an error (gradient_marks.py).
-        self._pending = PendingGradients(self._params, self._names, self._counter, weak_method(self, "settle"))
+        self._pending = PendingGradients(
+            self._params, self._names, self._counter, weak_method(self, "settle"), weak_method(self, "unused")
+        )
         self._settled = False  # a use of a stand-in finished the reduction of the passes so far
         self._marks = GradientMarks(
             self._params,
@@ -244,6 +248,13 @@ class GradientSync:
                 f"'{self._released}': a newer hvd.DistributedOptimizer over it took its parameters over (two would "
                 "reduce each gradient twice); step and synchronize the newer one"
             )
+
+    def unused(self) -> List[int]:
+        """After a reducing pass: the parameters (indices) no rank gave a
+        gradient, whose .grad stays None (waits for the reducer's flags only)."""
+        if self._reducer is None:
+            return []
+        return [self._dense[i] for i in self._reducer.wait_unused()]
 
     def settle(self) -> None:
         """A stand-in in .grad is used: finish the reduction now."""
@@ -362,6 +373,7 @@ class GradientSync:
                 backward_passes_per_step=self._counter.backward_passes_per_step,
                 process_set_id=check_process_set(self._process_set),
                 strategy_instance=strategy,
+                unused="leave",  # no rank's gradient: .grad stays None, as in one process
             ),
             counter=self._counter,
         )

@@ -23,14 +23,16 @@ Contract:
     backward pass begins, and when it forgets the pass.
   * ``p.grad is None`` is False while placed, also for a parameter that got
     no gradient on this rank: after the reduction it holds the average of
-    the others' (zeros where nobody had one), as under DDP.
+    the others'. A parameter no rank gave a gradient gets no stand-in: its
+    .grad is None, as under DDP and in one process (place() asks the
+    owner's ``unused``, which waits for the reducer's flags only).
   * A stand-in kept past the step (``g = p.grad``) resolves to its
     parameter's .grad at each use.
 """
 
 import functools
 import weakref
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 from torch.utils._pytree import tree_map
@@ -93,15 +95,24 @@ def _real(a):
 
 
 class PendingGradients:
-    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], counter, settle: Callable[[], None]):
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        names: Sequence[str],
+        counter,
+        settle: Callable[[], None],
+        unused: Optional[Callable[[], Sequence[int]]] = None,
+    ):
         """``counter``: the owner's pass counter (_C.PassCounter), which says
         whether the pass that just ended reduced; ``settle``: finishes the
         reduction of the pass the stand-ins stand for (the owner's
-        synchronize(), which calls restore() first)."""
+        synchronize(), which calls restore() first); ``unused``: the indices
+        of the parameters no rank gave a gradient in that pass (None: none)."""
         self._params = list(params)
         self._counter = counter
         self._names = list(names)
         self._settle = settle
+        self._unused = unused
         self._stand_ins: Optional[list] = None  # one per parameter, made at the first placement and reused
         self._real: list = []  # the real gradients while the stand-ins are placed
         self._settling = False
@@ -119,9 +130,11 @@ class PendingGradients:
                 s = stand_in(PendingGradient, p)
                 s._hvd_owner, s._hvd_param, s._hvd_name = me, weakref.ref(p), name
                 self._stand_ins.append(s)
+        skip = set(self._unused() or ()) if self._unused is not None else set()
         self._real = [p.grad for p in self._params]
-        for p, s in zip(self._params, self._stand_ins):
-            p.grad = s
+        for i, (p, s) in enumerate(zip(self._params, self._stand_ins)):
+            if i not in skip:
+                p.grad = s
 
     def place_after_pass(self) -> None:
         """At the end of a pass (after every callback of it): place() if the
@@ -149,14 +162,13 @@ class PendingGradients:
             raise RuntimeError(f"hvdtorch: rank {runtime.rank()}: finishing the reduction left stand-ins in .grad")
 
 
-def weak_method(owner, method: str) -> Callable[[], None]:
-    """``owner.<method>()`` behind a weak reference, doing nothing once the
-    owner is gone: for callbacks that stand-ins, autograd or the C++ reducer
-    hold, which must not keep an optimizer alive."""
+def weak_method(owner, method: str) -> Callable[[], Any]:
+    """``owner.<method>()`` behind a weak reference, doing nothing (None) once
+    the owner is gone: for callbacks that stand-ins, autograd or the C++
+    reducer hold, which must not keep an optimizer alive."""
     return functools.partial(_call_weakly, weakref.ref(owner), method)
 
 
-def _call_weakly(ref, method: str) -> None:
+def _call_weakly(ref, method: str) -> Any:
     owner = ref()
-    if owner is not None:
-        getattr(owner, method)()
+    return None if owner is None else getattr(owner, method)()

@@ -170,6 +170,7 @@ class BucketGradients:
                 param_names=[names[i] for i in order],
                 sparse_refusal=_SPARSE_REFUSAL,
                 release_buckets=bool(transient) and scatter,
+                unused="report",  # the optimizer refuses a parameter no rank gave a gradient (optimizer.py)
             ),
             counter=self._counter,
         )
@@ -177,6 +178,7 @@ class BucketGradients:
         # an error (see the top).
         held = [params[i] for i in order]
         held_names = [names[i] for i in order]
+        self._held_names = held_names  # the reducer's order
         self._pending = None
         if not scatter:
             self._pending = PendingGradients(held, held_names, self._counter, settle or _nothing)
@@ -219,6 +221,14 @@ class BucketGradients:
         parameters' (fp16 compression) or released (transient) is left
         alone."""
         self._reducer.view_gradients()
+
+    def unused_everywhere(self) -> List[str]:
+        """After synchronize(): the names of the parameters no rank gave a
+        gradient since the step before (the reducer's flags, unused="report")."""
+        return [self._held_names[i] for i in self._reducer.unused_everywhere()]
+
+    def parameter_count(self) -> int:
+        return len(self._held_names)
 
     def pending(self) -> bool:
         """A counted backward pass ran since the last synchronize()."""

@@ -312,6 +312,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         set_id(ps)  # a set this rank is in (DistributedOptimizer hands others the plain optimizer)
         self._process_set = ps
         self._size, self._rank = ps.size(), ps.rank()
+        self._no_gradients = False  # the last synchronize() found no gradient on any rank
         self._stage = shard
         # A joined rank takes part in every collective of the optimizer (zero/join.py).
         self._name = f"{shard_join.NO_STAND_IN_PREFIX}sharded{next(_instance_ids)}"
@@ -580,6 +581,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # shard=2: gradients synchronize() left in the shards, neither stepped on nor zeroed.
         unconsumed = self._stage >= 2 and self._synchronized and any(s.grad is not None for s in self._shards)
         results = self._grads.synchronize()
+        unused = self._grads.unused_everywhere()
+        # No gradient anywhere (a step without backward): the step moves nothing, as in one process.
+        self._no_gradients = len(unused) == self._grads.parameter_count()
+        if unused and not self._no_gradients:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: {len(unused)} parameter(s) got no gradient on any rank since the "
+                f"last step ({', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}). shard={self._stage} "
+                "steps each bucket's shard as one tensor, so the optimizer would still move them (weight decay, "
+                "momentum, Adam's moments and step count) where one process and DDP skip a parameter without a "
+                "gradient. Freeze what no loss uses (p.requires_grad_(False)) or leave it out of the optimizer; "
+                "a parameter that only some steps use needs shard=0 (hvd.DistributedModel, or "
+                "hvd.DistributedOptimizer without shard)"
+            )
         if unconsumed:
             raise RuntimeError(
                 f"hvdtorch: rank {runtime.rank()}: a backward pass after synchronize() with neither step() nor "
@@ -706,7 +720,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             # The step's temporaries are mapped, not kept on the heap under the next forward and
             # backward (zero/host_heap.py says why).
             host_heap.fix_mmap_threshold()
-        self.optim.step()
+        if not self._no_gradients:
+            self.optim.step()
         self._synchronized = False
         self._consolidated = None  # the state moved on
         self._gather()

@@ -45,7 +45,8 @@ def _train(route: str, mode: str, steps: int = 3, **kw):
     parameters. ``kw``: the DistributedModel's arguments."""
     r = hvd.rank()
     net = _Net().double()
-    branch_on = kw.pop("branch_on_rank", None)
+    # The branch's rank (-1: none, a parameter no rank gives a gradient).
+    branch_on = kw.pop("branch_on_rank", 0)
     accumulate = kw.pop("accumulate", False)
     local_only = kw.pop("local_only", False)
     if kw.pop("powersgd", False):  # its state is the run's own
@@ -114,6 +115,7 @@ def every_route_compiled() -> None:
     _same("model", "compile")
     _same("model", "compile", sync="explicit", fusion_bytes=512, first_bucket_bytes=512)
     _same("model", "compile", branch_on_rank=1)
+    _same("model", "compile", branch_on_rank=-1)  # .grad None, as eager
     _same("model", "compile", powersgd=True)
     for route in ("optimizer", "shard1", "shard2"):
         _same(route, "compile")
@@ -125,7 +127,8 @@ def compiled_autograd() -> None:
     launch during backward), sync="explicit", an unused branch on one rank,
     no_sync() accumulation (its branch unused in the reducing pass on one
     rank), a step after a no_sync() pass (the unused branch keeps no
-    .grad), fp16 on the wire, PowerSGD, Sum with a predivide factor."""
+    .grad), fp16 on the wire, PowerSGD, Sum with a predivide factor; a
+    parameter no rank uses is refused by name."""
     hvd.init()
     _same("model", "ca", fusion_bytes=512, first_bucket_bytes=512)
     _same("model", "ca", sync="explicit")
@@ -135,6 +138,13 @@ def compiled_autograd() -> None:
     _same("model", "ca", compression=hvd.Compression.fp16)
     _same("model", "ca", powersgd=True)
     _same("model", "ca", op=hvd.Sum, gradient_predivide_factor=2.0)
+    # A parameter no rank gives a gradient: compiled autograd would write zeros into its .grad.
+    expect(
+        Exception,
+        ["got no gradient on any rank", "'branch.weight'", "compiled autograd off"],
+        lambda: _train("model", "ca", steps=1, branch_on_rank=-1),
+        hvd.rank(),
+    )
     hvd.shutdown()
 
 

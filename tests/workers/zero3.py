@@ -33,10 +33,12 @@ class Block(torch.nn.Module):
         super().__init__()
         self.lin = torch.nn.Linear(D, D)
         self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, D))
-        self.unused = torch.nn.Parameter(torch.randn(3))  # in the model, never in a forward
+        self.rare = torch.nn.Parameter(torch.randn(3))  # local_loss: used on rank 0 only
+        self.use_rare = True
 
     def forward(self, x):
-        return torch.tanh(self.lin(x)) * self.scale
+        out = torch.tanh(self.lin(x)) * self.scale
+        return out + 0.1 * self.rare.sum() if self.use_rare else out
 
 
 class Net(torch.nn.Module):
@@ -75,12 +77,17 @@ def batch(step, n):
 def local_loss(model, step, k, n):
     x, y = batch(step, n)
     s = slice(k * PER_RANK, (k + 1) * PER_RANK)
-    return F.mse_loss(model(x[s]), y[s])
+    block = getattr(model, "module", model).block
+    block.use_rare = k == 0  # a parameter the other ranks leave unused
+    try:
+        return F.mse_loss(model(x[s]), y[s])
+    finally:
+        block.use_rare = True
 
 
 def make_opt(kind, params):
     if kind == "sgd":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9)  # no decay: block.unused gets zeros (see the guide)
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
     return torch.optim.Adam(params, lr=0.01)
 
 
@@ -403,6 +410,37 @@ def check_errors():
     opt = opt_of(dm, shard=3, model=dm, reshard_after_forward=False, keep_gathered_below=0, fusion_bytes=0)
     dm(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
     opt.step()
+    # A parameter no rank gives a gradient: a sharded step would still move it
+    # (its flat shard is stepped whole), so every stage refuses it by name.
+    for stage in (1, 2, 3):
+        dm = hvd.DistributedModel(base_model())
+        dm.module.block.use_rare = False
+        opt = opt_of(dm, shard=stage, **({"model": dm} if stage == 3 else {}))
+        dm(batch(0, hvd.size())[0][:2]).sum().backward()
+        expect(
+            RuntimeError,
+            ["no gradient on any rank", "block.rare", f"shard={stage}", "requires_grad_(False)"],
+            opt.step,
+            r,
+        )
+    # A step() with no gradient on any rank moves nothing, as in one process
+    # (Adam's moments would move every parameter).
+    for stage in (1, 2, 3):
+        dm = hvd.DistributedModel(base_model())
+        opt = hvd.DistributedOptimizer(
+            torch.optim.Adam(trainable(dm), lr=0.1),
+            named_parameters=dm.named_parameters(),
+            shard=stage,
+            **({"model": dm} if stage == 3 else {}),
+        )
+        local_loss(dm, 0, r, hvd.size()).backward()
+        opt.step()
+        opt.zero_grad()
+        before = {k: v.clone() for k, v in dm.state_dict().items()}
+        opt.step()
+        after = dm.state_dict()
+        for k, v in before.items():
+            torch.testing.assert_close(after[k], v, rtol=0, atol=0, msg=lambda m, k=k: f"shard={stage} {k}: {m}")
 
 
 def check_eval_and_inference():

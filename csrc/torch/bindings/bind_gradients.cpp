@@ -72,6 +72,7 @@ void bindGradientReducerOptions(py::module_& m) {
   bindField(c, ops::field("pipeline", &O::pipeline));
   bindField(c, ops::field("sync_on_backward", &O::sync_on_backward));
   bindField(c, ops::field("release_buckets", &O::release_buckets));
+  bindField(c, ops::field("unused", &O::unused));
   bindField(c, ops::field("fuse", &O::fuse));
   bindField(c, ops::field("backward_passes_per_step", &O::backward_passes_per_step));
   bindField(c, ops::field("process_set_id", &O::process_set_id));
@@ -148,6 +149,8 @@ void bindGradients(py::module_& m) {
       .def("use_traced_hooks", &GradientReducer::useTracedHooks)
       .def_property_readonly("traced_hooks", &GradientReducer::tracedHooks)
       .def("next_pass_reduces", &GradientReducer::nextPassReduces)
+      .def("unused_everywhere", &GradientReducer::unusedEverywhere)
+      .def("wait_unused", &GradientReducer::waitUnused, py::call_guard<py::gil_scoped_release>())
       .def("gradient_ready", &GradientReducer::gradientReady, py::arg("index"), py::arg("grad"),
            py::call_guard<py::gil_scoped_release>())
       .def("backward_ended", &GradientReducer::backwardEnded, py::arg("grads"),
