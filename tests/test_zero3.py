@@ -79,3 +79,8 @@ def test_elastic_state_commits_restores_and_resumes_at_another_size(tmp_path):
 @pytest.mark.parametrize("mode", ["compile", "amp"])
 def test_compiled_and_amp(mode):
     run_ranks("tests.workers.zero3:check_compiled_and_amp", 2, args=[mode], timeout=240)
+
+
+def test_training_across_hosts():
+    # Two emulated hosts of two ranks: each unit's gather crosses the link once per host.
+    run_ranks("tests.workers.zero3:check_training", 4, args=["quick"], timeout=180, hosts=["a", "a", "b", "b"])

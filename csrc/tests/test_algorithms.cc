@@ -1,9 +1,12 @@
 // Every reducer against a locally computed reference, on awkward shapes:
 // count 0, 1, < size, odd, larger than several segments; world sizes 1-5.
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "algorithms/central_allreduce.h"
+#include "algorithms/hierarchical_allgather.h"
 #include "algorithms/ring_allgather.h"
 #include "algorithms/ring_allreduce.h"
 #include "check.h"
@@ -96,6 +99,94 @@ TEST(allgatherv_and_broadcast) {
       }
     });
   }
+}
+
+namespace {
+
+// A fabric link that counts the bytes it sends to another host.
+class CountingLink : public Link {
+ public:
+  CountingLink(std::unique_ptr<Link> inner, std::atomic<size_t>* crossing) : inner_(std::move(inner)), crossing_(crossing) {}
+  int peer() const override { return inner_->peer(); }
+  const char* kind() const override { return inner_->kind(); }
+  std::unique_ptr<LinkRequest> isend(const void* data, size_t bytes) override {
+    if (crossing_ != nullptr) *crossing_ += bytes;
+    return inner_->isend(data, bytes);
+  }
+  std::unique_ptr<LinkRequest> irecv(void* data, size_t bytes) override { return inner_->irecv(data, bytes); }
+
+ private:
+  std::unique_ptr<Link> inner_;
+  std::atomic<size_t>* crossing_;
+};
+
+// Runs `gather` on ranks placed on hosts by `host_of_rank`; checks every
+// block in place and returns the bytes sent between hosts.
+size_t gatherAcrossHosts(const std::vector<int>& host_of_rank, const std::vector<size_t>& sizes,
+                         void (*gather)(Context&, const void*, void*, const std::vector<size_t>&)) {
+  const int p = static_cast<int>(host_of_rank.size());
+  InProcFabric fabric(p);
+  std::atomic<size_t> crossing{0};
+  std::vector<std::string> errors(p);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Context ctx(
+            Topology::build(r, host_of_rank),
+            [&, r](int peer) {
+              return std::make_unique<CountingLink>(fabric.link(r, peer),
+                                                    host_of_rank[peer] != host_of_rank[r] ? &crossing : nullptr);
+            },
+            nullptr, nullptr, std::chrono::milliseconds(20000));
+        std::vector<char> in(sizes[r]);
+        for (size_t k = 0; k < in.size(); ++k) in[k] = static_cast<char>(r * 31 + k);
+        size_t total = 0;
+        for (size_t n : sizes) total += n;
+        std::vector<char> out(total, 0);
+        gather(ctx, in.data(), out.data(), sizes);
+        size_t at = 0;
+        for (int q = 0; q < p; ++q)
+          for (size_t k = 0; k < sizes[q]; ++k, ++at)
+            if (out[at] != static_cast<char>(q * 31 + k)) throw std::runtime_error(strCat("block of rank ", q, " wrong"));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  return crossing.load();
+}
+
+}  // namespace
+
+TEST(hierarchical_allgather_crosses_each_link_once) {
+  // Hosts of 2 and 3 ranks, numbered together or interleaved, blocks of
+  // different sizes (one empty): every block in place, and the bytes between
+  // hosts are the floor -- each rank's block sent to each other host once --
+  // where the flat ring sends more.
+  const std::vector<std::vector<int>> layouts = {{0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 1, 1, 1}, {0, 0, 1, 1, 2, 2}};
+  for (const auto& hosts : layouts) {
+    const int p = static_cast<int>(hosts.size());
+    int num_hosts = 0;
+    for (int h : hosts) num_hosts = std::max(num_hosts, h + 1);
+    std::vector<size_t> sizes(p);
+    size_t floor = 0;
+    for (int r = 0; r < p; ++r) {
+      sizes[r] = r == 1 ? 0 : static_cast<size_t>(1000 + 37 * r);
+      floor += sizes[r] * static_cast<size_t>(num_hosts - 1);
+    }
+    CHECK(hierarchicalAllgatherApplies(Topology::build(0, hosts)));
+    const size_t two_level = gatherAcrossHosts(hosts, sizes, hierarchicalAllgatherv);
+    const size_t flat = gatherAcrossHosts(hosts, sizes, ringAllgatherv);
+    CHECK_MSG(two_level == floor, "%d ranks: %zu bytes between hosts, floor %zu", p, two_level, floor);
+    CHECK_MSG(flat > floor, "%d ranks: the flat ring sent %zu, floor %zu", p, flat, floor);
+  }
+  // One host, one rank per host, or hosts of different sizes: not applicable.
+  CHECK(!hierarchicalAllgatherApplies(Topology::build(0, {0, 0, 0})));
+  CHECK(!hierarchicalAllgatherApplies(Topology::build(0, {0, 1, 2})));
+  CHECK(!hierarchicalAllgatherApplies(Topology::build(0, {0, 0, 1})));
 }
 
 TEST(dead_peer_raises_not_hangs) {

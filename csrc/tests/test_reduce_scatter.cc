@@ -1,9 +1,9 @@
 // Reduce-scatter with uneven blocks against a locally computed reference:
 // the ring's reduce-scatter phase (any world size, blocks of any size
 // including empty ones, segments much smaller than a block) and the
-// shared-memory reduce-scatter of the node reducer on one host (many arena
-// rounds, interleaved with all-reduces on the same arena), plus which
-// reducer a ReducerSet picks for it.
+// reduce-scatter of the node reducer on hosts of equal size (shared memory
+// on the host, many arena rounds, interleaved with all-reduces on the same
+// arena; the ring between hosts), plus which reducer a ReducerSet picks.
 #include <unistd.h>
 
 #include <string>
@@ -120,14 +120,18 @@ TEST(ring_reduce_scatter_among_subgroup) {
   });
 }
 
-TEST(node_reduce_scatter_on_one_host) {
-  for (int p : {2, 3, 4}) {
+TEST(node_reduce_scatter_on_hosts_of_equal_size) {
+  // One host, 2 x 2 (numbered together and interleaved), 2 x 3.
+  const std::vector<std::vector<int>> layouts = {
+      {0, 0}, {0, 0, 0}, {0, 0, 0, 0}, {0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 1, 1, 1}};
+  for (const auto& hosts : layouts) {
+    const int p = static_cast<int>(hosts.size());
     for (const auto& counts : countPatterns(p)) {
       NodeOptions o;
       o.shm_prefix = uniquePrefix();
       o.slot_bytes = 256;  // 64 floats per slot: 16-21 per rank and round, so large blocks take many rounds
       o.ring = RingOptions{4096, 2};
-      runRanks(std::vector<int>(p, 0), [&](Context& ctx) {
+      runRanks(hosts, [&](Context& ctx) {
         NodeAllreduce node(o);
         CHECK(node.hasReduceScatter(ctx));
         for (const Case& c : kCases)
@@ -151,16 +155,19 @@ TEST(node_reduce_scatter_on_one_host) {
   }
 }
 
-TEST(node_reduce_scatter_only_on_one_host) {
-  NodeOptions o;
-  o.shm_prefix = uniquePrefix();
-  runRanks(std::vector<int>{0, 0, 1, 1}, [&](Context& ctx) {
-    NodeAllreduce node(o);
-    CHECK(!node.hasReduceScatter(ctx));
-    std::vector<float> buf(4);
-    CHECK_THROWS(node.reduceScatter(ctx, buf.data(), {1, 1, 1, 1}, DataType::kFloat32, ReduceOp::kSum),
-                 InvalidArgument);
-  });
+TEST(node_reduce_scatter_only_on_hosts_of_equal_size) {
+  // Hosts of different sizes, or one rank per host: the ring's.
+  for (const auto& hosts : {std::vector<int>{0, 0, 1}, std::vector<int>{0, 1, 2}}) {
+    NodeOptions o;
+    o.shm_prefix = uniquePrefix();
+    runRanks(hosts, [&](Context& ctx) {
+      NodeAllreduce node(o);
+      CHECK(!node.hasReduceScatter(ctx));
+      std::vector<float> buf(3);
+      CHECK_THROWS(node.reduceScatter(ctx, buf.data(), {1, 1, 1}, DataType::kFloat32, ReduceOp::kSum),
+                   InvalidArgument);
+    });
+  }
 }
 
 TEST(reducer_set_picks_a_reduce_scatter) {

@@ -196,3 +196,19 @@ def check_large_ring():
         got = hvd.allreduce(x, op=hvd.Sum, reducer=reducer, name=f"big.{reducer}")
         assert torch.equal(got, torch.full((count,), float(sum(range(1, n + 1))))), reducer
     hvd.shutdown()
+
+
+def allgather_across_hosts():
+    """All-gathers between emulated hosts of two ranks each (the hierarchical
+    all-gather, csrc/core/algorithms/hierarchical_allgather.h): every dtype,
+    ranks with no rows, scalars, and a grouped all-gather of tensors whose
+    rows differ per rank."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    check_allgather()
+    mine = [value(r, (r + t, 3), torch.float32, 900 + t) for t in range(3)]
+    got = hvd.grouped_allgather(mine, name="ag.grouped.hosts")
+    for t in range(3):
+        want = torch.cat([value(k, (k + t, 3), torch.float32, 900 + t) for k in range(n)])
+        assert_equal(got[t], want, f"grouped allgather tensor {t}")
+    hvd.shutdown()

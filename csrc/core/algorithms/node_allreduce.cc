@@ -162,14 +162,15 @@ LinkTraffic NodeAllreduce::linkTraffic(const Context& ctx) const {
 
 bool NodeAllreduce::hasReduceScatter(const Context& ctx) const {
   const Topology& t = ctx.topo();
-  return t.num_hosts == 1 && t.size > 1;
+  return t.local_size > 1 && t.homogeneous();
 }
 
 void NodeAllreduce::reduceScatter(Context& ctx, void* data, const std::vector<size_t>& counts, DataType dtype,
                                   ReduceOp op) {
   const Topology& t = ctx.topo();
   if (!hasReduceScatter(ctx))
-    throw InvalidArgument(strCat("rank ", t.rank, ": the node reduce-scatter runs on one host only"));
+    throw InvalidArgument(strCat("rank ", t.rank, ": the node reduce-scatter needs hosts of as many ranks each, ",
+                                 "more than one"));
   if (static_cast<int>(counts.size()) != t.size)
     throw InvalidArgument(strCat("rank ", t.rank, ": reduce-scatter needs one block size per rank"));
   checkUsable(ctx, dtype, op, static_cast<size_t>(t.local_size));
@@ -182,20 +183,45 @@ void NodeAllreduce::reduceScatter(Context& ctx, void* data, const std::vector<si
   const std::vector<size_t> offsets = blockOffsets(counts);
   const size_t rounds_span = *std::max_element(counts.begin(), counts.end());
   char* base = static_cast<char*>(data);
+  // Column j: the ranks of local rank j, one per host, ascending (column
+  // t.local_rank is t.cross_ranks).
+  std::vector<std::vector<int>> column(local);
+  for (int r = 0; r < t.size; ++r) column[t.local_rank_of[r]].push_back(r);
   guarded([&] {
     ShmArena& a = arena(ctx);
     std::vector<ArenaPart> parts(local);
-    for (size_t done = 0; done < rounds_span; done += per) {
-      for (int j = 0; j < local; ++j) {
-        const int owner = t.local_ranks[j];
-        const size_t left = counts[owner] > done ? counts[owner] - done : 0;
-        parts[j] = ArenaPart{offsets[owner] + done, j * per, std::min(per, left)};
+    // 1. On the host: in round h local rank j reduces the host's sum of
+    //    block column[j][h] (one round per host; one host: its own block).
+    for (int h = 0; h < t.num_hosts; ++h) {
+      for (size_t done = 0; done < rounds_span; done += per) {
+        for (int j = 0; j < local; ++j) {
+          const int owner = column[j][h];
+          const size_t left = counts[owner] > done ? counts[owner] - done : 0;
+          parts[j] = ArenaPart{offsets[owner] + done, j * per, std::min(per, left)};
+        }
+        const int set = static_cast<int>(chunks_++ % 2);
+        const char* reduced = arenaReduceScatter(a, set, base, parts, dtype, op, ctx.deadline());
+        std::memcpy(base + parts[me].from * esize, reduced, parts[me].count * esize);
       }
-      const int set = static_cast<int>(chunks_++ % 2);
-      const char* reduced = arenaReduceScatter(a, set, base, parts, dtype, op, ctx.deadline());
-      std::memcpy(base + parts[me].from * esize, reduced, parts[me].count * esize);
     }
   });
+  if (t.num_hosts == 1) return;
+  // 2. Across hosts: this rank's column, packed in ring order, reduce-
+  //    scattered among the column's ranks (the ring's blocks tile a prefix).
+  const std::vector<int>& mine = t.cross_ranks;
+  std::vector<Range> blocks(mine.size());
+  size_t total = 0;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    blocks[i] = Range{total, counts[mine[i]]};
+    total += counts[mine[i]];
+  }
+  if (scratch_.size() < total * esize) scratch_.resize(total * esize);
+  for (size_t i = 0; i < mine.size(); ++i)
+    std::memcpy(scratch_.data() + blocks[i].offset * esize, base + offsets[mine[i]] * esize,
+                blocks[i].count * esize);
+  ring_.reduceScatterAmong(ctx, mine, scratch_.data(), blocks, dtype, op);
+  const Range& own = blocks[t.cross_rank];
+  std::memcpy(base + offsets[t.rank] * esize, scratch_.data() + own.offset * esize, own.count * esize);
 }
 
 }  // namespace hvdtorch

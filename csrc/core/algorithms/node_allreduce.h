@@ -14,10 +14,11 @@
 //     the remote transport. Skipped with one host.
 //  3. intra-host all-gather: barrier; every local rank copies every slice
 //     (slice j from local rank j's slot) out into its buffer.
-// Step 1 is arenaReduceScatter (arena_reduce_scatter.h). On one host the
-// reducer also serves reduce-scatter with uneven blocks: rounds of step 1
-// alone, each local rank taking up to slot/local_size elements of every
-// block, then copying its reduced part out (one barrier per round).
+// Step 1 is arenaReduceScatter (arena_reduce_scatter.h). The reducer also
+// serves reduce-scatter with uneven blocks: rounds of step 1 alone, each
+// local rank taking up to slot/local_size elements of a block, then copying
+// its reduced part out (one barrier per round); across hosts, then the ring
+// among the hosts (hasReduceScatter).
 //
 // Chunks (and reduce-scatter rounds) alternate between two buffer sets, so the copy-in of chunk k+1
 // cannot overwrite what a slower rank is still copying out of chunk k (the
@@ -82,7 +83,12 @@ class NodeAllreduce : public Reducer {
   // Copies in from `in` and out to `out` (through the slots; a registered
   // buffer is reduced in place only when in == out).
   void allreduceInto(Context& ctx, const void* in, void* out, size_t count, DataType dtype, ReduceOp op) override;
-  // One host with several ranks: the reduce-scatter runs in shared memory.
+  // Hosts of as many ranks each, more than one: the reduce-scatter runs in
+  // shared memory on the host, one round per host (local rank j reducing
+  // the host's sum of the blocks of the ranks of local rank j), then each
+  // rank reduce-scatters its column with the same local rank on the other
+  // hosts over the ring: a host's link carries each block once, as the
+  // hierarchical all-gather's (hierarchical_allgather.h).
   bool hasReduceScatter(const Context& ctx) const override;
   // Step 2's rings among the hosts, chunk after chunk: the slices of all
   // local ranks together are the whole buffer, so a host's link carries
@@ -110,6 +116,7 @@ class NodeAllreduce : public Reducer {
   int arena_rank_ = -1;  // the global rank the arena was made for
   uint64_t chunks_ = 0;  // chunks done in this arena; its parity picks the buffer set
   uint64_t in_place_chunks_ = 0;
+  std::vector<char> scratch_;  // the reduce-scatter's column across hosts, packed
   std::string broken_;  // set after a failure: later calls throw it
 };
 

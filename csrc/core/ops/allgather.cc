@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "algorithms/hierarchical_allgather.h"
 #include "algorithms/ring_allgather.h"
 #include "common/error.h"
 #include "device/devices.h"
@@ -100,18 +101,25 @@ void allgatherOnDevice(Executor& ex, WorkUnit& unit, Device& d) {
 // Device tensors take the backend's device collectives where it has them
 // (decided alike on every rank: the device kind is in the signature) and
 // are otherwise staged through pinned host memory (Staging::kByOp in the op
-// table: this function decides).
+// table: this function decides). Host memory takes the hierarchical
+// all-gather on several hosts of as many ranks each, the ring otherwise.
 void executeAllgather(Executor& ex, WorkUnit& unit) {
   Entry& e = *unit.pieces.front().entry;
   const AllgatherPlan& plan = std::get<AllgatherPlan>(unit.plan);
   const int p = ex.ctx().size();
   if (Device* d = ex.deviceOrStage(e)) return allgatherOnDevice(ex, unit, *d);
   std::vector<TensorPtr> outs = allocateOutputs(e, plan, p);
+  // Across hosts each byte crosses a host's link once (hierarchical_allgather.h).
+  const bool hierarchical = hierarchicalAllgatherApplies(ex.ctx().topo());
   ex.mark(unit, "ALLGATHER", true);
   for (size_t t = 0; t < e.inputs.size(); ++t) {
     std::vector<size_t> bytes(p);
     for (int r = 0; r < p; ++r) bytes[r] = blockBytes(e, plan, t, r);
-    ringAllgatherv(ex.ctx(), e.inputs[t]->data(), outs[t]->data(), bytes);
+    if (hierarchical) {
+      hierarchicalAllgatherv(ex.ctx(), e.inputs[t]->data(), outs[t]->data(), bytes);
+    } else {
+      ringAllgatherv(ex.ctx(), e.inputs[t]->data(), outs[t]->data(), bytes);
+    }
   }
   ex.mark(unit, "ALLGATHER", false);
   e.outputs = std::move(outs);
