@@ -40,6 +40,12 @@ Configurations (one torchrun job per rate builds them all, then interleaves):
   horovod         Horovod 0.28.1's DistributedOptimizer, its Gloo controller
                   and Gloo operations (--horovod auto: when
                   build/horovod-venv exists; benchmarks/peers/build_horovod.sh)
+  zero3           hvd.DistributedModel + hvd.DistributedOptimizer(shard=3,
+                  model=...): parameters sharded at rest, each layer's
+                  gathered for its forward and again in backward
+  fsdp2           torch's FSDP2 (fully_shard on every Linear and Conv2d, then
+                  the root) on the Gloo default group: the same schedule
+  (zero3 and fsdp2 are not in the defaults; --configs names them)
 
 Horovod's own launcher (horovodrun --gloo) starts the ranks of other hosts
 through ssh, and no ssh server runs in the namespaces. So the ranks start
@@ -72,7 +78,11 @@ rank 0 right after the first barrier and right after the second; Ethernet,
 IP and TCP headers included, so a little above the payload), divided by
 --iters; the largest host's. The floor it is compared to is what a
 hierarchical all-reduce must send with one rank per host on the wire: for H
-hosts and G gradient bytes, 2 (H-1)/H G per host per step.
+hosts and G gradient bytes, 2 (H-1)/H G per host per step; for zero3 and
+fsdp2, (H-1)/H (2 P + G) with P parameter bytes: two all-gathers of the
+parameters (forward, backward) and a reduce-scatter of the gradients, each
+byte crossing a host's link once (zero3 gathers buckets under 256 KiB once
+per step, so it may go a little below).
 
 The ranks of all hosts share this machine's cores (--host-cpus shared, the
 default): compute is slower than on real hosts and rises with the ranks, a
@@ -114,7 +124,8 @@ from benchmarks.workloads import FCHeavyNet, image_batches  # noqa: E402
 HOROVOD_PYTHON = os.path.join(ROOT, "build", "horovod-venv", "bin", "python")
 IMAGE_SIZE = 32
 POWERSGD_RANK = 4
-PEERS = ("ddp", "ddp-powersgd", "horovod", "solo")
+PEERS = ("ddp", "ddp-powersgd", "horovod", "fsdp2", "solo")
+SHARDED = ("zero3", "fsdp2")  # parameters gathered per layer: their own floor
 # dm:auto without one of its parts (not in the defaults; --configs names them).
 ABLATIONS = ("dm:sizes", "dm:whole")
 TX_BYTES = "/sys/class/net/eth0/statistics/tx_bytes"
@@ -170,12 +181,23 @@ class Config:
             self.model = hvd.DistributedModel(
                 self.model, compression=compression, sync="explicit", name=f"cluster.{name}"
             )
+        elif name == "zero3":
+            self.model = hvd.DistributedModel(self.model, name="cluster.zero3")
+        elif name == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+
+            for m in self.model.modules():
+                if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
+                    fully_shard(m)
+            self.model = fully_shard(self.model)
         elif name.startswith("dm:"):
             reducer = "auto" if name in ABLATIONS else name[3:]
             self.model = hvd.DistributedModel(self.model, reducer=reducer, sync="explicit", name=f"cluster.{name}")
             if name == "dm:sizes":
                 self.model._layers = [None] * len(self.model._layers)  # the planner sees no layers
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        if name == "zero3":
+            self.opt = hvd.DistributedOptimizer(self.opt, shard=3, model=self.model)
         self.step = self.opt.step
         if name == "dm:whole":
             self.sync = self.model.sync_gradients
@@ -255,7 +277,8 @@ def worker(args):
     configs = args.configs.split(",")
     horovod, server = init_horovod(group, hosts, local_size) if "horovod" in configs else (None, None)
     built = {name: Config(name, size, horovod) for name in configs}
-    grad_bytes = sum(p.numel() * p.element_size() for p in built[configs[0]].model.parameters())
+    model = FCHeavyNet(num_classes=NUM_CLASSES, image_size=IMAGE_SIZE)  # sharded configs hold shards only
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     data = image_batches(None, IMAGE_SIZE, args.batch, NUM_CLASSES, rank, size)
     for name in configs:
         train_steps(built[name], data, args.prime)
@@ -275,9 +298,10 @@ def worker(args):
                     flush=True,
                 )
     if rank == 0:
-        floor = 2 * (hosts - 1) / hosts * grad_bytes
         with open(args.rows, "w") as f:
             for name in configs:
+                # Sharded: two gathers of the parameters and a reduce-scatter; otherwise an all-reduce.
+                floor = (hosts - 1) / hosts * (3 if name in SHARDED else 2) * grad_bytes
                 rates = [w[0] for w in windows[name]]
                 per_host = [max(w[1]) for w in windows[name]]
                 row = dict(rate=args.rate, config=name, hosts=hosts, ranks_per_host=local_size, ranks=size)
@@ -302,7 +326,7 @@ def print_table(rows):
         f"\n{first['rate']} links, {first['hosts']} hosts x {first['ranks_per_host']} ranks, FCHeavyNet "
         f"({first['grad_bytes'] / 1e6:.1f} MB of gradients), batch {first['batch_per_rank']}/rank: img/s median "
         f"[min-max] of {first['rounds']} rounds x {first['iters']} steps; MB each host sent per step (the largest "
-        f"host's) against the hierarchical floor {first['floor_bytes_per_host_step'] / 1e6:.1f} MB"
+        f"host's) against the hierarchical floor: {_floors(rows)}"
     )
     print(f"  {'config':<14} {'img/s':>24}  {'MB/host/step':>12}  {'x floor':>7}  ratios")
     for r in rows:
@@ -314,6 +338,14 @@ def print_table(rows):
             + f"  {r['bytes_per_host_step'] / 1e6:12.1f}  {of_floor}  "
             + (", ".join(ratios) if r["config"] != "solo" else "")
         )
+
+
+def _floors(rows):
+    """The floors of the rows, each with the configurations it applies to."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["floor_bytes_per_host_step"], []).append(r["config"])
+    return "; ".join(f"{b / 1e6:.1f} MB ({', '.join(names)})" for b, names in by.items())
 
 
 def plot(folder):

@@ -31,6 +31,7 @@ CASES = [
     ("tests.workers.process_sets:check_process_sets", [], 4, None, {}),
     ("tests.workers.zero:check_training", ["quick"], 2, None, {}),
     ("tests.workers.zero:check_join", [], 3, None, {}),
+    ("tests.workers.zero3:check_training", ["quick"], 2, None, {}),
     # The GPU tests' own checks, on CPU tensors (they run on CUDA tensors in make gpu-check).
     ("tests.workers.gpu:check_collectives", ["cpu"], 1, None, {}),
     ("tests.workers.gpu:check_collectives", ["cpu"], 2, None, {}),

@@ -208,12 +208,12 @@ def check_distributed_model(device: str = "cuda", steps: str = "4"):
 
 
 def check_sharded_optimizer(device: str = "cuda", steps: str = "4"):
-    """The sharded optimizer (shard=1 and shard=2, Adam) over a DistributedModel
+    """The sharded optimizer (shard=1, 2 and 3, Adam) over a DistributedModel
     on cuda:0: once step() has returned, parameters equal one process's Adam
     on the whole global batch."""
     hvd.init()
     dev = device_of(device)
-    for shard in (1, 2):
+    for shard in (1, 2, 3):
         torch.manual_seed(0)
         # No BatchNorm here: behind it a bias has a gradient of rounding noise only, which Adam
         # scales up to full steps, so the order of any sum (3 ranks against one process) shows.
@@ -223,10 +223,13 @@ def check_sharded_optimizer(device: str = "cuda", steps: str = "4"):
         ref = copy.deepcopy(base)
         net = copy.deepcopy(base)
         model = hvd.DistributedModel(net)
-        opt = hvd.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=1e-2), shard=shard)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.Adam(net.parameters(), lr=1e-2), shard=shard, **({"model": model} if shard == 3 else {})
+        )
         ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
         train_against_one_process(model, opt, ref, ref_opt, dev, int(steps))
-        for (name, a), b in zip(net.named_parameters(), ref.parameters()):
-            assert a.device == dev
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m: f"shard={shard} {name}: {m}")
+        got = model.state_dict() if shard == 3 else dict(net.named_parameters())  # shard=3: gathered
+        for (name, b) in ref.named_parameters():
+            assert got[name].device == dev
+            torch.testing.assert_close(got[name], b, atol=1e-4, rtol=1e-4, msg=lambda m: f"shard={shard} {name}: {m}")
     hvd.shutdown()
