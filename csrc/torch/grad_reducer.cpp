@@ -265,13 +265,17 @@ std::vector<at::Tensor> GradientReducer::waitAll() {
     unused_op_.reset();  // the op keeps its tensor alive; the job is failing anyway
     throw;
   }
-  settleUnused();
+  std::vector<size_t> all(results.size());
+  for (size_t j = 0; j < all.size(); ++j) all[j] = j;
+  settleUnused(all, results, ".unused");
   return results;
 }
 
 void GradientReducer::startUnusedFlags(const std::vector<std::optional<at::Tensor>>* given) {
   unused_started_ = true;
   unused_everywhere_.clear();
+  unused_checked_.assign(set_.buckets().size(), false);
+  unused_summed_ = false;
   const bool leave = set_.options().unused == "leave";
   const size_t n = used_.size();
   unused_flags_ = at::zeros({static_cast<int64_t>(n)}, at::kFloat);
@@ -283,26 +287,70 @@ void GradientReducer::startUnusedFlags(const std::vector<std::optional<at::Tenso
     flag[p] = gave ? 1.0F : 0.0F;
   }
   std::fill(used_.begin(), used_.end(), 0);  // the next window starts
-  if (set_.setSize() < 2) return;            // settled as it is
+  if (leave || set_.setSize() < 2) return;   // "leave" exchanges only if the results call for it
   ops::AllreduceOptions o;
   o.op = ReduceOp::kSum;  // a count of the ranks that gave one: exact in float up to 2^24 ranks
   o.process_set_id = set_.options().process_set_id;
   unused_op_ = allreduceInPlace(*set_.engine(), std::move(o), unused_flags_, set_.options().name + ".unused");
 }
 
-void GradientReducer::settleUnused() {
+at::Tensor GradientReducer::sumFlags(const at::Tensor& flags, const std::string& suffix) {
+  if (set_.setSize() < 2) return flags;
+  ops::AllreduceOptions o;
+  o.op = ReduceOp::kSum;
+  o.process_set_id = set_.options().process_set_id;
+  const std::shared_ptr<OpState> op = allreduceInPlace(*set_.engine(), std::move(o), flags, set_.options().name + suffix);
+  waitForOp(*op);
+  return flags;
+}
+
+void GradientReducer::settleUnused(const std::vector<size_t>& buckets, const std::vector<at::Tensor>& results,
+                                   const std::string& suffix) {
   if (!unused_started_) return;
-  if (unused_flags_.defined()) {  // the first call of this pass
-    if (unused_op_) {
+  const float* local = unused_flags_.data_ptr<float>();
+  if (set_.options().unused == "report") {
+    if (unused_op_) {  // started with the flags: sharded results cannot tell
       std::shared_ptr<OpState> op = std::move(unused_op_);
       waitForOp(*op);
     }
-    const float* count = unused_flags_.data_ptr<float>();
-    for (int64_t p = 0; p < unused_flags_.numel(); ++p)
-      if (count[p] == 0.0F) unused_everywhere_.push_back(p);
-    unused_flags_ = at::Tensor();
+    if (!unused_summed_) {  // the flags hold the sums now
+      unused_summed_ = true;
+      for (int64_t p = 0; p < unused_flags_.numel(); ++p)
+        if (local[p] == 0.0F) unused_everywhere_.push_back(p);
+    }
+    return;
   }
-  if (set_.options().unused != "leave") return;
+  // "leave": a parameter no rank gave a gradient has an all-zero result, the
+  // same on every rank (every reduction hands each rank the same values).
+  // Only those whose first reduced element is zero are candidates, so the
+  // ranks agree without a message whether any flags must be summed, and a
+  // pass where every parameter was used sends nothing more.
+  std::vector<int64_t> candidates;
+  for (size_t j : buckets) {
+    if (unused_checked_[j] || j >= results.size() || !results[j].defined()) continue;
+    unused_checked_[j] = true;
+    const Bucket& b = set_.buckets()[j];
+    std::vector<int64_t> firsts, params;
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      if (set_.params()[b.params[s]].numel() == 0) continue;
+      firsts.push_back(b.offsets[s]);
+      params.push_back(b.params[s]);
+    }
+    if (firsts.empty()) continue;
+    const at::Tensor index = at::tensor(firsts, at::kLong).to(results[j].device());
+    const at::Tensor zero = results[j].index_select(0, index).eq(0).to(at::kCPU);
+    const bool* is_zero = zero.data_ptr<bool>();
+    for (size_t k = 0; k < params.size(); ++k)
+      if (is_zero[k]) candidates.push_back(params[k]);
+  }
+  if (!candidates.empty()) {
+    at::Tensor flags = at::empty({static_cast<int64_t>(candidates.size())}, at::kFloat);
+    for (size_t k = 0; k < candidates.size(); ++k) flags.data_ptr<float>()[k] = local[candidates[k]];
+    const float* sum = sumFlags(flags, suffix).data_ptr<float>();
+    for (size_t k = 0; k < candidates.size(); ++k)
+      if (sum[k] == 0.0F) unused_everywhere_.push_back(candidates[k]);
+    std::sort(unused_everywhere_.begin(), unused_everywhere_.end());
+  }
   if (traced_hooks_ && !unused_everywhere_.empty()) {
     // Compiled autograd's graph writes every .grad when it ends: None cannot be left.
     std::string names;
@@ -315,13 +363,8 @@ void GradientReducer::settleUnused() {
         "decay, momentum) where one process and DDP leave .grad None and skip it. Freeze what no loss uses "
         "(p.requires_grad_(False)), or run this model's backward with compiled autograd off"));
   }
+  // Again after each bucket: a later bucket's decode may have written .grad anew.
   for (int64_t p : unused_everywhere_) set_.params()[static_cast<size_t>(p)].mutable_grad() = at::Tensor();
-}
-
-std::vector<int64_t> GradientReducer::waitUnused() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (reducingLocked() && pass_ended_) settleUnused();
-  return unused_everywhere_;
 }
 
 std::vector<int64_t> GradientReducer::unusedEverywhere() {
@@ -373,8 +416,9 @@ void GradientReducer::finishBucket(int64_t index) {
   Bucket& b = set_.buckets()[static_cast<size_t>(index)];
   if (!b.op) return;
   try {
-    set_.decode(b, b.op->finish());
-    settleUnused();  // again after each bucket: decode may have written .grad anew
+    std::vector<at::Tensor> results(set_.buckets().size());
+    results[static_cast<size_t>(index)] = set_.decode(b, b.op->finish());
+    settleUnused({static_cast<size_t>(index)}, results, strCat(".unused.b", index));
   } catch (...) {
     b.op.reset();
     try {

@@ -34,15 +34,20 @@
 //    In "backward" sync mode the callback then waits
 //    for all buckets, so optimizer.step() sees averaged gradients; in
 //    "explicit" mode finalize() or synchronize() does the wait.
-//  * Unused everywhere (options.unused, grad_reducer_options.h): the end of a
-//    reduced pass also sums, over the set, one flag per parameter: whether
-//    this rank gave it a gradient since the last reduction (a pass used it,
-//    or, with "leave", its .grad was defined). With "leave", a parameter no
-//    rank gave one keeps .grad undefined once the results are in (finalize(),
-//    synchronize(), the first finishBucket(), the end of backward in
-//    "backward" mode), as c10d leaves a globally unused parameter's .grad, so
-//    the optimizer skips it as in one process; unusedEverywhere() lists them
-//    until the next reduced pass. Alone in the set nothing is exchanged.
+//  * Unused everywhere (options.unused, grad_reducer_options.h): each
+//    reduced pass notes one flag per parameter: whether this rank gave it a
+//    gradient since the last reduction (a pass used it, or, with "leave",
+//    its .grad was defined), and unusedEverywhere() lists, until the next
+//    reduced pass, those no rank gave one. "report" sums every flag over the
+//    set in an op started at the end of backward. "leave" looks at the
+//    results first: a parameter no rank gave a gradient reduces to zeros,
+//    identical on every rank, so only parameters whose first reduced element
+//    is zero have their flags summed (one small op, after the buckets, in
+//    the rare pass that has any; none otherwise); each of them keeps .grad
+//    undefined once the results are in (finalize(), synchronize(), each
+//    finishBucket(), the end of backward in "backward" mode), as c10d leaves
+//    a globally unused parameter's .grad, so the optimizer skips it as in one
+//    process. Alone in the set nothing is exchanged.
 //    Under the traced hooks only use counts (their end of a pass gives every
 //    parameter a zero gradient), and such a parameter is an InvalidArgument
 //    naming it: compiled autograd writes every .grad, so None cannot stay.
@@ -153,10 +158,6 @@ class GradientReducer {
   // Parameter indices no rank gave a gradient in the last reduced pass's
   // window (options.unused set; empty otherwise), in index order.
   std::vector<int64_t> unusedEverywhere();
-  // During a reduced pass after backward: waits for the flags only (the
-  // buckets go on), applies "leave" and returns unusedEverywhere(); so that
-  // stand-ins are not put into a .grad that stays undefined.
-  std::vector<int64_t> waitUnused();
   const std::shared_ptr<PassCounter>& counter() const { return counter_; }
   // The buckets' flat tensors and bytes (for tests and logs), in bucket order.
   std::vector<at::Tensor> flats() const { return set_.flats(); }
@@ -182,17 +183,23 @@ class GradientReducer {
   // The BucketSet's waitAll(), which ends the pass whatever it raises.
   std::vector<at::Tensor> waitAll();
   void endOfBackward();
-  // options.unused: the flags of this window, summed over the set (started
-  // once per reduced pass, before its remaining buckets), and their outcome.
+  // options.unused: this window's flags, made once per reduced pass before
+  // its remaining buckets launch ("report": their sum starts then); the
+  // outcome once the results of `buckets` are in ("leave": their candidates'
+  // flags summed in an op named <name><suffix>, when there are any).
   void startUnusedFlags(const std::vector<std::optional<at::Tensor>>* given);
-  void settleUnused();
+  void settleUnused(const std::vector<size_t>& buckets, const std::vector<at::Tensor>& results,
+                    const std::string& suffix);
+  at::Tensor sumFlags(const at::Tensor& flags, const std::string& suffix);  // in place over the set; waits
 
   BucketSet set_;
   std::vector<bool> ready_;
   std::vector<uint8_t> used_;  // a pass gave the parameter a gradient since the last reduction
   std::shared_ptr<OpState> unused_op_;  // the flags' sum in flight
   at::Tensor unused_flags_;
-  bool unused_started_ = false;  // this reduced pass's flags were started
+  bool unused_started_ = false;       // this reduced pass's flags were made
+  std::vector<bool> unused_checked_;  // per bucket: its results were looked at this pass
+  bool unused_summed_ = false;        // "report": this pass's sums were read
   std::vector<int64_t> unused_everywhere_;
   std::vector<int64_t> ready_order_;
   bool recorded_order_ = false;

@@ -51,7 +51,9 @@ struct GradReducerOptions {
   //            gradient where a pass used it or its .grad was defined;
   //  "report"  only use counts (the sharded optimizer's .grad are always its
   //            own views) and nothing is changed: unusedEverywhere() lists them.
-  // Either costs one all-reduce of a float per parameter per reduced pass.
+  // "report" costs an all-reduce of a float per parameter per reduced pass,
+  // "leave" one of a float per candidate in a pass that has any
+  // (grad_reducer.h: a parameter whose reduced gradient starts with zero).
   std::string unused;
 };
 

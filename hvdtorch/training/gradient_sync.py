@@ -11,7 +11,7 @@ Contract (the same as Horovod's DistributedOptimizer):
     none: a second step()) by reducing what .grad holds now. A parameter
     without a gradient contributes zeros; one no rank gave a gradient keeps
     .grad None, as in one process (Horovod gives it zeros): the reducer's
-    unused="leave" (csrc/torch/grad_reducer.h), and no stand-in for it.
+    unused="leave" (csrc/torch/grad_reducer.h).
   * zero_grad() after a backward pass and before synchronize() raises
     AssertionError: it would discard gradients other ranks are reducing.
   * Between the end of the reducing pass and synchronize(), .grad holds
@@ -250,11 +250,11 @@ class GradientSync:
             )
 
     def unused(self) -> List[int]:
-        """After a reducing pass: the parameters (indices) no rank gave a
-        gradient, whose .grad stays None (waits for the reducer's flags only)."""
+        """Once the reduction is finished: the parameters (indices) no rank
+        gave a gradient, whose .grad the reducer left None."""
         if self._reducer is None:
             return []
-        return [self._dense[i] for i in self._reducer.wait_unused()]
+        return [self._dense[i] for i in self._reducer.unused_everywhere()]
 
     def settle(self) -> None:
         """A stand-in in .grad is used: finish the reduction now."""

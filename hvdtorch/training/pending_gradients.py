@@ -23,9 +23,10 @@ Contract:
     backward pass begins, and when it forgets the pass.
   * ``p.grad is None`` is False while placed, also for a parameter that got
     no gradient on this rank: after the reduction it holds the average of
-    the others'. A parameter no rank gave a gradient gets no stand-in: its
-    .grad is None, as under DDP and in one process (place() asks the
-    owner's ``unused``, which waits for the reducer's flags only).
+    the others'. One that no rank gave a gradient is None after the
+    reduction, as under DDP and in one process (the owner's ``unused``
+    names it); its stand-in, used before, acts as zeros (what a norm or a
+    scale of the gradients sees of a missing one).
   * A stand-in kept past the step (``g = p.grad``) resolves to its
     parameter's .grad at each use.
 """
@@ -85,6 +86,9 @@ def _real(a):
         return a
     param = a._hvd_param()
     grad = None if param is None else param.grad
+    owner = a._hvd_owner()
+    if grad is None and owner is not None and id(param) in owner._unused_ids:
+        return torch.zeros_like(param)  # no rank gave it a gradient: a norm or a scale sees nothing
     if grad is None or isinstance(grad, PendingGradient):
         refuse_compiled_autograd("DistributedOptimizer")  # what this is when Dynamo traces it
         raise RuntimeError(
@@ -113,6 +117,7 @@ class PendingGradients:
         self._names = list(names)
         self._settle = settle
         self._unused = unused
+        self._unused_ids: set = set()  # id() of the parameters no rank gave a gradient, once settled
         self._stand_ins: Optional[list] = None  # one per parameter, made at the first placement and reused
         self._real: list = []  # the real gradients while the stand-ins are placed
         self._settling = False
@@ -130,11 +135,10 @@ class PendingGradients:
                 s = stand_in(PendingGradient, p)
                 s._hvd_owner, s._hvd_param, s._hvd_name = me, weakref.ref(p), name
                 self._stand_ins.append(s)
-        skip = set(self._unused() or ()) if self._unused is not None else set()
         self._real = [p.grad for p in self._params]
-        for i, (p, s) in enumerate(zip(self._params, self._stand_ins)):
-            if i not in skip:
-                p.grad = s
+        self._unused_ids = set()
+        for p, s in zip(self._params, self._stand_ins):
+            p.grad = s
 
     def place_after_pass(self) -> None:
         """At the end of a pass (after every callback of it): place() if the
@@ -156,6 +160,8 @@ class PendingGradients:
         self._settling = True
         try:
             self._settle()
+            unused = (self._unused() or ()) if self._unused is not None else ()
+            self._unused_ids = {id(self._params[i]) for i in unused}
         finally:
             self._settling = False
         if self._real:

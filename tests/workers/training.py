@@ -420,20 +420,23 @@ def check_no_registered_memory_without_shm():
 
 
 class _ThreeBranches(torch.nn.Module):
-    """``a`` always; ``b`` in the steps every rank uses it; ``c`` on rank 0 only."""
+    """``a`` always; ``b`` in the steps every rank uses it; ``c`` on rank 0
+    only; ``z`` on rank 0 only, with a gradient of exact zeros (used: its
+    reduced gradient is zero, as an unused one's, and it must still step)."""
 
     def __init__(self):
         super().__init__()
         self.a = torch.nn.Linear(3, 3).double()
         self.b = torch.nn.Linear(3, 3).double()
         self.c = torch.nn.Linear(3, 3).double()
+        self.z = torch.nn.Linear(3, 3).double()
 
     def forward(self, x, use_b, use_c):
         h = self.a(x)
         if use_b:
             h = h + self.b(x).tanh()
         if use_c:
-            h = h + self.c(x).sin()
+            h = h + self.c(x).sin() + 0.0 * self.z(x)
         return h
 
 
@@ -492,7 +495,9 @@ def unused_everywhere_like_one_process():
                 if route == "sync_and_step":
                     model.sync_and_step(opt)
                 else:
-                    if not _b_used(step):  # before step(): no stand-in either
+                    if route != "model-explicit":  # a use of every .grad between backward and step()
+                        torch.nn.utils.clip_grad_norm_(net.parameters(), 1e9)
+                    if not _b_used(step):
                         assert net.b.weight.grad is None, f"{route}: b got a gradient in step {step}"
                     opt.step()
                 if not _b_used(step):

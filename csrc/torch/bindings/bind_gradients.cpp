@@ -150,7 +150,6 @@ void bindGradients(py::module_& m) {
       .def_property_readonly("traced_hooks", &GradientReducer::tracedHooks)
       .def("next_pass_reduces", &GradientReducer::nextPassReduces)
       .def("unused_everywhere", &GradientReducer::unusedEverywhere)
-      .def("wait_unused", &GradientReducer::waitUnused, py::call_guard<py::gil_scoped_release>())
       .def("gradient_ready", &GradientReducer::gradientReady, py::arg("index"), py::arg("grad"),
            py::call_guard<py::gil_scoped_release>())
       .def("backward_ended", &GradientReducer::backwardEnded, py::arg("grads"),
