@@ -106,7 +106,8 @@ namespace {
 // A fabric link that counts the bytes it sends to another host.
 class CountingLink : public Link {
  public:
-  CountingLink(std::unique_ptr<Link> inner, std::atomic<size_t>* crossing) : inner_(std::move(inner)), crossing_(crossing) {}
+  CountingLink(std::unique_ptr<Link> inner, std::atomic<size_t>* crossing)
+      : inner_(std::move(inner)), crossing_(crossing) {}
   int peer() const override { return inner_->peer(); }
   const char* kind() const override { return inner_->kind(); }
   std::unique_ptr<LinkRequest> isend(const void* data, size_t bytes) override {
@@ -148,7 +149,8 @@ size_t gatherAcrossHosts(const std::vector<int>& host_of_rank, const std::vector
         size_t at = 0;
         for (int q = 0; q < p; ++q)
           for (size_t k = 0; k < sizes[q]; ++k, ++at)
-            if (out[at] != static_cast<char>(q * 31 + k)) throw std::runtime_error(strCat("block of rank ", q, " wrong"));
+            if (out[at] != static_cast<char>(q * 31 + k))
+              throw std::runtime_error(strCat("block of rank ", q, " wrong"));
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }

@@ -122,8 +122,8 @@ TEST(ring_reduce_scatter_among_subgroup) {
 
 TEST(node_reduce_scatter_on_hosts_of_equal_size) {
   // One host, 2 x 2 (numbered together and interleaved), 2 x 3.
-  const std::vector<std::vector<int>> layouts = {
-      {0, 0}, {0, 0, 0}, {0, 0, 0, 0}, {0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 1, 1, 1}};
+  const std::vector<std::vector<int>> layouts = {{0, 0},       {0, 0, 0},    {0, 0, 0, 0},
+                                                 {0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 1, 1, 1}};
   for (const auto& hosts : layouts) {
     const int p = static_cast<int>(hosts.size());
     for (const auto& counts : countPatterns(p)) {
@@ -164,8 +164,7 @@ TEST(node_reduce_scatter_only_on_hosts_of_equal_size) {
       NodeAllreduce node(o);
       CHECK(!node.hasReduceScatter(ctx));
       std::vector<float> buf(3);
-      CHECK_THROWS(node.reduceScatter(ctx, buf.data(), {1, 1, 1}, DataType::kFloat32, ReduceOp::kSum),
-                   InvalidArgument);
+      CHECK_THROWS(node.reduceScatter(ctx, buf.data(), {1, 1, 1}, DataType::kFloat32, ReduceOp::kSum), InvalidArgument);
     });
   }
 }

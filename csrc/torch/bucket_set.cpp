@@ -65,8 +65,8 @@ BucketSet::BucketSet(std::shared_ptr<Engine> engine, std::vector<at::Tensor> par
   if (opts_.unused != "" && opts_.unused != "leave" && opts_.unused != "report")
     throw InvalidArgument(strCat(opts_.name, ": unused is \"\", \"leave\" or \"report\", not \"", opts_.unused, "\""));
   if (opts_.unused == "leave" && !strategy_->keepsGradients())
-    throw InvalidArgument(strCat(opts_.name, ": unused=\"leave\" needs a strategy that keeps gradients, not ",
-                                 strategy_->name()));
+    throw InvalidArgument(
+        strCat(opts_.name, ": unused=\"leave\" needs a strategy that keeps gradients, not ", strategy_->name()));
   rebuild(layout);
   // Bad options (an unknown or unavailable reducer, say) fail here, not in
   // the first backward pass.

@@ -299,7 +299,8 @@ at::Tensor GradientReducer::sumFlags(const at::Tensor& flags, const std::string&
   ops::AllreduceOptions o;
   o.op = ReduceOp::kSum;
   o.process_set_id = set_.options().process_set_id;
-  const std::shared_ptr<OpState> op = allreduceInPlace(*set_.engine(), std::move(o), flags, set_.options().name + suffix);
+  const std::shared_ptr<OpState> op =
+      allreduceInPlace(*set_.engine(), std::move(o), flags, set_.options().name + suffix);
   waitForOp(*op);
   return flags;
 }

@@ -194,7 +194,7 @@ class GradientReducer {
 
   BucketSet set_;
   std::vector<bool> ready_;
-  std::vector<uint8_t> used_;  // a pass gave the parameter a gradient since the last reduction
+  std::vector<uint8_t> used_;           // a pass gave the parameter a gradient since the last reduction
   std::shared_ptr<OpState> unused_op_;  // the flags' sum in flight
   at::Tensor unused_flags_;
   bool unused_started_ = false;       // this reduced pass's flags were made

@@ -229,7 +229,7 @@ def check_sharded_optimizer(device: str = "cuda", steps: str = "4"):
         ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
         train_against_one_process(model, opt, ref, ref_opt, dev, int(steps))
         got = model.state_dict() if shard == 3 else dict(net.named_parameters())  # shard=3: gathered
-        for (name, b) in ref.named_parameters():
+        for name, b in ref.named_parameters():
             assert got[name].device == dev
             torch.testing.assert_close(got[name], b, atol=1e-4, rtol=1e-4, msg=lambda m: f"shard={shard} {name}: {m}")
     hvd.shutdown()

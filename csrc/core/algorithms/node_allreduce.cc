@@ -169,8 +169,8 @@ void NodeAllreduce::reduceScatter(Context& ctx, void* data, const std::vector<si
                                   ReduceOp op) {
   const Topology& t = ctx.topo();
   if (!hasReduceScatter(ctx))
-    throw InvalidArgument(strCat("rank ", t.rank, ": the node reduce-scatter needs hosts of as many ranks each, ",
-                                 "more than one"));
+    throw InvalidArgument(
+        strCat("rank ", t.rank, ": the node reduce-scatter needs hosts of as many ranks each, ", "more than one"));
   if (static_cast<int>(counts.size()) != t.size)
     throw InvalidArgument(strCat("rank ", t.rank, ": reduce-scatter needs one block size per rank"));
   checkUsable(ctx, dtype, op, static_cast<size_t>(t.local_size));
@@ -217,8 +217,7 @@ void NodeAllreduce::reduceScatter(Context& ctx, void* data, const std::vector<si
   }
   if (scratch_.size() < total * esize) scratch_.resize(total * esize);
   for (size_t i = 0; i < mine.size(); ++i)
-    std::memcpy(scratch_.data() + blocks[i].offset * esize, base + offsets[mine[i]] * esize,
-                blocks[i].count * esize);
+    std::memcpy(scratch_.data() + blocks[i].offset * esize, base + offsets[mine[i]] * esize, blocks[i].count * esize);
   ring_.reduceScatterAmong(ctx, mine, scratch_.data(), blocks, dtype, op);
   const Range& own = blocks[t.cross_rank];
   std::memcpy(base + offsets[t.rank] * esize, scratch_.data() + own.offset * esize, own.count * esize);

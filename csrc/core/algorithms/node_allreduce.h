@@ -117,7 +117,7 @@ class NodeAllreduce : public Reducer {
   uint64_t chunks_ = 0;  // chunks done in this arena; its parity picks the buffer set
   uint64_t in_place_chunks_ = 0;
   std::vector<char> scratch_;  // the reduce-scatter's column across hosts, packed
-  std::string broken_;  // set after a failure: later calls throw it
+  std::string broken_;         // set after a failure: later calls throw it
 };
 
 }  // namespace hvdtorch
