@@ -215,6 +215,7 @@ void NodeAllreduce::reduceScatter(Context& ctx, void* data, const std::vector<si
     blocks[i] = Range{total, counts[mine[i]]};
     total += counts[mine[i]];
   }
+  if (total == 0) return;  // the same on every rank of the column: nothing to send
   if (scratch_.size() < total * esize) scratch_.resize(total * esize);
   for (size_t i = 0; i < mine.size(); ++i)
     std::memcpy(scratch_.data() + blocks[i].offset * esize, base + offsets[mine[i]] * esize, blocks[i].count * esize);
