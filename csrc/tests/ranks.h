@@ -24,6 +24,8 @@
 namespace hvdtorch::test {
 
 using LocalLinkMaker = std::function<std::unique_ptr<Link>(int self, int peer)>;
+// Wraps the fabric's link from `self` to `peer` (to watch what goes over it).
+using RemoteLinkWrap = std::function<std::unique_ptr<Link>(int self, int peer, std::unique_ptr<Link> link)>;
 
 struct RankOutcome {
   std::exception_ptr error;  // null: the body returned normally
@@ -34,7 +36,8 @@ struct RankOutcome {
 inline std::vector<RankOutcome> runRanksOutcomes(const std::vector<int>& host_of_rank,
                                                  const std::function<void(Context&)>& body,
                                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
-                                                 const LocalLinkMaker& local_links = nullptr) {
+                                                 const LocalLinkMaker& local_links = nullptr,
+                                                 const RemoteLinkWrap& wrap_remote = nullptr) {
   const int p = static_cast<int>(host_of_rank.size());
   InProcFabric fabric(p);
   std::vector<RankOutcome> out(p);
@@ -44,9 +47,9 @@ inline std::vector<RankOutcome> runRanksOutcomes(const std::vector<int>& host_of
       try {
         Context::LinkFactory local;
         if (local_links) local = [&, r](int peer) { return local_links(r, peer); };
-        Context ctx(
-            Topology::build(r, host_of_rank), [&, r](int peer) { return fabric.link(r, peer); }, std::move(local),
-            nullptr, timeout);
+        Context::LinkFactory remote = [&, r](int peer) { return fabric.link(r, peer); };
+        if (wrap_remote) remote = [&, r](int peer) { return wrap_remote(r, peer, fabric.link(r, peer)); };
+        Context ctx(Topology::build(r, host_of_rank), std::move(remote), std::move(local), nullptr, timeout);
         body(ctx);
       } catch (const std::exception& e) {
         out[r].error = std::current_exception();
@@ -63,8 +66,8 @@ inline std::vector<RankOutcome> runRanksOutcomes(const std::vector<int>& host_of
 
 inline void runRanks(const std::vector<int>& host_of_rank, const std::function<void(Context&)>& body,
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
-                     const LocalLinkMaker& local_links = nullptr) {
-  const auto outcomes = runRanksOutcomes(host_of_rank, body, timeout, local_links);
+                     const LocalLinkMaker& local_links = nullptr, const RemoteLinkWrap& wrap_remote = nullptr) {
+  const auto outcomes = runRanksOutcomes(host_of_rank, body, timeout, local_links, wrap_remote);
   std::exception_ptr first;
   for (size_t r = 0; r < outcomes.size(); ++r) {
     if (outcomes[r].ok()) continue;

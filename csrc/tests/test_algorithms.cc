@@ -2,7 +2,6 @@
 // count 0, 1, < size, odd, larger than several segments; world sizes 1-5.
 #include <atomic>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "algorithms/central_allreduce.h"
@@ -22,6 +21,29 @@ namespace {
 
 using hvdtorch::test::reference;
 using hvdtorch::test::valueOf;
+
+// Rank r's block of an all-gather test: `sizes[r]` bytes, byte k = r * 31 + k.
+char blockByte(int r, size_t k) { return static_cast<char>(r * 31 + static_cast<int>(k)); }
+
+// Every rank's block gathered by `gather` (ring_allgather.h's signature).
+std::vector<char> gatherBlocks(Context& ctx, const std::vector<size_t>& sizes,
+                               void (*gather)(Context&, const void*, void*, const std::vector<size_t>&)) {
+  std::vector<char> in(sizes[ctx.rank()]);
+  for (size_t k = 0; k < in.size(); ++k) in[k] = blockByte(ctx.rank(), k);
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  std::vector<char> out(total, 0);
+  gather(ctx, in.data(), out.data(), sizes);
+  return out;
+}
+
+// Each rank's block in rank order.
+void checkBlocks(const std::vector<char>& out, const std::vector<size_t>& sizes) {
+  size_t at = 0;
+  for (size_t r = 0; r < sizes.size(); ++r)
+    for (size_t k = 0; k < sizes[r]; ++k, ++at)
+      CHECK_MSG(out[at] == blockByte(static_cast<int>(r), k), "block of rank %zu, byte %zu", r, k);
+}
 
 void checkReducer(const std::function<std::unique_ptr<Reducer>()>& make, const char* what) {
   for (int p : {1, 2, 3, 4, 5}) {
@@ -83,14 +105,7 @@ TEST(allgatherv_and_broadcast) {
     runRanks(p, [p](Context& ctx) {
       std::vector<size_t> sizes(p);
       for (int r = 0; r < p; ++r) sizes[r] = static_cast<size_t>(r * 3 + (r == 1 ? 0 : 1));  // rank 1 sends nothing
-      std::vector<char> in(sizes[ctx.rank()], static_cast<char>('a' + ctx.rank()));
-      size_t total = 0;
-      for (size_t s : sizes) total += s;
-      std::vector<char> out(total, 0);
-      ringAllgatherv(ctx, in.data(), out.data(), sizes);
-      size_t off = 0;
-      for (int r = 0; r < p; ++r)
-        for (size_t k = 0; k < sizes[r]; ++k) CHECK(out[off++] == static_cast<char>('a' + r));
+      checkBlocks(gatherBlocks(ctx, sizes, ringAllgatherv), sizes);
 
       for (int root = 0; root < p; ++root) {
         std::vector<int> data(1000, ctx.rank() == root ? 42 + root : -1);
@@ -125,39 +140,18 @@ class CountingLink : public Link {
 // block in place and returns the bytes sent between hosts.
 size_t gatherAcrossHosts(const std::vector<int>& host_of_rank, const std::vector<size_t>& sizes,
                          void (*gather)(Context&, const void*, void*, const std::vector<size_t>&)) {
-  const int p = static_cast<int>(host_of_rank.size());
-  InProcFabric fabric(p);
   std::atomic<size_t> crossing{0};
-  std::vector<std::string> errors(p);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Context ctx(
-            Topology::build(r, host_of_rank),
-            [&, r](int peer) {
-              return std::make_unique<CountingLink>(fabric.link(r, peer),
-                                                    host_of_rank[peer] != host_of_rank[r] ? &crossing : nullptr);
-            },
-            nullptr, nullptr, std::chrono::milliseconds(20000));
-        std::vector<char> in(sizes[r]);
-        for (size_t k = 0; k < in.size(); ++k) in[k] = static_cast<char>(r * 31 + k);
-        size_t total = 0;
-        for (size_t n : sizes) total += n;
-        std::vector<char> out(total, 0);
-        gather(ctx, in.data(), out.data(), sizes);
-        size_t at = 0;
-        for (int q = 0; q < p; ++q)
-          for (size_t k = 0; k < sizes[q]; ++k, ++at)
-            if (out[at] != static_cast<char>(q * 31 + k))
-              throw std::runtime_error(strCat("block of rank ", q, " wrong"));
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  runRanks(
+      host_of_rank,
+      [&](Context& ctx) {
+        const std::vector<char> out = gatherBlocks(ctx, sizes, gather);
+        checkBlocks(out, sizes);
+      },
+      std::chrono::milliseconds(20000), nullptr,
+      [&](int self, int peer, std::unique_ptr<Link> link) {
+        const bool between_hosts = host_of_rank[peer] != host_of_rank[self];
+        return std::make_unique<CountingLink>(std::move(link), between_hosts ? &crossing : nullptr);
+      });
   return crossing.load();
 }
 

@@ -287,45 +287,64 @@ void GradientReducer::startUnusedFlags(const std::vector<std::optional<at::Tenso
     flag[p] = gave ? 1.0F : 0.0F;
   }
   std::fill(used_.begin(), used_.end(), 0);  // the next window starts
-  if (leave || set_.setSize() < 2) return;   // "leave" exchanges only if the results call for it
+  // Otherwise ("leave" over a strategy that reduces zeros to zeros) flags are
+  // summed only where the results call for it (findUnused).
+  if (set_.setSize() >= 2 && flagsSummedAtLaunch()) unused_op_ = startFlagSum(unused_flags_, ".unused");
+}
+
+bool GradientReducer::flagsSummedAtLaunch() const {
+  return set_.options().unused == "report" || !set_.strategy().zerosReduceToZeros();
+}
+
+std::shared_ptr<OpState> GradientReducer::startFlagSum(const at::Tensor& flags, const std::string& suffix) {
   ops::AllreduceOptions o;
   o.op = ReduceOp::kSum;  // a count of the ranks that gave one: exact in float up to 2^24 ranks
   o.process_set_id = set_.options().process_set_id;
-  unused_op_ = allreduceInPlace(*set_.engine(), std::move(o), unused_flags_, set_.options().name + ".unused");
-}
-
-at::Tensor GradientReducer::sumFlags(const at::Tensor& flags, const std::string& suffix) {
-  if (set_.setSize() < 2) return flags;
-  ops::AllreduceOptions o;
-  o.op = ReduceOp::kSum;
-  o.process_set_id = set_.options().process_set_id;
-  const std::shared_ptr<OpState> op =
-      allreduceInPlace(*set_.engine(), std::move(o), flags, set_.options().name + suffix);
-  waitForOp(*op);
-  return flags;
+  return allreduceInPlace(*set_.engine(), std::move(o), flags, set_.options().name + suffix);
 }
 
 void GradientReducer::settleUnused(const std::vector<size_t>& buckets, const std::vector<at::Tensor>& results,
                                    const std::string& suffix) {
   if (!unused_started_) return;
-  const float* local = unused_flags_.data_ptr<float>();
-  if (set_.options().unused == "report") {
-    if (unused_op_) {  // started with the flags: sharded results cannot tell
+  const float* flags = unused_flags_.data_ptr<float>();  // this rank's; their sums once summed at launch
+  if (flagsSummedAtLaunch()) {
+    if (unused_op_) {
       std::shared_ptr<OpState> op = std::move(unused_op_);
       waitForOp(*op);
     }
-    if (!unused_summed_) {  // the flags hold the sums now
+    if (!unused_summed_) {
       unused_summed_ = true;
       for (int64_t p = 0; p < unused_flags_.numel(); ++p)
-        if (local[p] == 0.0F) unused_everywhere_.push_back(p);
+        if (flags[p] == 0.0F) unused_everywhere_.push_back(p);
     }
-    return;
+  } else {
+    findUnused(buckets, results, flags, suffix);
   }
-  // "leave": a parameter no rank gave a gradient has an all-zero result, the
-  // same on every rank (every reduction hands each rank the same values).
-  // Only those whose first reduced element is zero are candidates, so the
-  // ranks agree without a message whether any flags must be summed, and a
-  // pass where every parameter was used sends nothing more.
+  if (set_.options().unused != "leave") return;
+  if (traced_hooks_ && !unused_everywhere_.empty()) {
+    // Compiled autograd's graph writes every .grad when it ends: None cannot be left.
+    std::string names;
+    for (size_t i = 0; i < unused_everywhere_.size() && i < 5; ++i)
+      names += strCat(i ? ", '" : "'", set_.paramName(static_cast<size_t>(unused_everywhere_[i])), "'");
+    throw InvalidArgument(strCat(
+        "hvdtorch: rank ", set_.engine()->topo().rank, ": ", unused_everywhere_.size(),
+        " parameter(s) got no gradient on any rank in this step (", names,
+        "); under compiled autograd the graph gives each a zero .grad, which the optimizer would step on (weight "
+        "decay, momentum) where one process and DDP leave .grad None and skip it. Freeze what no loss uses "
+        "(p.requires_grad_(False)), or run this model's backward with compiled autograd off"));
+  }
+  // Again after each bucket: a later bucket's decode may have written .grad anew.
+  for (int64_t p : unused_everywhere_) set_.params()[static_cast<size_t>(p)].mutable_grad() = at::Tensor();
+}
+
+void GradientReducer::findUnused(const std::vector<size_t>& buckets, const std::vector<at::Tensor>& results,
+                                 const float* flags, const std::string& suffix) {
+  // A parameter no rank gave a gradient has an all-zero result, the same on
+  // every rank (every reduction hands each rank the same values, and the
+  // strategy reduces zeros to zeros). Only those whose first reduced element
+  // is zero are candidates, so the ranks agree without a message whether any
+  // flags must be summed, and a pass where every parameter was used sends
+  // nothing more.
   std::vector<int64_t> candidates;
   for (size_t j : buckets) {
     if (unused_checked_[j] || j >= results.size() || !results[j].defined()) continue;
@@ -344,28 +363,14 @@ void GradientReducer::settleUnused(const std::vector<size_t>& buckets, const std
     for (size_t k = 0; k < params.size(); ++k)
       if (is_zero[k]) candidates.push_back(params[k]);
   }
-  if (!candidates.empty()) {
-    at::Tensor flags = at::empty({static_cast<int64_t>(candidates.size())}, at::kFloat);
-    for (size_t k = 0; k < candidates.size(); ++k) flags.data_ptr<float>()[k] = local[candidates[k]];
-    const float* sum = sumFlags(flags, suffix).data_ptr<float>();
-    for (size_t k = 0; k < candidates.size(); ++k)
-      if (sum[k] == 0.0F) unused_everywhere_.push_back(candidates[k]);
-    std::sort(unused_everywhere_.begin(), unused_everywhere_.end());
-  }
-  if (traced_hooks_ && !unused_everywhere_.empty()) {
-    // Compiled autograd's graph writes every .grad when it ends: None cannot be left.
-    std::string names;
-    for (size_t i = 0; i < unused_everywhere_.size() && i < 5; ++i)
-      names += strCat(i ? ", '" : "'", set_.paramName(static_cast<size_t>(unused_everywhere_[i])), "'");
-    throw InvalidArgument(strCat(
-        "hvdtorch: rank ", set_.engine()->topo().rank, ": ", unused_everywhere_.size(),
-        " parameter(s) got no gradient on any rank in this step (", names,
-        "); under compiled autograd the graph gives each a zero .grad, which the optimizer would step on (weight "
-        "decay, momentum) where one process and DDP leave .grad None and skip it. Freeze what no loss uses "
-        "(p.requires_grad_(False)), or run this model's backward with compiled autograd off"));
-  }
-  // Again after each bucket: a later bucket's decode may have written .grad anew.
-  for (int64_t p : unused_everywhere_) set_.params()[static_cast<size_t>(p)].mutable_grad() = at::Tensor();
+  if (candidates.empty()) return;
+  at::Tensor sums = at::empty({static_cast<int64_t>(candidates.size())}, at::kFloat);
+  float* sum = sums.data_ptr<float>();
+  for (size_t k = 0; k < candidates.size(); ++k) sum[k] = flags[candidates[k]];
+  if (set_.setSize() >= 2) waitForOp(*startFlagSum(sums, suffix));
+  for (size_t k = 0; k < candidates.size(); ++k)
+    if (sum[k] == 0.0F) unused_everywhere_.push_back(candidates[k]);
+  std::sort(unused_everywhere_.begin(), unused_everywhere_.end());
 }
 
 std::vector<int64_t> GradientReducer::unusedEverywhere() {

@@ -39,10 +39,12 @@
 //    gradient since the last reduction (a pass used it, or, with "leave",
 //    its .grad was defined), and unusedEverywhere() lists, until the next
 //    reduced pass, those no rank gave one. "report" sums every flag over the
-//    set in an op started at the end of backward. "leave" looks at the
-//    results first: a parameter no rank gave a gradient reduces to zeros,
-//    identical on every rank, so only parameters whose first reduced element
-//    is zero have their flags summed (one small op, after the buckets, in
+//    set in an op started at the end of backward, as "leave" does over a
+//    strategy whose results cannot tell (PowerSGD's error feedback: zeros
+//    do not reduce to zeros). Otherwise "leave" looks at the results first:
+//    a parameter no rank gave a gradient reduces to zeros, identical on
+//    every rank, so only parameters whose first reduced element is zero
+//    have their flags summed (one small op, after the buckets, in
 //    the rare pass that has any; none otherwise); each of them keeps .grad
 //    undefined once the results are in (finalize(), synchronize(), each
 //    finishBucket(), the end of backward in "backward" mode), as c10d leaves
@@ -190,7 +192,15 @@ class GradientReducer {
   void startUnusedFlags(const std::vector<std::optional<at::Tensor>>* given);
   void settleUnused(const std::vector<size_t>& buckets, const std::vector<at::Tensor>& results,
                     const std::string& suffix);
-  at::Tensor sumFlags(const at::Tensor& flags, const std::string& suffix);  // in place over the set; waits
+  // "report", or a strategy whose results cannot tell (zerosReduceToZeros()
+  // false): every flag is summed, started at the end of backward.
+  bool flagsSummedAtLaunch() const;
+  // The sum of `flags` over the set, in place, as the op <name><suffix>.
+  std::shared_ptr<OpState> startFlagSum(const at::Tensor& flags, const std::string& suffix);
+  // Otherwise: the candidates among `buckets` (a first reduced element of
+  // zero) have their `flags` (this rank's) summed.
+  void findUnused(const std::vector<size_t>& buckets, const std::vector<at::Tensor>& results, const float* flags,
+                  const std::string& suffix);
 
   BucketSet set_;
   std::vector<bool> ready_;

@@ -86,13 +86,10 @@ class GradientMarks:
         noted, self._noted = self._noted, None
         if noted is None:
             return
-        # A .grad that is None now is no race: the reducer leaves one that no
-        # rank gave a gradient None (its unused="leave"), and one the user set
-        # to None is skipped by the step, as in one process.
         changed = [
             name
             for name, p, was in zip(self._names, self._params, noted)
-            if was is not None and p.grad is not None and grad_mark(p.grad) != was
+            if was is not None and grad_mark(p.grad) != was
         ]
         if changed:
             shown = ", ".join(repr(n) for n in changed[:5]) + (

@@ -506,4 +506,15 @@ def unused_everywhere_like_one_process():
                     torch.testing.assert_close(
                         p, q, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{kind} {route} step {step} {name}: {m}"
                     )
+    # PowerSGD adds each rank's error to its buckets, so an unused parameter's
+    # result is not zeros: it is still left None (found by summing the flags).
+    net = copy.deepcopy(base)
+    powersgd = hvd.Compression.powersgd(rank=1, start_iter=0, min_compression_rate=0)  # step 0 leaves b an error
+    model = hvd.DistributedModel(net, compression=powersgd, name="u.powersgd")
+    for step in range(4):
+        for p in net.parameters():
+            p.grad = None
+        local_loss(model, step, r).backward()
+        if not _b_used(step):
+            assert net.b.weight.grad is None and net.b.bias.grad is None, f"powersgd: b got a gradient in step {step}"
     hvd.shutdown()

@@ -12,23 +12,36 @@ void ringAllgatherv(Context& ctx, const void* input, void* output, const std::ve
   const int me = ctx.rank();
   if (static_cast<int>(bytes_per_rank.size()) != p)
     throw InvalidArgument(strCat("rank ", me, ": allgatherv needs one block size per rank"));
-  std::vector<size_t> offset(p + 1, 0);
-  for (int r = 0; r < p; ++r) offset[r + 1] = offset[r] + bytes_per_rank[r];
+  std::vector<int> members(p);
+  std::vector<std::vector<ByteRange>> parts(p);
+  size_t at = 0;
+  for (int r = 0; r < p; ++r) {
+    members[r] = r;
+    parts[r] = {ByteRange{at, bytes_per_rank[r]}};
+    at += bytes_per_rank[r];
+  }
   char* out = static_cast<char*>(output);
-  if (bytes_per_rank[me] > 0) std::memmove(out + offset[me], input, bytes_per_rank[me]);
-  if (p == 1) return;
+  if (bytes_per_rank[me] > 0) std::memmove(out + parts[me][0].offset, input, bytes_per_rank[me]);
+  ringAllgatherAmong(ctx, members, me, out, parts);
+}
 
-  Link& right = ctx.link((me + 1) % p);
-  Link& left = ctx.link((me - 1 + p) % p);
+void ringAllgatherAmong(Context& ctx, const std::vector<int>& members, int pos, char* out,
+                        const std::vector<std::vector<ByteRange>>& parts) {
+  const int m = static_cast<int>(members.size());
+  if (m == 1) return;
+  Link& right = ctx.link(members[(pos + 1) % m]);
+  Link& left = ctx.link(members[(pos - 1 + m) % m]);
   const Deadline deadline = ctx.deadline();
-  for (int step = 0; step < p - 1; ++step) {
-    const int send_block = ((me - step) % p + p) % p;
-    const int recv_block = ((me - step - 1) % p + p) % p;
-    std::unique_ptr<LinkRequest> s, r;
-    if (bytes_per_rank[recv_block] > 0) r = left.irecv(out + offset[recv_block], bytes_per_rank[recv_block]);
-    if (bytes_per_rank[send_block] > 0) s = right.isend(out + offset[send_block], bytes_per_rank[send_block]);
-    if (r) r->wait(deadline);
-    if (s) s->wait(deadline);
+  for (int step = 0; step < m - 1; ++step) {
+    const auto& send = parts[((pos - step) % m + m) % m];
+    const auto& recv = parts[((pos - step - 1) % m + m) % m];
+    for (size_t k = 0; k < send.size(); ++k) {
+      std::unique_ptr<LinkRequest> s, r;
+      if (recv[k].bytes > 0) r = left.irecv(out + recv[k].offset, recv[k].bytes);
+      if (send[k].bytes > 0) s = right.isend(out + send[k].offset, send[k].bytes);
+      if (r) r->wait(deadline);
+      if (s) s->wait(deadline);
+    }
   }
 }
 

@@ -91,6 +91,11 @@ class BucketStrategy {
   // Whether host buckets live in registered memory (reduced in place by the
   // node reducer); false where the engine copies the bucket anyway.
   virtual bool registeredBuckets() const = 0;
+  // Whether a parameter whose slot is zeros on every rank gets zeros back,
+  // identical on every rank: what lets the gradient reducer find one no rank
+  // gave a gradient from the results (grad_reducer.h, "Unused everywhere").
+  // False where a reduction adds state of its own (PowerSGD's error feedback).
+  virtual bool zerosReduceToZeros() const { return true; }
   virtual void layoutChanged(const std::vector<ReducerBucket>& /*buckets*/) {}
   // `name`: the op name of this launch, the same on every rank.
   virtual std::unique_ptr<BucketOp> launch(const StrategyContext& ctx, const ReducerBucket& bucket,

@@ -75,6 +75,7 @@ class PowerSGDStrategy : public BucketStrategy {
   const char* name() const override { return "powersgd"; }
   bool keepsGradients() const override { return true; }
   bool registeredBuckets() const override { return true; }
+  bool zerosReduceToZeros() const override { return false; }  // each rank's error is added
   void layoutChanged(const std::vector<ReducerBucket>& buckets) override;
   std::unique_ptr<BucketOp> launch(const StrategyContext& ctx, const ReducerBucket& bucket,
                                    const std::string& name) override;
