@@ -22,6 +22,11 @@ def test_memory_at_rest(nranks):
     run_ranks("tests.workers.zero3:check_memory_at_rest", nranks, timeout=120)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_one_gathered_copy_per_host(nranks):
+    run_ranks("tests.workers.zero3:check_one_copy_per_host", nranks, timeout=120)
+
+
 def test_kept_buckets():
     run_ranks("tests.workers.zero3:check_kept_buckets", 2, timeout=120)
 

@@ -44,4 +44,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bindGradients(m);
   bindConfig(m);
   bindDevices(m);
+  bindHostGather(m);
 }

@@ -265,6 +265,7 @@ def DistributedOptimizer(
     overlap_gathers=False,
     reshard_after_forward=True,
     keep_gathered_below=KEEP_GATHERED_BELOW,
+    share_gathered=True,
 ):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
@@ -291,7 +292,8 @@ def DistributedOptimizer(
     again in backward (zero/parameter_units.py); reshard_after_forward=False
     keeps them from forward until backward; buckets of fewer than
     keep_gathered_below bytes stay gathered from the first forward after a
-    step to the next step."""
+    step to the next step; where every rank is on one host, the ranks read
+    one gathered copy in shared memory (share_gathered=False: one each)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
     # One optimizer per parameter: a newer DistributedOptimizer takes parameters over from an older one
     # (gradient_sync.take_over, and a sharded one through release_to_sharding), but never from a live
@@ -336,11 +338,14 @@ def DistributedOptimizer(
             overlap_gathers=overlap_gathers,
             reshard_after_forward=reshard_after_forward,
             keep_gathered_below=keep_gathered_below,
+            share_gathered=share_gathered,
         )
     if overlap_gathers:
         raise ValueError("hvdtorch: overlap_gathers=True applies to a sharded optimizer (shard=1 or 2) only")
-    if not reshard_after_forward or keep_gathered_below != KEEP_GATHERED_BELOW:
-        raise ValueError("hvdtorch: reshard_after_forward and keep_gathered_below apply to shard=3 only")
+    if not reshard_after_forward or keep_gathered_below != KEEP_GATHERED_BELOW or not share_gathered:
+        raise ValueError(
+            "hvdtorch: reshard_after_forward, keep_gathered_below and share_gathered apply to shard=3 only"
+        )
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")
     if num_groups != 0:

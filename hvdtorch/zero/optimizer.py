@@ -193,6 +193,7 @@ def _check_arguments(
     gradient_predivide_factor: float,
     reshard_after_forward: bool,
     keep_gathered_below: int,
+    share_gathered: bool,
 ) -> None:
     if shard not in (1, 2, 3):
         raise ValueError(
@@ -202,10 +203,10 @@ def _check_arguments(
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"hvdtorch: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     check_shardable(optimizer)
-    if shard != 3 and (not reshard_after_forward or keep_gathered_below != KEEP_GATHERED_BELOW):
+    if shard != 3 and (not reshard_after_forward or keep_gathered_below != KEEP_GATHERED_BELOW or not share_gathered):
         raise ValueError(
-            f"hvdtorch: reshard_after_forward and keep_gathered_below apply to shard=3 only (shard={shard} keeps "
-            "whole parameters)"
+            f"hvdtorch: reshard_after_forward, keep_gathered_below and share_gathered apply to shard=3 only "
+            f"(shard={shard} keeps whole parameters)"
         )
     if op not in (ops.Average, ops.Sum):
         raise ValueError("hvdtorch: a sharded optimizer reduces gradients with op=hvd.Average or hvd.Sum")
@@ -281,8 +282,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         overlap_gathers: bool = False,
         reshard_after_forward: bool = True,
         keep_gathered_below: int = KEEP_GATHERED_BELOW,
+        share_gathered: bool = True,
     ):
-        _check_arguments(optimizer, shard, op, gradient_predivide_factor, reshard_after_forward, keep_gathered_below)
+        _check_arguments(
+            optimizer, shard, op, gradient_predivide_factor, reshard_after_forward, keep_gathered_below, share_gathered
+        )
         names = names_by_id(optimizer.param_groups, named_parameters)
         numbered, all_params = [], []
         for group in optimizer.param_groups:
@@ -352,6 +356,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 ps,
                 reshard_after_forward,
                 keep_gathered_below,
+                share_gathered,
             )
             dm.hold_parameters_sharded(self._units)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight

@@ -24,7 +24,16 @@ Contract:
   * Gather: an all-gather of the bucket's shards (collective, named after
     the bucket's first parameter, so that an op a rank never joins fails
     naming it); its output becomes the bucket's storage and the parameters
-    views of it. A unit is gathered by a forward pre-hook and freed by the
+    views of it.
+  * One gathered copy per host. When every rank of the process set is on
+    this host (and shared memory is on, tensors on the CPU), a bucket is
+    gathered into shared memory instead (_C.HostGather,
+    csrc/core/transport/shm/host_gather.h): each rank copies its shard in,
+    and once all have, every rank's parameters are views of the one copy.
+    The host then holds each gathered bucket once, not once per rank, and
+    the last rank to free it hands its pages back. The kept buckets, and
+    gathered_parameters() (whose writes must come from one rank), use
+    gathers of the rank's own. A unit is gathered by a forward pre-hook and freed by the
     forward hook (kept until backward with ``reshard_after_forward=False``);
     free means the parameters go back to their stand-ins and the storage is
     dropped, never resized, so nothing that still holds it can read freed
@@ -68,19 +77,37 @@ Contract:
 """
 
 import contextlib
+import itertools
 import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import runtime
+from .. import _C, runtime
 from ..collectives import ops
 from ..training.gradient_sync import remove_hooks
 from .layout import Bucket, signature
 
 # The key of a sharded_state_dict() (what load_state_dict() tells it by).
 SHARDED_FORMAT = "hvdtorch.zero3.shards"
+
+# Numbers this process's ParameterUnits in construction order, which every
+# rank shares (the optimizers are built collectively): the host gather's
+# shared-memory name.
+_instances = itertools.count()
+
+
+def _host_gather(process_set, buckets: Sequence[Bucket], shards: Sequence[torch.Tensor], share: bool):
+    """The host's shared gathered buckets (see the top), or None where they
+    do not apply: a rank of the set on another host, shared memory off,
+    tensors off the CPU, one rank."""
+    number = next(_instances)
+    if not share or any(s.device.type != "cpu" for s in shards) or process_set.size() < 2:
+        return None
+    sizes = [max(1, b.numel * s.element_size()) for b, s in zip(buckets, shards)]
+    name = f"{process_set.process_set_id}-{number}"
+    return _C.host_gather(runtime.state().engine, name, list(process_set.ranks), sizes)
 
 
 @dataclass
@@ -200,10 +227,13 @@ class ParameterUnits:
         process_set,
         reshard_after_forward: bool,
         keep_gathered_below: int = 0,
+        share_gathered: bool = True,
     ):
         """``params[i]``: the parameter numbered i in the buckets; ``shards[j]``:
         this rank's persistent shard of bucket j (the inner optimizer steps
-        it); ``units``: plan_units() of the same parameters."""
+        it); ``units``: plan_units() of the same parameters;
+        ``share_gathered``: one gathered copy per host where it applies (see
+        the top)."""
         self._name = name
         self._buckets = list(buckets)
         self._params = params
@@ -214,7 +244,12 @@ class ParameterUnits:
         self._reshard = bool(reshard_after_forward)
         nb = len(self._buckets)
         self._full: List[Optional[torch.Tensor]] = [None] * nb  # the gathered bucket, while gathered
-        self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
+        # bucket -> (handle of its all-gather in flight, the buckets it gathers), or (None, whether its shard
+        # is in the host's copy yet) for a host gather
+        self._gathers: Dict[int, tuple] = {}
+        self._host = _host_gather(process_set, self._buckets, shards, share_gathered)
+        self._on_host = set()  # buckets gathered in the host's copy
+        self._private = 0  # > 0: gathers of the rank's own (gathered_parameters())
         self._bucket_of_storage: Dict[int, int] = {}  # data_ptr of a gathered bucket's storage -> bucket
         self._pins = 0  # gathered_parameters() depth: nothing is freed while > 0
         self._reading = 0  # > 0 while this code itself reads the module's state dict
@@ -281,8 +316,17 @@ class ParameterUnits:
         """Starts gathering bucket j unless it is gathered or on its way."""
         if self._full[j] is not None or j in self._gathers:
             return
+        if self._host is not None and not self._private and j not in self._kept_set:
+            self._gathers[j] = (None, self._put(j, wait=False))
+            return
         handle = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._process_set)
         self._gathers[j] = (handle, [j])
+
+    def _put(self, j: int, wait: bool) -> bool:
+        """This rank's shard into the host's copy of bucket j (False: not
+        yet, the host's ranks have not all freed its last gather)."""
+        start, _ = self._buckets[j].shard_range(self._rank, self._size)
+        return self._host.put(j, self._shards[j], start, wait)
 
     def _start_kept(self) -> None:
         """Starts one grouped all-gather of every kept bucket not gathered."""
@@ -303,6 +347,13 @@ class ParameterUnits:
             return full
         self._start(j)
         handle, together = self._gathers[j]
+        if handle is None:  # a host gather
+            if not together:
+                self._put(j, wait=True)
+            del self._gathers[j]
+            self._on_host.add(j)
+            self._install(j, self._host.await_(j, self._buckets[j].numel, self._shards[j].dtype))
+            return self._full[j]
         results = ops.synchronize(handle)
         if len(together) == 1 and not isinstance(results, list):
             results = [results]
@@ -319,6 +370,10 @@ class ParameterUnits:
             p = self._params[i]
             p.data = full[offset : offset + p.numel()].view(shape)
 
+    def shares_gathered(self) -> bool:
+        """Whether gathered buckets live once per host (see the top)."""
+        return self._host is not None
+
     def kept_bytes(self) -> int:
         """Bytes of the buckets kept gathered between uses (see the top)."""
         return sum(self._buckets[j].numel * self._shards[j].element_size() for j in self._kept)
@@ -334,6 +389,10 @@ class ParameterUnits:
         self._bucket_of_storage.pop(full.untyped_storage().data_ptr(), None)
         self._full[j] = None
         self._to_stand_ins(j)
+        del full  # a host bucket's release copies what still holds it: this code must not
+        if j in self._on_host:
+            self._on_host.discard(j)
+            self._host.release(j)
 
     def _to_stand_ins(self, j: int) -> None:
         for i in self._buckets[j].params:
@@ -462,7 +521,14 @@ class ParameterUnits:
                 f"hvdtorch: gathered_parameters(modifier_rank={modifier_rank}): a rank of the process set "
                 f"(0..{self._size - 1}), or None"
             )
-        self._gather(list(reversed(range(len(self._buckets)))))
+        if self._pins == 0:  # writes inside must land in copies of the rank's own (see _write_back)
+            for j in list(self._on_host) + [j for j, (handle, _) in self._gathers.items() if handle is None]:
+                self._free(j)
+        self._private += 1
+        try:
+            self._gather(list(reversed(range(len(self._buckets)))))
+        finally:
+            self._private -= 1
         self._pins += 1
         versions = {i: self._params[i]._version for b in self._buckets for i in b.params}
         clean = False

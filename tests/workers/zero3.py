@@ -158,7 +158,10 @@ def train(
 
 def check_training(which):
     hvd.init()
-    train("adam")
+    _, opt, _ = train("adam")
+    # One gathered copy per host wherever every rank is on this host, in host memory, with shared memory on.
+    on_one_host = hvd.local_size() == hvd.size() > 1 and os.environ.get("HVDTORCH_SHM") != "0"
+    assert opt._units.shares_gathered() == (on_one_host and opt._shards[0].device.type == "cpu"), "host copy"
     if which == "quick":
         return
     train("sgd")
@@ -232,6 +235,33 @@ def check_memory_at_rest():
     # In backward, a unit is freed once its gradients are in: at the last gradient only the first layer's is left.
     assert gathered_at["inp.weight"] <= buckets_of["inp"], (gathered_at, buckets_of)
     opt.step()
+
+
+def check_one_copy_per_host():
+    """On one host the ranks read one gathered copy: what rank 0 writes into
+    a gathered weight inside its unit's forward is what every rank reads
+    there. share_gathered=False gives each rank a copy of its own."""
+    hvd.init()
+    r = hvd.rank()
+    for share in (True, False):
+        dm, opt = sharded("sgd", fusion_bytes=96, keep_gathered_below=0, share_gathered=share)
+        assert opt._units.shares_gathered() == share
+        seen = []
+
+        def probe(module, _args):
+            hvd.barrier()
+            if r == 0:
+                with torch.no_grad():
+                    module.weight[0, 0] = 12345.0
+            hvd.barrier()
+            seen.append(float(module.weight[0, 0]))
+            hvd.barrier()
+
+        hook = dm.module.head.register_forward_pre_hook(probe)
+        with torch.no_grad():
+            dm(batch(0, hvd.size())[0][:PER_RANK])
+        hook.remove()
+        assert seen and (seen[0] == 12345.0) == (share or r == 0), (share, seen)
 
 
 def check_kept_buckets():
@@ -381,11 +411,12 @@ def check_errors():
         r,
     )
     # shard=3's options are refused elsewhere, not ignored.
-    only3 = ["reshard_after_forward and keep_gathered_below apply to shard=3 only"]
+    only3 = ["reshard_after_forward, keep_gathered_below and share_gathered apply to shard=3 only"]
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), reshard_after_forward=False), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), keep_gathered_below=0), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=2, reshard_after_forward=False), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=1, keep_gathered_below=1 << 20), r)
+    expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=2, share_gathered=False), r)
     # What a shard=3 model's state dicts cannot honour is refused, not ignored.
     dm, _ = sharded("sgd")
     expect(ValueError, ["prefix= and to= only", "keep_vars"], lambda: dm.state_dict(keep_vars=True), r)

@@ -150,6 +150,9 @@ class Engine {
   // This rank's registered buffers (DistributedModel's buckets allocate
   // there); null when shared memory is off or the job has no token.
   const std::shared_ptr<RegisteredMemory>& registered() const { return registered_; }
+  // The job's shared-memory token ("" when shared memory is off): what
+  // other users of shared memory name their segments after (makeShmPrefix).
+  const std::string& shmToken() const { return shm_token_; }
   // Bytes of the host fusion buffer, which grows to the largest fused unit
   // (or reduce-scatter) so far and stays; any thread may ask.
   size_t fusionBufferBytes() const { return executor_.fusionBytes(); }

@@ -1,0 +1,167 @@
+// The host's shared gathered buckets (transport/shm/host_gather.h), with one
+// thread per local rank, each mapping the segments itself as a process
+// would: every gather holds every rank's shard, a later gather never writes
+// under a rank still reading the last one, the last release hands the pages
+// back, waits name the ranks they wait for, misuse is refused, and nothing
+// is left in /dev/shm.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "common/error.h"
+#include "shm_entries.h"
+#include "transport/shm/host_gather.h"
+
+using namespace hvdtorch;
+using hvdtorch::test::shmEntries;
+using hvdtorch::test::uniqueShmPrefix;
+
+namespace {
+
+constexpr auto kTimeout = std::chrono::milliseconds(20000);
+
+// Runs body(party) on one thread per party and waits for all.
+void onParties(int parties, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int p = 0; p < parties; ++p) threads.emplace_back(body, p);
+  for (auto& t : threads) t.join();
+}
+
+// A barrier of the test's own threads (not the code under test).
+struct ThreadBarrier {
+  explicit ThreadBarrier(int n) : n(n) {}
+  void arrive() {
+    const int round = rounds.load();
+    if (count.fetch_add(1) + 1 == n) {
+      count = 0;
+      rounds.fetch_add(1);
+    } else {
+      while (rounds.load() == round) std::this_thread::yield();
+    }
+  }
+  int n;
+  std::atomic<int> count{0};
+  std::atomic<int> rounds{0};
+};
+
+// Party p's bytes of a bucket of `bytes` bytes among `parties`: an uneven split, the last part the largest.
+std::pair<size_t, size_t> rangeOf(int p, int parties, size_t bytes) {
+  const size_t part = bytes / parties;
+  return {part * p, p == parties - 1 ? bytes : part * (p + 1)};
+}
+
+uint8_t valueAt(size_t byte, uint64_t gen) { return static_cast<uint8_t>(1 + (byte * 7 + gen * 13) % 251); }
+
+}  // namespace
+
+TEST(every_gather_holds_every_shard_and_the_last_release_hands_the_pages_back) {
+  const std::string name = uniqueShmPrefix("hg");
+  const std::vector<size_t> sizes = {10001, 64, 3 * 4096 + 5};
+  const int parties = 3;
+  ThreadBarrier barrier(parties);
+  std::atomic<int> bad{0};
+  onParties(parties, [&](int p) {
+    HostGather g(name, p, {4, 5, 6}, sizes, kTimeout);
+    for (uint64_t gen = 1; gen <= 4; ++gen) {
+      for (size_t j = 0; j < sizes.size(); ++j) {
+        const auto [lo, hi] = rangeOf(p, parties, sizes[j]);
+        std::vector<uint8_t> mine(hi - lo);
+        for (size_t b = lo; b < hi; ++b) mine[b - lo] = valueAt(b, gen);
+        g.put(static_cast<int>(j), mine.data(), lo, mine.size(), true);
+      }
+      std::vector<std::shared_ptr<char>> held;
+      for (size_t j = 0; j < sizes.size(); ++j) {
+        held.push_back(g.await(static_cast<int>(j)));
+        for (size_t b = 0; b < sizes[j]; ++b)
+          if (static_cast<uint8_t>(held[j].get()[b]) != valueAt(b, gen)) ++bad;
+      }
+      if (g.generation(0) != gen) ++bad;
+      for (size_t j = 0; j < sizes.size(); ++j) g.release(static_cast<int>(j));
+      barrier.arrive();  // every party released: the pages are handed back, read as zeros
+      for (size_t j = 0; j < sizes.size(); ++j)
+        for (size_t b = 0; b < sizes[j]; ++b)
+          if (held[j].get()[b] != 0) ++bad;
+      barrier.arrive();
+    }
+  });
+  CHECK_MSG(bad == 0, "%d wrong bytes", bad.load());
+  CHECK(shmEntries(name).empty());
+}
+
+TEST(a_gather_puts_nothing_before_every_rank_released_the_last) {
+  const std::string name = uniqueShmPrefix("hg");
+  ThreadBarrier barrier(2);
+  std::atomic<int> bad{0};
+  onParties(2, [&](int p) {
+    HostGather g(name, p, {0, 1}, {4096}, kTimeout);
+    const uint32_t first = 100 + p, second = 200 + p;
+    g.put(0, &first, 4 * p, 4, true);
+    auto held = g.await(0);
+    if (p == 1) {
+      g.release(0);
+      barrier.arrive();                           // 1: rank 0 still reads gather 1
+      if (g.put(0, &second, 4, 4, false)) ++bad;  // so gather 2 must wait
+      if (reinterpret_cast<uint32_t*>(held.get())[0] != 100) ++bad;
+      barrier.arrive();  // 2: rank 0 released
+      g.put(0, &second, 4, 4, true);
+    } else {
+      barrier.arrive();
+      barrier.arrive();
+      g.release(0);
+      g.put(0, &second, 0, 4, true);
+    }
+    auto again = g.await(0);
+    const auto* v = reinterpret_cast<uint32_t*>(again.get());
+    if (v[0] != 200 || v[1] != 201) ++bad;
+    g.release(0);
+  });
+  CHECK_MSG(bad == 0, "%d failed expectations", bad.load());
+  CHECK(shmEntries(name).empty());
+}
+
+TEST(a_wait_names_the_ranks_it_waits_for) {
+  const std::string name = uniqueShmPrefix("hg");
+  std::string what;
+  ThreadBarrier barrier(2);
+  onParties(2, [&](int p) {
+    HostGather g(name, p, {3, 7}, {64}, std::chrono::milliseconds(300));
+    if (p == 0) {
+      const char byte = 1;
+      g.put(0, &byte, 0, 1, true);
+      try {
+        g.await(0);
+      } catch (const TimeoutError& e) {
+        what = e.what();
+      }
+    }
+    barrier.arrive();  // rank 7 stays until rank 3 gave up, as a live rank that never put its shard
+  });
+  CHECK_MSG(what.find("rank 7") != std::string::npos && what.find("gather of bucket 0") != std::string::npos, "%s",
+            what.c_str());
+  CHECK(shmEntries(name).empty());
+}
+
+TEST(misuse_is_refused) {
+  const std::string name = uniqueShmPrefix("hg");
+  HostGather g(name, 0, {0}, {16}, kTimeout);
+  const char bytes[32] = {};
+  CHECK_THROWS(g.await(0), InvalidArgument);                   // nothing put
+  CHECK_THROWS(g.release(0), InvalidArgument);                 // nothing held
+  CHECK_THROWS(g.put(1, bytes, 0, 1, true), InvalidArgument);  // no bucket 1
+  CHECK_THROWS(g.put(0, bytes, 8, 9, true), InvalidArgument);  // past the bucket's end
+  CHECK(g.put(0, bytes, 0, 16, true));
+  CHECK_THROWS(g.put(0, bytes, 0, 16, true), InvalidArgument);  // put twice
+  g.await(0);
+  g.release(0);
+  const std::vector<int> one = {0};
+  CHECK_THROWS(HostGather(name + "x", 1, one, {16}, kTimeout), InvalidArgument);
+  CHECK_THROWS(HostGather(name + "y", 0, one, {0}, kTimeout), InvalidArgument);
+}
+
+HVD_TEST_MAIN()
