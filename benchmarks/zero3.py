@@ -14,7 +14,9 @@ Configurations (torch.optim.Adam, lr 1e-4):
   dm      hvd.DistributedModel, the plain optimizer
   shard2  + hvd.DistributedOptimizer(shard=2)
   shard3  + hvd.DistributedOptimizer(shard=3, model=dm); shard3@<bytes>: with
-          keep_gathered_below=<bytes> (not in the default --configs)
+          keep_gathered_below=<bytes>; shard3-own: share_gathered=False, a
+          gathered copy per rank instead of one per host (neither in the
+          default --configs)
   fsdp2   torch.distributed.fsdp.fully_shard on every Linear and Conv2d
           (its layers' units), then on the root; Gloo
 Method: as benchmarks/zero.py's. Throughput: one torchrun job builds every
@@ -23,7 +25,12 @@ configuration, then --rounds rounds of interleaved windows (A B C D, A B C D,
 barriers; samples/s = ranks x batch x iters / the longest rank's window;
 median [min-max] over rounds. Memory: one torchrun job per configuration
 and round (peak RSS is a process's high-water mark), interleaved; the
-largest rank's ru_maxrss after --iters steps, median [min-max].
+largest rank's ru_maxrss after --iters steps, median [min-max]. The host's
+total (--host-total): every rank samples its proportional set size
+(/proc/self/smaps_rollup's Pss, which splits shared pages among the processes
+that map them) at each Linear/Conv2d forward and each gradient accumulated, in
+the same program order on every rank; the samples are summed over ranks
+position by position, and the largest sum is the host's peak in that job.
 """
 
 import argparse
@@ -45,7 +52,7 @@ sys.path.insert(0, ROOT)
 import hvdtorch as hvd  # noqa: E402
 from benchmarks.googlenet import NUM_CLASSES, SETTINGS, build_model  # noqa: E402
 from benchmarks.workloads import image_batches  # noqa: E402
-from benchmarks.zero import _max_over_ranks, free_port  # noqa: E402
+from benchmarks.zero import _max_over_ranks, _pss_kib, free_port  # noqa: E402
 
 CONFIGS = ["dm", "shard2", "shard3", "fsdp2"]
 LR = 1e-4
@@ -96,6 +103,8 @@ class Config:
         self.opt = torch.optim.Adam(self.model.parameters(), lr=LR)
         if name.startswith("shard"):
             kw = {"keep_gathered_below": int(name.split("@")[1])} if "@" in name else {}
+            if name.endswith("-own"):
+                kw["share_gathered"] = False
             self.opt = hvd.DistributedOptimizer(self.opt, shard=int(name[5]), model=self.model, **kw)
 
     def steps(self, data, n):
@@ -140,17 +149,54 @@ def worker_throughput(args):
     hvd.shutdown()
 
 
+def sample_pss(model, units, samples):
+    """Appends (this process's Pss in KiB, the gathered buckets it holds) to
+    ``samples`` at each Linear/Conv2d forward and each gradient accumulated
+    (the host-total method above). The buckets: {("host", j) or (rank, j):
+    bytes}, j gathered into the host's copy or into the rank's own."""
+
+    def sample(*_):
+        held = {}
+        if units is not None:
+            for j, full in enumerate(units._full):
+                if full is not None:
+                    key = ("host", j) if j in units._on_host else (hvd.rank(), j)
+                    held[key] = full.numel() * full.element_size()
+        samples.append((_pss_kib(), held))
+
+    for m in model.modules():
+        if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
+            m.register_forward_pre_hook(sample)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(sample)
+
+
 def worker_memory(args):
     hvd.init()
     group = dist.new_group(backend="gloo")
     cfg = Config(args.configs, args.setting)
     it, _ = batches(args.setting, hvd.rank(), hvd.size())
+    samples = []
+    if args.host_total:
+        sample_pss(cfg.model, getattr(cfg.opt, "_units", None), samples)
     cfg.steps(it, args.iters)
     (rss_kib,) = _max_over_ranks([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss], group)
+    row = dict(config=args.configs, peak_rss_mib=rss_kib / 1024)
+    if args.host_total:
+        every = [None] * hvd.size()
+        dist.all_gather_object(every, samples, group=group)
+        if len({len(s) for s in every}) != 1:
+            raise RuntimeError(f"the ranks took different numbers of samples: {[len(s) for s in every]}")
+        row["host_pss_mib_by_sample"] = [round(sum(kib for kib, _ in column) / 1024, 1) for column in zip(*every)]
+        row["host_pss_peak_mib"] = max(row["host_pss_mib_by_sample"])
+        # The host's gathered bytes at each position: each bucket once, a host copy however many ranks hold it.
+        gathered = [sum(dict(kv for _, held in column for kv in held.items()).values()) for column in zip(*every)]
+        row["host_gathered_peak_mib"] = max(gathered) / 2**20
     if hvd.rank() == 0:
-        params = sum(p.numel() for p in build(args.setting).parameters())
+        row["parameters"] = sum(p.numel() for p in build(args.setting).parameters())
         with open(args.rows, "w") as f:
-            f.write(json.dumps(dict(config=args.configs, peak_rss_mib=rss_kib / 1024, parameters=params)) + "\n")
+            f.write(json.dumps(row) + "\n")
     hvd.shutdown()
 
 
@@ -159,6 +205,7 @@ def torchrun(args, mode, configs, rows):
     cmd += [f"--master_port={free_port()}", os.path.abspath(__file__), "--worker", mode]
     cmd += ["--setting", args.setting, "--configs", configs, "--rows", rows]
     cmd += ["--rounds", str(args.rounds), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    cmd += ["--host-total"] if args.host_total else []
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     subprocess.run(cmd, check=True, env=env)
     with open(rows) as f:
@@ -179,6 +226,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--memory-rounds", type=int, default=3)
     ap.add_argument("--memory-only", action="store_true")
+    ap.add_argument("--host-total", action="store_true", help="also the host's total (summed Pss), see above")
     ap.add_argument("--worker", choices=["throughput", "memory"])
     ap.add_argument("--rows", default=None)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "zero3"))
@@ -194,10 +242,15 @@ def main():
     if not args.memory_only:
         rows = {r["config"]: r for r in torchrun(args, "throughput", args.configs, tmp)}
     peaks = {name: [] for name in configs}
+    hosts = {name: [] for name in configs}
     for rnd in range(args.memory_rounds):
         for name in configs:
             (m,) = torchrun(args, "memory", name, tmp)
             peaks[name].append(m["peak_rss_mib"])
+            if "host_pss_peak_mib" in m:
+                hosts[name].append(m["host_pss_peak_mib"])
+                rows[name]["host_gathered_peak_mib"] = m["host_gathered_peak_mib"]
+                rows[name]["host_pss_mib_by_sample"] = m["host_pss_mib_by_sample"]  # the last round's
             rows[name]["parameters"] = m["parameters"]
             print(f"memory round {rnd + 1} {name}: peak RSS {m['peak_rss_mib']:.0f} MiB", file=sys.stderr)
     os.remove(tmp)
@@ -210,6 +263,8 @@ def main():
         for name in configs:
             r = rows[name]
             r.update(setting=args.setting, ranks=args.ranks, peak_rss_mib_rounds=peaks[name])
+            if hosts[name]:
+                r["host_pss_peak_mib_rounds"] = hosts[name]
             f.write(json.dumps(r) + "\n")
             line = f"  {name:7s}"
             if "rate" in r:
@@ -218,6 +273,8 @@ def main():
                     line += f" {r['rate'] / ref:5.2f}x fsdp2"
             if peaks[name]:
                 line += f"   peak RSS {spread(peaks[name])} MiB"
+            if hosts[name]:
+                line += f"   host total {spread(hosts[name])} MiB, gathered {r['host_gathered_peak_mib']:.0f} MiB"
             print(line)
 
 

@@ -89,3 +89,8 @@ def test_compiled_and_amp(mode):
 def test_training_across_hosts():
     # Two emulated hosts of two ranks: each unit's gather crosses the link once per host.
     run_ranks("tests.workers.zero3:check_training", 4, args=["quick"], timeout=180, hosts=["a", "a", "b", "b"])
+
+
+def test_secondary_copy_across_hosts():
+    # Two emulated hosts of two ranks: after its first gather in a step, a bucket is gathered within the host.
+    run_ranks("tests.workers.zero3:check_secondary_copy", 4, timeout=240, hosts=["a", "a", "b", "b"])

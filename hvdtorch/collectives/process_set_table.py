@@ -48,6 +48,17 @@ def add_process_set(process_set: Union[process_sets.ProcessSet, Iterable[int]]) 
     return ps
 
 
+def process_set_with(ranks: Iterable[int]) -> process_sets.ProcessSet:
+    """The added set of exactly ``ranks``, added now if there is none (a
+    collective then: every rank calls it with the same ranks, in the same
+    order; the registries agree, so every rank adds or none does)."""
+    wanted = sorted(int(r) for r in ranks)
+    for ps in process_sets.added():
+        if ps.ranks == wanted:
+            return ps
+    return add_process_set(wanted)
+
+
 def remove_process_set(process_set: process_sets.ProcessSet) -> bool:
     """Removes a set on every rank (a collective). Its ops must have finished."""
     if process_set is process_sets.global_process_set or process_set.process_set_id == 0:

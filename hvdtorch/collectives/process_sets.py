@@ -129,6 +129,11 @@ def remember(ps: ProcessSet, psid: int) -> None:
     _registry[psid] = ps
 
 
+def added() -> List[ProcessSet]:
+    """Every set added now, the global one included, by id."""
+    return [_registry[k] for k in sorted(_registry)]
+
+
 def forget(ps: ProcessSet) -> None:
     """``ps`` was removed; its id may be given to a new set."""
     del _registry[ps.process_set_id]

@@ -266,6 +266,7 @@ def DistributedOptimizer(
     reshard_after_forward=True,
     keep_gathered_below=KEEP_GATHERED_BELOW,
     share_gathered=True,
+    secondary_copy=False,
 ):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
@@ -293,7 +294,10 @@ def DistributedOptimizer(
     keeps them from forward until backward; buckets of fewer than
     keep_gathered_below bytes stay gathered from the first forward after a
     step to the next step; where every rank is on one host, the ranks read
-    one gathered copy in shared memory (share_gathered=False: one each)."""
+    one gathered copy in shared memory (share_gathered=False: one each);
+    across hosts, secondary_copy=True keeps each rank's part of the gathered
+    buckets among its host's ranks until the step, so that backward gathers
+    them again within the host (ZeRO++'s hierarchical partitioning)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
     # One optimizer per parameter: a newer DistributedOptimizer takes parameters over from an older one
     # (gradient_sync.take_over, and a sharded one through release_to_sharding), but never from a live
@@ -339,12 +343,15 @@ def DistributedOptimizer(
             reshard_after_forward=reshard_after_forward,
             keep_gathered_below=keep_gathered_below,
             share_gathered=share_gathered,
+            secondary_copy=secondary_copy,
         )
     if overlap_gathers:
         raise ValueError("hvdtorch: overlap_gathers=True applies to a sharded optimizer (shard=1 or 2) only")
-    if not reshard_after_forward or keep_gathered_below != KEEP_GATHERED_BELOW or not share_gathered:
+    shard3_options = (not reshard_after_forward, keep_gathered_below != KEEP_GATHERED_BELOW, not share_gathered)
+    if any(shard3_options) or secondary_copy:
         raise ValueError(
-            "hvdtorch: reshard_after_forward, keep_gathered_below and share_gathered apply to shard=3 only"
+            "hvdtorch: reshard_after_forward, keep_gathered_below, share_gathered and secondary_copy apply to "
+            "shard=3 only"
         )
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError("hvdtorch: gradient_predivide_factor needs op=hvd.Average")

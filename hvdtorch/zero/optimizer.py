@@ -194,6 +194,7 @@ def _check_arguments(
     reshard_after_forward: bool,
     keep_gathered_below: int,
     share_gathered: bool,
+    secondary_copy: bool,
 ) -> None:
     if shard not in (1, 2, 3):
         raise ValueError(
@@ -203,10 +204,11 @@ def _check_arguments(
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"hvdtorch: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     check_shardable(optimizer)
-    if shard != 3 and (not reshard_after_forward or keep_gathered_below != KEEP_GATHERED_BELOW or not share_gathered):
+    shard3_options = (not reshard_after_forward, keep_gathered_below != KEEP_GATHERED_BELOW, not share_gathered)
+    if shard != 3 and (any(shard3_options) or secondary_copy):
         raise ValueError(
-            f"hvdtorch: reshard_after_forward, keep_gathered_below and share_gathered apply to shard=3 only "
-            f"(shard={shard} keeps whole parameters)"
+            "hvdtorch: reshard_after_forward, keep_gathered_below, share_gathered and secondary_copy apply to "
+            f"shard=3 only (shard={shard} keeps whole parameters)"
         )
     if op not in (ops.Average, ops.Sum):
         raise ValueError("hvdtorch: a sharded optimizer reduces gradients with op=hvd.Average or hvd.Sum")
@@ -283,9 +285,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         reshard_after_forward: bool = True,
         keep_gathered_below: int = KEEP_GATHERED_BELOW,
         share_gathered: bool = True,
+        secondary_copy: bool = False,
     ):
         _check_arguments(
-            optimizer, shard, op, gradient_predivide_factor, reshard_after_forward, keep_gathered_below, share_gathered
+            optimizer,
+            shard,
+            op,
+            gradient_predivide_factor,
+            reshard_after_forward,
+            keep_gathered_below,
+            share_gathered,
+            secondary_copy,
         )
         names = names_by_id(optimizer.param_groups, named_parameters)
         numbered, all_params = [], []
@@ -357,6 +367,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 reshard_after_forward,
                 keep_gathered_below,
                 share_gathered,
+                secondary_copy,
             )
             dm.hold_parameters_sharded(self._units)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight

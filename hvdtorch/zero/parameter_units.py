@@ -33,7 +33,16 @@ Contract:
     The host then holds each gathered bucket once, not once per rank, and
     the last rank to free it hands its pages back. The kept buckets, and
     gathered_parameters() (whose writes must come from one rank), use
-    gathers of the rank's own. A unit is gathered by a forward pre-hook and freed by the
+    gathers of the rank's own.
+  * Secondary copy (``secondary_copy``, ZeRO++'s hierarchical partitioning),
+    for a set on several hosts: a bucket gathered from the shards also
+    leaves this rank its part of the bucket as sharded among its host's
+    ranks alone (1/L of it, L ranks on the host), kept until the shards
+    change (step(), a load, a write-back); while it is there, the bucket is
+    gathered again from those parts by an all-gather among the host's ranks
+    (a process set of them, added on every rank), which never crosses a
+    host's link: backward's gathers, and a second forward's before the
+    step. A unit is gathered by a forward pre-hook and freed by the
     forward hook (kept until backward with ``reshard_after_forward=False``);
     free means the parameters go back to their stand-ins and the storage is
     dropped, never resized, so nothing that still holds it can read freed
@@ -85,9 +94,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import _C, runtime
-from ..collectives import ops
+from ..collectives import ops, process_set_table
 from ..training.gradient_sync import remove_hooks
-from .layout import Bucket, signature
+from .layout import Bucket, shard_range, signature
 
 # The key of a sharded_state_dict() (what load_state_dict() tells it by).
 SHARDED_FORMAT = "hvdtorch.zero3.shards"
@@ -108,6 +117,25 @@ def _host_gather(process_set, buckets: Sequence[Bucket], shards: Sequence[torch.
     sizes = [max(1, b.numel * s.element_size()) for b, s in zip(buckets, shards)]
     name = f"{process_set.process_set_id}-{number}"
     return _C.host_gather(runtime.state().engine, name, list(process_set.ranks), sizes)
+
+
+def _host_set(process_set):
+    """The ranks of ``process_set`` on this host as a process set of their
+    own, for the secondary copy (see the top); None when the set lives on
+    one host. Every host's set is added (or found) on every rank, hosts in
+    order, so the collectives line up."""
+    host_of = runtime.state().engine.topology()["host_of_rank"]
+    by_host: Dict[int, List[int]] = {}
+    for r in process_set.ranks:
+        by_host.setdefault(host_of[r], []).append(r)
+    if len(by_host) < 2:
+        return None
+    mine = None
+    for h in sorted(by_host):
+        ps = process_set_table.process_set_with(by_host[h])
+        if runtime.rank() in ps.ranks:
+            mine = ps
+    return mine
 
 
 @dataclass
@@ -228,12 +256,13 @@ class ParameterUnits:
         reshard_after_forward: bool,
         keep_gathered_below: int = 0,
         share_gathered: bool = True,
+        secondary_copy: bool = False,
     ):
         """``params[i]``: the parameter numbered i in the buckets; ``shards[j]``:
         this rank's persistent shard of bucket j (the inner optimizer steps
         it); ``units``: plan_units() of the same parameters;
-        ``share_gathered``: one gathered copy per host where it applies (see
-        the top)."""
+        ``share_gathered``: one gathered copy per host where it applies;
+        ``secondary_copy``: ZeRO++'s, across hosts (both: see the top)."""
         self._name = name
         self._buckets = list(buckets)
         self._params = params
@@ -250,6 +279,9 @@ class ParameterUnits:
         self._host = _host_gather(process_set, self._buckets, shards, share_gathered)
         self._on_host = set()  # buckets gathered in the host's copy
         self._private = 0  # > 0: gathers of the rank's own (gathered_parameters())
+        # The secondary copy (see the top): this rank's part of each bucket among its host's ranks.
+        self._host_set = _host_set(process_set) if secondary_copy and self._host is None else None
+        self._secondary: Dict[int, torch.Tensor] = {}
         self._bucket_of_storage: Dict[int, int] = {}  # data_ptr of a gathered bucket's storage -> bucket
         self._pins = 0  # gathered_parameters() depth: nothing is freed while > 0
         self._reading = 0  # > 0 while this code itself reads the module's state dict
@@ -319,7 +351,11 @@ class ParameterUnits:
         if self._host is not None and not self._private and j not in self._kept_set:
             self._gathers[j] = (None, self._put(j, wait=False))
             return
-        handle = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._process_set)
+        if j in self._secondary:  # from the host's ranks alone
+            name = self._op_name(j).replace(".gather.", ".regather.", 1)
+            handle = ops.allgather_async(self._secondary[j], name=name, process_set=self._host_set)
+        else:
+            handle = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._process_set)
         self._gathers[j] = (handle, [j])
 
     def _put(self, j: int, wait: bool) -> bool:
@@ -363,6 +399,9 @@ class ParameterUnits:
         return self._full[j]
 
     def _install(self, j: int, full: torch.Tensor) -> None:
+        if self._host_set is not None and j not in self._secondary and j not in self._kept_set:
+            start, end = shard_range(full.numel(), self._host_set.rank(), self._host_set.size())
+            self._secondary[j] = full[start:end].clone()
         self._full[j] = full
         self._bucket_of_storage[full.untyped_storage().data_ptr()] = j
         b = self._buckets[j]
@@ -512,6 +551,7 @@ class ParameterUnits:
     def after_step(self) -> None:
         """The shards changed: nothing gathered before may be read again."""
         self.free_all(kept_too=True)
+        self._secondary.clear()  # gathered from the old shards
 
     @contextlib.contextmanager
     def gathered_parameters(self, modifier_rank: Optional[int] = 0):
@@ -555,6 +595,7 @@ class ParameterUnits:
                 )
             return
         root = self._process_set.ranks[int(modifier_rank)]
+        self._secondary.clear()  # the shards take the written values
         with torch.no_grad():
             for j, b in enumerate(self._buckets):
                 full = self._full[j]
@@ -664,7 +705,7 @@ class ParameterUnits:
                     self._shards[j].copy_(full[start:end])
         with self._own_reads():
             module.load_state_dict(parts[0]["rest"], strict=False)
-        self.free_all(kept_too=True)
+        self.after_step()
 
     def load_state_dict(self, module: torch.nn.Module, state_dict, strict: bool = True):
         """Each rank writes its range of every parameter into its shard (local,
@@ -702,7 +743,7 @@ class ParameterUnits:
             raise RuntimeError(
                 f"hvdtorch: load_state_dict: missing keys {missing}, unexpected keys {list(result.unexpected_keys)}"
             )
-        self.free_all(kept_too=True)
+        self.after_step()
         return torch.nn.modules.module._IncompatibleKeys(missing, list(result.unexpected_keys))
 
     def _write_parameter(self, i: int, value: torch.Tensor) -> None:
@@ -714,3 +755,4 @@ class ParameterUnits:
             self._shards[j][lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
         if self._full[j] is not None:  # a gathered copy would be stale
             self._free(j, kept_too=True)
+        self._secondary.pop(j, None)

@@ -264,6 +264,41 @@ def check_one_copy_per_host():
         assert seen and (seen[0] == 12345.0) == (share or r == 0), (share, seen)
 
 
+def check_secondary_copy():
+    """secondary_copy=True across hosts: equal to one process, and after a
+    bucket's first gather in a step every gather of it runs among the
+    host's ranks (backward's included); without it, backward gathers from
+    every rank again."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    train("adam", secondary_copy=True)
+    train("sgd", accumulate=2, use_no_sync=True, secondary_copy=True)
+    train("adam", checkpointed=True, secondary_copy=True)
+    start = ops.allgather_async
+    for secondary in (True, False):
+        dm, opt = sharded("sgd", fusion_bytes=96, keep_gathered_below=0, secondary_copy=secondary)
+        seen = []
+
+        def counted(tensor, name=None, process_set=None):
+            seen.append((name, (process_set or hvd.global_process_set).size()))
+            return start(tensor, name=name, process_set=process_set)
+
+        ops.allgather_async = counted
+        try:
+            opt.zero_grad()
+            local_loss(dm, 0, r, n).backward()
+            opt.step()
+        finally:
+            ops.allgather_async = start
+        every = [name for name, size in seen if size == n]
+        host = [name for name, size in seen if size == n // 2]
+        assert len(every) + len(host) == len(seen), seen
+        if secondary:
+            assert len(every) == len(set(every)) and host, seen  # each bucket once from every rank
+        else:
+            assert len(every) > len(set(every)) and not host, seen  # backward gathers from every rank again
+
+
 def check_kept_buckets():
     """Buckets under keep_gathered_below: one grouped all-gather at the first
     forward after a step, kept through forward and backward, freed by step()."""
@@ -302,11 +337,15 @@ def check_gathered_parameters_and_state_dicts():
     hvd.init()
     r = hvd.rank()
     dm, opt, ref = train("sgd", steps=2)
-    # Writes inside are taken from modifier_rank (0): rank 0 writes 1.0, the others 2.0.
+    # Writes inside are taken from modifier_rank (0): rank 0 writes 1.0, then the others 2.0 (last, so that a
+    # copy the ranks shared would end with 2.0).
     with dm.gathered_parameters():
         torch.testing.assert_close(dm.module.head.weight, ref.head.weight, rtol=1e-9, atol=1e-12)
-        with torch.no_grad():
-            dm.module.head.bias.fill_(1.0 if r == 0 else 2.0)
+        for writer in (True, False):
+            if (r == 0) == writer:
+                with torch.no_grad():
+                    dm.module.head.bias.fill_(1.0 if r == 0 else 2.0)
+            hvd.barrier()
     with dm.gathered_parameters(modifier_rank=None):
         assert bool((dm.module.head.bias == 1.0).all()), dm.module.head.bias
     expect(
@@ -411,12 +450,14 @@ def check_errors():
         r,
     )
     # shard=3's options are refused elsewhere, not ignored.
-    only3 = ["reshard_after_forward, keep_gathered_below and share_gathered apply to shard=3 only"]
+    only3 = ["reshard_after_forward, keep_gathered_below, share_gathered and secondary_copy apply to shard=3 only"]
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), reshard_after_forward=False), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), keep_gathered_below=0), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=2, reshard_after_forward=False), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=1, keep_gathered_below=1 << 20), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=2, share_gathered=False), r)
+    expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=1, secondary_copy=True), r)
+    expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), secondary_copy=True), r)
     # What a shard=3 model's state dicts cannot honour is refused, not ignored.
     dm, _ = sharded("sgd")
     expect(ValueError, ["prefix= and to= only", "keep_vars"], lambda: dm.state_dict(keep_vars=True), r)

@@ -107,6 +107,7 @@ py::dict PyEngine::topology() const {
   d["cross_rank"] = t.cross_rank;
   d["cross_size"] = t.cross_size;
   d["homogeneous"] = t.homogeneous();
+  d["host_of_rank"] = t.host_of_rank;
   return d;
 }
 
