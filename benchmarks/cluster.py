@@ -43,9 +43,13 @@ Configurations (one torchrun job per rate builds them all, then interleaves):
   zero3           hvd.DistributedModel + hvd.DistributedOptimizer(shard=3,
                   model=...): parameters sharded at rest, each layer's
                   gathered for its forward and again in backward
+  zero3:secondary zero3 with secondary_copy=True (ZeRO++'s hierarchical
+                  partitioning): backward gathers each layer again among the
+                  host's ranks only
   fsdp2           torch's FSDP2 (fully_shard on every Linear and Conv2d, then
                   the root) on the Gloo default group: the same schedule
-  (zero3 and fsdp2 are not in the defaults; --configs names them)
+  (zero3, zero3:secondary and fsdp2 are not in the defaults; --configs
+  names them)
 
 Horovod's own launcher (horovodrun --gloo) starts the ranks of other hosts
 through ssh, and no ssh server runs in the namespaces. So the ranks start
@@ -82,7 +86,8 @@ hosts and G gradient bytes, 2 (H-1)/H G per host per step; for zero3 and
 fsdp2, (H-1)/H (2 P + G) with P parameter bytes: two all-gathers of the
 parameters (forward, backward) and a reduce-scatter of the gradients, each
 byte crossing a host's link once (zero3 gathers buckets under 256 KiB once
-per step, so it may go a little below).
+per step, so it may go a little below); for zero3:secondary, whose backward
+gathers stay on the host, (H-1)/H (P + G), the all-reduce's.
 
 The ranks of all hosts share this machine's cores (--host-cpus shared, the
 default): compute is slower than on real hosts and rises with the ranks, a
@@ -181,8 +186,8 @@ class Config:
             self.model = hvd.DistributedModel(
                 self.model, compression=compression, sync="explicit", name=f"cluster.{name}"
             )
-        elif name == "zero3":
-            self.model = hvd.DistributedModel(self.model, name="cluster.zero3")
+        elif name.startswith("zero3"):
+            self.model = hvd.DistributedModel(self.model, name=f"cluster.{name}")
         elif name == "fsdp2":
             from torch.distributed.fsdp import fully_shard
 
@@ -196,8 +201,9 @@ class Config:
             if name == "dm:sizes":
                 self.model._layers = [None] * len(self.model._layers)  # the planner sees no layers
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-        if name == "zero3":
-            self.opt = hvd.DistributedOptimizer(self.opt, shard=3, model=self.model)
+        if name.startswith("zero3"):
+            secondary = name == "zero3:secondary"
+            self.opt = hvd.DistributedOptimizer(self.opt, shard=3, model=self.model, secondary_copy=secondary)
         self.step = self.opt.step
         if name == "dm:whole":
             self.sync = self.model.sync_gradients

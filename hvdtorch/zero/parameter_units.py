@@ -24,14 +24,22 @@ Contract:
   * Gather: an all-gather of the bucket's shards (collective, named after
     the bucket's first parameter, so that an op a rank never joins fails
     naming it); its output becomes the bucket's storage and the parameters
-    views of it.
-  * One gathered copy per host. When every rank of the process set is on
-    this host (and shared memory is on, tensors on the CPU), a bucket is
-    gathered into shared memory instead (_C.HostGather,
-    csrc/core/transport/shm/host_gather.h): each rank copies its shard in,
-    and once all have, every rank's parameters are views of the one copy.
-    The host then holds each gathered bucket once, not once per rank, and
-    the last rank to free it hands its pages back. The kept buckets, and
+    views of it. A unit is gathered by a forward pre-hook and freed by the
+    forward hook (kept until backward with ``reshard_after_forward=False``);
+    free means the parameters go back to their stand-ins and the storage is
+    dropped, never resized, so nothing that still holds it can read freed
+    memory.
+  * One gathered copy per host. Where every host holds as many ranks of
+    the set, more than one (and shared memory is on, tensors on the CPU), a
+    bucket is gathered into shared memory instead (_C.HostGather,
+    csrc/core/transport/shm/host_gather.h): each rank copies its shard in
+    (on several hosts, the shards of its column too: the ranks of its local
+    rank on every host, all-gathered among them first, so each byte crosses
+    a host's link once), and once all have, every rank's parameters are
+    views of the one copy. The host then holds each gathered bucket once,
+    not once per rank, in slots its ranks reuse. A tensor that still holds
+    a freed bucket is given a private copy first (the binding's release):
+    nothing reads a slot another gather took. The kept buckets, and
     gathered_parameters() (whose writes must come from one rank), use
     gathers of the rank's own.
   * Secondary copy (``secondary_copy``, ZeRO++'s hierarchical partitioning),
@@ -39,14 +47,10 @@ Contract:
     leaves this rank its part of the bucket as sharded among its host's
     ranks alone (1/L of it, L ranks on the host), kept until the shards
     change (step(), a load, a write-back); while it is there, the bucket is
-    gathered again from those parts by an all-gather among the host's ranks
-    (a process set of them, added on every rank), which never crosses a
-    host's link: backward's gathers, and a second forward's before the
-    step. A unit is gathered by a forward pre-hook and freed by the
-    forward hook (kept until backward with ``reshard_after_forward=False``);
-    free means the parameters go back to their stand-ins and the storage is
-    dropped, never resized, so nothing that still holds it can read freed
-    memory.
+    gathered again from those parts alone, into the host's copy or by an
+    all-gather among the host's ranks (a process set of them, added on
+    every rank), which never crosses a host's link: backward's gathers, and
+    a second forward's before the step.
   * Backward. While the DistributedModel's forward runs, autograd saves
     tensors that alias a gathered bucket (a weight, its transpose) as
     (bucket, offset, sizes, strides) instead of the tensor
@@ -107,35 +111,46 @@ SHARDED_FORMAT = "hvdtorch.zero3.shards"
 _instances = itertools.count()
 
 
-def _host_gather(process_set, buckets: Sequence[Bucket], shards: Sequence[torch.Tensor], share: bool):
+class _Hosts:
+    """Where the ranks of a process set live: ``ranks[h]``, the set's ranks
+    on host h (hosts in the engine's order, ranks ascending); this rank is
+    ``local`` of the ``local_size`` on ``host``."""
+
+    def __init__(self, process_set):
+        host_of = runtime.state().engine.topology()["host_of_rank"]
+        by_host: Dict[int, List[int]] = {}
+        for r in process_set.ranks:
+            by_host.setdefault(host_of[r], []).append(r)
+        self.ranks = [sorted(by_host[h]) for h in sorted(by_host)]
+        me = runtime.rank()
+        self.host = next(h for h, rs in enumerate(self.ranks) if me in rs)
+        self.local, self.local_size = self.ranks[self.host].index(me), len(self.ranks[self.host])
+        self.equal = len({len(rs) for rs in self.ranks}) == 1  # as many ranks on every host
+
+    def sets(self, column: bool):
+        """This rank's column (the ranks of its local rank on every host) or
+        host as a process set of its own. Every column's (host's) set is
+        added, or found, on every rank in the same order: the collectives
+        line up."""
+        groups = [list(c) for c in zip(*self.ranks)] if column else self.ranks
+        mine = None
+        for g in groups:
+            ps = process_set_table.process_set_with(g)
+            if runtime.rank() in ps.ranks:
+                mine = ps
+        return mine
+
+
+def _host_gather(process_set, hosts: _Hosts, buckets: Sequence[Bucket], shards: Sequence[torch.Tensor], share: bool):
     """The host's shared gathered buckets (see the top), or None where they
-    do not apply: a rank of the set on another host, shared memory off,
-    tensors off the CPU, one rank."""
+    do not apply: shared memory off, tensors off the CPU, one rank on this
+    host, hosts of different numbers of ranks. Decided alike on every rank."""
     number = next(_instances)
-    if not share or any(s.device.type != "cpu" for s in shards) or process_set.size() < 2:
+    if not share or any(s.device.type != "cpu" for s in shards) or hosts.local_size < 2 or not hosts.equal:
         return None
     sizes = [max(1, b.numel * s.element_size()) for b, s in zip(buckets, shards)]
-    name = f"{process_set.process_set_id}-{number}"
-    return _C.host_gather(runtime.state().engine, name, list(process_set.ranks), sizes)
-
-
-def _host_set(process_set):
-    """The ranks of ``process_set`` on this host as a process set of their
-    own, for the secondary copy (see the top); None when the set lives on
-    one host. Every host's set is added (or found) on every rank, hosts in
-    order, so the collectives line up."""
-    host_of = runtime.state().engine.topology()["host_of_rank"]
-    by_host: Dict[int, List[int]] = {}
-    for r in process_set.ranks:
-        by_host.setdefault(host_of[r], []).append(r)
-    if len(by_host) < 2:
-        return None
-    mine = None
-    for h in sorted(by_host):
-        ps = process_set_table.process_set_with(by_host[h])
-        if runtime.rank() in ps.ranks:
-            mine = ps
-    return mine
+    name = f"{process_set.process_set_id}-{number}-h{hosts.host}"
+    return _C.host_gather(runtime.state().engine, name, hosts.ranks[hosts.host], sizes)
 
 
 @dataclass
@@ -276,11 +291,17 @@ class ParameterUnits:
         # bucket -> (handle of its all-gather in flight, the buckets it gathers), or (None, whether its shard
         # is in the host's copy yet) for a host gather
         self._gathers: Dict[int, tuple] = {}
-        self._host = _host_gather(process_set, self._buckets, shards, share_gathered)
+        self._hosts = _Hosts(process_set)
+        several = len(self._hosts.ranks) > 1
+        self._host = _host_gather(process_set, self._hosts, self._buckets, shards, share_gathered)
+        # Across hosts the host's copy takes the shards of the rank's column, gathered among the column.
+        self._column = self._hosts.sets(column=True) if self._host is not None and several else None
         self._on_host = set()  # buckets gathered in the host's copy
         self._private = 0  # > 0: gathers of the rank's own (gathered_parameters())
-        # The secondary copy (see the top): this rank's part of each bucket among its host's ranks.
-        self._host_set = _host_set(process_set) if secondary_copy and self._host is None else None
+        # The secondary copy (see the top): this rank's part of each bucket among its host's ranks, gathered
+        # again into the host's copy, or else among the host's ranks (a process set of them).
+        self._secondary_on = bool(secondary_copy) and several
+        self._host_set = self._hosts.sets(column=False) if self._secondary_on and self._host is None else None
         self._secondary: Dict[int, torch.Tensor] = {}
         self._bucket_of_storage: Dict[int, int] = {}  # data_ptr of a gathered bucket's storage -> bucket
         self._pins = 0  # gathered_parameters() depth: nothing is freed while > 0
@@ -349,7 +370,11 @@ class ParameterUnits:
         if self._full[j] is not None or j in self._gathers:
             return
         if self._host is not None and not self._private and j not in self._kept_set:
-            self._gathers[j] = (None, self._put(j, wait=False))
+            if self._column is not None and j not in self._secondary:
+                column = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._column)
+                self._gathers[j] = (None, ("column", column))
+            else:
+                self._gathers[j] = (None, self._host.put(j, self._own_pieces(j), False))
             return
         if j in self._secondary:  # from the host's ranks alone
             name = self._op_name(j).replace(".gather.", ".regather.", 1)
@@ -358,11 +383,25 @@ class ParameterUnits:
             handle = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._process_set)
         self._gathers[j] = (handle, [j])
 
-    def _put(self, j: int, wait: bool) -> bool:
-        """This rank's shard into the host's copy of bucket j (False: not
-        yet, the host's ranks have not all freed its last gather)."""
+    def _own_pieces(self, j: int) -> List[Tuple[torch.Tensor, int]]:
+        """What this rank puts into the host's copy of bucket j when it
+        gathered nothing first: its secondary part, else its shard (one
+        host), each with its offset in the bucket."""
+        if j in self._secondary:
+            start, _ = shard_range(self._buckets[j].numel, self._hosts.local, self._hosts.local_size)
+            return [(self._secondary[j], start)]
         start, _ = self._buckets[j].shard_range(self._rank, self._size)
-        return self._host.put(j, self._shards[j], start, wait)
+        return [(self._shards[j], start)]
+
+    def _column_pieces(self, j: int, gathered: torch.Tensor) -> List[Tuple[torch.Tensor, int]]:
+        """The shards of this rank's column (an all-gather's output, in the
+        column's rank order), each with its offset in the bucket."""
+        b, out, at = self._buckets[j], [], 0
+        for g in self._column.ranks:
+            start, end = b.shard_range(self._process_set.ranks.index(g), self._size)
+            out.append((gathered[at : at + end - start], start))
+            at += end - start
+        return out
 
     def _start_kept(self) -> None:
         """Starts one grouped all-gather of every kept bucket not gathered."""
@@ -383,9 +422,11 @@ class ParameterUnits:
             return full
         self._start(j)
         handle, together = self._gathers[j]
-        if handle is None:  # a host gather
-            if not together:
-                self._put(j, wait=True)
+        if handle is None:  # a host gather: put (True), not yet (False), or its column's gather in flight
+            if isinstance(together, tuple):
+                self._host.put(j, self._column_pieces(j, ops.synchronize(together[1])), True)
+            elif not together:
+                self._host.put(j, self._own_pieces(j), True)
             del self._gathers[j]
             self._on_host.add(j)
             self._install(j, self._host.await_(j, self._buckets[j].numel, self._shards[j].dtype))
@@ -399,8 +440,8 @@ class ParameterUnits:
         return self._full[j]
 
     def _install(self, j: int, full: torch.Tensor) -> None:
-        if self._host_set is not None and j not in self._secondary and j not in self._kept_set:
-            start, end = shard_range(full.numel(), self._host_set.rank(), self._host_set.size())
+        if self._secondary_on and j not in self._secondary and j not in self._kept_set:
+            start, end = shard_range(full.numel(), self._hosts.local, self._hosts.local_size)
             self._secondary[j] = full[start:end].clone()
         self._full[j] = full
         self._bucket_of_storage[full.untyped_storage().data_ptr()] = j

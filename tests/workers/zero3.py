@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import hvdtorch as hvd
+from hvdtorch import runtime
 from hvdtorch.collectives import ops
 from tests.workers.common import expect
 
@@ -159,9 +160,10 @@ def train(
 def check_training(which):
     hvd.init()
     _, opt, _ = train("adam")
-    # One gathered copy per host wherever every rank is on this host, in host memory, with shared memory on.
-    on_one_host = hvd.local_size() == hvd.size() > 1 and os.environ.get("HVDTORCH_SHM") != "0"
-    assert opt._units.shares_gathered() == (on_one_host and opt._shards[0].device.type == "cpu"), "host copy"
+    # One gathered copy per host wherever every host holds as many ranks, more than one, in host memory, with
+    # shared memory on.
+    equal_hosts = hvd.local_size() > 1 and runtime.state().homogeneous and os.environ.get("HVDTORCH_SHM") != "0"
+    assert opt._units.shares_gathered() == (equal_hosts and opt._shards[0].device.type == "cpu"), "host copy"
     if which == "quick":
         return
     train("sgd")
@@ -266,37 +268,46 @@ def check_one_copy_per_host():
 
 def check_secondary_copy():
     """secondary_copy=True across hosts: equal to one process, and after a
-    bucket's first gather in a step every gather of it runs among the
-    host's ranks (backward's included); without it, backward gathers from
-    every rank again."""
+    bucket's first gather in a step it is gathered again within the host
+    (backward's gathers included): into the host's copy from the ranks'
+    secondary parts, or among the host's ranks. Without it, backward
+    gathers across the hosts again (every rank's shards, or the column's
+    into the host's copy)."""
     hvd.init()
     n, r = hvd.size(), hvd.rank()
-    train("adam", secondary_copy=True)
+    for share in (True, False):
+        train("adam", secondary_copy=True, share_gathered=share)
     train("sgd", accumulate=2, use_no_sync=True, secondary_copy=True)
     train("adam", checkpointed=True, secondary_copy=True)
+    host_of = runtime.state().engine.topology()["host_of_rank"]
     start = ops.allgather_async
-    for secondary in (True, False):
-        dm, opt = sharded("sgd", fusion_bytes=96, keep_gathered_below=0, secondary_copy=secondary)
-        seen = []
+    for share in (True, False):
+        for secondary in (True, False):
+            dm, opt = sharded(
+                "sgd", fusion_bytes=96, keep_gathered_below=0, secondary_copy=secondary, share_gathered=share
+            )
+            assert opt._units.shares_gathered() == share
+            seen = {"every": [], "column": [], "host": []}
 
-        def counted(tensor, name=None, process_set=None):
-            seen.append((name, (process_set or hvd.global_process_set).size()))
-            return start(tensor, name=name, process_set=process_set)
+            def counted(tensor, name=None, process_set=None):
+                ranks = (process_set or hvd.global_process_set).ranks
+                kind = "every" if len(ranks) == n else "host" if len({host_of[g] for g in ranks}) == 1 else "column"
+                seen[kind].append(name)
+                return start(tensor, name=name, process_set=process_set)
 
-        ops.allgather_async = counted
-        try:
-            opt.zero_grad()
-            local_loss(dm, 0, r, n).backward()
-            opt.step()
-        finally:
-            ops.allgather_async = start
-        every = [name for name, size in seen if size == n]
-        host = [name for name, size in seen if size == n // 2]
-        assert len(every) + len(host) == len(seen), seen
-        if secondary:
-            assert len(every) == len(set(every)) and host, seen  # each bucket once from every rank
-        else:
-            assert len(every) > len(set(every)) and not host, seen  # backward gathers from every rank again
+            ops.allgather_async = counted
+            try:
+                opt.zero_grad()
+                local_loss(dm, 0, r, n).backward()
+                opt.step()
+            finally:
+                ops.allgather_async = start
+            across = seen["column"] if share else seen["every"]
+            assert across and not seen["every" if share else "column"], (share, secondary, seen)
+            if secondary:  # each bucket crosses once; then within the host (into its copy, or among its ranks)
+                assert len(across) == len(set(across)) and (share or seen["host"]), (share, secondary, seen)
+            else:  # backward gathers across the hosts again
+                assert len(across) > len(set(across)) and not seen["host"], (share, secondary, seen)
 
 
 def check_kept_buckets():

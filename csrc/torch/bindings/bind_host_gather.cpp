@@ -72,14 +72,19 @@ void release(PyHostGather& g, int j) {
 
 void bindHostGather(py::module_& m) {
   py::class_<PyHostGather, std::shared_ptr<PyHostGather>>(m, "HostGather")
-      // put(j, src, offset_elements, wait): src's bytes at that element offset of bucket j (of src's dtype).
+      // put(j, [(src, offset_elements), ...], wait): each src's bytes at that element offset of bucket j
+      // (offsets in elements of the src's dtype).
       .def("put",
-           [](PyHostGather& g, int j, const at::Tensor& src, int64_t offset, bool wait) {
-             if (!src.device().is_cpu() || !src.is_contiguous())
-               throw InvalidArgument("host gather: put takes a contiguous CPU tensor");
-             const size_t item = src.element_size();
+           [](PyHostGather& g, int j, const std::vector<std::pair<at::Tensor, int64_t>>& pieces, bool wait) {
+             std::vector<HostGather::Piece> raw;
+             for (const auto& [src, offset] : pieces) {
+               if (!src.device().is_cpu() || !src.is_contiguous())
+                 throw InvalidArgument("host gather: put takes contiguous CPU tensors");
+               const size_t item = src.element_size();
+               raw.push_back({src.data_ptr(), static_cast<size_t>(offset) * item, src.numel() * item});
+             }
              py::gil_scoped_release unlocked;
-             return g.gather->put(j, src.data_ptr(), static_cast<size_t>(offset) * item, src.numel() * item, wait);
+             return g.gather->put(j, raw, wait);
            })
       // await_(j, numel, dtype): bucket j, gathered, as a 1-D tensor over the shared memory.
       .def("await_",
