@@ -45,8 +45,14 @@ def test_process_set():
     run_ranks("tests.workers.zero3:check_process_set", 3, timeout=120)
 
 
-def test_join_refused():
-    run_ranks("tests.workers.zero3:check_join_refused", 2, timeout=60)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_join(nranks):
+    run_ranks("tests.workers.zero3:check_join", nranks, timeout=180)
+
+
+def test_join_across_hosts():
+    # The host's copy across hosts: a joined rank also gathers its column and puts it into the copy.
+    run_ranks("tests.workers.zero3:check_join", 4, timeout=240, hosts=["a", "a", "b", "b"])
 
 
 def test_eval_and_inference():

@@ -146,6 +146,37 @@ TEST(a_wait_names_the_ranks_it_waits_for) {
   CHECK(shmEntries(name).empty());
 }
 
+TEST(a_rank_that_leaves_ends_the_wait_at_once) {
+  const std::string name = uniqueShmPrefix("hg");
+  std::string what;
+  double waited_ms = 0;
+  ThreadBarrier barrier(2);
+  onParties(2, [&](int p) {
+    if (p == 1) {
+      {
+        HostGather g(name, 1, {3, 7}, {64}, kTimeout);
+      }  // maps the control segment, then leaves
+      barrier.arrive();
+      return;
+    }
+    HostGather g(name, 0, {3, 7}, {64}, kTimeout);
+    barrier.arrive();
+    const char byte = 1;
+    g.put(0, {{&byte, 0, 1}}, true);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      g.await(0);
+    } catch (const CollectiveError& e) {
+      what = e.what();
+    }
+    waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  });
+  // Named, and long before the 20 s deadline (the liveness probe runs every 100 ms).
+  CHECK_MSG(what.find("rank 7") != std::string::npos && what.find("left") != std::string::npos, "%s", what.c_str());
+  CHECK_MSG(waited_ms < 5000, "waited %.0f ms", waited_ms);
+  CHECK(shmEntries(name).empty());
+}
+
 TEST(misuse_is_refused) {
   const std::string name = uniqueShmPrefix("hg");
   HostGather g(name, 0, {0}, {16}, kTimeout);

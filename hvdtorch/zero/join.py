@@ -14,6 +14,12 @@ Protocol, per sharded optimizer, on every rank of its process set:
     and are gathered). The announcement is a Max all-reduce of
     [phase, clip arguments, hyper-parameters]; a joined rank adds
     [NONE, -inf, ...], so it learns the phase and every value exactly.
+  * shard=3: a rank with data also announces each forward (PASS, with
+    whether autograd records it); the joined rank replays the gathers and
+    frees of its own last pass of that kind (zero/parameter_units.py), so
+    that every gather of the others finds its shard, and the reduce-scatters
+    take its zeros in SYNC. Every pass must gather the same units then
+    (fixed control flow, as under FSDP).
   * Inside join(), the joined rank listens to every sharded optimizer it
     has at once (runtime.run_joined_rounds): it runs each announced phase
     with zero gradients, in the order the phases are announced, and leaves
@@ -33,7 +39,7 @@ from ..collectives import ops
 
 NO_STAND_IN_PREFIX = _C.NO_STAND_IN_PREFIX
 
-NONE, SYNC, CLIP, STEP = 0, 1, 2, 3
+NONE, SYNC, CLIP, STEP, PASS = 0, 1, 2, 3, 4
 
 
 def _numbers(value) -> List[float]:

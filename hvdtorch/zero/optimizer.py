@@ -55,8 +55,9 @@ How:
     (zero/parameter_units.py). It needs the DistributedModel (model=, or the
     one over the parameters), whose forward and state dicts go through it.
   * Uneven data, hvd.join(): a joined rank goes on stepping its shard with
-    the others, on zero gradients of its own (zero/join.py); refused with
-    shard=3, whose forwards gather from every rank.
+    the others, on zero gradients of its own (zero/join.py); with shard=3 it
+    also replays its last pass's gathers at each forward the others
+    announce.
   * Checkpoints: zero/checkpoint.py.
 """
 
@@ -184,6 +185,18 @@ def _check_same(what: str, given, default, model_value) -> None:
             f"hvdtorch: {what}={given!r} was given to the sharded optimizer, but its parameters belong to a "
             f"DistributedModel with {what}={model_value!r}; on that path the model's options apply: set it there"
         )
+
+
+def _pass_announcer(optimizer_ref):
+    """shard=3's announcement of each forward (zero/join.py's PASS), holding
+    the optimizer weakly (the model holds the parameter units)."""
+
+    def announce(grad_enabled: bool) -> None:
+        optimizer = optimizer_ref()
+        if optimizer is not None:
+            optimizer._announce(shard_join.PASS, (float(grad_enabled), 0.0, False))
+
+    return announce
 
 
 def _check_arguments(
@@ -368,6 +381,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 keep_gathered_below,
                 share_gathered,
                 secondary_copy,
+                _pass_announcer(weakref.ref(self)),
             )
             dm.hold_parameters_sharded(self._units)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
@@ -747,13 +761,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def listen_while_joined(self) -> int:
         """Inside hvd.join(): starts waiting for what the others do next."""
-        if self._stage == 3:
-            raise RuntimeError(
-                f"hvdtorch: rank {runtime.rank()}: hvd.join() with shard=3: every forward of the others gathers "
-                "each layer's parameters from every rank, which a rank out of data does not run (they fail after "
-                "HVDTORCH_TIMEOUT naming this rank). Give every rank the same number of batches (drop_last=True, "
-                "hvd.elastic.ElasticSampler), or use shard=2 with join()"
-            )
         return self._announcer.listen()
 
     def heard(self, token: int) -> bool:
@@ -769,6 +776,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             return False
         self._joined = True
         try:
+            if phase == shard_join.PASS:  # shard=3: the others' forward and backward gather from this rank too
+                self._units.replay(bool(clip[0]))
+                return True
             if not self._synchronized:
                 self._grads.reset()
                 self.zero_grad(set_to_none=True)

@@ -87,6 +87,11 @@ Contract:
   * A saved tensor on a stand-in (a parameter used outside the forward of
     its unit) raises, naming the parameter and the fixes: backward would
     read NaN.
+  * hvd.join(). Each pass (from a forward to the next forward or step())
+    records the gathers and frees it ran, in order, one script for passes
+    under autograd and one without; a rank that has joined replays its last
+    script of the kind the others announce (replay()), which issues the same
+    collectives and host-copy puts in the same order as a pass of theirs.
 """
 
 import contextlib
@@ -272,12 +277,14 @@ class ParameterUnits:
         keep_gathered_below: int = 0,
         share_gathered: bool = True,
         secondary_copy: bool = False,
+        announce_pass=None,
     ):
         """``params[i]``: the parameter numbered i in the buckets; ``shards[j]``:
         this rank's persistent shard of bucket j (the inner optimizer steps
         it); ``units``: plan_units() of the same parameters;
         ``share_gathered``: one gathered copy per host where it applies;
-        ``secondary_copy``: ZeRO++'s, across hosts (both: see the top)."""
+        ``secondary_copy``: ZeRO++'s, across hosts (both: see the top);
+        ``announce_pass(grad_enabled)``: called as each forward starts (hvd.join())."""
         self._name = name
         self._buckets = list(buckets)
         self._params = params
@@ -303,6 +310,11 @@ class ParameterUnits:
         self._secondary_on = bool(secondary_copy) and several
         self._host_set = self._hosts.sets(column=False) if self._secondary_on and self._host is None else None
         self._secondary: Dict[int, torch.Tensor] = {}
+        # hvd.join() (see the top): the events of the pass running, and the last pass's of each kind.
+        self._announce_pass = announce_pass
+        self._script: Optional[List[tuple]] = None  # None: not in a pass (nothing is recorded)
+        self._script_grad = True
+        self._last_pass: Dict[bool, List[tuple]] = {}
         self._bucket_of_storage: Dict[int, int] = {}  # data_ptr of a gathered bucket's storage -> bucket
         self._pins = 0  # gathered_parameters() depth: nothing is freed while > 0
         self._reading = 0  # > 0 while this code itself reads the module's state dict
@@ -362,6 +374,30 @@ class ParameterUnits:
 
     # ---- gather and free ----------------------------------------------------------
 
+    def _record(self, *event) -> None:
+        if self._script is not None and not self._pins and not self._private:
+            self._script.append(event)
+
+    def _close_pass(self) -> None:
+        if self._script is not None:
+            self._last_pass[self._script_grad] = self._script
+        self._script = None
+
+    def replay(self, grad_enabled: bool) -> None:
+        """A joined rank: runs the gathers and frees of its last pass of this
+        kind, while the ranks with data run theirs (see the top)."""
+        script = self._last_pass.get(bool(grad_enabled))
+        if script is None:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: hvd.join() with shard=3: the others run a forward "
+                f"{'with' if grad_enabled else 'without'} autograd, which this rank never ran before it joined, so "
+                "it cannot serve its gathers. Run one such forward on every rank before join()"
+            )
+        run = {"start": self._start, "kept": self._start_kept, "finish": self._finish, "free": self._free}
+        for kind, *args in script:
+            run[kind](*args)
+        self.free_all()
+
     def _op_name(self, j: int) -> str:
         return f"{self._name}.gather.{j}.{self._names[self._buckets[j].params[0]]}"
 
@@ -369,6 +405,7 @@ class ParameterUnits:
         """Starts gathering bucket j unless it is gathered or on its way."""
         if self._full[j] is not None or j in self._gathers:
             return
+        self._record("start", j)
         if self._host is not None and not self._private and j not in self._kept_set:
             if self._column is not None and j not in self._secondary:
                 column = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._column)
@@ -408,6 +445,7 @@ class ParameterUnits:
         js = [j for j in self._kept if self._full[j] is None and j not in self._gathers]
         if not js:
             return
+        self._record("kept")
         handle = ops.grouped_allgather_async(
             [self._shards[j] for j in js], name=f"{self._name}.gather_kept", process_set=self._process_set
         )
@@ -421,21 +459,24 @@ class ParameterUnits:
         if full is not None:
             return full
         self._start(j)
-        handle, together = self._gathers[j]
+        self._record("finish", j)
+        # Taken off the list first: a gather that fails is not waited for again (a free in a finally would
+        # raise "unknown handle" over the failure's own error).
+        handle, together = self._gathers.pop(j)
         if handle is None:  # a host gather: put (True), not yet (False), or its column's gather in flight
             if isinstance(together, tuple):
                 self._host.put(j, self._column_pieces(j, ops.synchronize(together[1])), True)
             elif not together:
                 self._host.put(j, self._own_pieces(j), True)
-            del self._gathers[j]
             self._on_host.add(j)
             self._install(j, self._host.await_(j, self._buckets[j].numel, self._shards[j].dtype))
             return self._full[j]
+        for k in together:
+            self._gathers.pop(k, None)
         results = ops.synchronize(handle)
         if len(together) == 1 and not isinstance(results, list):
             results = [results]
         for k, result in zip(together, results):
-            del self._gathers[k]
             self._install(k, result)
         return self._full[j]
 
@@ -466,6 +507,7 @@ class ParameterUnits:
         full = self._full[j]
         if full is None:
             return
+        self._record("free", j, kept_too)
         self._bucket_of_storage.pop(full.untyped_storage().data_ptr(), None)
         self._full[j] = None
         self._to_stand_ins(j)
@@ -503,6 +545,10 @@ class ParameterUnits:
         forward's prefetch, and autograd saves aliases of gathered buckets by
         position (see the top)."""
         self._users = [0] * len(self._users)  # a forward that raised left its counts behind
+        self._close_pass()
+        if self._announce_pass is not None:
+            self._announce_pass(torch.is_grad_enabled())
+        self._script, self._script_grad = [], torch.is_grad_enabled()
         self.free_all()
         self._start_kept()
         self._recording, self._recorded = [], set()
@@ -591,6 +637,7 @@ class ParameterUnits:
 
     def after_step(self) -> None:
         """The shards changed: nothing gathered before may be read again."""
+        self._close_pass()
         self.free_all(kept_too=True)
         self._secondary.clear()  # gathered from the old shards
 

@@ -607,10 +607,34 @@ def check_compiled_and_amp(mode):
     assert_equal_to(dm, ref, mode, (1e-9, 1e-12) if mode == "compile" else (2e-2, 2e-3))
 
 
-def check_join_refused():
+def check_join():
+    """Uneven data with shard=3: each rank calls hvd.join() when its batches
+    run out and goes on serving the others' gathers (replaying its last
+    pass) and stepping its shards; training equals one process that
+    averages, at every step, what the ranks with data contribute (over
+    every rank, as Horovod's Average does)."""
     hvd.init()
-    dm, opt = sharded("sgd")  # kept: a dropped optimizer takes no part in join()
-    expect(RuntimeError, ["hvd.join() with shard=3", "same number of batches"], hvd.join, hvd.rank())
+    r, n = hvd.rank(), hvd.size()
+
+    def steps_of(k):
+        return n + 1 - k  # distinct, the most on rank 0, every rank at least two
+
+    for kind, kw in (("sgd", {}), ("adam", {"keep_gathered_below": 200}), ("adam", {"reshard_after_forward": False})):
+        base = base_model()
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt(kind, trainable(ref))
+        for s in range(steps_of(0)):
+            has = [k for k in range(n) if steps_of(k) > s]
+            ref_opt.zero_grad()
+            (sum(local_loss(ref, s, k, n) for k in has) / n).backward()
+            ref_opt.step()
+        dm, opt = sharded(kind, base, fusion_bytes=96, **dict({"keep_gathered_below": 0}, **kw))
+        for s in range(steps_of(r)):
+            opt.zero_grad()
+            local_loss(dm, s, r, n).backward()
+            opt.step()
+        assert hvd.join() == 0
+        assert_equal_to(dm, ref, f"rank {r}: join {kind} {kw}")
 
 
 def check_process_set():
