@@ -153,6 +153,8 @@ def _host_gather(process_set, hosts: _Hosts, buckets: Sequence[Bucket], shards: 
     number = next(_instances)
     if not share or any(s.device.type != "cpu" for s in shards) or hosts.local_size < 2 or not hosts.equal:
         return None
+    if len(hosts.ranks) > 1 and process_set.process_set_id != 0:
+        return None  # its columns would be process sets, which every rank of the job must add
     sizes = [max(1, b.numel * s.element_size()) for b, s in zip(buckets, shards)]
     name = f"{process_set.process_set_id}-{number}-h{hosts.host}"
     return _C.host_gather(runtime.state().engine, name, hosts.ranks[hosts.host], sizes)
@@ -308,6 +310,11 @@ class ParameterUnits:
         # The secondary copy (see the top): this rank's part of each bucket among its host's ranks, gathered
         # again into the host's copy, or else among the host's ranks (a process set of them).
         self._secondary_on = bool(secondary_copy) and several
+        if self._secondary_on and process_set.process_set_id != 0:
+            raise ValueError(
+                "hvdtorch: secondary_copy=True needs the global process set: its hosts' ranks become process sets "
+                "of their own, which every rank of the job must add (ranks outside this set build no optimizer)"
+            )
         self._host_set = self._hosts.sets(column=False) if self._secondary_on and self._host is None else None
         self._secondary: Dict[int, torch.Tensor] = {}
         # hvd.join() (see the top): the events of the pass running, and the last pass's of each kind.

@@ -308,6 +308,16 @@ def check_secondary_copy():
                 assert len(across) == len(set(across)) and (share or seen["host"]), (share, secondary, seen)
             else:  # backward gathers across the hosts again
                 assert len(across) > len(set(across)) and not seen["host"], (share, secondary, seen)
+    # A set that is not the job's: its hosts' sets would need every rank of the job, so it is refused.
+    pair = hvd.add_process_set([0, 3])  # one rank on each host
+    if r in pair.ranks:
+        expect(
+            ValueError,
+            ["secondary_copy=True needs the global process set"],
+            lambda: sharded("sgd", dm_kw={"process_set": pair}, secondary_copy=True),
+            r,
+        )
+    hvd.barrier()
 
 
 def check_kept_buckets():
