@@ -750,6 +750,7 @@ class ParameterUnits:
                     value = full[offset : offset + int(torch.Size(shape).numel())].view(shape).clone()
                     for k in keys_of.get(id(self._params[i]), []):
                         out[k] = value
+            del full  # held here, a host's bucket would be copied at its release
             if not was_gathered:
                 self._free(j, kept_too=True)
         return {k: out[k] for k in raw if k in out}

@@ -264,6 +264,20 @@ def check_one_copy_per_host():
             dm(batch(0, hvd.size())[0][:PER_RANK])
         hook.remove()
         assert seen and (seen[0] == 12345.0) == (share or r == 0), (share, seen)
+    # A tensor that still holds a unit after it is freed (here a view kept by hand; in training, what a
+    # checkpointed recomputation saved) keeps its values while later units take the host's slots.
+    dm, opt = sharded("sgd", fusion_bytes=96, keep_gathered_below=0)
+    kept = {}
+
+    def grab(module, _args):
+        kept["view"] = module.weight.detach()  # shares the gathered memory
+        kept["values"] = module.weight.detach().clone()
+
+    hook = dm.module.inp.register_forward_pre_hook(grab)
+    with torch.no_grad():
+        dm(batch(0, hvd.size())[0][:PER_RANK])  # inp freed first, then every later unit gathered
+    hook.remove()
+    assert torch.equal(kept["view"], kept["values"]), "a freed unit's late holder reads another unit's values"
 
 
 def check_secondary_copy():
