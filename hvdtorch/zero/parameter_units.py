@@ -30,7 +30,9 @@ Contract:
     dropped, never resized, so nothing that still holds it can read freed
     memory.
   * One gathered copy per host. Where every host holds as many ranks of
-    the set, more than one (and shared memory is on, tensors on the CPU), a
+    the set, more than one (and shared memory is on, tensors on the CPU; on
+    several hosts, for the global set only, whose columns become process
+    sets), a
     bucket is gathered into shared memory instead (_C.HostGather,
     csrc/core/transport/shm/host_gather.h): each rank copies its shard in
     (on several hosts, the shards of its column too: the ranks of its local
@@ -43,7 +45,8 @@ Contract:
     gathered_parameters() (whose writes must come from one rank), use
     gathers of the rank's own.
   * Secondary copy (``secondary_copy``, ZeRO++'s hierarchical partitioning),
-    for a set on several hosts: a bucket gathered from the shards also
+    for the global set on several hosts (refused for another set: its hosts'
+    sets would need every rank of the job): a bucket gathered from the shards also
     leaves this rank its part of the bucket as sharded among its host's
     ranks alone (1/L of it, L ranks on the host), kept until the shards
     change (step(), a load, a write-back); while it is there, the bucket is
@@ -297,8 +300,8 @@ class ParameterUnits:
         self._reshard = bool(reshard_after_forward)
         nb = len(self._buckets)
         self._full: List[Optional[torch.Tensor]] = [None] * nb  # the gathered bucket, while gathered
-        # bucket -> (handle of its all-gather in flight, the buckets it gathers), or (None, whether its shard
-        # is in the host's copy yet) for a host gather
+        # bucket -> (handle of its all-gather in flight, the buckets it gathers), or for a host gather (None,
+        # True: put / False: not yet / ("column", handle of its column's all-gather in flight))
         self._gathers: Dict[int, tuple] = {}
         self._hosts = _Hosts(process_set)
         several = len(self._hosts.ranks) > 1
