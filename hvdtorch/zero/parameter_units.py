@@ -32,8 +32,7 @@ Contract:
   * One gathered copy per host. Where every host holds as many ranks of
     the set, more than one (and shared memory is on, tensors on the CPU; on
     several hosts, for the global set only, whose columns become process
-    sets), a
-    bucket is gathered into shared memory instead (_C.HostGather,
+    sets), a bucket is gathered into shared memory instead (_C.HostGather,
     csrc/core/transport/shm/host_gather.h): each rank copies its shard in
     (on several hosts, the shards of its column too: the ranks of its local
     rank on every host, all-gathered among them first, so each byte crosses
@@ -46,8 +45,8 @@ Contract:
     gathers of the rank's own.
   * Secondary copy (``secondary_copy``, ZeRO++'s hierarchical partitioning),
     for the global set on several hosts (refused for another set: its hosts'
-    sets would need every rank of the job): a bucket gathered from the shards also
-    leaves this rank its part of the bucket as sharded among its host's
+    sets would need every rank of the job): a bucket gathered from the
+    shards also leaves this rank its part of the bucket as sharded among its host's
     ranks alone (1/L of it, L ranks on the host), kept until the shards
     change (step(), a load, a write-back); while it is there, the bucket is
     gathered again from those parts alone, into the host's copy or by an
@@ -90,6 +89,12 @@ Contract:
   * A saved tensor on a stand-in (a parameter used outside the forward of
     its unit) raises, naming the parameter and the fixes: backward would
     read NaN.
+  * A parameter written in place while gathered (an in-place op on a
+    weight in forward, Embedding(max_norm=...)) raises when its bucket is
+    freed or, if it stays gathered, at the end of the forward, naming it:
+    the write would be lost with the gathered copy (and on one host be seen
+    by the other ranks mid-step), where one process keeps it.
+    gathered_parameters() is where parameters are written.
   * hvd.join(). Each pass (from a forward to the next forward or step())
     records the gathers and frees it ran, in order, one script for passes
     under autograd and one without; a rank that has joined replays its last
@@ -326,6 +331,7 @@ class ParameterUnits:
         self._script_grad = True
         self._last_pass: Dict[bool, List[tuple]] = {}
         self._bucket_of_storage: Dict[int, int] = {}  # data_ptr of a gathered bucket's storage -> bucket
+        self._versions: Dict[int, List[int]] = {}  # gathered bucket -> its parameters' _version at the gather
         self._pins = 0  # gathered_parameters() depth: nothing is freed while > 0
         self._reading = 0  # > 0 while this code itself reads the module's state dict
         self._order: List[int] = []  # buckets in the order the last complete forward first gathered them
@@ -497,6 +503,7 @@ class ParameterUnits:
         self._full[j] = full
         self._bucket_of_storage[full.untyped_storage().data_ptr()] = j
         b = self._buckets[j]
+        self._versions[j] = [self._params[i]._version for i in b.params]
         for i, offset, shape in zip(b.params, b.offsets, b.shapes):
             p = self._params[i]
             p.data = full[offset : offset + p.numel()].view(shape)
@@ -509,7 +516,9 @@ class ParameterUnits:
         """Bytes of the buckets kept gathered between uses (see the top)."""
         return sum(self._buckets[j].numel * self._shards[j].element_size() for j in self._kept)
 
-    def _free(self, j: int, kept_too: bool = False) -> None:
+    def _free(self, j: int, kept_too: bool = False, writes_taken: bool = False) -> None:
+        """Frees bucket j (see the top). ``writes_taken``: its parameters
+        may have been written (gathered_parameters() took the writes)."""
         if self._pins or (j in self._kept_set and not kept_too):
             return
         if j in self._gathers:
@@ -525,14 +534,28 @@ class ParameterUnits:
         if j in self._on_host:
             self._on_host.discard(j)
             self._host.release(j)
+        versions = self._versions.pop(j)
+        if not writes_taken:
+            self._refuse_lost_writes(j, versions)
+
+    def _refuse_lost_writes(self, j: int, versions: List[int]) -> None:
+        b = self._buckets[j]
+        written = [self._names[i] for i, v in zip(b.params, versions) if self._params[i]._version != v]
+        if written:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: parameters {written[:5]} were written in place while gathered "
+                "(an in-place op on a weight in forward, Embedding(max_norm=...)): shard=3 frees the gathered "
+                "copy, so the write would be lost (one process keeps it). Write parameters inside `with "
+                "model.gathered_parameters():`, or keep this module out of shard=3"
+            )
 
     def _to_stand_ins(self, j: int) -> None:
         for i in self._buckets[j].params:
             self._params[i].data = self._stand_ins[i]
 
-    def free_all(self, kept_too: bool = False) -> None:
+    def free_all(self, kept_too: bool = False, writes_taken: bool = False) -> None:
         for j in range(len(self._buckets)):
-            self._free(j, kept_too)
+            self._free(j, kept_too, writes_taken)
 
     def _gather(self, js: Sequence[int]) -> None:
         for j in js:
@@ -562,14 +585,20 @@ class ParameterUnits:
         self.free_all()
         self._start_kept()
         self._recording, self._recorded = [], set()
+        clean = False
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 yield
+            clean = True
         finally:
             if self._recording:
                 self._order, self._position = self._recording, {j: k for k, j in enumerate(self._recording)}
             if self._reshard or not torch.is_grad_enabled():
-                self.free_all()  # else kept for backward
+                self.free_all(writes_taken=not clean)  # else kept for backward; a failed forward's error leads
+        if not self._pins:  # what stays gathered (kept buckets, units kept for backward) is checked now
+            for j, full in enumerate(self._full):
+                if full is not None:
+                    self._refuse_lost_writes(j, self._versions[j])
 
     def _unit_forward_pre(self, module, _args) -> None:
         u = self._unit_of_module[id(module)]
@@ -679,8 +708,10 @@ class ParameterUnits:
                 if clean and self._pins == 0:
                     self._write_back(modifier_rank, versions)
             finally:
+                # The kept buckets too: a write inside went to the shards (the write-back) or nowhere (an
+                # exception, read only), so no gathered copy may keep it.
                 if self._pins == 0:
-                    self.free_all()
+                    self.free_all(kept_too=True, writes_taken=True)
 
     def _write_back(self, modifier_rank: Optional[int], versions: Dict[int, int]) -> None:
         if modifier_rank is None:

@@ -253,8 +253,7 @@ def check_one_copy_per_host():
         def probe(module, _args):
             hvd.barrier()
             if r == 0:
-                with torch.no_grad():
-                    module.weight[0, 0] = 12345.0
+                module.weight.data[0, 0] = 12345.0  # by hand, past the check of writes through the parameter
             hvd.barrier()
             seen.append(float(module.weight[0, 0]))
             hvd.barrier()
@@ -366,6 +365,20 @@ def check_kept_buckets():
     assert grouped == [len(kept)], grouped  # one grouped gather for the two forwards
     opt.step()
     assert all(f is None for f in units._full)
+    # A write inside gathered_parameters() to a kept bucket's parameter: every rank takes rank 0's value, in
+    # the next forward too (the kept bucket is gathered again from the shards, not kept with its own write).
+    small = next(p for j in kept for i in opt._buckets[j].params for p in [units._params[i]])
+    loss = F.mse_loss(dm(x[r * PER_RANK : (r + 1) * PER_RANK]), y[r * PER_RANK : (r + 1) * PER_RANK])
+    loss.backward()  # kept buckets gathered now
+    with dm.gathered_parameters():
+        with torch.no_grad():
+            small.fill_(1.0 if r == 0 else 2.0)
+    seen = []
+    probe = dm.module.head.register_forward_pre_hook(lambda *_: seen.append(float(small.reshape(-1)[0])))
+    dm(x[:PER_RANK])
+    probe.remove()
+    assert seen and seen[-1] == 1.0, seen
+    opt.step()
 
 
 def check_gathered_parameters_and_state_dicts():
@@ -493,6 +506,21 @@ def check_errors():
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=2, share_gathered=False), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), shard=1, secondary_copy=True), r)
     expect(ValueError, only3, lambda: opt_of(torch.nn.Linear(2, 2), secondary_copy=True), r)
+    # A weight written in place in forward (Embedding's max_norm renormalizes its rows) would be lost with the
+    # gathered copy, where one process keeps it: refused by name.
+    for keep in ({}, {"keep_gathered_below": 0}):  # found at the end of the forward (kept), or at the free
+        torch.manual_seed(0)
+        emb = torch.nn.Sequential(torch.nn.Embedding(10, 4, max_norm=0.5), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+        emb_dm = hvd.DistributedModel(emb.double())
+        emb_opt = hvd.DistributedOptimizer(  # noqa: F841 (kept: it holds the parameters sharded)
+            torch.optim.SGD(emb_dm.parameters(), lr=0.1),
+            named_parameters=emb_dm.named_parameters(),
+            shard=3,
+            model=emb_dm,
+            **keep,
+        )
+        words = ["0.weight", "written in place while gathered", "gathered_parameters"]
+        expect(RuntimeError, words, lambda: emb_dm(torch.tensor([[1, 2]])), r)
     # What a shard=3 model's state dicts cannot honour is refused, not ignored.
     dm, _ = sharded("sgd")
     expect(ValueError, ["prefix= and to= only", "keep_vars"], lambda: dm.state_dict(keep_vars=True), r)

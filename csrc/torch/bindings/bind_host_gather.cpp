@@ -54,7 +54,7 @@ std::shared_ptr<PyHostGather> makeHostGather(PyEngine& e, const std::string& nam
 // checkpointed forward's recomputation saved, a view kept by the user) is
 // given a private copy first, under all its views at once (the storage's
 // memory is swapped): its holders keep reading the values they had, while
-// the host's copy is handed back or gathered anew.
+// the slot goes to the host's next gather.
 void release(PyHostGather& g, int j) {
   if (j < 0 || static_cast<size_t>(j) >= g.given.size())
     throw InvalidArgument(strCat("host gather: release of bucket ", j, " of ", g.given.size()));
