@@ -1,6 +1,6 @@
 """The collectives, DistributedModel, the sharded optimizer, PowerSGD, the
-optimizer stepped bucket by bucket and the Adasum optimizer on CUDA tensors,
-at 1 to 4 processes sharing cuda:0. Needs a GPU and a CUDA
+optimizer stepped bucket by bucket, the Adasum optimizer, compiled models and
+the Lightning strategy on CUDA tensors, at 1 to 4 processes sharing cuda:0. Needs a GPU and a CUDA
 build of hvdtorch: make gpu-check runs these on the GPU machine; elsewhere
 they are skipped, saying why. Everything device-generic they exercise also
 runs on every CI machine through the simulated device
@@ -80,3 +80,28 @@ def test_stepping_in_pieces_on_cuda_equals_one_process(check):
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_adasum_optimizer_on_cuda_equals_the_reference(nranks):
     run_ranks("tests.workers.adasum_optimizer:check_equivalence_on", nranks, timeout=150, args=["cuda"])
+
+
+def _inductor_or_skip():
+    from torch.utils._triton import has_triton
+
+    if not has_triton():
+        pytest.skip("torch.compile's GPU backend needs Triton, which this machine's torch lacks")
+
+
+@pytest.mark.parametrize("check", ["every_route_compiled", "compiled_autograd"])
+def test_compiled_models_on_cuda_equal_eager(check):
+    # torch.compile (inductor on the GPU) of DistributedModel, DistributedOptimizer and shard=1/2, and
+    # DistributedModel under compiled autograd, at 2 ranks sharing the GPU: the parameters of the same
+    # route run eagerly (tests/workers/compiled.py).
+    _inductor_or_skip()
+    run_ranks(f"tests.workers.compiled:{check}", 2, timeout=300, args=["cuda"])
+
+
+@pytest.mark.parametrize("mode", ["automatic", "manual"])
+def test_lightning_on_the_gpu_equals_one_process(mode):
+    # strategy="hvdtorch" with accelerator="gpu": each process takes the GPU of its local rank
+    # (round-robin over those visible: both on cuda:0 here) and trains there; equal to one process
+    # on the CPU on the global batch.
+    pytest.importorskip("lightning", reason="Lightning is not installed (make gpu-wheels carries it)")
+    run_ranks("tests.workers.lightning:check_fit_equals_single_process", 2, timeout=200, args=[mode, "gpu"])

@@ -191,6 +191,17 @@ def test_auto_calibrates_the_device_routes(costs, expect, tmp_path):
     run_ranks("tests.workers.sim_device:auto_calibrated", 2, args=[expect], timeout=120, env=env)
 
 
+def test_auto_stages_through_the_host_reducer_measured_fastest(tmp_path):
+    env = {
+        "HVDTORCH_TIMELINE": str(tmp_path / "trace-{rank}.json"),
+        **SIM,
+        "HVDTORCH_DEVICE_RING": "0",
+        "HVDTORCH_SIM_MAX_DELAY_US": "0",
+        "HVDTORCH_DEVICE_CALIBRATION_BYTES": "16384",
+    }
+    run_ranks("tests.workers.sim_device:auto_stages_through_the_fastest_host_reducer", 2, timeout=120, env=env)
+
+
 def test_the_device_ring_turned_off():
     env = {**SIM, "HVDTORCH_SIM_INTERPROCESS": "1", "HVDTORCH_DEVICE_RING": "0"}
     run_ranks("tests.workers.sim_device:device_ring_turned_off", 2, timeout=120, env=env)

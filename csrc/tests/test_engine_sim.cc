@@ -712,8 +712,8 @@ TEST(native_auto_and_broadcast_through_the_backends_device_collectives) {
 TEST(auto_calibrates_its_device_routes_once) {
   // Where more than one route applies (the backend's device collectives and
   // staging; the device ring does not apply in one process), the first
-  // `auto` all-reduce times them at three sizes (six runs of the backend
-  // each, warm-up included) and the later ones reuse what it measured; each
+  // `auto` all-reduce times them at 4, 16 and 64 KiB (six runs of the
+  // backend each, warm-up included) and the later ones reuse what it measured; each
   // takes one route, the same on every rank, and gives the right sums.
   const int p = 3;
   InProcDeviceCollectives backend(p);
@@ -747,9 +747,13 @@ TEST(auto_calibrates_its_device_routes_once) {
               deviceCalibrations() - calibrations, p);
   }
   const std::string described = lastDeviceCalibration();
-  CHECK_MSG(described.find("native") != std::string::npos && described.find("staged") != std::string::npos &&
-                described.find("ring") == std::string::npos,
+  // The device ring does not apply; staging is timed through every host
+  // reducer `auto` may run here, each named.
+  CHECK_MSG(described.find("native") != std::string::npos && described.find("staged:ring") != std::string::npos &&
+                described.find("staged:central") != std::string::npos &&
+                described.find("; ring") == std::string::npos && described.find(": ring") == std::string::npos,
             "%s", described.c_str());
+  CHECK_MSG(described.find("4 KiB, 16 KiB, 64 KiB:") != std::string::npos, "probes: %s", described.c_str());
   const int timed = 3 * 6 * p;  // three sizes, a warm-up and five repetitions, every rank
   CHECK_MSG(backend.calls() >= timed && backend.calls() <= timed + 2 * p, "%d device collective calls, want %d-%d",
             backend.calls(), timed, timed + 2 * p);
@@ -966,6 +970,56 @@ TEST(a_process_set_through_device_collectives_of_its_own) {
   CHECK_MSG(pair.calls() == 4 && global.calls() == 0, "set: %d calls to its collectives, %d to the global set's",
             pair.calls(), global.calls());
   c.onEveryRank([&](int r, Engine& eng) { eng.removeProcessSet(ids[r]); });
+}
+
+TEST(a_process_set_starts_from_the_global_sets_device_calibration) {
+  // Set {0, 2} on one host, as the global set is: where the global set has
+  // calibrated the device, the set's first `auto` all-reduce adopts that
+  // model (an agreement, no timing); where the set runs first, it
+  // calibrates on its own and the global set later does too. Element k of
+  // rank r: (r + 1) + k % 7.
+  const int p = 3;
+  Config config = testConfig();
+  config.device_calibration_bytes = 16 << 10;
+  for (bool global_first : {true, false}) {
+    InProcDeviceCollectives global(p), pair(2);
+    Cluster c(p, config, nullptr, [&](int r) { return global.of(r); });
+    std::vector<int32_t> ids(p);
+    c.onEveryRank([&](int r, Engine& eng) { ids[r] = eng.addProcessSet({0, 2}, r == 1 ? nullptr : pair.of(r / 2)); });
+    std::vector<std::string> errors(p);
+    auto allreduce = [&](int r, Engine& eng, bool in_set) {
+      if (in_set && r == 1) return;
+      Caller caller(deviceOf(r));
+      ops::AllreduceOptions o;
+      o.name = in_set ? "set.auto" : "global.auto";
+      o.op = ReduceOp::kSum;
+      o.reducer = "auto";
+      o.process_set_id = in_set ? ids[r] : 0;
+      o.inputs = {caller.upload(DataType::kFloat32, {11},
+                                hostValues(DataType::kFloat32, {11}, [&](size_t i) { return input(r, i); }), true)};
+      o.outputs = o.inputs;
+      const TensorPtr out = o.outputs[0];
+      const int64_t h = ops::allreduce(eng, std::move(o));
+      std::string err = waitFor(eng, h);
+      if (err.empty()) {
+        const auto got = caller.download(*eng.state(h), *out);
+        const double base = in_set ? 4 : 6, ranks = in_set ? 2 : 3;
+        for (size_t i = 0; i < 11 && err.empty(); ++i)
+          if (valueAt(DataType::kFloat32, got, i) != base + ranks * static_cast<double>(i % 7))
+            err = strCat("[", i, "]: ", valueAt(DataType::kFloat32, got, i));
+      }
+      eng.release(h);
+      if (!err.empty() && errors[r].empty()) errors[r] = strCat(in_set ? "set: " : "global: ", err);
+    };
+    const int calibrations = deviceCalibrations(), adopted = deviceCalibrationsAdopted();
+    for (bool in_set : {!global_first, global_first})
+      c.onEveryRank([&](int r, Engine& eng) { allreduce(r, eng, in_set); });
+    for (int r = 0; r < p; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+    const int ran = deviceCalibrations() - calibrations, took = deviceCalibrationsAdopted() - adopted;
+    CHECK_MSG(global_first ? ran == p && took == 2 : ran == p + 2 && took == 0,
+              "global first %d: %d calibrations, %d adopted", global_first, ran, took);
+    c.onEveryRank([&](int r, Engine& eng) { eng.removeProcessSet(ids[r]); });
+  }
 }
 
 TEST(staging_copies_only_through_pinned_host_memory) {

@@ -38,13 +38,13 @@ def _batch(rank: int, step: int) -> torch.Tensor:
     return torch.randn(4, 8, generator=g, dtype=torch.float64)
 
 
-def _train(route: str, mode: str, steps: int = 3, **kw):
+def _train(route: str, mode: str, steps: int = 3, device: str = "cpu", **kw):
     """Trains a fresh net along ``route`` with ``mode`` ("eager", "compile":
     torch.compile of the model, "ca": forward and backward in one
-    torch.compile'd function with compiled autograd on); returns its
-    parameters. ``kw``: the DistributedModel's arguments."""
+    torch.compile'd function with compiled autograd on) on ``device``;
+    returns its parameters. ``kw``: the DistributedModel's arguments."""
     r = hvd.rank()
-    net = _Net().double()
+    net = _Net().double().to(device)
     # The branch's rank (-1: none, a parameter no rank gives a gradient).
     branch_on = kw.pop("branch_on_rank", 0)
     accumulate = kw.pop("accumulate", False)
@@ -74,12 +74,12 @@ def _train(route: str, mode: str, steps: int = 3, **kw):
             opt.zero_grad()
             if accumulate:  # every rank uses the branch here, then only branch_on_rank
                 with model.no_sync():
-                    fwd(_batch(r, 100 + step), use_branch=True).pow(2).sum().backward()
+                    fwd(_batch(r, 100 + step).to(device), use_branch=True).pow(2).sum().backward()
             if local_only:  # a step after a pass that only accumulated
                 with model.no_sync():
-                    forward_backward(_batch(r, step))
+                    forward_backward(_batch(r, step).to(device))
             else:
-                forward_backward(_batch(r, step))
+                forward_backward(_batch(r, step).to(device))
             if kw.get("sync") == "explicit":
                 model.sync_gradients()
             opt.step()
@@ -88,12 +88,13 @@ def _train(route: str, mode: str, steps: int = 3, **kw):
     return [p.detach().clone() for p in net.parameters()]
 
 
-def _same(route: str, mode: str, **kw) -> None:
+def _same(route: str, mode: str, device: str = "cpu", **kw) -> None:
     torch._dynamo.reset()
     counters.clear()
-    want = _train(route, "eager", **dict(kw))
-    got = _train(route, mode, **dict(kw))
-    what = f"rank {hvd.rank()}: {route} {mode} {kw}"
+    want = _train(route, "eager", device=device, **dict(kw))
+    got = _train(route, mode, device=device, **dict(kw))
+    _check(all(p.device.type == torch.device(device).type for p in got), f"parameters left {device}")
+    what = f"rank {hvd.rank()}: {route} {mode} on {device} {kw}"
     for i, (g, w) in enumerate(zip(got, want)):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12, msg=lambda m: f"{what}: parameter {i}: {m}")
     if kw.get("local_only"):
@@ -107,42 +108,42 @@ def _same(route: str, mode: str, **kw) -> None:
         _check(not counters["graph_break"], f"{what}: graph breaks {dict(counters['graph_break'])}")
 
 
-def every_route_compiled() -> None:
+def every_route_compiled(device: str = "cpu") -> None:
     """torch.compile(model) on every route that compiles: DistributedModel
     (default, sync="explicit", an unused branch on one rank, PowerSGD),
-    DistributedOptimizer, shard=1 and shard=2."""
+    DistributedOptimizer, shard=1 and shard=2; on ``device`` (tests/test_gpu.py: "cuda")."""
     hvd.init()
-    _same("model", "compile")
-    _same("model", "compile", sync="explicit", fusion_bytes=512, first_bucket_bytes=512)
-    _same("model", "compile", branch_on_rank=1)
-    _same("model", "compile", branch_on_rank=-1)  # .grad None, as eager
-    _same("model", "compile", powersgd=True)
+    _same("model", "compile", device)
+    _same("model", "compile", device, sync="explicit", fusion_bytes=512, first_bucket_bytes=512)
+    _same("model", "compile", device, branch_on_rank=1)
+    _same("model", "compile", device, branch_on_rank=-1)  # .grad None, as eager
+    _same("model", "compile", device, powersgd=True)
     for route in ("optimizer", "shard1", "shard2"):
-        _same(route, "compile")
+        _same(route, "compile", device)
     hvd.shutdown()
 
 
-def compiled_autograd() -> None:
+def compiled_autograd(device: str = "cpu") -> None:
     """DistributedModel under compiled autograd: small buckets (several
     launch during backward), sync="explicit", an unused branch on one rank,
     no_sync() accumulation (its branch unused in the reducing pass on one
     rank), a step after a no_sync() pass (the unused branch keeps no
     .grad), fp16 on the wire, PowerSGD, Sum with a predivide factor; a
-    parameter no rank uses is refused by name."""
+    parameter no rank uses is refused by name. On ``device``."""
     hvd.init()
-    _same("model", "ca", fusion_bytes=512, first_bucket_bytes=512)
-    _same("model", "ca", sync="explicit")
-    _same("model", "ca", branch_on_rank=1)
-    _same("model", "ca", accumulate=True, branch_on_rank=1)
-    _same("model", "ca", local_only=True, branch_on_rank=1)
-    _same("model", "ca", compression=hvd.Compression.fp16)
-    _same("model", "ca", powersgd=True)
-    _same("model", "ca", op=hvd.Sum, gradient_predivide_factor=2.0)
+    _same("model", "ca", device, fusion_bytes=512, first_bucket_bytes=512)
+    _same("model", "ca", device, sync="explicit")
+    _same("model", "ca", device, branch_on_rank=1)
+    _same("model", "ca", device, accumulate=True, branch_on_rank=1)
+    _same("model", "ca", device, local_only=True, branch_on_rank=1)
+    _same("model", "ca", device, compression=hvd.Compression.fp16)
+    _same("model", "ca", device, powersgd=True)
+    _same("model", "ca", device, op=hvd.Sum, gradient_predivide_factor=2.0)
     # A parameter no rank gives a gradient: compiled autograd would write zeros into its .grad.
     expect(
         Exception,
         ["got no gradient on any rank", "'branch.weight'", "compiled autograd off"],
-        lambda: _train("model", "ca", steps=1, branch_on_rank=-1),
+        lambda: _train("model", "ca", steps=1, device=device, branch_on_rank=-1),
         hvd.rank(),
     )
     hvd.shutdown()

@@ -221,6 +221,56 @@ def auto_calibrated(expect: str) -> None:
     assert len(calibrating) == 1 and "first" in calibrating[0], f"rank {r}: calibration phases on {calibrating}"
 
 
+def _staged_times_at_first_probe(described: str) -> dict:
+    """{host reducer: ms} of each staged way at the smallest probe, from
+    the calibration's line ("ms at 4 KiB, ...: native 0.9 1.0; staged:node 0.1 0.2; ...")."""
+    ways = described.split(": ", 1)[1].split("; ")
+    times = {}
+    for way in ways:
+        name, *ms = way.split()
+        if name.startswith("staged:"):
+            times[name.split(":", 1)[1]] = float(ms[0])
+    return times
+
+
+def auto_stages_through_the_fastest_host_reducer() -> None:
+    """reducer="auto" on device tensors where the device group and staging
+    apply (the device ring off): the calibration times staging once per host
+    reducer, and every staged all-reduce at the smallest probe's size then
+    runs on the host reducer it measured fastest there (not the host cost
+    model's pick, which may explore another). The device group goes through
+    Gloo over TCP, staging through shared memory: staged wins here."""
+    import torch
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    count = 1024  # 4 KiB of float32: the smallest probe
+    want = torch.full((count,), float(n * (n + 1) // 2))
+    native = _C.device_native_runs()
+    for i in range(10):
+        got = hvd.allreduce(torch.full((count,), float(r + 1)), op=hvd.Sum, name=f"staged.{i}", reducer="auto")
+        assert torch.equal(got, want), f"rank {r}: op {i}: {got[:4]}"
+    described = _C.last_device_calibration()
+    assert _C.device_calibrations() == 1, f"rank {r}: {_C.device_calibrations()} calibrations"
+    staged = _staged_times_at_first_probe(described)
+    assert len(staged) >= 2, f"rank {r}: staging timed through {sorted(staged)} only: {described}"
+    # The first op calibrated (and may have taken any way); the others ran the model's.
+    took_native = _C.device_native_runs() - native - 6 * 2  # the calibration's runs: a warm-up and five, two probes
+    assert took_native <= 1, f"rank {r}: auto kept the device group ({took_native} runs) over staging: {described}"
+    fastest = min(staged.values())
+    allowed = {name for name, ms in staged.items() if ms == fastest}  # equal as printed: either
+    hvd.shutdown()
+    events = json.load(open(os.environ["HVDTORCH_TIMELINE"].replace("{rank}", str(r))))
+    ops = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    ran = {}
+    for e in events:
+        if e["ph"] == "B" and e["name"].startswith("ALLREDUCE:") and ops.get(e["pid"], "").startswith("staged."):
+            ran.setdefault(ops[e["pid"]].split(".", 1)[1], set()).add(e["name"].split(":", 1)[1])
+    for i in range(1, 10):
+        assert ran.get(str(i)), f"rank {r}: op {i} was not staged ({sorted(ran)}): {described}"
+        assert ran[str(i)] <= allowed, f"rank {r}: op {i} staged through {ran[str(i)]}, fastest {allowed}: {described}"
+
+
 def device_ring_turned_off() -> None:
     """HVDTORCH_DEVICE_RING=0: reducer="ring" on device tensors is staged
     through the host ring although the devices share memory."""

@@ -16,19 +16,23 @@ namespace hvdtorch {
 namespace {
 
 constexpr int kCalibrationReps = 5;
+// The calibration's smallest probe: below it every route is latency-bound
+// (a bias, a norm's weight), where the model holds its time.
+constexpr size_t kSmallestProbe = 4096;
+constexpr size_t kProbeStep = 4;
 
 std::atomic<int> calibrations{0};
+std::atomic<int> adoptions{0};
 std::mutex last_mu;
 std::string last_description;
 
-// The probe sizes for a largest one: 1/256, 1/16 and all of it, whole
-// float32 elements, at least one element each, without repeats.
+// The probe sizes up to `largest`: kSmallestProbe and kProbeStep times each
+// before, then `largest` itself; whole float32 elements, at least one.
 std::vector<size_t> probeSizes(size_t largest) {
+  largest = std::max<size_t>(sizeof(float), largest / sizeof(float) * sizeof(float));
   std::vector<size_t> sizes;
-  for (size_t div : {size_t(256), size_t(16), size_t(1)}) {
-    const size_t bytes = std::max<size_t>(sizeof(float), largest / div / sizeof(float) * sizeof(float));
-    if (sizes.empty() || bytes > sizes.back()) sizes.push_back(bytes);
-  }
+  for (size_t bytes = kSmallestProbe; bytes < largest; bytes *= kProbeStep) sizes.push_back(bytes);
+  sizes.push_back(largest);
   return sizes;
 }
 
@@ -87,7 +91,6 @@ void DeviceRouter::closeRings() {
   }
 }
 
-// Times every route of `routes` on `d` and agrees the times (see the header).
 bool DeviceRouter::backendTakes(Device& d, const std::vector<DataType>& dtypes, std::optional<ReduceOp> reduce) const {
   NativeCollectives* backend = ctx_.native();
   if (ctx_.size() == 1 || backend == nullptr) return false;
@@ -97,18 +100,19 @@ bool DeviceRouter::backendTakes(Device& d, const std::vector<DataType>& dtypes, 
   return true;
 }
 
-void DeviceRouter::runRoute(DeviceRoute route, Device& d, void* buf, size_t count, const RunStaged& staged) {
-  switch (route) {
+void DeviceRouter::runWay(const DeviceWay& way, Device& d, void* buf, size_t count, const RunStaged& staged) {
+  switch (way.route) {
     case DeviceRoute::kNative:
       ctx_.native()->allreduceOnDevice(d, buf, count, DataType::kFloat32, ReduceOp::kSum);
       break;
     case DeviceRoute::kRing: ring(d)->allreduce(buf, count, DataType::kFloat32, ReduceOp::kSum); break;
-    case DeviceRoute::kStaged: staged(d, buf, count); break;
+    case DeviceRoute::kStaged: staged(d, buf, count, reducers_.get(way.host)); break;
   }
   drainEngineStream(d);
 }
 
-DeviceRouteModel DeviceRouter::calibrate(Device& d, const DeviceRouteMask& routes, const RunStaged& staged) {
+// Times every way of `ways` on `d` and agrees the times (see the header).
+DeviceRouteModel DeviceRouter::calibrate(Device& d, const std::vector<DeviceWay>& ways, const RunStaged& staged) {
   const std::vector<size_t> sizes = probeSizes(options_.calibration_bytes);
   struct Scratch {
     Device& d;
@@ -116,39 +120,58 @@ DeviceRouteModel DeviceRouter::calibrate(Device& d, const DeviceRouteMask& route
     ~Scratch() { d.release(p); }
   } scratch{d, d.allocate(sizes.back())};
   d.fill(scratch.p, sizes.back(), 0, nullptr);
-  // stats[route * sizes + i]: this rank's median, -1 for a route not run.
-  std::vector<double> stats(kDeviceRoutes * sizes.size(), -1.0);
+  // stats[w * sizes + i]: this rank's median of way w at size i.
+  std::vector<double> stats(ways.size() * sizes.size(), -1.0);
   for (size_t i = 0; i < sizes.size(); ++i) {
     const size_t count = sizes[i] / sizeof(float);
-    std::array<std::vector<double>, kDeviceRoutes> times;
-    // Interleaved, so a burst of load hits every route alike; rep -1 warms
+    std::vector<std::vector<double>> times(ways.size());
+    // Interleaved, so a burst of load hits every way alike; rep -1 warms
     // up (first-use allocations, registrations, links).
     for (int rep = -1; rep < kCalibrationReps; ++rep) {
-      for (int r = 0; r < kDeviceRoutes; ++r) {
-        if (!routes[r]) continue;
+      for (size_t w = 0; w < ways.size(); ++w) {
         const auto t0 = std::chrono::steady_clock::now();
-        runRoute(static_cast<DeviceRoute>(r), d, scratch.p, count, staged);
+        runWay(ways[w], d, scratch.p, count, staged);
         const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
-        if (rep >= 0) times[r].push_back(took.count());
+        if (rep >= 0) times[w].push_back(took.count());
       }
     }
-    for (int r = 0; r < kDeviceRoutes; ++r) {
-      if (!routes[r]) continue;
-      auto& t = times[r];
+    for (size_t w = 0; w < ways.size(); ++w) {
+      auto& t = times[w];
       const auto middle = t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2);
       std::nth_element(t.begin(), middle, t.end());
-      stats[r * sizes.size() + i] = t[t.size() / 2];
+      stats[w * sizes.size() + i] = t[t.size() / 2];
     }
   }
-  // Min over ranks, as the host cost model agrees (reducer_set.cc); the
-  // routes not run are -1 on every rank. A fixed reducer: the model must
-  // not choose how it is agreed.
+  // Min over ranks, as the host cost model agrees (reducer_set.cc). A fixed
+  // reducer: the model must not choose how it is agreed.
   RingAllreduce agree;
   agree.allreduce(ctx_, stats.data(), stats.size(), DataType::kFloat64, ReduceOp::kMin);
-  std::array<std::vector<double>, kDeviceRoutes> seconds;
-  for (int r = 0; r < kDeviceRoutes; ++r)
-    for (size_t i = 0; i < sizes.size(); ++i) seconds[r].push_back(stats[r * sizes.size() + i]);
-  return DeviceRouteModel(sizes, seconds);
+  std::vector<DeviceRouteModel::Timed> timed;
+  for (size_t w = 0; w < ways.size(); ++w)
+    timed.push_back({ways[w], std::vector<double>(stats.begin() + static_cast<std::ptrdiff_t>(w * sizes.size()),
+                                                  stats.begin() + static_cast<std::ptrdiff_t>((w + 1) * sizes.size()))});
+  return DeviceRouteModel(sizes, std::move(timed));
+}
+
+std::optional<DeviceRouteModel> DeviceRouter::calibrated(const Device& d) const {
+  std::lock_guard<std::mutex> lock(models_mu_);
+  const auto it = models_.find(&d);
+  if (it == models_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<DeviceRouteModel> DeviceRouter::adoptGlobal(Device& d) {
+  if (global_ == nullptr) return std::nullopt;
+  std::optional<DeviceRouteModel> model;
+  if (DeviceRing::oneHost(ctx_) == DeviceRing::oneHost(global_->ctx_)) model = global_->calibrated(d);
+  // Every member must take the same model: adopt only where all hold it.
+  // The global models are alike on every rank (agreed there), so holding
+  // one is all that needs agreeing.
+  int32_t held = model ? 1 : 0;
+  RingAllreduce agree;
+  agree.allreduce(ctx_, &held, 1, DataType::kInt32, ReduceOp::kMin);
+  if (held == 0) return std::nullopt;
+  return model;
 }
 
 DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, ReduceOp op, size_t bytes,
@@ -170,22 +193,34 @@ DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, Reduce
     if (calibrating) calibrating(true);
     // The routes that apply at all (float32 Sum: what every route serves).
     // Each check is a collective on first use: the same order on every rank.
-    DeviceRouteMask applies{};
-    applies[static_cast<int>(DeviceRoute::kNative)] = backend &&
-                                                      backend->reducesOnDevice(d, DataType::kFloat32, ReduceOp::kSum);
-    applies[static_cast<int>(DeviceRoute::kRing)] = ring(d) != nullptr;
-    applies[static_cast<int>(DeviceRoute::kStaged)] = true;
-    if (std::count(applies.begin(), applies.end(), true) > 1) {
-      routes.model = calibrate(d, applies, staged);
-      ++calibrations;
-      const std::string described = routes.model->describe();
-      {
-        std::lock_guard<std::mutex> lock(last_mu);
-        last_description = described;
+    const bool native_applies = backend && backend->reducesOnDevice(d, DataType::kFloat32, ReduceOp::kSum);
+    const bool ring_applies = ring(d) != nullptr;
+    if (native_applies || ring_applies) {
+      routes.model = adoptGlobal(d);
+      if (routes.model) {
+        ++adoptions;
+      } else {
+        std::vector<DeviceWay> ways;
+        if (native_applies) ways.push_back({DeviceRoute::kNative, kAutoReducer});
+        if (ring_applies) ways.push_back({DeviceRoute::kRing, kAutoReducer});
+        const std::vector<bool> hosts = reducers_.candidates(ctx_, DataType::kFloat32, ReduceOp::kSum);
+        for (size_t h = 0; h < hosts.size(); ++h)
+          if (hosts[h]) ways.push_back({DeviceRoute::kStaged, static_cast<ReducerId>(h)});
+        const auto t0 = std::chrono::steady_clock::now();
+        routes.model = calibrate(d, ways, staged);
+        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+        ++calibrations;
+        const std::string described = routes.model->describe();
+        {
+          std::lock_guard<std::mutex> lock(last_mu);
+          last_description = described;
+        }
+        if (ctx_.rank() == 0)
+          std::fprintf(stderr, "hvdtorch: reducer=auto measured the all-reduce routes of %s in %.2f s (%s)\n",
+                       d.id().str().c_str(), took.count(), described.c_str());
       }
-      if (ctx_.rank() == 0)
-        std::fprintf(stderr, "hvdtorch: reducer=auto measured the all-reduce routes of %s (%s)\n", d.id().str().c_str(),
-                     described.c_str());
+      std::lock_guard<std::mutex> lock(models_mu_);
+      models_.insert_or_assign(&d, *routes.model);
     }
     routes.calibrated = true;
     if (calibrating) calibrating(false);
@@ -196,27 +231,40 @@ DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, Reduce
   // host reducer that owns the op sees each tensor whole. `op` is the same
   // on every rank, so every rank skips the ring's first-use check alike.
   const bool elementwise = op != ReduceOp::kAdasum;
-  DeviceRouteMask serves{};
-  serves[static_cast<int>(DeviceRoute::kNative)] = backend && backend->reducesOnDevice(d, dtype, op);
-  serves[static_cast<int>(DeviceRoute::kStaged)] = true;
+  const bool native_serves = backend && backend->reducesOnDevice(d, dtype, op);
   DeviceRoute rule = DeviceRoute::kStaged;
-  if (serves[static_cast<int>(DeviceRoute::kNative)]) {
+  if (native_serves) {
     rule = DeviceRoute::kNative;
   } else if (elementwise && DeviceRing::oneHost(ctx_) && ring(d)) {
     rule = DeviceRoute::kRing;
   }
-  // Where calibration ran, the ring already exists (or is known not to).
-  if (routes.model) serves[static_cast<int>(DeviceRoute::kRing)] = elementwise && ring(d) != nullptr;
-  const DeviceRoute route = routes.model ? routes.model->choose(bytes, serves, rule) : rule;
-  switch (route) {
+  DeviceWay way{rule, kAutoReducer};
+  if (routes.model) {
+    // Where calibration ran, the ring already exists (or is known not to).
+    const bool ring_serves = elementwise && ring(d) != nullptr;
+    const std::vector<bool> hosts = reducers_.candidates(ctx_, dtype, op);
+    way = routes.model->choose(
+        bytes,
+        [&](const DeviceWay& w) {
+          switch (w.route) {
+            case DeviceRoute::kNative: return native_serves;
+            case DeviceRoute::kRing: return ring_serves;
+            case DeviceRoute::kStaged: return w.host < hosts.size() && hosts[w.host];
+          }
+          return false;
+        },
+        rule);
+  }
+  switch (way.route) {
     case DeviceRoute::kNative: return {&d, nullptr};
     case DeviceRoute::kRing: return {&d, ring(d)};
     case DeviceRoute::kStaged: break;
   }
-  return {};
+  return {nullptr, nullptr, way.host};
 }
 
 int deviceCalibrations() { return calibrations.load(); }
+int deviceCalibrationsAdopted() { return adoptions.load(); }
 
 std::string lastDeviceCalibration() {
   std::lock_guard<std::mutex> lock(last_mu);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "algorithms/reducer_registry.h"
 #include "common/error.h"
 
 namespace hvdtorch {
@@ -16,18 +17,16 @@ const char* deviceRouteName(DeviceRoute route) {
   return "?";
 }
 
-DeviceRouteModel::DeviceRouteModel(std::vector<size_t> sizes, std::array<std::vector<double>, kDeviceRoutes> seconds)
-    : sizes_(std::move(sizes)), seconds_(std::move(seconds)) {
+DeviceRouteModel::DeviceRouteModel(std::vector<size_t> sizes, std::vector<Timed> ways)
+    : sizes_(std::move(sizes)), ways_(std::move(ways)) {
   if (sizes_.empty() || !std::is_sorted(sizes_.begin(), sizes_.end()) || sizes_.front() == 0)
     throw InvalidArgument("device route model: probe sizes must be positive and ascending");
-  for (auto& s : seconds_) {
-    if (s.empty()) s.assign(sizes_.size(), -1.0);
-    if (s.size() != sizes_.size()) throw InvalidArgument("device route model: one time per probe size");
-  }
+  for (const Timed& t : ways_)
+    if (t.seconds.size() != sizes_.size()) throw InvalidArgument("device route model: one time per probe size");
 }
 
-double DeviceRouteModel::estimate(DeviceRoute route, size_t bytes) const {
-  const std::vector<double>& t = seconds_[static_cast<int>(route)];
+double DeviceRouteModel::estimate(const Timed& timed, size_t bytes) const {
+  const std::vector<double>& t = timed.seconds;
   for (double v : t)
     if (v < 0) return -1.0;
   const auto b = static_cast<double>(bytes);
@@ -38,21 +37,34 @@ double DeviceRouteModel::estimate(DeviceRoute route, size_t bytes) const {
   return t[hi - 1] + (t[hi] - t[hi - 1]) * (b - x0) / (x1 - x0);
 }
 
-DeviceRoute DeviceRouteModel::choose(size_t bytes, const DeviceRouteMask& serves, DeviceRoute rule) const {
-  const double incumbent = estimate(rule, bytes);
-  if (incumbent < 0) return rule;  // nothing to compare with
-  DeviceRoute best = rule;
-  double best_t = incumbent;
-  for (int r = 0; r < kDeviceRoutes; ++r) {
-    const auto route = static_cast<DeviceRoute>(r);
-    const double t = serves[r] ? estimate(route, bytes) : -1.0;
-    if (t >= 0 && t < best_t) {
-      best = route;
-      best_t = t;
+double DeviceRouteModel::estimate(const DeviceWay& way, size_t bytes) const {
+  for (const Timed& t : ways_)
+    if (t.way == way) return estimate(t, bytes);
+  return -1.0;
+}
+
+DeviceWay DeviceRouteModel::choose(size_t bytes, const std::function<bool(const DeviceWay&)>& serves,
+                                   DeviceRoute rule) const {
+  // The incumbent: the rule's route on its fastest measured way; the
+  // challenger: the fastest measured way of all.
+  DeviceWay incumbent{rule, kAutoReducer}, best{};
+  double incumbent_t = -1.0, best_t = -1.0;
+  for (const Timed& t : ways_) {
+    if (!serves(t.way)) continue;
+    const double s = estimate(t, bytes);
+    if (s < 0) continue;
+    if (t.way.route == rule && (incumbent_t < 0 || s < incumbent_t)) {
+      incumbent = t.way;
+      incumbent_t = s;
+    }
+    if (best_t < 0 || s < best_t) {
+      best = t.way;
+      best_t = s;
     }
   }
-  const bool clear_win = best_t < (1.0 - kSwitchMargin) * incumbent && incumbent - best_t >= kMinGainSeconds;
-  return clear_win ? best : rule;
+  if (incumbent_t < 0) return incumbent;  // nothing to compare with
+  const bool clear_win = best_t < (1.0 - kSwitchMargin) * incumbent_t && incumbent_t - best_t >= kMinGainSeconds;
+  return clear_win ? best : incumbent;
 }
 
 namespace {
@@ -75,11 +87,12 @@ std::string DeviceRouteModel::describe() const {
   std::string s = "ms at";
   for (size_t i = 0; i < sizes_.size(); ++i) s += strCat(i ? ", " : " ", sizeName(sizes_[i]));
   const char* sep = ": ";
-  for (int r = 0; r < kDeviceRoutes; ++r) {
-    if (seconds_[r].front() < 0) continue;
-    s += strCat(sep, deviceRouteName(static_cast<DeviceRoute>(r)));
+  for (const Timed& t : ways_) {
+    if (t.seconds.front() < 0) continue;
+    s += strCat(sep, deviceRouteName(t.way.route));
+    if (t.way.route == DeviceRoute::kStaged && t.way.host != kAutoReducer) s += strCat(":", reducerName(t.way.host));
     sep = "; ";
-    for (double t : seconds_[r]) s += strCat(" ", milliseconds(t));
+    for (double v : t.seconds) s += strCat(" ", milliseconds(v));
   }
   return s;
 }

@@ -67,6 +67,9 @@ class ReducerSet {
   // `registered_in_place` is asked only where the answer matters (`auto`,
   // Sum or Average): the lookup in the registered memory is not free.
   ReducerId forRequest(ReducerId asked, ReduceOp op, const std::function<bool()>& registered_in_place) const;
+  // By ReducerId: may `auto` run it for dtype/op on ctx (available here,
+  // automatic, and Reducer::autoCandidate).
+  std::vector<bool> candidates(const Context& ctx, DataType dtype, ReduceOp op) const;
   // The reducer `auto` chooses for `bytes` of `dtype`/`op` on this context.
   ReducerId choose(const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) const;
   Reducer& resolve(ReducerId id, const Context& ctx, size_t bytes, DataType dtype, ReduceOp op) {
@@ -102,8 +105,6 @@ class ReducerSet {
   void adoptModel(const CostModel& model, const Context& ctx);
 
  private:
-  // By ReducerId: may `auto` run it for dtype/op on ctx.
-  std::vector<bool> candidates(const Context& ctx, DataType dtype, ReduceOp op) const;
   ReducerId idOf(const Reducer& reducer) const;
   // Sets model_'s link priors: each reducer's traffic on ctx (Reducer::linkTraffic) over `link`. mu_ held.
   void setLinkPriors(const Context& ctx, const LinkCost& link);

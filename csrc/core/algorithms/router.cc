@@ -26,14 +26,11 @@ AllreduceRoute Router::route(const AllreduceQuery& q) {
   const bool one_rank = ctx_.size() == 1;
   if (q.on_device && DeviceRouter::hasDeviceRoutes(q.asked) && (!one_rank || q.asked == native)) {
     if (!q.device) throw CollectiveError(q.several_devices);
-    // The staged route as `auto` would stage it: through the host reducer
-    // the cost model holds cheapest for the probe's size.
-    DeviceRouter::RunStaged staged = [this, &q](Device& d, void* buf, size_t count) {
-      Reducer& host = reducers_.resolve(kAutoReducer, ctx_, count * sizeof(float), DataType::kFloat32, ReduceOp::kSum);
-      q.run_staged(d, buf, count, host);
-    };
-    const DevicePath path = devices_.path(*q.device, q.asked, q.dtype, q.op, q.bytes, staged, q.calibrating);
+    const DevicePath path = devices_.path(*q.device, q.asked, q.dtype, q.op, q.bytes, q.run_staged, q.calibrating);
     if (path.device) return {path.device, path.ring, false, nullptr};
+    // Staged through the host reducer the device calibration measured
+    // fastest staged, where it measured.
+    if (path.host != kAutoReducer) return {nullptr, nullptr, false, &reducers_.get(path.host)};
   }
   if (q.on_device && one_rank) return {nullptr, nullptr, true, nullptr};
   return {nullptr, nullptr, false, &reducers_.pick(q.asked, ctx_, q.bytes, q.dtype, q.op)};

@@ -51,9 +51,9 @@ struct AllreduceQuery {
   Device* device = nullptr;
   std::string several_devices;
   // Device tensors: how the device calibration runs the staged route on a
-  // scratch buffer through the host reducer the router hands it (staging is
-  // the op's: ops/allreduce_staged.h), and what is told before (true) and
-  // after (false) the calibration runs (DeviceRouter::path).
+  // scratch buffer through each host reducer the router hands it (staging
+  // is the op's: ops/allreduce_staged.h), and what is told before (true)
+  // and after (false) the calibration runs (DeviceRouter::path).
   std::function<void(Device& device, void* buf, size_t count, Reducer& host)> run_staged;
   std::function<void(bool begin)> calibrating;
 };
@@ -71,7 +71,7 @@ struct AllreduceRoute {
 class Router {
  public:
   Router(Context& ctx, const ReducerEnv& env, DeviceRouterOptions options)
-      : ctx_(ctx), reducers_(env), devices_(ctx, options) {}
+      : ctx_(ctx), reducers_(env), devices_(ctx, options, reducers_) {}
   // Frees the device fusion memory: device work that used it has finished
   // (the executor, which waits for it, is gone first).
   ~Router();
@@ -115,6 +115,10 @@ class Router {
   // Grows by doubling; a smaller buffer is released in stream order, after
   // the work enqueued on it.
   void* deviceFusion(Device& device, size_t bytes);
+
+  // A process set's router: its device calibration starts from the global
+  // set's router's (DeviceRouter::startFrom). Before the first route().
+  void startFrom(const Router& global) { devices_.startFrom(global.devices_); }
 
   // The host reducers and the cost model: a host route runs through
   // reducers().allreduce (timed into the model); the engine's checks and

@@ -46,12 +46,13 @@ const std::vector<Config::Knob>& Config::knobs() {
        "bytes per segment of an all-reduce of device tensors staged through host memory: the copies of each "
        "segment to and from the GPU overlap the host reduction of the others; 0: the whole unit at once; must be "
        "the same on every rank"},
-      {"DEVICE_CALIBRATION_BYTES", "16777216",
+      {"DEVICE_CALIBRATION_BYTES", "67108864",
        "largest all-reduce that reducer=auto times on each route for device tensors (the device group, the device "
-       "ring, staging through the host; also at 1/16 and 1/256 of it), once, in the first such all-reduce where "
-       "more than one route applies; auto then leaves its rule (the device group where it serves, the device ring "
-       "on one host, staging otherwise) only for a route measured at least 20% faster; 0: the rule alone; must be "
-       "the same on every rank"},
+       "ring, staging through each host reducer; from 4 KiB up by factors of 4 to this size), once, in the first "
+       "such all-reduce where more than one route applies (a process set starts from the global set's); auto then "
+       "takes the fastest measured route per size unless its rule's route (the device group where it serves, the "
+       "device ring on one host, staging otherwise) is within 8%; 0: the rule alone; must be the same on every "
+       "rank"},
       {"CENTRAL_SHARDS", "1", "parameter-server shards of the central reducer"},
       {"OUTPUT_POOL_BYTES", "268435456",
        "bytes of freed host memory kept for the fresh outputs of the collectives (hvd.allreduce(x), allgather, "

@@ -28,7 +28,7 @@ struct Config {
   size_t device_ring_slot_bytes = 32u << 20;                          // HVDTORCH_DEVICE_RING_SLOT_BYTES
   uint32_t device_ring_slots = 2;                                     // HVDTORCH_DEVICE_RING_SLOTS
   size_t staging_segment_bytes = 8u << 20;                            // HVDTORCH_STAGING_SEGMENT_BYTES
-  size_t device_calibration_bytes = 16u << 20;                        // HVDTORCH_DEVICE_CALIBRATION_BYTES
+  size_t device_calibration_bytes = 64u << 20;                        // HVDTORCH_DEVICE_CALIBRATION_BYTES
   int central_shards = 1;                                             // HVDTORCH_CENTRAL_SHARDS
   // Read by the adapter (csrc/torch/output_pool.h), not by the engine.
   size_t output_pool_bytes = 256u << 20;  // HVDTORCH_OUTPUT_POOL_BYTES

@@ -97,8 +97,10 @@ void ProcessSetTable::equip(ProcessSet& ps) {
     ps.own_data = Context::view(parts_.data, ps.ranks, ps.native);
     ps.own_router = std::make_unique<Router>(
         *ps.own_data, reducerEnv(config, parts_.shm_token, ps.id, parts_.registered), routerOptions(config));
-    // The job's calibration, alike on every member.
+    // The job's calibration, alike on every member; the device routes' where
+    // every member holds it (DeviceRouter::startFrom).
     ps.own_router->reducers().adoptModel(parts_.router.reducers().calibrated(), *ps.own_data);
+    ps.own_router->startFrom(parts_.router);
     ps.own_executor = std::make_unique<Executor>(*ps.own_data, *ps.own_router, parts_.timeline, parts_.registered,
                                                  executorOptions(config));
     ps.own_plane = std::make_unique<ControlPlane>(*ps.own_control);
