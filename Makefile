@@ -9,7 +9,7 @@
 # make bench-training  hvdtorch vs Horovod 0.28.1, DDP and solo, training img/s under mpirun and torchrun (not part of make test)
 # make bench-cluster   the same across emulated hosts (network namespaces, links shaped by tc; root), CLUSTER_ARGS for options
 # make test-cuda-build  the CUDA build against torch 2.14.1 in .venv-cuda (no GPU needed), then its checks and tests
-# make gpu-check PHASE=tests|bench OUT=<dir>  on a GPU machine: build, CUDA suites and memcheck, GPU tests; GPU benchmarks
+# make gpu-check PHASE=tests|bench|bench-training OUT=<dir>  on a GPU machine: build, CUDA suites and memcheck, GPU tests; GPU benchmarks
 
 # make lint   clang-format check, ruff check, ruff format check, clang-tidy on csrc/core
 # make format apply clang-format (csrc) and ruff's import sorting and formatter
@@ -37,7 +37,7 @@ LINT_BUILD_DIR := build/lint
 CXX_FILES = $(shell find csrc -name '*.h' -o -name '*.cc' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' | sort)
 TIDY_JOBS ?= $(MAX_JOBS)
 
-.PHONY: cuda-build test-cuda-build gpu-check
+.PHONY: cuda-build test-cuda-build gpu-check gpu-wheels
 .PHONY: all build test test-cpp test-py test-fuzz-wire demo bench-training bench-cluster mutants sanitize fuzz soak scale test-asan test-tsan test-asan-py clean system-deps lint \
         format docs lint-clang-format lint-ruff lint-ruff-format lint-clang-tidy
 
@@ -130,11 +130,23 @@ test-cuda-build: cuda-build
 # PHASE=tests or bench (each a few minutes); ONLY=step,step reruns some steps;
 # REUSE_BUILD=1 takes the tree's build for this python3 where it imports;
 # REHEARSE=1 runs the benchmark scripts on the CPU where no GPU is visible.
+# The GPU machine has Python 3.12 and no package registry: `make gpu-wheels` downloads Lightning's
+# wheels (requirements-lightning.txt, and what `import lightning` needs beyond torch) for it into
+# build/gpu-wheels, which a device call carries; gpu-check installs those its Python lacks.
+GPU_WHEELS := build/gpu-wheels
+gpu-wheels: $(VENV)/.deps
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	grep -v '^#' requirements-lightning.txt | sed 's/ .*//' > $(GPU_WHEELS)/lightning.txt
+	$(PY) -c 'import importlib.metadata as m; print("\n".join(f"{p}=={m.version(p)}" for p in ("packaging", "tqdm", "fsspec", "typing_extensions")))' >> $(GPU_WHEELS)/lightning.txt
+	$(PIP) download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+	  -d $(GPU_WHEELS) -r $(GPU_WHEELS)/lightning.txt
+
 PHASE ?= tests
 ONLY ?=
 BUDGET ?= 330
 gpu-check:
-	@test -n "$(OUT)" || { echo "usage: make gpu-check PHASE=tests|bench OUT=<dir> [ONLY=step,...]"; exit 2; }
+	@test -n "$(OUT)" || { echo "usage: make gpu-check PHASE=tests|bench|bench-training OUT=<dir> [ONLY=step,...]"; exit 2; }
 	python3 tools/gpu_check.py --phase $(PHASE) --out $(OUT) --budget $(BUDGET) \
 	  $(if $(ONLY),--only $(ONLY)) $(if $(filter 1,$(REUSE_BUILD)),--reuse-build) $(if $(filter 1,$(REHEARSE)),--rehearse)
 

@@ -1,4 +1,4 @@
-"""Everything that needs a GPU, as one command for the GPU machine, in two
+"""Everything that needs a GPU, as one command for the GPU machine, in three
 phases that each fit a few minutes:
 
     make gpu-check PHASE=tests OUT=<dir>     # build, hvdtorch.check, the CUDA device and engine
@@ -7,11 +7,18 @@ phases that each fit a few minutes:
     make gpu-check PHASE=bench OUT=<dir>     # hand-over latency, all-reduce per route, the device
                                              # ring's slot sizes, GoogLeNet and its profile
                                              # (BENCHMARKS.md "GPU")
+    make gpu-check PHASE=bench-training BUDGET=600 OUT=<dir>
+                                             # peak memory of DistributedModel, shard=1/2/3, ZeRO-DDP
+                                             # and FSDP2; PowerSGD against DDP's hook; torch.compile
+                                             # against eager (benchmarks/gpu_training.py)
     make gpu-check PHASE=tests ONLY=gpu_tests,engine_cuda OUT=<dir>   # some steps again
 
 Each step has a timeout, and the phase a budget (BUDGET seconds: a step that
 would start after it is reported as not run); steps that do not share the
-GPU's timing run side by side. Every step writes its log under
+GPU's timing run side by side. The budget counts the build too: the
+bench-training steps' timeouts add up to 420 s, so that phase wants a
+BUDGET above the default 330 (BUDGET=600 leaves the build 180 s).
+Every step writes its log under
 build/gpu-check/<phase>/; OUT receives two files per phase:
 summary-<phase>.txt (each step's outcome and time) and
 gpu-check-<phase>.tar.gz (the logs, the machine's description, the
@@ -29,7 +36,9 @@ and then, in PHASE=tests, builds once more into build/gpu-check/build beside
 the GPU steps, so the phase still shows that this machine's torch builds it.
 
 Uses the interpreter that runs it (the GPU machine's python3 holds torch),
-and no package registry. Exit status 1 if any step that ran failed.
+and no package registry: the wheels `make gpu-wheels` put in build/gpu-wheels
+(Lightning's, tqdm's) are installed for the run where that interpreter lacks them.
+Exit status 1 if any step that ran failed.
 """
 
 import argparse
@@ -51,6 +60,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build", "cmake-gpu")
 WORK = os.path.join(ROOT, "build", "gpu-check")
 PY = sys.executable
+# `make gpu-wheels` puts Lightning's wheels here (the GPU machine has no registry); those whose
+# distribution this interpreter lacks are installed into SITE, which every step's PYTHONPATH ends with.
+WHEELS = os.path.join(ROOT, "build", "gpu-wheels")
+SITE = os.path.join(WORK, "site")
 
 
 @dataclass
@@ -118,7 +131,7 @@ class Runner:
                     cmd,
                     cwd=step.cwd,
                     # A crash shows the Python stack it happened under.
-                    env={**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1", **step.env},
+                    env=step_env(step),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -160,6 +173,38 @@ class Runner:
             t.start()
         for t in threads:
             t.join()
+
+
+def step_env(step: Step) -> Dict[str, str]:
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1", **step.env}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), SITE) if p)
+    return env
+
+
+def install_missing_wheels() -> str:
+    """Installs each wheel of WHEELS whose distribution this interpreter
+    lacks into SITE (no registry, no dependencies resolved: the folder holds
+    them); what was done, in one line."""
+    import importlib.metadata
+
+    wheels = sorted(glob.glob(os.path.join(WHEELS, "*.whl")))
+    if not wheels:
+        return f"no wheels in {WHEELS} (make gpu-wheels): Lightning's GPU tests skip where it is not installed"
+    missing = []
+    for wheel in wheels:
+        dist = os.path.basename(wheel).split("-")[0]
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(wheel)
+    if not missing:
+        return "every wheel's distribution is installed already"
+    cmd = [PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", SITE, *missing]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    names = ", ".join(os.path.basename(w).split("-")[0] for w in missing)
+    if done.returncode != 0:
+        return f"installing {names} failed: {(done.stderr or done.stdout).strip()[-400:]}"
+    return f"installed {names} into {SITE}"
 
 
 def gpu_visible() -> bool:
@@ -376,15 +421,50 @@ def bench_steps(results: str) -> List[Step]:
     ]
 
 
-def report_tables(logs: str) -> None:
+def bench_training_steps(results: str) -> List[Step]:
+    """PHASE=bench-training: one after another (they time the GPU); their timeouts add up to 420 s."""
+    env = {"PYTHONPATH": ROOT}
+    bench = [PY, "benchmarks/gpu_training.py"]
+    # The model of zero3.py's "mlp" setting (12 x 2048, 50.4 M parameters) on the GPU; 4 x 128 on the CPU.
+    small = ["--device", "cpu", "--width", "128", "--layers", "4", "--batch", "8", "--steps", "2", "--rounds", "2"]
+
+    def step(what: str, timeout: int, sizes: List[str]) -> Step:
+        return Step(
+            f"bench_{what}",
+            [*bench, what, "--ranks", "2", *sizes, "--out", results],
+            timeout,
+            needs_gpu=True,
+            env=env,
+            rehearsal=[*bench, what, "--ranks", "2", *small, "--out", results],
+        )
+
+    return [
+        # One torchrun job per configuration and round (a peak is a process's): 6 configurations x 2 rounds,
+        # a job a collective waits in for 45 s at most (a peer stuck on one rank), 90 s whole.
+        step("memory", 180, ["--steps", "3", "--rounds", "2", "--job-timeout", "45"]),
+        step("powersgd", 100, ["--steps", "10", "--rounds", "5", "--batch", "64"]),
+        # The compile (both ranks at once) is most of it: its first step is timed alone, outside the rounds.
+        step("compile", 140, ["--steps", "10", "--rounds", "5", "--batch", "64"]),
+    ]
+
+
+# The benchmarks whose tables the console shows after each benchmark phase, and the starts of their lines.
+REPORTED = {
+    "bench": ("bench_handoff", "bench_allreduce", "bench_ring_slots", "bench_googlenet"),
+    "bench-training": ("bench_memory", "bench_powersgd", "bench_compile"),
+}
+TABLE_HEADS = ("  ", "all-reduce", "GoogLeNet", "auto", "profile", "device ring", "event", "flag", "spin", "copy")
+TABLE_HEADS += ("memory:", "PowerSGD", "torch.compile", "FAILED", "\n")
+
+
+def report_tables(logs: str, names: Tuple[str, ...]) -> None:
     """The benchmarks' own tables (from their logs), for the console."""
-    heads = ("  ", "all-reduce", "GoogLeNet", "auto", "profile", "device ring", "event", "flag", "spin", "copy", "\n")
-    for name in ("bench_handoff", "bench_allreduce", "bench_ring_slots", "bench_googlenet"):
+    for name in names:
         path = os.path.join(logs, f"{name}.log")
         if not os.path.exists(path):
             continue
         with open(path, errors="replace") as f:
-            lines = [ln.rstrip() for ln in f if ln.startswith(heads)]
+            lines = [ln.rstrip() for ln in f if ln.startswith(TABLE_HEADS)]
         table = [ln for ln in lines if ln.strip()]
         if table:
             print(f"\n==== {name}\n" + "\n".join(table[-60:]))
@@ -393,7 +473,7 @@ def report_tables(logs: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="where the summary and the tarball of the logs go")
-    p.add_argument("--phase", choices=["tests", "bench"], required=True)
+    p.add_argument("--phase", choices=["tests", "bench", "bench-training"], required=True)
     p.add_argument("--only", default="", help="comma-separated step names: run only these (the build always runs)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compile jobs (default: every core)")
     p.add_argument("--budget", type=float, default=330, help="seconds the phase may take; later steps are not run")
@@ -414,21 +494,24 @@ def main() -> int:
     gpu = gpu_visible()
     if not gpu:
         print("==== no GPU visible to torch here: the steps that need one are skipped", flush=True)
+    print(f"==== wheels: {install_missing_wheels()}", flush=True)
     only = [s for s in a.only.split(",") if s] or None
     runner = Runner(logs, a.budget, gpu, a.rehearse, only)
 
     build, reused = build_steps(a.jobs, a.reuse_build)
     if a.phase == "tests":
         groups = test_steps() + ([[rebuild_step(max(2, a.jobs // 2))]] if reused else [])
-    else:
+    elif a.phase == "bench":
         groups = [bench_steps(os.path.join(logs, "results"))]
+    else:
+        groups = [bench_training_steps(os.path.join(logs, "results"))]
     if not runner.run_group(build, stop_on_failure=True, always=True):
         print("==== the build failed: nothing else can run", flush=True)
     elif a.phase == "tests":
         runner.run_groups(groups)
     else:
         runner.run_group(groups[0])
-        report_tables(logs)
+        report_tables(logs, REPORTED[a.phase])
 
     summary = [f"gpu-check phase {a.phase}, {time.monotonic() - t0:.0f} s"]
     order = [s.name for s in build] + [s.name for g in groups for s in g]

@@ -230,6 +230,8 @@ DevicePath DeviceRouter::path(Device& d, ReducerId asked, DataType dtype, Reduce
   // Adasum's coefficients need whole vectors, so it is staged, where the
   // host reducer that owns the op sees each tensor whole. `op` is the same
   // on every rank, so every rank skips the ring's first-use check alike.
+  // (The model would not move Adasum either: its rule is staging, and no
+  // staged way it measured serves Adasum, so it has nothing to compare.)
   const bool elementwise = op != ReduceOp::kAdasum;
   const bool native_serves = backend && backend->reducesOnDevice(d, dtype, op);
   DeviceRoute rule = DeviceRoute::kStaged;
