@@ -100,3 +100,8 @@ def test_training_across_hosts():
 def test_secondary_copy_across_hosts():
     # Two emulated hosts of two ranks: after its first gather in a step, a bucket is gathered within the host.
     run_ranks("tests.workers.zero3:check_secondary_copy", 4, timeout=240, hosts=["a", "a", "b", "b"])
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_built_on_the_meta_device(nranks):
+    run_ranks("tests.workers.zero3:check_built_on_meta", nranks, timeout=180)

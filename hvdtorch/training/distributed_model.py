@@ -121,6 +121,11 @@ def _trainable(module_or_params):
     return out
 
 
+def built_on_meta(module: torch.nn.Module) -> bool:
+    """Whether any parameter or buffer of ``module`` is on the meta device."""
+    return any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers()))
+
+
 def _check_devices(module: torch.nn.Module) -> None:
     """Parameters on a device this build cannot serve are refused by name.
     (Parameters on several devices are fine: buckets hold one device each.)"""
@@ -130,7 +135,7 @@ def _check_devices(module: torch.nn.Module) -> None:
                 f"hvdtorch: DistributedModel: parameter '{name}' is on {p.device}, but this hvdtorch build has no "
                 "CUDA support; `python -m hvdtorch.check` says why"
             )
-        if p.device.type not in ("cpu", "cuda"):
+        if p.device.type not in ("cpu", "cuda", "meta"):
             raise ValueError(
                 f"hvdtorch: DistributedModel: parameter '{name}' is on {p.device}; hvdtorch serves CPU and CUDA tensors"
             )
@@ -208,6 +213,9 @@ class DistributedModel(torch.nn.Module):
         # Names every collective of this model: models must be built in the same order on every rank.
         self._name = name or f"model{next(_instance_ids)}"
         self._buffers_sync = BufferSync(module, self._process_set, self._name, enabled=broadcast_buffers)
+        # Built on the meta device: shard=3's optimizer makes each rank's shards module by module
+        # (zero/meta_init.py) and reduces the gradients; nothing here may touch the values before.
+        self._built_on_meta = built_on_meta(module)
         params = _trainable(module.parameters())
         self._params = params
         names = {id(p): n for n, p in module.named_parameters()}
@@ -240,6 +248,12 @@ class DistributedModel(torch.nn.Module):
         # The order buckets are filled in: reverse registration order until
         # the ranks agree on the observed one.
         self._order = list(reversed(range(len(params))))
+        self._reducer = None
+        self._rebuild_pending = False
+        self._autotune = None
+        self._marks = StepMarks(st.engine, self._name)
+        if self._built_on_meta:
+            return
         layout = self._plan(self._first_bucket_bytes)
         f = float(gradient_predivide_factor)
         self._reducer = _C.GradientReducer(
@@ -269,7 +283,6 @@ class DistributedModel(torch.nn.Module):
         self._rebuild_pending = (
             rebuild_buckets and self._fusion_bytes > 0 and self._process_set.size() > 1 and len(params) > 1
         )
-        self._marks = StepMarks(st.engine, self._name)
         # HVDTORCH_AUTOTUNE: tunes this model's bucket cap (hvdtorch/autotune.py).
         self._autotune = (
             autotune.attach(self._name, params, self._set_fusion_bytes, process_set)
@@ -285,6 +298,7 @@ class DistributedModel(torch.nn.Module):
     # graphs split at the bucket size, the bookkeeping around it in Python.
     @torch.compiler.disable(recursive=False)
     def forward(self, *args, **kwargs):
+        self._refuse_meta("forward")
         self._before_forward()
         outer = begin_bucketed_graphs(self)
         try:
@@ -294,6 +308,16 @@ class DistributedModel(torch.nn.Module):
                 return self._marks.forward(self.module, args, kwargs)
         finally:
             end_bucketed_graphs(outer)
+
+    def _refuse_meta(self, what: str) -> None:
+        """A model built on the meta device, before shard=3 has made its shards."""
+        if self._built_on_meta and self._gradient_owner is None:
+            raise ValueError(
+                f"hvdtorch: DistributedModel '{self._name}': {what}: the module was built on the meta device, "
+                "so its parameters hold no values yet: hvd.DistributedOptimizer(opt, shard=3, model=model) "
+                "makes each rank's shards from it, module by module (docs/guide.md, 'Sharded parameters'), or "
+                "materialize it before wrapping (module.to_empty(device=...) and its init)"
+            )
 
     @torch.compiler.disable
     def _before_forward(self) -> None:
@@ -393,6 +417,7 @@ class DistributedModel(torch.nn.Module):
     def sync_gradients(self) -> None:
         """Blocks until every gradient of the last backward pass is averaged
         (needed with sync="explicit"; harmless otherwise)."""
+        self._refuse_meta("sync_gradients()")
         if self._gradient_owner is not None:
             self._gradient_owner.synchronize()
             return
@@ -418,6 +443,7 @@ class DistributedModel(torch.nn.Module):
     def no_sync(self):
         """Backward passes inside accumulate gradients locally, without
         communication (and, as DDP's, forwards inside leave buffers as they are)."""
+        self._refuse_meta("no_sync()")
         self._in_no_sync = True
         try:
             if self._gradient_owner is not None:
@@ -444,6 +470,7 @@ class DistributedModel(torch.nn.Module):
         return not self.__dict__.get("_in_no_sync", False)
 
     def bucket_bytes(self):
+        self._refuse_meta("bucket_bytes()")
         if self._gradient_owner is not None:
             return self._gradient_owner.bucket_bytes()
         return list(self._reducer.bucket_bytes())

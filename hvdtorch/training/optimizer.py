@@ -267,6 +267,8 @@ def DistributedOptimizer(
     keep_gathered_below=KEEP_GATHERED_BELOW,
     share_gathered=True,
     secondary_copy=False,
+    init_device=None,
+    param_init_fn=None,
 ):
     """Returns ``optimizer`` turned distributed (Horovod's signature).
 
@@ -297,7 +299,10 @@ def DistributedOptimizer(
     one gathered copy in shared memory (share_gathered=False: one each);
     across hosts, secondary_copy=True keeps each rank's part of the gathered
     buckets among its host's ranks until the step, so that backward gathers
-    them again within the host (ZeRO++'s hierarchical partitioning)."""
+    them again within the host (ZeRO++'s hierarchical partitioning). A
+    model built on the meta device: shard=3 makes each rank's shards module
+    by module on init_device (default CPU), each module initialized by
+    param_init_fn(module) or its own reset_parameters() (zero/meta_init.py)."""
     set_id(process_set, member=False)  # an added set; ranks outside it step locally
     # One optimizer per parameter: a newer DistributedOptimizer takes parameters over from an older one
     # (gradient_sync.take_over, and a sharded one through release_to_sharding), but never from a live
@@ -344,6 +349,16 @@ def DistributedOptimizer(
             keep_gathered_below=keep_gathered_below,
             share_gathered=share_gathered,
             secondary_copy=secondary_copy,
+            init_device=init_device,
+            param_init_fn=param_init_fn,
+        )
+    if init_device is not None or param_init_fn is not None:
+        raise ValueError("hvdtorch: init_device and param_init_fn apply to shard=3 (a model built on the meta device)")
+    if any(p.is_meta for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError(
+            "hvdtorch: DistributedOptimizer: the parameters are on the meta device (no values): shard=3 over a "
+            "DistributedModel of a model built there makes each rank's shards module by module; otherwise "
+            "materialize the model first (module.to_empty(device=...) and its init)"
         )
     if overlap_gathers:
         raise ValueError("hvdtorch: overlap_gathers=True applies to a sharded optimizer (shard=1 or 2) only")

@@ -76,7 +76,7 @@ from ..collectives.broadcast import allgather_object, broadcast_object
 from ..collectives.compression import Compression
 from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
-from ..training.distributed_model import DistributedModel, claim_for_sharding, owner_of
+from ..training.distributed_model import DistributedModel, built_on_meta, claim_for_sharding, owner_of
 from ..training.gradient_sync import remove_hooks, take_over
 from ..training.parameter_names import names_by_id
 from ..training.pending_gradients import weak_method
@@ -87,6 +87,7 @@ from . import host_heap
 from . import join as shard_join
 from .gradients import BucketGradients
 from .layout import plan, signature
+from .meta_init import build_shards
 from .parameter_units import ParameterUnits, plan_units
 
 _instance_ids = itertools.count()
@@ -299,6 +300,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         keep_gathered_below: int = KEEP_GATHERED_BELOW,
         share_gathered: bool = True,
         secondary_copy: bool = False,
+        init_device=None,
+        param_init_fn=None,
     ):
         _check_arguments(
             optimizer,
@@ -334,6 +337,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 process_set=process_set,
             ),
         )
+
+        # A model built on the meta device: shard=3 makes the shards module by module (zero/meta_init.py).
+        from_meta = shard == 3 and built_on_meta(module)
+        if not from_meta and any(p.is_meta for p in all_params):
+            raise ValueError(
+                f"hvdtorch: shard={shard}: the optimizer's parameters are on the meta device (no values): shard=3 "
+                "over a DistributedModel of a model built there makes each rank's shards module by module; "
+                "otherwise materialize the model first (module.to_empty(device=...) and its init)"
+            )
+        if not from_meta and (init_device is not None or param_init_fn is not None):
+            raise ValueError(
+                "hvdtorch: init_device and param_init_fn apply to shard=3 over a model built on the meta device "
+                "(its parameters are made there); this model's parameters have values already"
+            )
+        self._from_meta = (module, torch.device(init_device or "cpu"), param_init_fn) if from_meta else None
 
         ps = gradients["process_set"] or ops.global_process_set
         set_id(ps)  # a set this rank is in (DistributedOptimizer hands others the plain optimizer)
@@ -412,6 +430,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         engine = runtime.state().engine
         self._flats: List[Optional[torch.Tensor]] = []
         self._shards: List[torch.Tensor] = []
+        if self._from_meta is not None:
+            module, device, init_fn = self._from_meta
+            self._from_meta = None
+            self._flats = [None] * len(self._buckets)
+            self._shards = build_shards(
+                module, self._all_params, self._buckets, self._process_set, self._name, device, init_fn
+            )
+            return
         with torch.no_grad():
             for b in self._buckets:
                 device = self._all_params[b.params[0]].device

@@ -86,6 +86,9 @@ Contract:
     the module's other state (buffers, frozen parameters): it loads back at
     the same rank and size, and every rank's, as a list, at any size with
     the same buckets.
+  * A write to a parameter at rest that its stand-in takes without an
+    error (fill_, zero_: torch.nn.init.zeros_, constant_) raises at the
+    next gather of its bucket, naming it: the write was lost.
   * A saved tensor on a stand-in (a parameter used outside the forward of
     its unit) raises, naming the parameter and the fixes: backward would
     read NaN.
@@ -346,6 +349,7 @@ class ParameterUnits:
         self._kept_set = set(self._kept)
         self._callback_queued = False
         self._stand_ins = {}
+        self._rest_versions: Dict[int, int] = {}  # parameter number -> its _version when it became a stand-in
         self._stand_in_of_storage: Dict[int, int] = {}  # data_ptr of a stand-in's one element -> parameter
         self._index_of: Dict[int, int] = {}  # id(parameter) -> its number, for the parameters held sharded
         self._place: Dict[int, Tuple[int, int]] = {}  # parameter number -> (its bucket, its offset there)
@@ -497,6 +501,7 @@ class ParameterUnits:
         return self._full[j]
 
     def _install(self, j: int, full: torch.Tensor) -> None:
+        self._refuse_writes_at_rest(j)
         if self._secondary_on and j not in self._secondary and j not in self._kept_set:
             start, end = shard_range(full.numel(), self._hosts.local, self._hosts.local_size)
             self._secondary[j] = full[start:end].clone()
@@ -551,7 +556,22 @@ class ParameterUnits:
 
     def _to_stand_ins(self, j: int) -> None:
         for i in self._buckets[j].params:
-            self._params[i].data = self._stand_ins[i]
+            p = self._params[i]
+            p.data = self._stand_ins[i]
+            self._rest_versions[i] = p._version
+
+    def _refuse_writes_at_rest(self, j: int) -> None:
+        """A write that a stand-in takes without an error (fill_, zero_, and
+        so torch.nn.init.zeros_ and constant_) changes its version only."""
+        b = self._buckets[j]
+        written = [self._names[i] for i in b.params if self._params[i]._version != self._rest_versions.get(i)]
+        if written:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: parameters {written[:5]} were written while sharded (outside "
+                "forward: p.fill_(), torch.nn.init.zeros_() or constant_()): shard=3 keeps no full values between "
+                "uses, so the write was lost (one process keeps it). Write parameters inside `with "
+                "model.gathered_parameters():`"
+            )
 
     def free_all(self, kept_too: bool = False, writes_taken: bool = False) -> None:
         for j in range(len(self._buckets)):

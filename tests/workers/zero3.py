@@ -576,6 +576,16 @@ def check_errors():
         after = dm.state_dict()
         for k, v in before.items():
             torch.testing.assert_close(after[k], v, rtol=0, atol=0, msg=lambda m, k=k: f"shard={stage} {k}: {m}")
+    # A write at rest that the stand-in takes without an error (zero_, fill_): refused at the next gather.
+    dm, opt = sharded("sgd", fusion_bytes=96)
+    with torch.no_grad():
+        torch.nn.init.zeros_(dm.module.head.bias)
+    expect(
+        RuntimeError,
+        ["head.bias']", "written while sharded", "gathered_parameters()"],
+        lambda: local_loss(dm, 0, r, hvd.size()),
+        r,
+    )
 
 
 def check_eval_and_inference():
@@ -710,3 +720,196 @@ def check_process_set():
         assert_equal_to(dm, ref, "process set [0, 2]")
     hvd.barrier()
     hvd.remove_process_set(pair)
+
+
+# ---- built on the meta device (hvdtorch/zero/meta_init.py) ---------------------------------------------
+
+
+def _init_like_building(materialized):
+    """A param_init_fn that gives Net's modules the values building Net
+    gives them, in the same order of random draws; records, at each call,
+    which trainable parameters hold full values (``materialized``)."""
+
+    def init(m):
+        full = {
+            n
+            for n, p in m.root.named_parameters()
+            if p.requires_grad and not p.is_meta and p.stride() != (0,) * p.dim()  # neither meta nor a stand-in
+        }
+        materialized.append((type(m).__name__, full))
+        if isinstance(m, Block):
+            m.scale.copy_(torch.linspace(0.5, 1.5, D))
+            m.rare.copy_(torch.randn(3))
+        elif isinstance(m, Net):
+            m.frozen.fill_(1.0)
+        else:
+            m.reset_parameters()
+
+    return init
+
+
+class Attention(torch.nn.Module):
+    """torch's layers only, each initialized by its own reset: a
+    MultiheadAttention (whose init zeroes its child out_proj's bias), a
+    BatchNorm (buffers) and an Embedding with a padding row."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 8, padding_idx=0)
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, tokens):
+        h = self.emb(tokens)
+        h, _ = self.attn(h, h, h, need_weights=False)
+        return self.head(self.norm(h.mean(1)))
+
+
+def _on_meta(build):
+    with torch.device("meta"):
+        return build()
+
+
+def check_built_on_meta():
+    """A model built on the meta device: shard=3 makes each rank's shards
+    module by module, with the values building the model gives (the same
+    seed), holding one module's full parameters at a time; training equals
+    one process on the model built normally. Misuse raises, naming the fix."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+
+    # Built in float64 throughout (not built in float32 and converted: an init draws other numbers in float64).
+    torch.set_default_dtype(torch.float64)
+    # Net: modules without an init of their own (Block, the root) through param_init_fn.
+    net = _on_meta(Net)
+    for _, m in net.named_modules():
+        m.root = net  # what _init_like_building reads the parameters through
+    materialized = []
+    dm = hvd.DistributedModel(net)
+    torch.manual_seed(0)  # as building below: the inits draw what building draws
+    opt = hvd.DistributedOptimizer(
+        make_opt("adam", trainable(dm)),
+        named_parameters=dm.named_parameters(),
+        shard=3,
+        model=dm,
+        fusion_bytes=96,
+        keep_gathered_below=0,
+        param_init_fn=_init_like_building(materialized),
+    )
+    for _, m in net.named_modules():
+        del m.root
+    torch.manual_seed(0)
+    ref = Net()
+    assert_equal_to(dm, ref, f"rank {r}: Net built on meta, before training", tol=(0, 0))
+    # At each init, only the module's own parameters (and the tied one it writes scratch for) hold values.
+    for module, full in materialized:
+        assert len(full) <= 2, f"rank {r}: {len(full)} parameters materialized at {module}'s init: {sorted(full)}"
+    ref_opt = make_opt("adam", trainable(ref))
+    for step in range(3):
+        opt.zero_grad()
+        local_loss(dm, step, r, n).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        global_loss(ref, step, n).backward()
+        ref_opt.step()
+    assert_equal_to(dm, ref, f"rank {r}: Net built on meta, trained")
+
+    # torch's layers by their own resets: the values of building them with the same seed.
+    attn = _on_meta(Attention)
+    dm = hvd.DistributedModel(attn)
+    torch.manual_seed(5)
+    opt = hvd.DistributedOptimizer(make_opt("sgd", trainable(dm)), shard=3, model=dm, fusion_bytes=600)
+    torch.manual_seed(5)
+    ref = Attention()
+    assert_equal_to(dm, ref, f"rank {r}: Attention built on meta", tol=(0, 0))
+    assert float(ref.attn.out_proj.bias.abs().sum()) == 0.0  # MultiheadAttention's own init ran last
+    ref_opt = make_opt("sgd", trainable(ref))
+    tokens = torch.randint(1, 11, (2 * n, 5), generator=torch.Generator().manual_seed(3))
+    for _ in range(2):
+        opt.zero_grad()
+        dm(tokens[2 * r : 2 * r + 2]).pow(2).mean().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        sum(ref(tokens[2 * k : 2 * k + 2]).pow(2).mean() for k in range(n)).div(n).backward()
+        ref_opt.step()
+    # The parameters (BatchNorm's running statistics follow each rank's batches, as under DDP).
+    full = dm.state_dict()
+    for k, v in ref.named_parameters():
+        torch.testing.assert_close(full[k], v, rtol=1e-9, atol=1e-10, msg=lambda m, k=k: f"rank {r}: trained {k}: {m}")
+    torch.set_default_dtype(torch.float32)
+
+    def opt_over(model, **kw):
+        return hvd.DistributedOptimizer(torch.optim.SGD(trainable(model), lr=0.1), model=model, **kw)
+
+    # Block has tensors of its own and no reset_parameters().
+    expect(
+        ValueError,
+        ["module 'block' (Block)", "['scale', 'rare']", "param_init_fn="],
+        lambda: opt_over(hvd.DistributedModel(_on_meta(Net)), shard=3),
+        r,
+    )
+
+    # An init that leaves a tensor as materialized.
+    def forgets_rare(m):
+        if isinstance(m, Block):
+            m.scale.fill_(1.0)
+        elif isinstance(m, Net):
+            m.frozen.fill_(1.0)
+        else:
+            m.reset_parameters()
+
+    expect(
+        ValueError,
+        ["module 'block' (Block)", "'rare'", "uninitialized"],
+        lambda: opt_over(hvd.DistributedModel(_on_meta(Net)), shard=3, param_init_fn=forgets_rare),
+        r,
+    )
+
+    # A param_init_fn that writes a parameter of a module inside its module (sharded already).
+    def writes_inside(m):
+        if isinstance(m, torch.nn.Sequential):
+            m[0].weight.fill_(0.5)
+        else:
+            m.reset_parameters()
+
+    # A parameter of its own, built on the meta device: the Sequential's init runs after its children's.
+    def wide():
+        seq = _on_meta(lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)))
+        seq.register_parameter("scale", torch.nn.Parameter(torch.empty(2, device="meta")))
+        return hvd.DistributedModel(seq)
+
+    # fill_ on a stand-in does not raise: its version tells.
+    expect(
+        RuntimeError,
+        ["module 'the root module' (Sequential)", "its init wrote ['0.weight']", "own parameters and buffers only"],
+        lambda: opt_over(wide(), shard=3, param_init_fn=writes_inside),
+        r,
+    )
+
+    def copies_inside(m):
+        if isinstance(m, torch.nn.Sequential):
+            m[0].weight.copy_(torch.ones(4, 4))
+        else:
+            m.reset_parameters()
+
+    # copy_ into a stand-in raises (its elements share one).
+    expect(
+        RuntimeError,
+        ["module 'the root module' (Sequential)", "its init failed", "own parameters and buffers only"],
+        lambda: opt_over(wide(), shard=3, param_init_fn=copies_inside),
+        r,
+    )
+
+    # The other routes, and a forward before the optimizer, say what to do.
+    meta_dm = hvd.DistributedModel(_on_meta(lambda: torch.nn.Linear(3, 2)))
+    expect(ValueError, ["built on the meta device", "shard=3"], lambda: meta_dm(torch.ones(1, 3)), r)
+    expect(ValueError, ["meta device", "to_empty"], lambda: opt_over(meta_dm, shard=2), r)
+    expect(ValueError, ["meta device", "to_empty"], lambda: opt_over(meta_dm), r)
+    expect(
+        ValueError,
+        ["init_device and param_init_fn apply to"],
+        lambda: opt_over(hvd.DistributedModel(torch.nn.Linear(3, 2)), shard=3, init_device="cpu"),
+        r,
+    )
+    hvd.shutdown()

@@ -147,9 +147,11 @@ DeviceRouteModel DeviceRouter::calibrate(Device& d, const std::vector<DeviceWay>
   RingAllreduce agree;
   agree.allreduce(ctx_, stats.data(), stats.size(), DataType::kFloat64, ReduceOp::kMin);
   std::vector<DeviceRouteModel::Timed> timed;
+  timed.reserve(ways.size());
   for (size_t w = 0; w < ways.size(); ++w)
-    timed.push_back({ways[w], std::vector<double>(stats.begin() + static_cast<std::ptrdiff_t>(w * sizes.size()),
-                                                  stats.begin() + static_cast<std::ptrdiff_t>((w + 1) * sizes.size()))});
+    timed.push_back(
+        {ways[w], std::vector<double>(stats.begin() + static_cast<std::ptrdiff_t>(w * sizes.size()),
+                                      stats.begin() + static_cast<std::ptrdiff_t>((w + 1) * sizes.size()))});
   return DeviceRouteModel(sizes, std::move(timed));
 }
 

@@ -150,11 +150,11 @@ class DeviceRouter {
   Context& ctx_;
   DeviceRouterOptions options_;
   ReducerSet& reducers_;
-  const DeviceRouter* global_ = nullptr;  // a process set's: the global set's router
+  const DeviceRouter* global_ = nullptr;                  // a process set's: the global set's router
   std::mutex rings_mu_;                                   // rings_ against releaseRingWaits() from another thread
   std::map<Device*, std::unique_ptr<DeviceRing>> rings_;  // null: does not apply
   std::map<Device*, Routes> routes_;
-  mutable std::mutex models_mu_;                        // models_ against calibrated() from another thread
+  mutable std::mutex models_mu_;                      // models_ against calibrated() from another thread
   std::map<const Device*, DeviceRouteModel> models_;  // routes_[d].model, readable from any thread
 };
 
