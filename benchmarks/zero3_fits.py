@@ -11,10 +11,15 @@ shard=3 a rank holds a 1/N shard of each and, for a moment, the units in
 use. Each rank builds the model, wraps it, trains --steps steps and reports
 its loss, its step time and its peak RSS (ru_maxrss); the job prints the
 parameter count, the sum of the ranks' peaks and the machine's memory.
+--meta builds the model on the meta device: the optimizer then makes each
+rank's shards layer by layer (hvdtorch/zero/meta_init.py), so no rank ever
+holds the whole model; the peak RSS once the optimizer is built is printed
+for both ways of building.
 Not part of make test (minutes, and most of the machine's memory).
 """
 
 import argparse
+import contextlib
 import os
 import resource
 import subprocess
@@ -35,14 +40,23 @@ def worker(args):
     hvd.init()
     rank = hvd.rank()
     torch.manual_seed(0)
-    layers = []
-    for _ in range(args.layers):
-        layers += [torch.nn.Linear(args.width, args.width, bias=True), torch.nn.ReLU()]
-    net = torch.nn.Sequential(*layers[:-1])
+    with torch.device("meta") if args.meta else contextlib.nullcontext():
+        layers = []
+        for _ in range(args.layers):
+            layers += [torch.nn.Linear(args.width, args.width, bias=True), torch.nn.ReLU()]
+        net = torch.nn.Sequential(*layers[:-1])
     params = sum(p.numel() for p in net.parameters())
     model = hvd.DistributedModel(net)
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4), shard=3, model=model)
     del net, layers
+    built = hvd.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    if rank == 0:
+        print(
+            f"built {'on the meta device' if args.meta else 'whole on every rank'}: peak RSS per rank once the "
+            f"optimizer is built {', '.join(f'{p / 1024:.2f}' for p in built)} GiB (the model: "
+            f"{4 * params / 2**30:.2f} GiB of float32)",
+            flush=True,
+        )
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=g)
     y = torch.randint(0, args.width, (args.batch,), generator=g)
@@ -76,6 +90,7 @@ def main():
     ap.add_argument("--layers", type=int, default=15)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--meta", action="store_true", help="build the model on the meta device")
     ap.add_argument("--worker", action="store_true")
     args = ap.parse_args()
     if args.worker:
@@ -83,7 +98,7 @@ def main():
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ranks}"]
     cmd += [f"--master_port={free_port()}", os.path.abspath(__file__), "--worker"]
     cmd += ["--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch)]
-    cmd += ["--steps", str(args.steps)]
+    cmd += ["--steps", str(args.steps)] + (["--meta"] if args.meta else [])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     subprocess.run(cmd, check=True, env=env)
 

@@ -787,7 +787,8 @@ def check_built_on_meta():
         m.root = net  # what _init_like_building reads the parameters through
     materialized = []
     dm = hvd.DistributedModel(net)
-    torch.manual_seed(0)  # as building below: the inits draw what building draws
+    # Rank 0 draws what building draws below; the others draw otherwise: rank 0's values are broadcast.
+    torch.manual_seed(0 if r == 0 else 100 + r)
     opt = hvd.DistributedOptimizer(
         make_opt("adam", trainable(dm)),
         named_parameters=dm.named_parameters(),
