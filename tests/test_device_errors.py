@@ -18,12 +18,13 @@ def test_unserved_devices_are_refused_naming_op_tensor_and_parameter():
             raise SystemExit("a meta tensor was accepted")
         except hvd.InvalidArgumentError as e:
             assert "allreduce 'on.meta'" in str(e) and "tensor is on meta" in str(e), str(e)
-        model = torch.nn.Sequential(torch.nn.Linear(2, 2)).to("meta")
+        # A model on meta wraps (shard=3 makes its shards, zero/meta_init.py) but runs nothing before.
+        model = hvd.DistributedModel(torch.nn.Sequential(torch.nn.Linear(2, 2)).to("meta"))
         try:
-            hvd.DistributedModel(model)
-            raise SystemExit("a model on meta was accepted")
+            model(torch.ones(1, 2))
+            raise SystemExit("a model on meta ran")
         except ValueError as e:
-            assert "parameter '0.weight' is on meta" in str(e), str(e)
+            assert "built on the meta device" in str(e) and "shard=3" in str(e), str(e)
         # Nothing was sent: the job still works.
         assert hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after").tolist() == [1.0, 1.0]
         hvd.shutdown()

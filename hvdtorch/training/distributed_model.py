@@ -137,7 +137,8 @@ def _check_devices(module: torch.nn.Module) -> None:
             )
         if p.device.type not in ("cpu", "cuda", "meta"):
             raise ValueError(
-                f"hvdtorch: DistributedModel: parameter '{name}' is on {p.device}; hvdtorch serves CPU and CUDA tensors"
+                f"hvdtorch: DistributedModel: parameter '{name}' is on {p.device}; hvdtorch serves CPU and CUDA "
+                "tensors (and models built on the meta device, for shard=3 to make their shards)"
             )
 
 

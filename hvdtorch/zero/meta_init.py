@@ -1,6 +1,7 @@
 """shard=3 from a model built on the meta device: each rank's shards are
-made module by module, so no rank ever holds more than one module's full
-parameters, and a model whose parameters do not fit one rank can be built.
+made module by module, so no rank holds more than one module's full
+parameters at a time (or those under one init, below), and a model whose
+parameters do not fit one rank can be built.
 
 Contract:
   * Order. Modules are initialized children before parents (the order in
@@ -17,8 +18,9 @@ Contract:
     an init of its own (torch's MultiheadAttention zeroes its out_proj's
     bias in its own, torch's Transformer re-initializes every weight inside
     it), which runs after theirs. An init that writes a parameter sharded
-    already finds a stand-in that refuses writes, and raises naming the
-    module. A tensor still as it was materialized when final (filled with
+    already finds a stand-in, and raises naming the module: torch refuses
+    most writes to it (copy_), and one it takes (fill_, zero_) changes its
+    version, which is checked after each init. A tensor still as it was materialized when final (filled with
     NaN, or the dtype's lowest integer) raises naming it: uninitialized
     memory would train silently wrong. A module with meta tensors and no
     init anywhere around it raises naming it.
