@@ -126,6 +126,16 @@ def built_on_meta(module: torch.nn.Module) -> bool:
     return any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers()))
 
 
+def refuse_meta_parameters(params, where: str) -> None:
+    """An optimizer route other than shard=3 over parameters on the meta device (no values)."""
+    if any(p.is_meta for p in params):
+        raise ValueError(
+            f"hvdtorch: {where}: the parameters are on the meta device (no values): shard=3 over a "
+            "DistributedModel of a model built there makes each rank's shards module by module; otherwise "
+            "materialize the model first (module.to_empty(device=...) and its init)"
+        )
+
+
 def _check_devices(module: torch.nn.Module) -> None:
     """Parameters on a device this build cannot serve are refused by name.
     (Parameters on several devices are fine: buckets hold one device each.)"""
@@ -217,6 +227,8 @@ class DistributedModel(torch.nn.Module):
         # Built on the meta device: shard=3's optimizer makes each rank's shards module by module
         # (zero/meta_init.py) and reduces the gradients; nothing here may touch the values before.
         self._built_on_meta = built_on_meta(module)
+        # Whether wrapping broadcasts the first rank's values; shard=3 reads it when it makes a meta model's shards.
+        self.init_sync = bool(init_sync)
         params = _trainable(module.parameters())
         self._params = params
         names = {id(p): n for n, p in module.named_parameters()}

@@ -27,7 +27,7 @@ from ..zero.optimizer import KEEP_GATHERED_BELOW, ShardedOptimizer
 from .adasum_optimizer import _DistributedAdasumOptimizer
 from .bucketed_step import steps_in_pieces
 from .buckets import layers_by_name, plan_buckets
-from .distributed_model import refuse_if_sharded
+from .distributed_model import refuse_if_sharded, refuse_meta_parameters
 from .gradient_sync import GradientSync
 from .parameter_names import names_by_id
 from .shared_groups import load_keeping_groups
@@ -354,12 +354,7 @@ def DistributedOptimizer(
         )
     if init_device is not None or param_init_fn is not None:
         raise ValueError("hvdtorch: init_device and param_init_fn apply to shard=3 (a model built on the meta device)")
-    if any(p.is_meta for group in optimizer.param_groups for p in group["params"]):
-        raise ValueError(
-            "hvdtorch: DistributedOptimizer: the parameters are on the meta device (no values): shard=3 over a "
-            "DistributedModel of a model built there makes each rank's shards module by module; otherwise "
-            "materialize the model first (module.to_empty(device=...) and its init)"
-        )
+    refuse_meta_parameters((p for group in optimizer.param_groups for p in group["params"]), "DistributedOptimizer")
     if overlap_gathers:
         raise ValueError("hvdtorch: overlap_gathers=True applies to a sharded optimizer (shard=1 or 2) only")
     shard3_options = (not reshard_after_forward, keep_gathered_below != KEEP_GATHERED_BELOW, not share_gathered)

@@ -44,6 +44,15 @@ class Bucket:
         return shard_range(self.numel, rank, size)
 
 
+def write_into_shard(shard: torch.Tensor, start: int, end: int, offset: int, value: torch.Tensor) -> None:
+    """Copies into ``shard`` (elements [start, end) of its bucket) the part
+    of ``value`` (a parameter at ``offset`` in the bucket) that falls there."""
+    lo, hi = max(start, offset), min(end, offset + value.numel())
+    if lo < hi:
+        flat = value.detach().reshape(-1).to(shard.dtype)
+        shard[lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
+
+
 def shard_range(numel: int, rank: int, size: int) -> Tuple[int, int]:
     """The gradient core's one shard rule (csrc/core/gradients/shard_range.h),
     which the reducer's shard strategies cut the reduced buckets with."""

@@ -20,14 +20,16 @@ Contract:
     it), which runs after theirs. An init that writes a parameter sharded
     already finds a stand-in, and raises naming the module: torch refuses
     most writes to it (copy_), and one it takes (fill_, zero_) changes its
-    version, which is checked after each init. A tensor still as it was materialized when final (filled with
-    NaN, or the dtype's lowest integer) raises naming it: uninitialized
-    memory would train silently wrong. A module with meta tensors and no
+    version, which is checked after each init. A tensor still as it was
+    materialized when final (filled with NaN, or the dtype's lowest
+    integer) raises naming it: uninitialized memory would train silently
+    wrong. A module with meta tensors and no
     init anywhere around it raises naming it.
   * Values. Every rank runs the same inits (so every rank's random
     generator moves as building the model would move it), then the set's
     first rank's values are broadcast, as wrapping a built model broadcasts
-    them. Training then equals one process that builds the model on the
+    them (with the DistributedModel's init_sync=False, as there, not: each
+    rank shards its own values). Training then equals one process that builds the model on the
     meta device, materializes it on ``device`` and runs the same inits in
     the same order (for torch's layers: the values of building it there,
     with the same seed).
@@ -51,7 +53,8 @@ import torch
 
 from .. import runtime
 from ..collectives import ops
-from .layout import Bucket
+from .layout import Bucket, write_into_shard
+from .parameter_units import stand_in
 
 
 def _children_first(module: torch.nn.Module) -> List[torch.nn.Module]:
@@ -67,12 +70,6 @@ def _children_first(module: torch.nn.Module) -> List[torch.nn.Module]:
 
     visit(module)
     return order
-
-
-def _stand_in(t: torch.Tensor) -> torch.Tensor:
-    """What parameter_units.py puts in a parameter's place at rest: one NaN,
-    expanded (reads NaN, refuses writes)."""
-    return torch.full((), float("nan"), dtype=t.dtype, device=t.device).expand(t.shape)
 
 
 def _unset_marker(t: torch.Tensor) -> Optional[float]:
@@ -98,21 +95,6 @@ _WRITES_INSIDE = (
     "write them has run (its own, and reset_parameters() or _reset_parameters() of a module around it); a "
     "param_init_fn must initialize its module's own parameters and buffers only"
 )
-
-
-def _final(t: torch.Tensor, place, ranges, shards, process_set, op_name: str) -> None:
-    """``t`` holds its values: the set's first rank's are broadcast (as
-    wrapping a built model broadcasts them); a sharded parameter is copied
-    into this rank's range of its bucket and goes back to a stand-in."""
-    ops.broadcast_(t.data, process_set.ranks[0], name=op_name, process_set=process_set)
-    if id(t) not in place:
-        return  # frozen, or a buffer: kept whole
-    j, offset = place[id(t)]
-    start, end = ranges[j]
-    lo, hi = max(start, offset), min(end, offset + t.numel())
-    if lo < hi:
-        shards[j][lo - start : hi - start].copy_(t.data.reshape(-1)[lo - offset : hi - offset])
-    t.data = _stand_in(t)
 
 
 def _init_of(m: torch.nn.Module, param_init_fn) -> Optional[Callable[[], None]]:
@@ -157,10 +139,13 @@ def build_shards(
     name: str,
     device,
     param_init_fn: Optional[Callable[[torch.nn.Module], None]],
+    broadcast: bool = True,
 ) -> List[torch.Tensor]:
     """This rank's shard of every bucket, from ``module`` built on the meta
     device (see the top). ``params[i]``: the parameter numbered i in the
-    buckets. A collective over ``process_set`` (a broadcast per tensor)."""
+    buckets. A collective over ``process_set`` (a broadcast per tensor;
+    ``broadcast=False``, the DistributedModel's init_sync=False: none, each
+    rank keeps its own inits' values, as that flag does for a built model)."""
     device = torch.device(device)
     rank, size = process_set.rank(), process_set.size()
     ranges = [b.shard_range(rank, size) for b in buckets]
@@ -178,15 +163,26 @@ def build_shards(
     done = set()  # ids of the tensors final (broadcast, and sharded if the optimizer shards them)
     count = itertools.count()  # the broadcasts' names
     rest: Dict[int, int] = {}  # id(sharded parameter) -> its _version once a stand-in
+
+    def final(t: torch.Tensor) -> None:
+        """``t`` holds its values: the set's first rank's are broadcast (as wrapping a built model broadcasts
+        them, unless init_sync=False); a sharded parameter goes into this rank's range of its bucket and back
+        to a stand-in, frozen parameters and buffers stay whole."""
+        if broadcast:
+            ops.broadcast_(
+                t.data, process_set.ranks[0], name=f"{name}.meta_init.{next(count)}", process_set=process_set
+            )
+        done.add(id(t))
+        if id(t) in place:
+            j, offset = place[id(t)]
+            write_into_shard(shards[j], *ranges[j], offset, t.data)
+            t.data = stand_in(t)
+            rest[id(t)] = t._version
+
     with torch.no_grad():
-        # Tensors built on a real device: the set's first rank's, as wrapping broadcasts them; the sharded
-        # ones into the shards.
-        real = [t for t in itertools.chain(module.parameters(), module.buffers()) if not t.is_meta]
-        for t in real:
-            _final(t, place, ranges, shards, process_set, f"{name}.meta_init.{next(count)}")
-            done.add(id(t))
-            if id(t) in place:
-                rest[id(t)] = t._version
+        # Tensors built on a real device first.
+        for t in [t for t in itertools.chain(module.parameters(), module.buffers()) if not t.is_meta]:
+            final(t)
         for m in _children_first(module):
             where = f"shard=3 from the meta device: module '{names[id(m)]}' ({type(m).__name__})"
             own = [(n, t) for n, t in itertools.chain(m._parameters.items(), m._buffers.items()) if t is not None]
@@ -203,13 +199,13 @@ def build_shards(
             if not (fresh or scratch or id(m) in pending):
                 continue
             for n, t in fresh:
-                real = torch.empty_like(t, device=device)
-                marker = _unset_marker(real)
+                made = torch.empty_like(t, device=device)
+                marker = _unset_marker(made)
                 if marker is not None:
-                    real.fill_(marker)
+                    made.fill_(marker)
                 if isinstance(t, torch.nn.Parameter):
-                    real = torch.nn.Parameter(real, requires_grad=t.requires_grad)
-                torch.utils.swap_tensors(t, real)  # the same object, now on `device`
+                    made = torch.nn.Parameter(made, requires_grad=t.requires_grad)
+                torch.utils.swap_tensors(t, made)  # the same object, now on `device`
                 pending.setdefault(id(owners[id(m)]), []).append((where, n, t, marker))
             for t in scratch:
                 t.data = torch.empty_like(t)
@@ -221,7 +217,7 @@ def build_shards(
                         f"hvdtorch: rank {runtime.rank()}: {where}: its init failed: {e}. {_WRITES_INSIDE}"
                     ) from e
             for t in scratch:
-                t.data = _stand_in(t)
+                t.data = stand_in(t)
                 rest[id(t)] = t._version
             # A write into a sharded parameter that its stand-in takes without an error (fill_, zero_).
             written = [n for n, t in m.named_parameters() if id(t) in rest and t._version != rest[id(t)]]
@@ -237,10 +233,7 @@ def build_shards(
                         "initialize it in reset_parameters() (or param_init_fn), or build this module on a real "
                         "device"
                     )
-                _final(t, place, ranges, shards, process_set, f"{name}.meta_init.{next(count)}")
-                done.add(id(t))
-                if id(t) in place:
-                    rest[id(t)] = t._version
+                final(t)
     left = [n for n, t in itertools.chain(module.named_parameters(), module.named_buffers()) if t.is_meta]
     if left:
         raise ValueError(f"hvdtorch: shard=3 from the meta device: {left} are still on the meta device")

@@ -76,7 +76,13 @@ from ..collectives.broadcast import allgather_object, broadcast_object
 from ..collectives.compression import Compression
 from ..collectives.powersgd import is_powersgd
 from ..collectives.process_sets import set_id
-from ..training.distributed_model import DistributedModel, built_on_meta, claim_for_sharding, owner_of
+from ..training.distributed_model import (
+    DistributedModel,
+    built_on_meta,
+    claim_for_sharding,
+    owner_of,
+    refuse_meta_parameters,
+)
 from ..training.gradient_sync import remove_hooks, take_over
 from ..training.parameter_names import names_by_id
 from ..training.pending_gradients import weak_method
@@ -340,18 +346,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         # A model built on the meta device: shard=3 makes the shards module by module (zero/meta_init.py).
         from_meta = shard == 3 and built_on_meta(module)
-        if not from_meta and any(p.is_meta for p in all_params):
-            raise ValueError(
-                f"hvdtorch: shard={shard}: the optimizer's parameters are on the meta device (no values): shard=3 "
-                "over a DistributedModel of a model built there makes each rank's shards module by module; "
-                "otherwise materialize the model first (module.to_empty(device=...) and its init)"
-            )
+        if not from_meta:
+            refuse_meta_parameters(all_params, f"shard={shard}")
         if not from_meta and (init_device is not None or param_init_fn is not None):
             raise ValueError(
                 "hvdtorch: init_device and param_init_fn apply to shard=3 over a model built on the meta device "
                 "(its parameters are made there); this model's parameters have values already"
             )
-        self._from_meta = (module, torch.device(init_device or "cpu"), param_init_fn) if from_meta else None
+        self._from_meta = (
+            (module, torch.device(init_device or "cpu"), param_init_fn, dm.init_sync) if from_meta else None
+        )
 
         ps = gradients["process_set"] or ops.global_process_set
         set_id(ps)  # a set this rank is in (DistributedOptimizer hands others the plain optimizer)
@@ -431,11 +435,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._flats: List[Optional[torch.Tensor]] = []
         self._shards: List[torch.Tensor] = []
         if self._from_meta is not None:
-            module, device, init_fn = self._from_meta
+            module, device, init_fn, broadcast = self._from_meta
             self._from_meta = None
             self._flats = [None] * len(self._buckets)
             self._shards = build_shards(
-                module, self._all_params, self._buckets, self._process_set, self._name, device, init_fn
+                module, self._all_params, self._buckets, self._process_set, self._name, device, init_fn, broadcast
             )
             return
         with torch.no_grad():

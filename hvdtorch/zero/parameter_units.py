@@ -116,7 +116,7 @@ import torch
 from .. import _C, runtime
 from ..collectives import ops, process_set_table
 from ..training.gradient_sync import remove_hooks
-from .layout import Bucket, shard_range, signature
+from .layout import Bucket, shard_range, signature, write_into_shard
 
 # The key of a sharded_state_dict() (what load_state_dict() tells it by).
 SHARDED_FORMAT = "hvdtorch.zero3.shards"
@@ -243,6 +243,12 @@ def plan_units(module: torch.nn.Module, params: Sequence[Optional[torch.Tensor]]
     return UnitPlan(of_param, of_module, hooked)
 
 
+def stand_in(p: torch.Tensor) -> torch.Tensor:
+    """What a parameter's ``.data`` is at rest (see the top): one NaN of its
+    dtype and device, expanded to its shape."""
+    return torch.full((), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
+
+
 class _SavedView:
     """What autograd keeps instead of a tensor that aliases a gathered bucket."""
 
@@ -358,9 +364,8 @@ class ParameterUnits:
                 self._index_of[id(params[i])] = i
                 self._place[i] = (j, offset)
                 p = params[i]
-                one = torch.full((), float("nan"), dtype=p.dtype, device=p.device)
-                self._stand_ins[i] = one.expand(p.shape)
-                self._stand_in_of_storage[one.untyped_storage().data_ptr()] = i
+                self._stand_ins[i] = stand_in(p)
+                self._stand_in_of_storage[self._stand_ins[i].untyped_storage().data_ptr()] = i
         self._unit_buckets: Dict[int, List[int]] = {}  # unit -> its buckets
         for j, b in enumerate(self._buckets):
             self._unit_buckets.setdefault(units.of_param[b.params[0]], []).append(j)
@@ -899,10 +904,7 @@ class ParameterUnits:
     def _write_parameter(self, i: int, value: torch.Tensor) -> None:
         j, offset = self._place[i]
         start, end = self._buckets[j].shard_range(self._rank, self._size)
-        lo, hi = max(start, offset), min(end, offset + value.numel())
-        if lo < hi:
-            flat = value.detach().reshape(-1).to(self._shards[j].dtype)
-            self._shards[j][lo - start : hi - start].copy_(flat[lo - offset : hi - offset])
+        write_into_shard(self._shards[j], start, end, offset, value)
         if self._full[j] is not None:  # a gathered copy would be stale
             self._free(j, kept_too=True)
         self._secondary.pop(j, None)

@@ -843,6 +843,25 @@ def check_built_on_meta():
     def opt_over(model, **kw):
         return hvd.DistributedOptimizer(torch.optim.SGD(trainable(model), lr=0.1), model=model, **kw)
 
+    # init_sync=False: nothing is broadcast, each rank shards its own inits' values, as for a model built whole.
+    def small():
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3))
+
+    got = {}
+    for how in ("built", "meta"):
+        torch.manual_seed(10 + r)
+        net = small() if how == "built" else _on_meta(small)
+        dm = hvd.DistributedModel(net, init_sync=False)
+        torch.manual_seed(10 + r)
+        opt_over(dm, shard=3, fusion_bytes=96)
+        got[how] = dm.state_dict()
+    torch.manual_seed(10)
+    first = small().state_dict()
+    for k, v in got["built"].items():
+        torch.testing.assert_close(got["meta"][k], v, rtol=0, atol=0, msg=lambda m, k=k: f"init_sync=False {k}: {m}")
+    if n > 1:
+        assert any(not torch.equal(got["meta"][k], v) for k, v in first.items()), "rank 0's values were broadcast"
+
     # Block has tensors of its own and no reset_parameters().
     expect(
         ValueError,
