@@ -65,6 +65,7 @@ from .runtime import (
 )
 from .timeline import start_timeline, stop_timeline
 from .training.distributed_model import DistributedModel
+from .training.mixed_precision import MixedPrecisionPolicy
 from .training.optimizer import DistributedOptimizer
 from .training.sync_batch_norm import SyncBatchNorm
 from .zero.optimizer import ShardedOptimizer

@@ -16,6 +16,8 @@ from tests.harness import ROOT, launcher_free_env, run_ranks
     [
         "equals_ddp_with_batchnorm",
         "buffer_sync_off_and_no_sync",
+        "buffer_rules_as_ddp",
+        "names_in_messages",
         "ddp_arguments",
         "convert_sync_batchnorm",
         "clipping_between_backward_and_step",
@@ -34,6 +36,17 @@ from tests.harness import ROOT, launcher_free_env, run_ranks
 )
 def test_ddp_pattern(check):
     run_ranks(f"tests.workers.from_ddp:{check}", 2, timeout=120)
+
+
+def test_device_arguments_name_the_index():
+    # device_ids/output_device name a device by type and index, as DDP's do (no GPU needed to compare them).
+    import torch
+
+    from hvdtorch.training.coming_from_ddp import _same_device
+
+    assert _same_device(1, torch.device("cuda", 1)) and _same_device("cuda:1", torch.device("cuda", 1))
+    assert not _same_device(0, torch.device("cuda", 1)) and not _same_device("cuda:0", torch.device("cuda", 1))
+    assert _same_device("cpu", torch.device("cpu")) and not _same_device("cuda:0", torch.device("cpu"))
 
 
 def test_adasum_commit_of_another_host(tmp_path):
@@ -69,29 +82,41 @@ def reference_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_reference_script_trains_as_under_ddp(reference_runs, route):
-    # Parameters, buffers and the EMA equal to DDP's (rank 0's: each rank's
-    # last forward updates its own buffers, under DDP too); parameters equal
-    # on every rank; the run resumed from rank 0's checkpoint equal to the
-    # uninterrupted one.
+    # Every rank's parameters, buffers, EMA and evaluation outputs equal to
+    # DDP's same rank (each rank's last training forward updates its own
+    # buffers, under DDP too, and DDP's evaluation forward after training
+    # takes rank 0's); parameters equal on every rank; the run resumed from
+    # rank 0's checkpoint equal to the uninterrupted one.
     import torch
 
     # SyncBatchNorm's reference is one process over the global batch (torch's refuses CPU tensors under DDP).
-    want = reference_runs["solo" if route == "syncbn" else "ddp"]["whole"]
-    got = reference_runs[route]["whole"]
+    reference = reference_runs["solo" if route == "syncbn" else "ddp"]
     if route in EQUAL_TO_DDP or route == "syncbn":
         # PowerSGD at full rank is exact up to the orthogonalization's rounding.
         rtol, atol = (1e-3, 5e-5) if route == "powersgd" else (1e-5, 1e-6)
-        for part in ("model", "ema"):
-            for key, w in want[part].items():
+        for rank, (got, want) in enumerate(zip(reference_runs[route]["ranks"], reference["ranks"])):
+            for part in ("model", "ema"):
+                for key, w in want[part].items():
+                    torch.testing.assert_close(
+                        got[part][key],
+                        w,
+                        rtol=rtol,
+                        atol=atol,
+                        msg=lambda m: f"{route}, rank {rank}, {part}.{key} against DDP: {m}",
+                    )
+            assert [s for s, _ in got["evals"]] == [s for s, _ in want["evals"]], (route, rank)
+            for (step, out), (_, w) in zip(got["evals"], want["evals"]):
                 torch.testing.assert_close(
-                    got[part][key], w, rtol=rtol, atol=atol, msg=lambda m: f"{route}, {part}.{key} against DDP: {m}"
+                    out, w, rtol=rtol, atol=atol, msg=lambda m: f"{route}, rank {rank}, evaluation after {step}: {m}"
                 )
     else:  # it ran its own rule, not DDP's under another name
+        got, want = reference_runs[route]["whole"], reference["whole"]
         assert any(not torch.allclose(got["model"][k], w) for k, w in want["model"].items()), f"{route} is DDP's"
     ranks = reference_runs[route]["ranks"]
     for key, p in ranks[0]["model"].items():
         if "running" not in key and "num_batches" not in key:
             assert torch.equal(p, ranks[1]["model"][key]), f"{route}: {key} differs across ranks"
+    got = reference_runs[route]["whole"]
     resumed = reference_runs[route]["resumed"]
     # PowerSGD's float32 orthogonalization does not round alike in the
     # uninterrupted and the resumed run on every CPU (up to 1.2e-5 apart on

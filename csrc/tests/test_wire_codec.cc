@@ -17,6 +17,16 @@ TEST(fp16_halves_wide_floats_only) {
     CHECK(wireDtype(WireCodec::kFp16, t) == t);
 }
 
+TEST(bf16_halves_wide_floats_only) {
+  CHECK(wireDtype(WireCodec::kBf16, DataType::kFloat32) == DataType::kBFloat16);
+  CHECK(wireDtype(WireCodec::kBf16, DataType::kFloat64) == DataType::kBFloat16);
+  CHECK(wireDtype(WireCodec::kBf16, DataType::kFloat16) == DataType::kFloat16);
+  CHECK(wireDtype(WireCodec::kBf16, DataType::kBFloat16) == DataType::kBFloat16);
+  for (DataType t :
+       {DataType::kUInt8, DataType::kInt8, DataType::kInt16, DataType::kInt32, DataType::kInt64, DataType::kBool})
+    CHECK(wireDtype(WireCodec::kBf16, t) == t);
+}
+
 TEST(none_keeps_every_dtype) {
   for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16, DataType::kInt32})
     CHECK(wireDtype(WireCodec::kNone, t) == t);
@@ -25,6 +35,8 @@ TEST(none_keeps_every_dtype) {
 TEST(names) {
   CHECK(wireCodecFromName("fp16") == WireCodec::kFp16);
   CHECK(wireCodecFromName("none") == WireCodec::kNone);
+  CHECK(wireCodecFromName("bf16") == WireCodec::kBf16);
+  CHECK(std::string(wireCodecName(WireCodec::kBf16)) == "bf16");
   CHECK(std::string(wireCodecName(WireCodec::kFp16)) == "fp16");
   CHECK_THROWS(wireCodecFromName("powersgd"), InvalidArgument);
 }

@@ -128,6 +128,7 @@ void BucketSet::rebuild(const std::vector<std::vector<int64_t>>& layout) {
     const at::TensorOptions options = params_[members[0]].options().dtype(bucket_dtype).requires_grad(false);
     b.numel = packing.numel;
     b.options = options;
+    b.param_dtype = dtype;
     if (opts_.release_buckets) {
       b.views = false;  // nothing may point into a tensor that is dropped after the reduction
     } else {
@@ -165,7 +166,7 @@ void BucketSet::leaveGradients() {
 
 ReducerBucket BucketSet::strategyView(size_t index) const {
   const Bucket& b = buckets_[index];
-  ReducerBucket ref{index, b.flat, params_[b.params[0]].scalar_type(), b.params, b.offsets, {}};
+  ReducerBucket ref{index, b.flat, b.param_dtype, b.params, b.offsets, {}};
   for (int64_t p : b.params) ref.shapes.push_back(params_[p].sizes().vec());
   return ref;
 }
@@ -212,7 +213,7 @@ void BucketSet::launch(size_t index) {
 }
 
 at::Tensor BucketSet::decode(Bucket& b, const at::Tensor& result) {
-  const at::ScalarType dtype = params_[b.params[0]].scalar_type();
+  const at::ScalarType dtype = b.param_dtype;
   const at::Tensor out = result.scalar_type() == dtype ? result : result.to(dtype);
   if (!b.views && strategy_->keepsGradients() && grads_) {
     // Wire dtype: the reduced values go back into each .grad.

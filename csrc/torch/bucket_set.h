@@ -47,7 +47,11 @@ class BucketSet {
     at::Tensor flat;  // storage of the bucket (undefined while released)
     int64_t numel = 0;
     at::TensorOptions options;  // of flat
-    at::Tensor early;           // release_buckets: the result collectFinished() took
+    // The parameters' dtype when the layout was made: results are decoded into it. A parameter may hold
+    // another dtype for a while (shard=3 gathers it in a mixed-precision policy's param_dtype for forward
+    // and backward); its gradient is still reduced and handed back in the dtype of its master copy.
+    at::ScalarType param_dtype = at::kFloat;
+    at::Tensor early;  // release_buckets: the result collectFinished() took
     std::exception_ptr early_error;
     std::vector<int64_t> params;   // indices into params()
     std::vector<int64_t> offsets;  // element offset of each param in flat

@@ -60,10 +60,19 @@ from .shared_groups import load_keeping_groups
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def __init__(
-        self, params, named_parameters, compression, backward_passes_per_step, fusion_bytes, name, process_set
+        self,
+        params,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        fusion_bytes,
+        name,
+        process_set,
+        *,
+        module=None,
     ):
         super(self._hvd_class, self).__init__(params)
-        self._parameter_names = names_by_parameter(self.param_groups, named_parameters)
+        self._parameter_names = names_by_parameter(self.param_groups, named_parameters, module)
         self._hvd_name = name
         self._hvd_process_set = process_set
         self._hvd_reducer = None  # made below, over the trainable parameters (none: nothing to reduce)

@@ -29,6 +29,7 @@ def plan_buckets(
     first_bucket_bytes: int,
     group_of: Optional[Sequence[Hashable]] = None,
     layer_of: Optional[Sequence[Hashable]] = None,
+    bucket_caps: Optional[Sequence[int]] = None,
 ) -> List[List[int]]:
     """Returns bucket layouts (lists of parameter indices), in ``order``.
 
@@ -36,7 +37,10 @@ def plan_buckets(
     (optional): parameters of different groups never share a bucket.
     ``layer_of[i]`` (optional; None: no layer): when a parameter opens a new
     bucket, the parameters of its layer at the end of the bucket it
-    overflowed move with it, unless they are all that bucket holds."""
+    overflowed move with it, unless they are all that bucket holds.
+    ``bucket_caps`` (optional, DDP's bucket_cap_mb_list in bytes): the cap
+    of the k-th bucket opened is bucket_caps[k] (the last one for every later
+    bucket), in place of first_bucket_bytes and fusion_bytes."""
     layout: List[List[int]] = []
     Key = Tuple[Hashable, torch.device, torch.dtype]
     open_bucket: Dict[Key, int] = {}  # (group, device, dtype) -> index in layout
@@ -47,9 +51,12 @@ def plan_buckets(
         if fusion_bytes <= 0:
             layout.append([i])
             continue
-        cap = first_bucket_bytes if len(layout) <= 1 and first_bucket_bytes > 0 else fusion_bytes
         key = (None if group_of is None else group_of[i], p.device, p.dtype)
         b = open_bucket.get(key)
+        if bucket_caps:
+            cap = bucket_caps[min(len(layout) if b is None else b, len(bucket_caps) - 1)]
+        else:
+            cap = first_bucket_bytes if len(layout) <= 1 and first_bucket_bytes > 0 else fusion_bytes
         if b is None or (open_bytes[key] + nbytes > cap and layout[b]):
             moved = _same_layer_tail(layout[b], layer_of, i) if b is not None else []
             layout.append(moved)

@@ -1,16 +1,18 @@
 """DistributedDataParallel's module-state semantics for DistributedModel.
 
-* broadcast_state(): when the model is wrapped, every rank of the process
-  set takes the set's first rank's parameters and buffers (DDP's
-  ``init_sync``), so that forgetting hvd.broadcast_parameters() cannot train
-  one model per rank.
-* before_forward(): before every forward that builds a graph, outside
-  no_sync(), every rank takes the first rank's buffers (DDP's
-  ``broadcast_buffers=True``): BatchNorm's running statistics stay equal on
-  every rank, so what one rank evaluates or saves is what every rank holds.
-  Buffers of SyncBatchNorm layers (ours and torch's) are left out: they are
-  equal on every rank by construction. A model without other buffers
-  broadcasts nothing.
+* broadcast_state(buffers): when the model is wrapped, every rank of the
+  process set takes the set's first rank's parameters, and its buffers
+  unless told otherwise (DDP's ``init_sync``; which buffers go is DDP's rule,
+  coming_from_ddp.resolve_buffer_sync), so that forgetting
+  hvd.broadcast_parameters() cannot train one model per rank.
+* sync_buffers(): every rank takes the first rank's buffers (DDP's forward
+  sync). When is the caller's: DDP's ``require_forward_param_sync`` rule
+  (ForwardSyncRule below), so that BatchNorm's running statistics are rank
+  0's wherever DDP has them so: in every training step's forward, and in the
+  first evaluation forward after training (what each rank evaluates and
+  saves). Buffers of SyncBatchNorm layers (ours and torch's) are left out:
+  they are equal on every rank by construction. A model without other
+  buffers broadcasts nothing.
 
 Tensors are packed per device and dtype into one flat tensor each, and each
 is one broadcast: a BatchNorm network's few hundred small buffers cost two
@@ -48,21 +50,39 @@ def _synced_by_construction(module: torch.nn.Module) -> set:
     return out
 
 
+class ForwardSyncRule:
+    """DDP's ``require_forward_param_sync``: a forward syncs the buffers
+    exactly when the forward before it was a training forward (autograd on)
+    whose backward reduces (``require_backward_grad_sync``, i.e. outside
+    no_sync()); the first forward syncs. So train -> eval syncs, eval ->
+    train and a forward after a no_sync() one do not."""
+
+    def __init__(self):
+        self.due = True
+
+    def after_forward(self, grad_enabled: bool, backward_syncs: bool) -> None:
+        self.due = bool(grad_enabled and backward_syncs)
+
+
 class BufferSync:
     def __init__(self, module: torch.nn.Module, process_set, name: str, enabled: bool):
+        """``enabled``: buffers are synced before forwards at all (DDP's forward_sync_buffers)."""
         self._module = module
         self._set = process_set
         self._name = name
-        self._enabled = bool(enabled)
+        self.enabled = bool(enabled)
 
-    def broadcast_state(self) -> None:
-        """Parameters and buffers from the set's first rank (once, at wrap)."""
+    def broadcast_state(self, buffers: bool = True) -> None:
+        """Parameters, and buffers if ``buffers``, from the set's first rank (once, at wrap)."""
         with torch.no_grad():
-            tensors = [p.data for p in self._module.parameters()] + list(self._module.buffers())
+            tensors = [p.data for p in self._module.parameters()]
+            if buffers:
+                tensors += list(self._module.buffers())
             self._broadcast(tensors, "init_sync")
 
-    def before_forward(self) -> None:
-        if not self._enabled:
+    def sync_buffers(self) -> None:
+        """The first rank's buffers on every rank (collective), unless disabled."""
+        if not self.enabled:
             return
         skip = _synced_by_construction(self._module)
         buffers = [b for b in self._module.buffers() if id(b) not in skip]

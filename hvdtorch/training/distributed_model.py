@@ -32,7 +32,7 @@ from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
 from .bucketed_step import step_as_reduced, steps_in_pieces
 from .buckets import complete_order, layers_by_name, plan_buckets
-from .buffer_sync import BufferSync
+from .buffer_sync import BufferSync, ForwardSyncRule
 from .coming_from_ddp import ddp_arguments
 from .compiled_model import (
     PassState,
@@ -41,6 +41,7 @@ from .compiled_model import (
     end_bucketed_graphs,
     use_traced_hooks,
 )
+from .mixed_precision import as_policy, cast_buffers, cast_floating, cast_parameters
 from .reducer_options import reducer_options
 from .step_marks import StepMarks
 
@@ -169,31 +170,42 @@ class DistributedModel(torch.nn.Module):
         name: Optional[str] = None,
         process_set=None,
         *,
-        broadcast_buffers: bool = True,
+        broadcast_buffers: Optional[bool] = None,
+        forward_sync_buffers: Optional[bool] = None,
         init_sync: bool = True,
+        mixed_precision=None,
         # DistributedDataParallel's other arguments (coming_from_ddp.py says what each means here).
         device_ids=None,
         output_device=None,
         dim: int = 0,
         process_group=None,
+        device_mesh=None,
         bucket_cap_mb=None,
+        bucket_cap_mb_list=None,
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        skip_all_reduce_unused_params: bool = False,
+        batched_grad_copy: bool = False,
         **unsupported,
     ):
         super().__init__()
-        fusion_bytes = ddp_arguments(
+        ddp = ddp_arguments(
             module,
             fusion_bytes,
             device_ids=device_ids,
             output_device=output_device,
             dim=dim,
             process_group=process_group,
+            device_mesh=device_mesh,
             bucket_cap_mb=bucket_cap_mb,
+            bucket_cap_mb_list=bucket_cap_mb_list,
+            broadcast_buffers=broadcast_buffers,
+            forward_sync_buffers=forward_sync_buffers,
             unsupported=unsupported,
         )
+        fusion_bytes = ddp.fusion_bytes
         if sync not in ("backward", "explicit"):
             raise ValueError(f"hvdtorch: sync must be 'backward' or 'explicit', got {sync!r}")
         if op not in (ops.Average, ops.Sum):
@@ -220,10 +232,15 @@ class DistributedModel(torch.nn.Module):
         psid = check_process_set(process_set)
         # As DDP: every rank starts from the set's first rank's parameters and
         # buffers, and buffers (BatchNorm's running statistics) follow that
-        # rank's before every forward that builds a graph (buffer_sync.py).
+        # rank's before the forwards DDP syncs them in (buffer_sync.py).
         # Names every collective of this model: models must be built in the same order on every rank.
         self._name = name or f"model{next(_instance_ids)}"
-        self._buffers_sync = BufferSync(module, self._process_set, self._name, enabled=broadcast_buffers)
+        self._buffers_sync = BufferSync(module, self._process_set, self._name, enabled=ddp.forward_sync_buffers)
+        self._init_sync_buffers = ddp.init_sync_buffers
+        # DDP's two switches, under its names: whether the backward of the next training forward reduces
+        # (read at each forward: no_sync() sets it), and whether the next forward syncs the buffers.
+        self._require_backward_grad_sync = True
+        self._forward_sync = ForwardSyncRule()
         # Built on the meta device: shard=3's optimizer makes each rank's shards module by module
         # (zero/meta_init.py) and reduces the gradients; nothing here may touch the values before.
         self._built_on_meta = built_on_meta(module)
@@ -236,6 +253,17 @@ class DistributedModel(torch.nn.Module):
         self._layers = layers_by_name([names.get(id(p)) for p in params])
         strategy = None
         check_bucket_compression(compression, "DistributedModel")
+        # A mixed-precision policy (training/mixed_precision.py): casts around forward, the reduce dtype's codec.
+        self.mixed_precision = as_policy(mixed_precision)
+        codec = None
+        if self.mixed_precision is not None:
+            if compression is not Compression.none:
+                raise ValueError(
+                    "hvdtorch: DistributedModel: mixed_precision= sets the dtype gradients travel in; leave "
+                    "compression= out (reduce_dtype=torch.float16 is Compression.fp16's wire)"
+                )
+            codec = self.mixed_precision.codec()
+            cast_buffers(module, self.mixed_precision.buffer_dtype)
         if is_powersgd(compression):
             where = "DistributedModel"
             compression.check_parameters(((n, p) for n, p in module.named_parameters() if p.requires_grad), where)
@@ -253,11 +281,13 @@ class DistributedModel(torch.nn.Module):
             process_set=self._process_set,
             fusion_bytes=int(fusion_bytes),
             first_bucket_bytes=int(first_bucket_bytes),
+            codec=codec,
         )
         self._gradient_owner = None
         self._parameter_units = None  # shard=3's (zero/parameter_units.py), once a sharded optimizer holds them
         self._fusion_bytes = int(fusion_bytes)
         self._first_bucket_bytes = int(first_bucket_bytes)
+        self._bucket_caps = ddp.bucket_caps  # DDP's bucket_cap_mb_list, in bytes
         # The order buckets are filled in: reverse registration order until
         # the ranks agree on the observed one.
         self._order = list(reversed(range(len(params))))
@@ -275,6 +305,7 @@ class DistributedModel(torch.nn.Module):
             layout,
             reducer_options(
                 compression=compression,
+                codec=codec,
                 name=self._name,
                 reducer=reducer or "",
                 op=op,
@@ -304,7 +335,7 @@ class DistributedModel(torch.nn.Module):
         )
         # Last, once every argument is checked: a refused model broadcasts nothing.
         if init_sync:
-            self._buffers_sync.broadcast_state()
+            self._buffers_sync.broadcast_state(buffers=self._init_sync_buffers)
 
     # Under torch.compile this frame runs eagerly and only the module's call
     # is compiled (compiled_model.py): no graph break inside the model, its
@@ -313,14 +344,60 @@ class DistributedModel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         self._refuse_meta("forward")
         self._before_forward()
+        policy = self.mixed_precision
+        if policy is not None and policy.cast_forward_inputs:
+            args, kwargs = cast_floating(args, policy.param_dtype), cast_floating(kwargs, policy.param_dtype)
         outer = begin_bucketed_graphs(self)
         try:
             if self._parameter_units is None:
-                return self._marks.forward(self.module, args, kwargs)
-            with self._parameter_units.forward():
-                return self._marks.forward(self.module, args, kwargs)
+                with self._cast_parameters():
+                    out = self._marks.forward(self.module, args, kwargs)
+            else:  # shard=3 gathers in the policy's dtype itself
+                with self._parameter_units.forward():
+                    out = self._marks.forward(self.module, args, kwargs)
         finally:
             end_bucketed_graphs(outer)
+        if policy is not None:
+            out = cast_floating(out, policy.output_dtype)
+        # DDP's _post_forward: the next forward syncs the buffers after a training forward that reduces.
+        self._forward_sync.after_forward(torch.is_grad_enabled(), self._require_backward_grad_sync)
+        return out
+
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """DDP's accumulation switch, read at every forward with autograd on:
+        False makes that forward's backward accumulate locally (no
+        communication; .grad holds this rank's own sum, as under DDP), and
+        the next backward that reduces averages the sum. no_sync() sets it
+        for its body. With shard=3 such a backward still reduce-scatters
+        into this rank's shard (docs/guide.md, 'Accumulation')."""
+        return self._require_backward_grad_sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        self._require_backward_grad_sync = bool(value)
+
+    @property
+    def require_forward_param_sync(self) -> bool:
+        """DDP's: whether the next forward takes the first rank's buffers
+        (True after a training forward whose backward reduces, and before
+        the first forward; buffer_sync.ForwardSyncRule)."""
+        return self._forward_sync.due
+
+    @require_forward_param_sync.setter
+    def require_forward_param_sync(self, value: bool) -> None:
+        self._forward_sync.due = bool(value)
+
+    def _cast_parameters(self):
+        """The policy's casts for this forward (none without one). A sharded
+        optimizer that gathers behind step() is waited for first: the casts
+        read every parameter."""
+        policy = self.mixed_precision
+        if policy is None or policy.param_dtype is None:
+            return contextlib.nullcontext()
+        if self._gradient_owner is not None:
+            self._gradient_owner.wait_parameters()
+        return cast_parameters(self.module, policy.param_dtype)
 
     def _refuse_meta(self, what: str) -> None:
         """A model built on the meta device, before shard=3 has made its shards."""
@@ -334,23 +411,35 @@ class DistributedModel(torch.nn.Module):
 
     @torch.compiler.disable
     def _before_forward(self) -> None:
-        if not torch.is_grad_enabled():
-            return
-        if self._reducer is not None and compiled_autograd_on() and not self._reducer.traced_hooks:
+        grad = torch.is_grad_enabled()
+        if grad:
+            # As DDP's prepare_for_backward: the flag at the forward decides whether its backward reduces.
+            self._latch_backward_sync()
+        if grad and self._reducer is not None and compiled_autograd_on() and not self._reducer.traced_hooks:
             self._pass_state = PassState()
             self._traced_hooks = use_traced_hooks(self, self._params, self._pass_state)
-        if self._reducer is not None and self._reducer.traced_hooks:
+        if grad and self._reducer is not None and self._reducer.traced_hooks:
             # The C++ pre-hook's wait for an unfinished pass (sync="explicit" without
             # sync_gradients()) before the next accumulates into the buckets.
             self._reducer.finalize()
             self._note_next_pass()
-        if self._sync_enabled():
-            self._buffers_sync.before_forward()
+        if self._forward_sync.due:  # whatever this forward's grad mode (DDP's rule)
+            self._buffers_sync.sync_buffers()
+        if not grad:
+            return
         if self._rebuild_pending:
             self._maybe_rebuild()
         # Step boundaries count once the bucket order is agreed.
         if self._autotune is not None and not self._rebuild_pending:
             self._autotune.step_boundary()
+
+    def _latch_backward_sync(self) -> None:
+        """The coming backward reduces iff require_backward_grad_sync is set now."""
+        sync = self._require_backward_grad_sync
+        if self._gradient_owner is not None:
+            self._gradient_owner.set_model_sync(sync)
+        elif self._reducer is not None:
+            self._reducer.set_sync_enabled(sync)
 
     @property
     def bucket_bytes_cap(self) -> int:
@@ -425,7 +514,14 @@ class DistributedModel(torch.nn.Module):
 
     def _plan(self, first_bucket_bytes: int):
         """The bucket layout of the current order and cap."""
-        return plan_buckets(self._params, self._order, self._fusion_bytes, first_bucket_bytes, layer_of=self._layers)
+        return plan_buckets(
+            self._params,
+            self._order,
+            self._fusion_bytes,
+            first_bucket_bytes,
+            layer_of=self._layers,
+            bucket_caps=self._bucket_caps,
+        )
 
     def sync_gradients(self) -> None:
         """Blocks until every gradient of the last backward pass is averaged
@@ -454,33 +550,24 @@ class DistributedModel(torch.nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside accumulate gradients locally, without
-        communication (and, as DDP's, forwards inside leave buffers as they are)."""
+        """DDP's: forwards inside (and so their backward passes) accumulate
+        gradients locally, without communication, and the first backward of
+        a forward after it averages the sum; it sets require_backward_grad_sync
+        to False for its body. As DDP's, the forward must be inside: a
+        backward inside of a forward outside reduces."""
         self._refuse_meta("no_sync()")
-        self._in_no_sync = True
+        old = self._require_backward_grad_sync
+        self._require_backward_grad_sync = False
         try:
-            if self._gradient_owner is not None:
-                with self._gradient_owner.no_sync():
-                    yield
-                return
-            self._reducer.set_sync_enabled(False)
-            self._note_next_pass()
-            try:
-                yield
-            finally:
-                self._reducer.set_sync_enabled(True)
-                self._note_next_pass()
+            yield
         finally:
-            self._in_no_sync = False
+            self._require_backward_grad_sync = old
 
     def _note_next_pass(self) -> None:
         """Traced hooks: whether the coming backward reduces (compiled_model.PassState)."""
         state = self.__dict__.get("_pass_state")
         if state is not None and self._reducer is not None:
             state.reduces = self._reducer.next_pass_reduces()
-
-    def _sync_enabled(self) -> bool:
-        return not self.__dict__.get("_in_no_sync", False)
 
     def bucket_bytes(self):
         self._refuse_meta("bucket_bytes()")

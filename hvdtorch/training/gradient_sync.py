@@ -203,6 +203,12 @@ class GradientSync:
                 "from the first step on"
             )
 
+    def set_model_sync(self, sync: bool) -> None:
+        """DDP's require_backward_grad_sync of the model given as model=, at
+        one of its forwards with autograd on: False makes the coming backward
+        accumulate locally, uncounted (module_rules.py)."""
+        self._counter.local = not sync
+
     def densify(self, index: int, param: torch.Tensor) -> None:
         """sparse_as_dense: runs once ``param.grad`` is accumulated."""
         if param.grad is not None and param.grad.is_sparse:

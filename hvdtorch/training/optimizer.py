@@ -27,9 +27,11 @@ from ..zero.optimizer import KEEP_GATHERED_BELOW, ShardedOptimizer
 from .adasum_optimizer import _DistributedAdasumOptimizer
 from .bucketed_step import steps_in_pieces
 from .buckets import layers_by_name, plan_buckets
-from .distributed_model import refuse_if_sharded, refuse_meta_parameters
+from .distributed_model import DistributedModel, owner_of, refuse_if_sharded, refuse_meta_parameters
 from .gradient_sync import GradientSync
+from .module_rules import ModuleRules
 from .parameter_names import names_by_id
+from .pending_gradients import weak_method
 from .shared_groups import load_keeping_groups
 
 _instance_ids = itertools.count()
@@ -51,11 +53,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         fusion_bytes,
         reducer,
         process_set=None,
+        *,
+        module=None,
+        hook_module=False,
     ):
         super(self._hvd_class, self).__init__(params)
         if op not in (ops.Average, ops.Sum):
             raise ValueError("hvdtorch: DistributedOptimizer supports op=hvd.Average or hvd.Sum")
-        names = names_by_id(self.param_groups, named_parameters)
+        names = names_by_id(self.param_groups, named_parameters, module)
         # Layers (buckets keep a layer's gradients together) come from the caller's names only.
         layers = {} if named_parameters is None else dict(zip(names, layers_by_name(list(names.values()))))
         self._parameter_names = {p: names[id(p)] for group in self.param_groups for p in group["params"]}
@@ -74,6 +79,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hvd_compression = compression
         self._hvd_sync = None
         self._hvd_autotune = None
+        self._hvd_module_rules = None
         process_set = process_set or ops.global_process_set
         # As Horovod: on a rank outside the set, or in a set of one, nothing
         # is reduced and no hook is installed; it is the plain optimizer.
@@ -96,6 +102,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # HVDTORCH_AUTOTUNE tunes the bucket cap of fusion buckets, not of the caller's groups.
             if groups is None and fusion_bytes > 0:
                 self._hvd_autotune = autotune.attach(name, trainable, self._hvd_sync.set_fusion_bytes, process_set)
+            # model= (a plain module): DDP's accumulation flag and buffer rule at its forwards (module_rules.py).
+            if hook_module:
+                self._hvd_module_rules = ModuleRules(
+                    module, process_set, f"{name}.module", weak_method(self._hvd_sync, "set_model_sync")
+                )
 
     def synchronize(self):
         """Returns once every gradient of the backward passes so far is reduced."""
@@ -178,7 +189,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._hvd_sync.reset(passes)
 
 
-def _check_powersgd(compression, optimizer, named_parameters, op, shard, process_set) -> None:
+def _check_powersgd(compression, optimizer, named_parameters, op, shard, process_set, module=None) -> None:
     """The combinations Compression.powersgd refuses, each naming why."""
     where = "DistributedOptimizer"
     if shard:
@@ -192,11 +203,36 @@ def _check_powersgd(compression, optimizer, named_parameters, op, shard, process
             "hvdtorch: op=hvd.Adasum does not combine with Compression.powersgd: Adasum combines whole updates "
             "pairwise and PowerSGD averages low-rank factors; use op=hvd.Average or hvd.Sum"
         )
-    names = names_by_id(optimizer.param_groups, named_parameters)
+    names = names_by_id(optimizer.param_groups, named_parameters, module)
     compression.check_parameters(
         ((names[id(p)], p) for group in optimizer.param_groups for p in group["params"] if p.requires_grad), where
     )
     compression.check_process_set(process_set, where)
+
+
+def _known_module(optimizer, model):
+    """The module whose parameter names the messages use: ``model`` (a
+    DistributedModel's own module), else the module of the one
+    DistributedModel over the optimizer's parameters, else None."""
+    if isinstance(model, DistributedModel):
+        return model.module
+    if isinstance(model, torch.nn.Module):
+        return model
+    if model is not None:
+        raise ValueError(
+            f"hvdtorch: model= must be a torch.nn.Module (or a DistributedModel), got {type(model).__name__}"
+        )
+    owners = {id(o): o for o in (owner_of(p) for g in optimizer.param_groups for p in g["params"]) if o is not None}
+    return next(iter(owners.values())).module if len(owners) == 1 else None
+
+
+def _adopt_state(new, optimizer) -> None:
+    """The state the wrapped optimizer holds (loaded from a checkpoint before
+    the wrap, or stepped) is the wrapper's: the same dict, keyed by the same
+    parameters. Horovod's wrapper starts empty; here resuming before or after
+    the wrap is the same (docs/horovod.md)."""
+    if optimizer.state:
+        new.state = optimizer.state
 
 
 def _check_groups(groups):
@@ -307,16 +343,18 @@ def DistributedOptimizer(
     # One optimizer per parameter: a newer DistributedOptimizer takes parameters over from an older one
     # (gradient_sync.take_over, and a sharded one through release_to_sharding), but never from a live
     # sharded optimizer, whose parameters are views of its buckets.
+    module = _known_module(optimizer, model)
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)  # read more than once
     refuse_if_sharded(
         [p for group in optimizer.param_groups for p in group["params"]],
-        lambda p: names_by_id(optimizer.param_groups, named_parameters).get(id(p), "?"),
+        lambda p: names_by_id(optimizer.param_groups, named_parameters, module).get(id(p), "?"),
         "hvd.DistributedOptimizer",
     )
     if op != ops.Adasum:  # Adasum's step applies any compressor to the update (adasum_optimizer.py)
         check_bucket_compression(compression, "DistributedOptimizer")
     if is_powersgd(compression):
-        named_parameters = None if named_parameters is None else list(named_parameters)  # read twice
-        _check_powersgd(compression, optimizer, named_parameters, op, shard, process_set)
+        _check_powersgd(compression, optimizer, named_parameters, op, shard, process_set, module)
     if shard:
         unsupported = [
             n
@@ -377,15 +415,28 @@ def DistributedOptimizer(
             cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
             cls._hvd_class = cls
             name = f"optimizer{next(_instance_ids)}"
-            return cls(
-                optimizer.param_groups, named_parameters, compression, backward_passes_per_step, fusion_bytes, name, ps
+            new = cls(
+                optimizer.param_groups,
+                named_parameters,
+                compression,
+                backward_passes_per_step,
+                fusion_bytes,
+                name,
+                ps,
+                module=module,
             )
+            _adopt_state(new, optimizer)
+            return new
         op = ops.Average  # as Horovod: alone in the set (or outside it), the plain optimizer; nothing is reduced
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     # The methods call the wrapped class through _hvd_class, not self.__class__: a subclass made of the
     # instance's class (Lightning's LightningOptimizer does that) would make self.__class__ recurse.
     cls._hvd_class = cls
-    return cls(
+    # model= a plain module (no DistributedModel over it): DDP's per-forward rules there (module_rules.py).
+    hook_module = module is not None and not isinstance(model, DistributedModel) and model is not None
+    if hook_module and owner_of(next(iter(module.parameters()), torch.empty(0))) is not None:
+        hook_module = False  # a DistributedModel over it applies them
+    new = cls(
         optimizer.param_groups,
         named_parameters,
         compression,
@@ -397,4 +448,8 @@ def DistributedOptimizer(
         fusion_bytes,
         reducer,
         process_set,
+        module=module,
+        hook_module=hook_module,
     )
+    _adopt_state(new, optimizer)
+    return new

@@ -168,13 +168,13 @@ class PendingGradients:
             raise RuntimeError(f"hvdtorch: rank {runtime.rank()}: finishing the reduction left stand-ins in .grad")
 
 
-def weak_method(owner, method: str) -> Callable[[], Any]:
-    """``owner.<method>()`` behind a weak reference, doing nothing (None) once
-    the owner is gone: for callbacks that stand-ins, autograd or the C++
-    reducer hold, which must not keep an optimizer alive."""
+def weak_method(owner, method: str) -> Callable[..., Any]:
+    """``owner.<method>(*args)`` behind a weak reference, doing nothing
+    (None) once the owner is gone: for callbacks that stand-ins, autograd or
+    the C++ reducer hold, which must not keep an optimizer alive."""
     return functools.partial(_call_weakly, weakref.ref(owner), method)
 
 
-def _call_weakly(ref, method: str) -> Any:
+def _call_weakly(ref, method: str, *args) -> Any:
     owner = ref()
-    return None if owner is None else getattr(owner, method)()
+    return None if owner is None else getattr(owner, method)(*args)

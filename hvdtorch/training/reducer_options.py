@@ -12,11 +12,13 @@ from .. import _C
 from ..collectives.compression import Compression
 
 
-def reducer_options(*, compression=Compression.none, **fields) -> "_C.GradientReducerOptions":
+def reducer_options(*, compression=Compression.none, codec=None, **fields) -> "_C.GradientReducerOptions":
     """``fields``: GradientReducerOptions' fields by name (an unknown name
-    is an AttributeError); ``compression``: the user's, giving the codec."""
+    is an AttributeError); ``compression``: the user's, giving the codec,
+    unless ``codec`` names it (a mixed-precision policy's reduce dtype,
+    training/mixed_precision.py)."""
     options = _C.GradientReducerOptions()
-    options.codec = "fp16" if compression is Compression.fp16 else "none"
+    options.codec = codec or ("fp16" if compression is Compression.fp16 else "none")
     for name, value in fields.items():
         if not hasattr(options, name):
             raise AttributeError(f"hvdtorch: GradientReducerOptions has no field {name!r}")

@@ -51,8 +51,10 @@ def consolidated_state_dict(opt) -> Dict:
         f"hvdtorch: rank {runtime.rank()}: state_dict() of a sharded optimizer (shard={opt._stage}) needs "
         "consolidate_state_dict() first: each rank holds only its shard of the state, so a checkpoint of it "
         "would silently hold one rank's part. Call optimizer.consolidate_state_dict(to=0) on every rank, then "
-        "state_dict() on rank 0 (to=None: on every rank), after the last step(); or save each rank's "
-        "optimizer.sharded_state_dict() and load the list of them"
+        "state_dict() on rank 0 (to=None: on every rank), after the last step(); a checkpoint block that only "
+        "rank 0 runs (`if rank == 0: torch.save(...)`) needs the consolidate_state_dict(to=0) line just before "
+        "its `if`, where every rank runs it. Or save each rank's optimizer.sharded_state_dict() and load the "
+        "list of them"
     )
 
 

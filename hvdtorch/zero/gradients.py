@@ -58,6 +58,20 @@ counter, _C.PassCounter, here the one the reducer is given):
     backward goes on), so that a rank keeps its shards of the gradients and
     the buckets still in flight only. Always reduce-scattered: registered
     buffers are kept for good.
+  * Accumulation with transient buckets. Holding a pass's gradients
+    locally would hold the whole gradient, which shard=3 promises not to.
+    So every pass is reduce-scattered as it ends, also the passes that
+    would only accumulate elsewhere (no_sync(), DDP's
+    require_backward_grad_sync=False, the first k-1 of
+    backward_passes_per_step), and the results are added up in this
+    rank's shards (fold(): at the next forward, via the optimizer's pass
+    announcement, and at synchronize()). The sum of the per-pass averages
+    is the average of the sums: the same result, in k reduce-scatters
+    instead of one. Every rank must then run the same number of backward
+    passes per step (each is a collective); the reducer's own counter is
+    strict at one pass between folds, and this class counts the passes
+    against backward_passes_per_step (AssertionError on the (k+1)-th
+    counted one, as the other stages raise).
   * Compression.fp16 flattens float32/float64 buckets into float16 (the wire
     dtype) and converts the result back to the parameters' dtype; 16-bit
     floats go as they are (the gradient core's codec rule,
@@ -126,19 +140,39 @@ class BucketGradients:
         in_place: bool = False,
         settle: Optional[Callable[[], None]] = None,
         transient: bool = False,
+        codec: Optional[str] = None,
     ):
         """``params[i]`` is the parameter numbered i in the buckets' ``params``
         (None for parameters no bucket holds). ``in_place``: see the top; the
         same on every rank. ``settle`` (shard=1): the optimizer's
         synchronize(), run when a stand-in in .grad is used (it must not keep
-        the optimizer alive). ``transient`` (shard=3): see the top."""
+        the optimizer alive). ``transient`` (shard=3): see the top.
+        ``codec``: the wire codec by name, where a mixed-precision policy
+        decides it (else ``compression``'s)."""
+        # transient: each pass reduced as it ends and folded into the shards (see the top).
+        self._transient = bool(transient) and bool(scatter)
+        self._k = int(backward_passes_per_step)
+        self._counted = 0  # transient: counted passes since the step
+        self._acc: Optional[List[torch.Tensor]] = None  # transient: the folded passes' shard results
+        self._acc_unused: Optional[set] = None  # transient: parameters unused in every folded pass
+        self._last_unused: List[int] = []
+        self._model_sync = True  # the model's require_backward_grad_sync at its last training forward
+        self._no_sync_depth = 0  # optimizer.no_sync() bodies open
         # The one pass counter of this path (csrc/core/gradients/pass_counter.h), strict, given to the reducer.
         self._counter = _C.PassCounter(
-            int(backward_passes_per_step),
+            1 if self._transient else self._k,
             strict=True,
             rank=runtime.rank(),
-            advice="accumulate inside optimizer.no_sync()",
+            advice=(
+                "run a forward through the model before each backward pass (shard=3 reduce-scatters each pass "
+                "as it ends and takes it in at the next forward)"
+                if self._transient
+                else "accumulate inside optimizer.no_sync()"
+            ),
         )
+        self._shard_of = [
+            b.shard_range(process_set.rank(), process_set.size()) for b in buckets
+        ]  # (start, end) per bucket: the zeros of a synchronize() that reduces nothing
         self._buckets = list(buckets)
         self._params = params
         order = [i for b in self._buckets for i in b.params]  # the reducer's parameters, bucket by bucket
@@ -157,6 +191,7 @@ class BucketGradients:
             layout,
             reducer_options(
                 compression=compression,
+                codec=codec,  # a mixed-precision policy's reduce dtype (training/mixed_precision.py)
                 name=name,
                 reducer="",  # the job's: in place, the engine gives registered buckets its registered reducer
                 op=op,
@@ -164,7 +199,7 @@ class BucketGradients:
                 postscale=float(postscale),
                 sync_on_backward=False,  # synchronize() waits
                 fuse=not in_place,  # fused: through the fusion buffer, which would grow to a bucket for good
-                backward_passes_per_step=int(backward_passes_per_step),
+                backward_passes_per_step=1 if self._transient else self._k,
                 process_set_id=check_process_set(process_set),
                 strategy=strategy,
                 param_names=[names[i] for i in order],
@@ -184,6 +219,8 @@ class BucketGradients:
             self._pending = PendingGradients(held, held_names, self._counter, settle or _nothing)
             # Put back when the next pass begins, before it accumulates into .grad.
             self._reducer.set_pass_callbacks(weak_method(self._pending, "restore"), _nothing)
+        self._devices = [params[b.params[0]].device for b in self._buckets]
+        self._dtypes = [params[b.params[0]].dtype for b in self._buckets]
         self._marks = GradientMarks(
             held,
             held_names,
@@ -197,7 +234,24 @@ class BucketGradients:
             handles = [p.register_post_accumulate_grad_hook(lambda p, m=marks: _pass_ran(m)) for p in held]
             weakref.finalize(self, remove_hooks, handles)
         # shard=2 drops each .grad: stand-ins say why (see the top).
-        self._held = HeldGradients(held, [names[i] for i in order], self._reducer) if scatter else None
+        self._held = HeldGradients(held, [names[i] for i in order]) if scatter else None
+        if scatter:
+            self._reducer.set_pass_callbacks(weak_method(self, "_pass_begins"), weak_method(self._held, "place"))
+
+    def _pass_begins(self) -> None:
+        """The reducer's callback as a backward pass begins, before it accumulates into .grad."""
+        self._held.remove()
+        if not self._transient or not self._model_sync or self._no_sync_depth:
+            return
+        self._counted += 1
+        if self._counted > self._k:
+            self._counted = self._k
+            raise AssertionError(
+                f"hvdtorch: rank {runtime.rank()}: backward pass {self._k + 1} since the last step() with "
+                f"backward_passes_per_step={self._k}: call optimizer.step() (or synchronize()) after every "
+                f"{self._k} backward passes, or accumulate more inside no_sync() (or "
+                "model.require_backward_grad_sync = False)"
+            )
 
     @property
     def _flats(self) -> List[torch.Tensor]:
@@ -224,8 +278,10 @@ class BucketGradients:
 
     def unused_everywhere(self) -> List[str]:
         """After synchronize(): the names of the parameters no rank gave a
-        gradient since the step before (the reducer's flags, unused="report")."""
-        return [self._held_names[i] for i in self._reducer.unused_everywhere()]
+        gradient since the step before (the reducer's flags, unused="report";
+        transient: in none of the passes folded)."""
+        indices = self._last_unused if self._transient else self._reducer.unused_everywhere()
+        return [self._held_names[i] for i in indices]
 
     def parameter_count(self) -> int:
         return len(self._held_names)
@@ -234,13 +290,55 @@ class BucketGradients:
         """A counted backward pass ran since the last synchronize()."""
         return self._counter.pending()
 
-    def synchronize(self) -> List[torch.Tensor]:
+    def synchronize(self, fold: Optional[bool] = None) -> List[torch.Tensor]:
         """Every bucket's reduced gradient: this rank's shard (shard=2; a view
         of the flat buffer when in place) or the whole flat bucket (shard=1),
-        in the parameters' dtype."""
+        in the parameters' dtype. transient: the sum of the folded passes,
+        after folding the last one when ``fold`` (default will_fold(); a
+        joined rank is told by the announcement)."""
         self.restore_pending()
         self._marks.check()
-        return self._reducer.synchronize()
+        if not self._transient:
+            return self._reducer.synchronize()
+        if self.will_fold() if fold is None else fold:
+            self.fold()
+        out = self._acc if self._acc is not None else self._zeros()
+        self._last_unused = sorted(self._acc_unused) if self._acc_unused is not None else []
+        self._acc, self._acc_unused, self._counted = None, None, 0
+        return out
+
+    def will_fold(self) -> bool:
+        """transient: whether synchronize() reduces (a pass ended and is not
+        taken in yet, or none ran since the step: then zeros are reduced, so
+        that this rank takes part in the others' reduction)."""
+        return self._transient and (self._counter.pending() or self._acc is None)
+
+    def folds_at_forward(self) -> bool:
+        """transient: a pass ended that the next forward takes in."""
+        return self._transient and self._counter.pending()
+
+    def fold(self) -> None:
+        """transient: waits for the last pass's reduce-scatters (a rank that
+        ran none reduces zeros) and adds them to the shards' sum."""
+        results = self._reducer.synchronize()
+        unused = set(self._reducer.unused_everywhere())
+        self._acc_unused = unused if self._acc_unused is None else self._acc_unused & unused
+        if self._acc is None:
+            self._acc = list(results)
+            return
+        with torch.no_grad():
+            for acc, r in zip(self._acc, results):
+                acc.add_(r)
+
+    def _zeros(self) -> List[torch.Tensor]:
+        return [
+            torch.zeros(end - start, dtype=dtype, device=device)
+            for (start, end), dtype, device in zip(self._shard_of, self._dtypes, self._devices)
+        ]
+
+    def drop_accumulated(self) -> None:
+        """transient: zero_grad() drops what the folded passes added up."""
+        self._acc, self._acc_unused, self._counted = None, None, 0
 
     def restore_pending(self) -> None:
         """shard=1: the stand-ins in .grad back to the real gradients (synchronize(), the next pass)."""
@@ -259,13 +357,30 @@ class BucketGradients:
         self.restore_pending()
         self._reducer.finalize()
         self._marks.forget()
-        self._counter.reset(None if backward_passes_per_step is None else int(backward_passes_per_step))
+        if backward_passes_per_step is not None:
+            self._k = int(backward_passes_per_step)
+        self.drop_accumulated()
+        self._counter.reset(None if backward_passes_per_step is None or self._transient else self._k)
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside accumulate locally and are not counted."""
-        self._reducer.set_sync_enabled(False)
+        """Backward passes inside accumulate locally and are not counted
+        (transient: reduced as they end all the same, see the top)."""
+        self._no_sync_depth += 1
+        self._apply_sync()
         try:
             yield
         finally:
-            self._reducer.set_sync_enabled(True)
+            self._no_sync_depth -= 1
+            self._apply_sync()
+
+    def set_model_sync(self, sync: bool) -> None:
+        """The model's require_backward_grad_sync at a training forward: the
+        coming backward accumulates locally (uncounted) when False, as inside
+        no_sync()."""
+        self._model_sync = bool(sync)
+        self._apply_sync()
+
+    def _apply_sync(self) -> None:
+        if not self._transient:  # transient: every pass is reduced (see the top)
+            self._reducer.set_sync_enabled(self._model_sync and not self._no_sync_depth)

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from .. import runtime
-from ..training.pending_gradients import stand_in, stand_ins_in, weak_method
+from ..training.pending_gradients import stand_in, stand_ins_in
 
 
 class HeldGradient(torch.Tensor):
@@ -51,16 +51,14 @@ class HeldGradient(torch.Tensor):
 
 
 class HeldGradients:
-    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], reducer):
-        """``reducer``: the _C.GradientReducer that drops these parameters'
-        .grad; its pass callbacks place and remove the stand-ins (once per
-        pass each, not a hook per parameter)."""
+    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str]):
+        """The owner (zero/gradients.py) calls remove() and place() from the
+        pass callbacks of the _C.GradientReducer that drops these
+        parameters' .grad (once per pass each, not a hook per parameter)."""
         self._params = list(params)
         self._names = list(names)
         self._stand_ins = None  # one per parameter, made at the first placement and reused
         self._placed = False
-        # Weakly: the reducer must not keep the optimizer alive.
-        reducer.set_pass_callbacks(weak_method(self, "remove"), weak_method(self, "place"))
 
     def place(self) -> None:
         """After a reduced pass: a stand-in wherever .grad is None."""

@@ -12,8 +12,22 @@ Protocol, per sharded optimizer, on every rank of its process set:
     (clip_grad_norm_: the norm across the shards) or STEP (step(): the
     shards step, with the parameter groups' hyper-parameters of that moment,
     and are gathered). The announcement is a Max all-reduce of
-    [phase, clip arguments, hyper-parameters]; a joined rank adds
-    [NONE, -inf, ...], so it learns the phase and every value exactly.
+    [phase, clip arguments, folds, the check, hyper-parameters]; a joined
+    rank adds [NONE, -inf, ...], so it learns the phase and every value
+    exactly. ``folds`` (shard=3): the announcing ranks are about to take in
+    the results of a backward pass that ended (zero/gradients.py: each pass
+    is reduce-scattered as it ends), so the joined rank reduces zeros once
+    to match it.
+  * The check: every announcement also carries what each rank with data is
+    about to do (the phase, and for PASS whether autograd records the
+    forward), folded so that the Max gives the largest and smallest kind
+    and, for each, the lowest and highest rank with it. Ranks whose kinds
+    differ have diverged (a forward that one rank runs alone, the usual
+    rank-0-only evaluation; a step on one rank where another runs a
+    forward): every rank raises, naming the ranks and what each was doing,
+    instead of waiting for the engine's timeout. PASS announcements are
+    waited for at once (a forward's gathers would otherwise pair with
+    another rank's other gathers); the others when the next one is made.
   * shard=3: a rank with data also announces each forward (PASS, with
     whether autograd records it); the joined rank replays the gathers and
     frees of its own last pass of that kind (zero/parameter_units.py), so
@@ -26,7 +40,7 @@ Protocol, per sharded optimizer, on every rank of its process set:
     once each optimizer's announcement comes back NONE (every rank is
     listening: every rank has joined).
 Every rank with data must run the same phases: a rank that clips while
-another does not is a divergence, which the engine's stall timeout names.
+another does not is a divergence, which the check names.
 """
 
 import math
@@ -40,6 +54,60 @@ from ..collectives import ops
 NO_STAND_IN_PREFIX = _C.NO_STAND_IN_PREFIX
 
 NONE, SYNC, CLIP, STEP, PASS = 0, 1, 2, 3, 4
+
+# Ranks below this fit the check's encoding exactly in a float64 (kind * _RANKS + rank).
+_RANKS = 1 << 20
+# Slots before the check: phase, max_norm, norm_type, error_if_nonfinite, folds.
+_HEAD = 5
+_CHECK = 4
+
+
+def _kind(phase: int, grad_enabled: bool) -> int:
+    """What the check compares: the phase, and for PASS the grad mode."""
+    return 2 * phase + (1 if phase == PASS and grad_enabled else 0)
+
+
+def describe_kind(kind: int) -> str:
+    phase, grad = divmod(kind, 2)
+    if phase == PASS:
+        return "a forward with autograd (training)" if grad else "a forward without autograd (an evaluation)"
+    return {SYNC: "optimizer.synchronize()", CLIP: "optimizer.clip_grad_norm_()", STEP: "optimizer.step()"}.get(
+        phase, f"phase {phase}"
+    )
+
+
+def check_values(kind: int, rank: int) -> List[float]:
+    """This rank's four check slots (see the top)."""
+    return [
+        float(kind * _RANKS + rank),
+        float(kind * _RANKS + (_RANKS - 1 - rank)),
+        float(-kind * _RANKS + rank),
+        float(-kind * _RANKS + (_RANKS - 1 - rank)),
+    ]
+
+
+def decode_check(values: Sequence[float]):
+    """(largest kind, its lowest rank, its highest rank, smallest kind, its
+    lowest rank, its highest rank) from the Max of every rank's
+    check_values; None when no rank with data took part."""
+    if any(math.isinf(v) for v in values):
+        return None
+    hi = int(values[0]) // _RANKS
+    hi_top = int(values[0]) - hi * _RANKS
+    hi_low = _RANKS - 1 - (int(values[1]) - hi * _RANKS)
+    q = math.floor(values[2] / _RANKS)
+    lo = -q
+    lo_top = int(values[2]) - q * _RANKS
+    lo_low = _RANKS - 1 - (int(values[3]) - q * _RANKS)
+    return hi, hi_low, hi_top, lo, lo_low, lo_top
+
+
+def _ranks(low: int, high: int) -> str:
+    return f"rank {low}" if low == high else f"ranks {low}..{high} (some of them)"
+
+
+class DivergedError(RuntimeError):
+    """The ranks of a sharded optimizer were about to run different things."""
 
 
 def _numbers(value) -> List[float]:
@@ -93,11 +161,12 @@ def decode_hyper_parameters(groups: Sequence[dict], values: Sequence[float]) -> 
 class Announcer:
     """One sharded optimizer's announcements (see the module docstring)."""
 
-    def __init__(self, name: str, groups: Sequence[dict], process_set):
+    def __init__(self, name: str, groups: Sequence[dict], process_set, what: str = "sharded optimizer"):
         self._name = f"{name}.announce"
         self._groups = groups  # the optimizer's param_groups (the caller's)
         self._process_set = process_set
-        self._pending = None  # the last announcement's handle (announce does not wait for it)
+        self._what = what  # how the check's error names the optimizer
+        self._pending = None  # the last announcement's (handle, kind) (announce does not wait for it)
 
     def _allreduce(self, values: List[float]) -> int:
         return ops.allreduce_async(
@@ -106,32 +175,62 @@ class Announcer:
 
     def _finish_pending(self) -> None:
         if self._pending is not None:
-            handle, self._pending = self._pending, None
-            ops.synchronize(handle)
+            (handle, kind), self._pending = self._pending, None
+            self._check(ops.synchronize(handle).tolist(), kind)
 
-    def announce(self, phase: int, clip: Tuple[float, float, bool] = (0.0, 0.0, False)) -> None:
-        """A rank with data is about to run ``phase``; returns without waiting."""
+    def _check(self, got: List[float], kind: int) -> None:
+        seen = decode_check(got[_HEAD : _HEAD + _CHECK])
+        if seen is None or seen[0] == seen[3]:
+            return
+        hi, hi_low, hi_top, lo, lo_low, lo_top = seen
+        me = self._process_set.ranks[self._process_set.rank()]
+        ranks = self._process_set.ranks
+        raise DivergedError(
+            f"hvdtorch: rank {me}: the ranks of {self._what} diverged: {_ranks(ranks[hi_low], ranks[hi_top])} "
+            f"began {describe_kind(hi)}, while {_ranks(ranks[lo_low], ranks[lo_top])} began {describe_kind(lo)} "
+            f"(this rank: {describe_kind(kind)}). Every rank must run each forward of a shard=3 model (each "
+            "gathers the parameters from every rank's shard) and each phase of the optimizer's step. Evaluate "
+            "on every rank (and log or save on one), or, for a model that fits one rank, enter `with "
+            "model.gathered_parameters(modifier_rank=None):` on every rank and run the forwards inside on one "
+            "rank alone"
+        )
+
+    def announce(
+        self,
+        phase: int,
+        clip: Tuple[float, float, bool] = (0.0, 0.0, False),
+        folds: bool = False,
+        grad_enabled: bool = False,
+        wait: bool = False,
+    ) -> None:
+        """A rank with data is about to run ``phase``; returns without
+        waiting unless ``wait`` (then a divergence raises here)."""
         self._finish_pending()
         max_norm, norm_type, error_if_nonfinite = clip
-        values = [float(phase), float(max_norm), float(norm_type), float(error_if_nonfinite)]
-        self._pending = self._allreduce(values + encode_hyper_parameters(self._groups))
+        kind = _kind(phase, grad_enabled)
+        values = [float(phase), float(max_norm), float(norm_type), float(error_if_nonfinite), float(folds)]
+        values += check_values(kind, self._process_set.rank())
+        self._pending = (self._allreduce(values + encode_hyper_parameters(self._groups)), kind)
+        if wait:
+            self._finish_pending()
 
     def listen(self) -> int:
         """A joined rank: starts waiting for the next announcement; returns its handle."""
         self._finish_pending()
-        n = 4 + len(encode_hyper_parameters(self._groups))
+        n = _HEAD + _CHECK + len(encode_hyper_parameters(self._groups))
         return self._allreduce([float(NONE)] + [-math.inf] * (n - 1))
 
     @staticmethod
     def arrived(handle: int) -> bool:
         return ops.poll(handle)
 
-    def heard(self, handle: int) -> Tuple[int, Tuple[float, float, bool]]:
+    def heard(self, handle: int) -> Tuple[int, Tuple[float, float, bool], bool]:
         """The announcement listen() waits for (blocking until it arrives):
         sets the announced hyper-parameters on the groups; returns the phase
-        (NONE: every rank has joined) and the clip arguments."""
+        (NONE: every rank has joined), the clip arguments and ``folds``."""
         got = ops.synchronize(handle).tolist()
         phase = int(got[0])
-        if phase != NONE:
-            decode_hyper_parameters(self._groups, got[4:])
-        return phase, (got[1], got[2], bool(got[3]))
+        if phase == NONE:
+            return phase, (0.0, 0.0, False), False
+        decode_hyper_parameters(self._groups, got[_HEAD + _CHECK :])
+        return phase, (got[1], got[2], bool(got[3])), got[4] > 0

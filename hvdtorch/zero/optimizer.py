@@ -186,6 +186,16 @@ class _ReadAfterGathers:
             del self._module.__dict__[self._method]
 
 
+def _module_for_names(param_groups, model) -> Optional[torch.nn.Module]:
+    """The module whose names a parameter without a given name takes: model=, or the DistributedModel's."""
+    if isinstance(model, DistributedModel):
+        return model.module
+    if isinstance(model, torch.nn.Module):
+        return model
+    owners = {id(o): o for o in (owner_of(p) for g in param_groups for p in g["params"]) if o is not None}
+    return next(iter(owners.values())).module if len(owners) == 1 else None
+
+
 def _check_same(what: str, given, default, model_value) -> None:
     if given != default and given != model_value:
         raise ValueError(
@@ -195,13 +205,13 @@ def _check_same(what: str, given, default, model_value) -> None:
 
 
 def _pass_announcer(optimizer_ref):
-    """shard=3's announcement of each forward (zero/join.py's PASS), holding
-    the optimizer weakly (the model holds the parameter units)."""
+    """shard=3's start of each forward (ShardedOptimizer._pass_begins),
+    holding the optimizer weakly (the model holds the parameter units)."""
 
-    def announce(grad_enabled: bool) -> None:
+    def announce(grad_enabled: bool, pinned: bool) -> None:
         optimizer = optimizer_ref()
         if optimizer is not None:
-            optimizer._announce(shard_join.PASS, (float(grad_enabled), 0.0, False))
+            optimizer._pass_begins(grad_enabled, pinned)
 
     return announce
 
@@ -266,6 +276,7 @@ def _gradient_options(all_params, model, shard: int, overlap_gathers: bool, give
             gradient_predivide_factor=g["postscale"],
             backward_passes_per_step=g["backward_passes_per_step"],
             process_set=g["process_set"],
+            codec=g.get("codec"),
         )
     module = dm.module if dm is not None else model
     if shard == 3 and dm is None:
@@ -319,7 +330,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             share_gathered,
             secondary_copy,
         )
-        names = names_by_id(optimizer.param_groups, named_parameters)
+        named_parameters = None if named_parameters is None else list(named_parameters)
+        names = names_by_id(optimizer.param_groups, named_parameters, _module_for_names(optimizer.param_groups, model))
         numbered, all_params = [], []
         for group in optimizer.param_groups:
             row = []
@@ -404,6 +416,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 share_gathered,
                 secondary_copy,
                 _pass_announcer(weakref.ref(self)),
+                gather_dtype=dm.mixed_precision.param_dtype if dm.mixed_precision is not None else None,
             )
             dm.hold_parameters_sharded(self._units)
         self._gathers: Dict[int, int] = {}  # bucket -> handle of its all-gather in flight
@@ -418,8 +431,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._hook(module, [module] if dm is None else [dm, module])
         self._announcer = None
         self._joined = False  # inside join(): running the phases the others announce
+        self._joined_fold = None  # shard=3 inside join(): whether the announced phase reduces (zero/join.py)
         if self._size > 1:
-            self._announcer = shard_join.Announcer(self._name, self.param_groups, ps)
+            what = f"the shard={shard} optimizer" + (f" of DistributedModel '{dm._name}'" if dm is not None else "")
+            self._announcer = shard_join.Announcer(self._name, self.param_groups, ps, what=what)
             runtime.take_part_while_joined(self)
         if optimizer.state:
             self.load_state_dict(optimizer.state_dict())
@@ -496,6 +511,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             gradients["compression"],
             gradients["backward_passes_per_step"],
             self._process_set,
+            codec=gradients.get("codec"),
             in_place=self._gather_in_place,
             settle=weak_method(self, "settle"),  # shard=1: a use of .grad after backward finishes the reduction
             # shard=3: the gradient buffers are released once reduced (sharded gradients).
@@ -615,15 +631,37 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ---- gradients ------------------------------------------------------------
 
-    def _announce(self, phase: int, clip=(0.0, 0.0, False)) -> None:
-        """Tells ranks that have joined what this step does next (zero/join.py)."""
+    def _announce(self, phase: int, clip=(0.0, 0.0, False), folds: bool = False, **kw) -> None:
+        """Tells ranks that have joined what this step does next, and checks
+        that every rank does the same (zero/join.py)."""
         if self._announcer is not None and not self._joined:
-            self._announcer.announce(phase, clip)
+            self._announcer.announce(phase, clip, folds=folds, **kw)
+
+    def _pass_begins(self, grad_enabled: bool, pinned: bool = False) -> None:
+        """shard=3: a forward of the model begins. Announced (a joined rank
+        replays its gathers) and checked at once (every rank must run it: a
+        forward one rank runs alone raises on every rank); then the last
+        backward pass's reduce-scatters are taken in (zero/gradients.py's
+        fold), which a joined rank matches with zeros. ``pinned``: inside
+        gathered_parameters() the forward gathers nothing and may run on one
+        rank alone: nothing is announced."""
+        folds = self._grads.folds_at_forward()
+        if not pinned:
+            self._announce(
+                shard_join.PASS, (float(grad_enabled), 0.0, False), folds=folds, grad_enabled=grad_enabled, wait=True
+            )
+        if folds:
+            self._grads.fold()
+
+    def set_model_sync(self, sync: bool) -> None:
+        """The DistributedModel's require_backward_grad_sync at a training
+        forward (DDP's accumulation switch), for the backward to come."""
+        self._grads.set_model_sync(sync)
 
     def synchronize(self) -> None:
         """Returns once the gradients of the backward passes so far are reduced
         (shard=2: into this rank's shard; shard=1: into every .grad)."""
-        self._announce(shard_join.SYNC)
+        self._announce(shard_join.SYNC, folds=self._grads.will_fold())
         self._synchronize()
 
     def settle(self) -> None:
@@ -638,9 +676,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return self._synchronized and not self._grads.pending()
 
     def _synchronize(self) -> None:
+        # shard=3 on a joined rank: whether to reduce now is the announcement's (the others reduce now or not).
+        fold = self._joined_fold if self._joined else None
         # shard=2: gradients synchronize() left in the shards, neither stepped on nor zeroed.
         unconsumed = self._stage >= 2 and self._synchronized and any(s.grad is not None for s in self._shards)
-        results = self._grads.synchronize()
+        results = self._grads.synchronize(fold)
         unused = self._grads.unused_everywhere()
         # No gradient anywhere (a step without backward): the step moves nothing, as in one process.
         self._no_gradients = len(unused) == self._grads.parameter_count()
@@ -726,7 +766,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         model: reduces the gradients first (if step() has not), computes the
         norm across the shards (one all-reduce), scales the gradients this
         rank steps. Returns the total norm; the same on every rank."""
-        self._announce(shard_join.CLIP, (max_norm, norm_type, error_if_nonfinite))
+        self._announce(
+            shard_join.CLIP,
+            (max_norm, norm_type, error_if_nonfinite),
+            folds=not self._reduced_now() and self._grads.will_fold(),
+        )
         if not self._reduced_now():
             self._synchronize()
         if self._stage == 1:
@@ -768,7 +812,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._announce(shard_join.STEP)
+        self._announce(
+            shard_join.STEP, folds=self._should_synchronize and not self._reduced_now() and self._grads.will_fold()
+        )
         if self._should_synchronize and not self._reduced_now():
             self._synchronize()
         if self._stage == 1:
@@ -800,18 +846,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Inside hvd.join(): runs the phase the others announced with zero
         gradients (the gradients of a partial accumulation are dropped, as a
         joined rank's are in Horovod). False once every rank has joined."""
-        phase, clip = self._announcer.heard(token)
+        phase, clip, folds = self._announcer.heard(token)
         if phase == shard_join.NONE:
             self.wait_parameters()
             return False
         self._joined = True
         try:
             if phase == shard_join.PASS:  # shard=3: the others' forward and backward gather from this rank too
+                if folds:  # the others take in the reduce-scatters of their last pass: zeros from here
+                    self._grads.fold()
                 self._units.replay(bool(clip[0]))
                 return True
-            if not self._synchronized:
+            # A partial accumulation of this rank's own is dropped (as Horovod drops a joined rank's); shard=3's
+            # folded passes were reduced with every rank's and are kept.
+            if not self._synchronized and self._stage < 3:
                 self._grads.reset()
                 self.zero_grad(set_to_none=True)
+            self._joined_fold = folds if self._stage == 3 else None
             if phase == shard_join.SYNC:
                 self._synchronize()
             elif phase == shard_join.CLIP:
@@ -820,6 +871,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self.step()
         finally:
             self._joined = False
+            self._joined_fold = None
         return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -830,6 +882,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "across ranks; zero them before backward or after step()"
             )
         self._grads.remove_held()
+        self._grads.drop_accumulated()  # shard=3: the passes folded since the step
         for p in itertools.chain(self._all_params, self._shards):
             if p.grad is None:
                 continue

@@ -297,13 +297,21 @@ class ParameterUnits:
         share_gathered: bool = True,
         secondary_copy: bool = False,
         announce_pass=None,
+        gather_dtype: Optional[torch.dtype] = None,
     ):
         """``params[i]``: the parameter numbered i in the buckets; ``shards[j]``:
         this rank's persistent shard of bucket j (the inner optimizer steps
         it); ``units``: plan_units() of the same parameters;
         ``share_gathered``: one gathered copy per host where it applies;
         ``secondary_copy``: ZeRO++'s, across hosts (both: see the top);
-        ``announce_pass(grad_enabled)``: called as each forward starts (hvd.join())."""
+        ``announce_pass(grad_enabled, pinned)``: called as each forward
+        starts (hvd.join(), and the optimizer's check that every rank runs
+        it; ``pinned``: inside gathered_parameters(), where the forward
+        gathers nothing). ``gather_dtype``: a mixed-precision policy's
+        param_dtype (training/mixed_precision.py): forward's and backward's
+        gathers cast each shard to it first, so they move and hold that
+        dtype; gathered_parameters() and state_dict() gather the shards'
+        own (full precision)."""
         self._name = name
         self._buckets = list(buckets)
         self._params = params
@@ -312,6 +320,7 @@ class ParameterUnits:
         self._process_set = process_set
         self._rank, self._size = process_set.rank(), process_set.size()
         self._reshard = bool(reshard_after_forward)
+        self._gather_dtype = gather_dtype if gather_dtype is not None and gather_dtype != shards[0].dtype else None
         nb = len(self._buckets)
         self._full: List[Optional[torch.Tensor]] = [None] * nb  # the gathered bucket, while gathered
         # bucket -> (handle of its all-gather in flight, the buckets it gathers), or for a host gather (None,
@@ -426,6 +435,15 @@ class ParameterUnits:
     def _op_name(self, j: int) -> str:
         return f"{self._name}.gather.{j}.{self._names[self._buckets[j].params[0]]}"
 
+    def _compute_dtype(self, j: int) -> torch.dtype:
+        """What a gather of bucket j holds now: the policy's dtype for the
+        forward's and backward's, the shards' own inside gathered_parameters()."""
+        return self._shards[j].dtype if self._gather_dtype is None or self._private else self._gather_dtype
+
+    def _cast(self, t: torch.Tensor, j: int) -> torch.Tensor:
+        dtype = self._compute_dtype(j)
+        return t if t.dtype == dtype else t.to(dtype)
+
     def _start(self, j: int) -> None:
         """Starts gathering bucket j unless it is gathered or on its way."""
         if self._full[j] is not None or j in self._gathers:
@@ -433,16 +451,20 @@ class ParameterUnits:
         self._record("start", j)
         if self._host is not None and not self._private and j not in self._kept_set:
             if self._column is not None and j not in self._secondary:
-                column = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._column)
+                column = ops.allgather_async(
+                    self._cast(self._shards[j], j), name=self._op_name(j), process_set=self._column
+                )
                 self._gathers[j] = (None, ("column", column))
             else:
                 self._gathers[j] = (None, self._host.put(j, self._own_pieces(j), False))
             return
-        if j in self._secondary:  # from the host's ranks alone
+        if j in self._secondary and not self._private:  # from the host's ranks alone (in the policy's dtype)
             name = self._op_name(j).replace(".gather.", ".regather.", 1)
             handle = ops.allgather_async(self._secondary[j], name=name, process_set=self._host_set)
         else:
-            handle = ops.allgather_async(self._shards[j], name=self._op_name(j), process_set=self._process_set)
+            handle = ops.allgather_async(
+                self._cast(self._shards[j], j), name=self._op_name(j), process_set=self._process_set
+            )
         self._gathers[j] = (handle, [j])
 
     def _own_pieces(self, j: int) -> List[Tuple[torch.Tensor, int]]:
@@ -453,7 +475,7 @@ class ParameterUnits:
             start, _ = shard_range(self._buckets[j].numel, self._hosts.local, self._hosts.local_size)
             return [(self._secondary[j], start)]
         start, _ = self._buckets[j].shard_range(self._rank, self._size)
-        return [(self._shards[j], start)]
+        return [(self._cast(self._shards[j], j), start)]
 
     def _column_pieces(self, j: int, gathered: torch.Tensor) -> List[Tuple[torch.Tensor, int]]:
         """The shards of this rank's column (an all-gather's output, in the
@@ -472,7 +494,9 @@ class ParameterUnits:
             return
         self._record("kept")
         handle = ops.grouped_allgather_async(
-            [self._shards[j] for j in js], name=f"{self._name}.gather_kept", process_set=self._process_set
+            [self._cast(self._shards[j], j) for j in js],
+            name=f"{self._name}.gather_kept",
+            process_set=self._process_set,
         )
         for j in js:
             self._gathers[j] = (handle, js)
@@ -494,7 +518,7 @@ class ParameterUnits:
             elif not together:
                 self._host.put(j, self._own_pieces(j), True)
             self._on_host.add(j)
-            self._install(j, self._host.await_(j, self._buckets[j].numel, self._shards[j].dtype))
+            self._install(j, self._host.await_(j, self._buckets[j].numel, self._compute_dtype(j)))
             return self._full[j]
         for k in together:
             self._gathers.pop(k, None)
@@ -507,7 +531,7 @@ class ParameterUnits:
 
     def _install(self, j: int, full: torch.Tensor) -> None:
         self._refuse_writes_at_rest(j)
-        if self._secondary_on and j not in self._secondary and j not in self._kept_set:
+        if self._secondary_on and j not in self._secondary and j not in self._kept_set and not self._private:
             start, end = shard_range(full.numel(), self._hosts.local, self._hosts.local_size)
             self._secondary[j] = full[start:end].clone()
         self._full[j] = full
@@ -516,7 +540,7 @@ class ParameterUnits:
         self._versions[j] = [self._params[i]._version for i in b.params]
         for i, offset, shape in zip(b.params, b.offsets, b.shapes):
             p = self._params[i]
-            p.data = full[offset : offset + p.numel()].view(shape)
+            self._set_data(p, full[offset : offset + p.numel()].view(shape))
 
     def shares_gathered(self) -> bool:
         """Whether gathered buckets live once per host (see the top)."""
@@ -559,10 +583,19 @@ class ParameterUnits:
                 "model.gathered_parameters():`, or keep this module out of shard=3"
             )
 
+    def _set_data(self, p: torch.Tensor, data: torch.Tensor) -> None:
+        """p.data = data. Under a mixed-precision policy the dtype changes
+        with it, which makes torch forget p's gradient accumulator, where
+        the gradient reducer's hooks are: kept (_C.set_data_keeping_accumulator)."""
+        if data.dtype == p.dtype:
+            p.data = data
+        else:
+            _C.set_data_keeping_accumulator(p, data)
+
     def _to_stand_ins(self, j: int) -> None:
         for i in self._buckets[j].params:
             p = self._params[i]
-            p.data = self._stand_ins[i]
+            self._set_data(p, self._stand_ins[i])
             self._rest_versions[i] = p._version
 
     def _refuse_writes_at_rest(self, j: int) -> None:
@@ -604,8 +637,8 @@ class ParameterUnits:
         position (see the top)."""
         self._users = [0] * len(self._users)  # a forward that raised left its counts behind
         self._close_pass()
-        if self._announce_pass is not None:
-            self._announce_pass(torch.is_grad_enabled())
+        if self._announce_pass is not None:  # inside gathered_parameters() (pinned) it gathers nothing
+            self._announce_pass(torch.is_grad_enabled(), self._pins > 0)
         self._script, self._script_grad = [], torch.is_grad_enabled()
         self.free_all()
         self._start_kept()
@@ -716,6 +749,8 @@ class ParameterUnits:
         if self._pins == 0:  # writes inside must land in copies of the rank's own (see _write_back)
             for j in list(self._on_host) + [j for j, (handle, _) in self._gathers.items() if handle is None]:
                 self._free(j)
+            if self._gather_dtype is not None:  # inside, the parameters hold the shards' own precision
+                self.free_all(kept_too=True)
         self._private += 1
         try:
             self._gather(list(reversed(range(len(self._buckets)))))
@@ -803,7 +838,11 @@ class ParameterUnits:
         out = {k: v.detach().clone() for k, v in raw.items() if id(v) not in self._index_of} if here else {}
         for j, b in enumerate(self._buckets):
             was_gathered = self._full[j] is not None
-            full = self._finish(j)
+            if self._gather_dtype is not None:  # the shards' own precision, not the policy's
+                full = ops.allgather(self._shards[j], name=f"{self._name}.state.{j}", process_set=self._process_set)
+                was_gathered = True  # nothing installed here to free
+            else:
+                full = self._finish(j)
             if here:
                 for i, offset, shape in zip(b.params, b.offsets, b.shapes):
                     value = full[offset : offset + int(torch.Size(shape).numel())].view(shape).clone()

@@ -3,15 +3,18 @@ once with DistributedDataParallel and once per hvdtorch route on the same
 data, for the migration test (tests/test_from_ddp.py): a BatchNorm CNN,
 label smoothing, SGD with momentum and weight decay, a linear warm-up then
 cosine schedule, gradient clipping between backward and step, an EMA of the
-weights through torch's AveragedModel, bfloat16 autocast on the CPU, and a
-checkpoint written by rank 0 halfway and resumed by a fresh model,
-optimizer, schedule and EMA.
+weights through torch's AveragedModel, bfloat16 autocast on the CPU, an
+evaluation on every rank between training steps (model.eval() and
+torch.no_grad(): DDP's first evaluation forward after a training one takes
+rank 0's BatchNorm statistics), and a checkpoint written by rank 0 halfway
+and resumed by a fresh model, optimizer, schedule and EMA.
 
 Routes, each with the change a DDP user makes:
   ddp     the reference
   dm      hvd.DistributedModel(model): the rest of the script unchanged
-  opt     hvd.DistributedOptimizer: the rest unchanged (torch's clipping
-          between backward and step() waits for the reduction)
+  opt     hvd.DistributedOptimizer(..., model=net): the rest unchanged
+          (torch's clipping between backward and step() waits for the
+          reduction; model= applies DDP's buffer rule to the module)
   shard1  hvd.DistributedModel + hvd.DistributedOptimizer(shard=1): torch's
           clipping as before; consolidate_state_dict(to=None) before the
           usual checkpoint code (state_dict() on every rank)
@@ -37,8 +40,9 @@ Routes, each with the change a DDP user makes:
           the whole global batch with plain BatchNorm (what SyncBatchNorm
           with averaged gradients computes); both in float32
 
-Each route saves {parameters, buffers, EMA} of rank 0 and of every rank (for
-the across-ranks check), uninterrupted and resumed, to <out>/<route>.pt.
+Each route saves {parameters, buffers, EMA, evaluation outputs} of rank 0
+and of every rank (every rank's are compared with DDP's same rank),
+uninterrupted and resumed, to <out>/<route>.pt.
 """
 
 import math
@@ -52,6 +56,7 @@ import hvdtorch as hvd
 
 STEPS = 6
 RESUME_AT = 3
+EVAL_AFTER = (1, 4)  # an evaluation after these steps (on every rank)
 BATCH = 8
 WARMUP = 2
 
@@ -120,13 +125,14 @@ class Run:
         self.schedule = _schedule(inner)
         if route in ("opt", "adasum"):
             op = hvd.Adasum if route == "adasum" else hvd.Average
-            self.opt = hvd.DistributedOptimizer(inner, named_parameters=net.named_parameters(), op=op)
+            self.opt = hvd.DistributedOptimizer(inner, named_parameters=net.named_parameters(), op=op, model=net)
             hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         elif route in ("shard1", "shard2"):
             self.opt = hvd.DistributedOptimizer(inner, shard=int(route[-1]))
         else:
             self.opt = inner
         self.ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.8), use_buffers=True)
+        self.evals = []
         if route == "elastic":
             self.state = hvd.elastic.TorchState(
                 net, self.opt, commit_dir=commit_dir, schedule=self.schedule, ema=self.ema, step=0
@@ -147,6 +153,17 @@ class Run:
         self.opt.step()
         self.schedule.step()
         self.ema.update_parameters(self.net)
+        if step in EVAL_AFTER:
+            self.evaluate(step)
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> None:
+        """The reference scripts' evaluate(): every rank, its own part of a validation set."""
+        x, _ = _shard(hvd.rank(), hvd.size(), 500 + step)
+        self.model.eval()
+        out = self.model(x)
+        self.model.train()
+        self.evals.append((step, out.float().clone()))
 
     def checkpoint(self):
         """What rank 0 saves (every rank calls this: a consolidation is collective)."""
@@ -177,6 +194,7 @@ class Run:
         return {
             "model": {k: v.detach().clone() for k, v in self.net.state_dict().items()},
             "ema": {k: v.detach().clone() for k, v in self.ema.state_dict().items()},
+            "evals": list(self.evals),
         }
 
 

@@ -83,6 +83,78 @@ def buffer_sync_off_and_no_sync() -> None:
     assert not torch.equal(mean[0], mean[1]), "forwards inside no_sync() synced the buffers"
 
 
+def buffer_rules_as_ddp() -> None:
+    """Every combination of DDP's two buffer arguments, over a sequence of
+    training, evaluation and no_sync() forwards, from buffers that differ per
+    rank at the wrap: after each forward every rank's running statistics
+    equal DDP's on the same rank (the init sync and DDP's
+    require_forward_param_sync rule: train -> eval syncs, eval -> train and
+    after no_sync() do not)."""
+    import warnings
+
+    hvd.init()
+    r = hvd.rank()
+    sequence = ["train", "train", "eval", "eval", "train", "no_sync", "train", "eval", "train"]
+    for k, kw in enumerate(
+        [{}, {"broadcast_buffers": False}, {"forward_sync_buffers": False}, {"forward_sync_buffers": True}]
+    ):
+        nets = []
+        for _ in range(2):
+            net = _bn_net(seed=0)
+            with torch.no_grad():
+                net[1].running_mean.fill_(float(r + 1))  # each rank its own statistics (a checkpoint on rank 0)
+            nets.append(net)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # DDP's deprecation of broadcast_buffers
+            ddp = torch.nn.parallel.DistributedDataParallel(nets[0], **kw)
+        ours = hvd.DistributedModel(nets[1], name=f"buffer_rules.{k}", **kw)
+        for i, (what, (x, _)) in enumerate(zip(sequence, _batches(r, len(sequence)))):
+            for model in (ddp, ours):
+                model.train(what != "eval")
+                if what == "eval":
+                    with torch.no_grad():
+                        model(x)
+                elif what == "no_sync":
+                    with model.no_sync():
+                        model(x).sum().backward()
+                else:
+                    model(x).sum().backward()
+            want, got = ddp.module[1].running_mean, ours.module[1].running_mean
+            assert torch.equal(got, want), f"rank {r}, {kw}, forward {i} ({what}): {got} vs DDP's {want}"
+            assert ours.require_forward_param_sync == ddp.require_forward_param_sync, (kw, i, what)
+        spread = _gathered(ours.module[1].running_mean, f"buffer_rules.{k}.spread")
+        assert not torch.equal(spread[0], spread[1]), f"{kw}: the ranks' statistics never differed: no check"
+
+
+def names_in_messages() -> None:
+    """An optimizer built over model.parameters() without named_parameters
+    still names parameters by the module's names in its messages, where the
+    module is known (a DistributedModel over them, or model=)."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.used(x)  # the unused layer gets no gradient on any rank
+
+    hvd.init()
+    torch.manual_seed(0)
+    net = Net()
+    model = hvd.DistributedModel(net, name="names.dm")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), shard=2)
+    model(torch.ones(2, 4)).sum().backward()
+    expect(RuntimeError, ["unused.weight", "unused.bias"], opt.step, hvd.rank())
+    assert "noname" not in opt._names[0], opt._names
+    expect(
+        ValueError,
+        ["'used.weight'", "sharded optimizer"],
+        lambda: hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), model=net),
+        hvd.rank(),
+    )
+
+
 def ddp_arguments() -> None:
     """DDP's constructor arguments: accepted where they mean something here,
     refused naming the argument where they would mean something else."""
@@ -108,6 +180,20 @@ def ddp_arguments() -> None:
     assert len(hvd.DistributedModel(wide, bucket_cap_mb=1, name="wide.1mb").bucket_bytes()) >= 4
     x, y = _batches(hvd.rank(), 1)[0]
     F.cross_entropy(model(x), y).backward()
+    # torch 2.13's newer arguments: accepted where they mean something here.
+    from torch.distributed.device_mesh import init_device_mesh
+
+    wide = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    listed = hvd.DistributedModel(
+        wide,
+        bucket_cap_mb_list=[1, 3],
+        skip_all_reduce_unused_params=True,
+        batched_grad_copy=True,
+        device_mesh=init_device_mesh("cpu", (hvd.size(),)),
+        name="wide.list",
+    )
+    caps = listed.bucket_bytes()
+    assert caps[0] <= 1 << 20 < caps[1] <= 3 << 20, caps  # the first bucket's cap 1 MiB, every later one's 3
     refused = {
         "device_ids": dict(device_ids=[0]),
         "output_device": dict(output_device="cuda:0"),
@@ -115,6 +201,9 @@ def ddp_arguments() -> None:
         "process_group": dict(process_group=dist.new_group([0])),
         "mixed_precision": dict(mixed_precision=object()),
         "bucket_cap_mb": dict(bucket_cap_mb=0),
+        "bucket_cap_mb_list": dict(bucket_cap_mb_list=[1, 0]),
+        "delay_all_reduce_named_params": dict(delay_all_reduce_named_params=[]),
+        "device_mesh": dict(device_mesh=init_device_mesh("cpu", (1, hvd.size()))),
     }
     for arg, kwargs in refused.items():
         try:

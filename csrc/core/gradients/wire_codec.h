@@ -8,6 +8,8 @@
 // fp16: the 32- and 64-bit floats go as float16; 16-bit floats (float16,
 // bfloat16) go as they are -- a bfloat16 sent as float16 would save no byte
 // and lose its range --, as do integers and bool.
+// bf16 (a mixed-precision policy's reduce_dtype=bfloat16): the 32- and
+// 64-bit floats go as bfloat16; 16-bit floats, integers and bool as they are.
 //
 // A new codec is one enumerator, its name and its row in wireDtype(); a codec
 // that changes more than the dtype (low-rank, sparsification) adds its encode
@@ -24,9 +26,10 @@ namespace hvdtorch {
 enum class WireCodec : uint8_t {
   kNone = 0,
   kFp16 = 1,
+  kBf16 = 2,
 };
 
-// "none" or "fp16"; InvalidArgument for anything else.
+// "none", "fp16" or "bf16"; InvalidArgument for anything else.
 WireCodec wireCodecFromName(const std::string& name);
 const char* wireCodecName(WireCodec codec);
 

@@ -1,7 +1,8 @@
 // The gradient core as Python drives it: _C.GradientReducer
 // (grad_reducer.h) and its options, the strategy objects made in Python
-// (PowerSGD's), the backward-pass counter, the shard rule and the wire
-// codec's dtype rule.
+// (PowerSGD's), the backward-pass counter, the shard rule, the wire
+// codec's dtype rule, and the data swap that keeps a parameter's gradient
+// accumulator (shard=3 under a mixed-precision policy).
 #include <torch/extension.h>
 
 #include "bindings/bind_field.h"
@@ -38,6 +39,29 @@ std::function<void()> pythonCallback(py::function fn) {
 void checkParameters(const PyEngine& engine, const std::vector<at::Tensor>& params, const char* front,
                      const std::string& name) {
   for (const auto& p : params) OpBinding::check(p, opWhere(engine.engine()->topo().rank, front, name));
+}
+
+// torch's set_data() forgets a leaf's gradient accumulator when the new data has another dtype, so that
+// the next graph makes a new one: the reducers' hooks (accumulator_hooks.h) hang on the old one. This puts
+// the old one back. Its input metadata keeps the parameter's first dtype, so autograd converts a gradient
+// computed in another dtype into it before accumulating (validate_outputs): .grad stays in the master's
+// dtype. The accumulator's handle type differs between torch versions (shared_ptr in 2.11, intrusive_ptr
+// in 2.13): WeakOf names the weak handle of this torch's.
+template <typename Strong>
+struct WeakOf;
+template <typename T>
+struct WeakOf<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <typename T, typename N>
+struct WeakOf<c10::intrusive_ptr<T, N>> {
+  using type = c10::weak_intrusive_ptr<T, N>;
+};
+
+void setDataKeepingAccumulator(const at::Tensor& param, const at::Tensor& data) {
+  const auto acc = torch::autograd::impl::try_get_grad_accumulator(param);
+  param.set_data(data);
+  if (acc) torch::autograd::impl::set_grad_accumulator(param, typename WeakOf<std::decay_t<decltype(acc)>>::type(acc));
 }
 
 std::unique_ptr<GradientReducer> makeGradientReducer(PyEngine& engine, std::vector<at::Tensor> params,
@@ -88,6 +112,8 @@ void bindGradientReducerOptions(py::module_& m) {
 }  // namespace
 
 void bindGradients(py::module_& m) {
+  m.def("set_data_keeping_accumulator", &setDataKeepingAccumulator, py::arg("param"), py::arg("data"),
+        "param.data = data, keeping param's gradient accumulator (and so the hooks on it) when the dtype changes");
   // A strategy made in Python and handed to one GradientReducer (strategy_object=), so that its state
   // stays reachable: PowerSGD's (strategies/powersgd.h, hvdtorch/collectives/powersgd.py).
   py::class_<BucketStrategy, std::shared_ptr<BucketStrategy>>(m, "BucketStrategy")
