@@ -141,6 +141,7 @@ def check_extras_are_copies(commit_dir: str):
     )
     _train_step(state)
     ema.update_parameters(model)
+    scaler.scale(torch.ones(()))  # the scaler's state exists from its first scale()
     state.commit()
     ema_at_commit = [p.detach().clone() for p in ema.parameters()]
     lr_at_commit, scale_at_commit = opt.param_groups[0]["lr"], scaler.get_scale()

@@ -161,7 +161,9 @@ def replaced_grad_is_kept() -> None:
     skip a parameter this step, or to a tensor of its own) is what step()
     uses, as in one process: the reduction in flight never writes over it
     (DistributedOptimizer, whose reduction ends in step(); DistributedModel
-    with sync="explicit", whose sync_gradients() ends it). shard=1 steps each
+    with sync="explicit", whose sync_gradients() ends it), or, where the
+    reduction is still in flight when it is replaced (DistributedOptimizer
+    before synchronize()), refused naming the way that works. shard=1 steps each
     bucket's shard as one tensor, so a .grad set to None there cannot skip
     its parameter: refused, naming it."""
     hvd.init()
@@ -182,13 +184,27 @@ def replaced_grad_is_kept() -> None:
         else:
             model = hvd.DistributedModel(m, sync="explicit", name=f"replaced.{route}")
             opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        opt.zero_grad()
+        model(torch.full((2, 4), float(r + 1))).sum().backward()
+        opt.step()  # a first step as usual (the optimizer's first one learns which gradients are sparse)
+        start = [p.detach().clone() for p in m.parameters()]
+        opt.zero_grad()
         model(torch.full((2, 4), float(r + 1))).sum().backward()
         weight, bias = m[0].weight, m[0].bias
         weight.grad = None  # skip it this step
         bias.grad = torch.ones_like(bias)  # a gradient of the user's own
-        if route == "dm":
+        if route == "opt":  # the reduction ends in step(): the change check names both and the way that works
+            expect(RuntimeError, ["'0.weight', '0.bias'", "replaced", "skip_synchronize"], opt.step, r)
+            opt.synchronize()  # the refused step's reduction finishes; then the recipe the message names
+            opt.zero_grad()
+            model(torch.full((2, 4), float(r + 1))).sum().backward()
+            opt.synchronize()
+            weight.grad, bias.grad = None, torch.ones_like(bias)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
             model.sync_gradients()
-        opt.step()
+            opt.step()
         assert torch.equal(weight, start[0]), f"rank {r}, {route}: a parameter whose .grad was set to None moved"
         assert weight.grad is None, f"rank {r}, {route}: .grad set to None came back: {weight.grad}"
         torch.testing.assert_close(bias.detach(), start[1] - 0.5, msg=lambda msg: f"rank {r}, {route}: bias: {msg}")
@@ -200,8 +216,12 @@ def replaced_grad_is_kept() -> None:
     model = hvd.DistributedModel(m, name="replaced.shard1")
     opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.5), shard=1)
     model(torch.ones(2, 4)).sum().backward()
-    m[0].weight.grad = None
-    expect(RuntimeError, ["'0.weight'", "None", "shard=1"], opt.step, r)
+    m[0].weight.grad = None  # with the reduction still in flight: the change check names it
+    expect(RuntimeError, ["'0.weight'", "replaced"], opt.step, r)
+    opt.synchronize()
+    m[0].weight.grad = None  # after it (Horovod's recipe): shard=1 cannot skip one parameter of a shard
+    with opt.skip_synchronize():
+        expect(RuntimeError, ["'0.weight'", "None", "shard=1"], opt.step, r)
     for stage, change in ((2, None), (2, "tensor")):
         m = net()
         model = hvd.DistributedModel(m, name=f"replaced.shard{stage}.{change}")
