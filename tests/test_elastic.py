@@ -231,5 +231,9 @@ def test_torch_state_restores_from_memory_and_from_disk(tmp_path):
     run_ranks("tests.workers.elastic:check_restore", 2, args=[str(tmp_path / "commits")], timeout=90)
 
 
+def test_torch_state_commits_copies_of_its_extras(tmp_path):
+    run_ranks("tests.workers.elastic:check_extras_are_copies", 2, args=[str(tmp_path / "commits")], timeout=90)
+
+
 def test_torch_state_carries_the_powersgd_state(tmp_path):
     run_ranks("tests.workers.elastic:check_powersgd_state", 3, args=[str(tmp_path / "commits")], timeout=150)

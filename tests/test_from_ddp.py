@@ -18,6 +18,8 @@ from tests.harness import ROOT, launcher_free_env, run_ranks
         "buffer_sync_off_and_no_sync",
         "buffer_rules_as_ddp",
         "names_in_messages",
+        "released_reducers_leave_no_hooks",
+        "replaced_grad_is_kept",
         "ddp_arguments",
         "convert_sync_batchnorm",
         "clipping_between_backward_and_step",

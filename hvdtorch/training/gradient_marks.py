@@ -96,7 +96,7 @@ class GradientMarks:
                 f" and {len(changed) - 5} more" if len(changed) > 5 else ""
             )
             raise RuntimeError(
-                f"hvdtorch: rank {runtime.rank()}: the gradients of {shown} were changed between backward and "
-                "step() while their all-reduce was still to finish (torch.nn.utils.clip_grad_norm_, "
-                f"GradScaler.unscale_, ...): {self._fix}"
+                f"hvdtorch: rank {runtime.rank()}: the gradients of {shown} were changed (in place, or .grad "
+                "replaced: set to None or to another tensor) between backward and step() while their all-reduce was "
+                f"still to finish (torch.nn.utils.clip_grad_norm_, GradScaler.unscale_, ...): {self._fix}"
             )

@@ -345,6 +345,10 @@ class BucketGradients:
         if self._pending is not None:
             self._pending.restore()
 
+    def replaced_held(self) -> List[str]:
+        """shard=2/3: parameters whose stand-in in .grad the user replaced (held_gradients.py)."""
+        return self._held.replaced() if self._held is not None else []
+
     def remove_held(self) -> None:
         """shard=2: the stand-ins in .grad back to None (step(), zero_grad())."""
         if self._held is not None:

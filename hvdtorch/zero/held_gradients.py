@@ -19,6 +19,10 @@ Contract (the C++ reducer's pass callbacks, csrc/torch/grad_reducer.h):
     expanded tensor fails), and by the optimizer's step() and zero_grad();
   * ``p.grad is None`` is False while held: the point is that code which
     would use the gradient hears why there is none.
+  * A stand-in replaced by the user (``p.grad = None`` to skip a parameter
+    this step, or a tensor of their own) cannot change what the shard steps
+    on: the optimizer's step() refuses it, naming the parameters
+    (replaced()).
 """
 
 from typing import Sequence
@@ -68,6 +72,13 @@ class HeldGradients:
             if p.grad is None:
                 p.grad = held
         self._placed = True
+
+    def replaced(self):
+        """The names of the parameters whose stand-in was replaced since it
+        was placed (``p.grad = None``, or a tensor of the user's)."""
+        if not self._placed:
+            return []
+        return [n for p, n, held in zip(self._params, self._names, self._stand_ins) if p.grad is not held]
 
     def remove(self) -> None:
         """Every stand-in back to None (a real .grad is kept)."""

@@ -731,6 +731,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         .grad: a view of ``reduced`` (the all-reduced flat buckets) while
         every .grad in the range is still the view of it that synchronize()
         made (no copy, nothing allocated per step), else a copy of them."""
+        self._refuse_dropped_gradients()
         for b, shard, flat in zip(self._buckets, self._shards, reduced):
             start, end = b.shard_range(self._rank, self._size)
             if flat is not None and self._grads_view(b, flat, start, end):
@@ -748,6 +749,26 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         else g.reshape(-1)[lo - offset : hi - offset]
                     )
             shard.grad = torch.cat(pieces) if pieces else torch.zeros_like(shard)
+
+    def _refuse_dropped_gradients(self) -> None:
+        """shard=1: a .grad set to None after the reduction (to skip a
+        parameter this step, as one process would) cannot skip it here: the
+        step moves each bucket's shard as one tensor (weight decay,
+        momentum). Refused, naming the parameters; all of them None (a
+        zero_grad() after synchronize()) skips the step, as in one process."""
+        dropped = [self._names[i] for b in self._buckets for i in b.params if self._all_params[i].grad is None]
+        if not dropped:
+            return
+        if len(dropped) == sum(len(b.params) for b in self._buckets):
+            self._no_gradients = True
+            return
+        raise RuntimeError(
+            f"hvdtorch: rank {runtime.rank()}: the .grad of {dropped[:5]} is None at step() although its gradient "
+            f"was reduced (set to None after backward?): shard={self._stage} steps each bucket's shard as one "
+            "tensor, so the optimizer would still move it (weight decay, momentum), where one process skips it. "
+            "Leave .grad alone (or zero it: p.grad.zero_()), freeze the parameter (requires_grad_(False)) before "
+            "the optimizer is built, or use shard=0 for a parameter that some steps skip"
+        )
 
     def _grads_view(self, b, flat: torch.Tensor, start: int, end: int) -> bool:
         """Whether every .grad of bucket ``b`` that overlaps [start, end) is its slot of ``flat``."""
@@ -819,6 +840,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._synchronize()
         if self._stage == 1:
             self._shard_gradients_from_grad(self._reduced)
+        replaced = self._grads.replaced_held()
+        if replaced:
+            raise RuntimeError(
+                f"hvdtorch: rank {runtime.rank()}: the .grad of {replaced[:5]} was replaced after backward (set to "
+                f"None, or to a tensor of its own): with shard={self._stage} a parameter's .grad holds no gradient "
+                "(each rank keeps its shard of the average), so the change cannot reach the step, where one "
+                "process would use it. Scale with optimizer.clip_grad_norm_(), freeze the parameter "
+                "(requires_grad_(False)) before the optimizer is built, or use shard=1 where code changes .grad"
+            )
         self._grads.remove_held()  # shard=2's stand-ins end with the pass they stood for
         for outer, inner in zip(self.param_groups, self.optim.param_groups):
             inner.update({k: v for k, v in outer.items() if k not in ("params", "param_names")})

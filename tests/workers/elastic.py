@@ -121,6 +121,48 @@ def check_restore(commit_dir: str):
     hvd.shutdown()
 
 
+def check_extras_are_copies(commit_dir: str):
+    """A commit keeps copies of its extras' state: an EMA (torch's
+    AveragedModel, updated in place after each step), a scheduler and a
+    GradScaler changed after commit() are all rolled back by restore(), in
+    place (the objects the loop holds), and a sampler's processed indices too."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.5))
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1)
+    sampler = hvd.elastic.ElasticSampler(list(range(8)), shuffle=False)
+    state = hvd.elastic.TorchState(
+        model, opt, commit_dir=commit_dir, ema=ema, schedule=schedule, scaler=scaler, sampler=sampler
+    )
+    _train_step(state)
+    ema.update_parameters(model)
+    scaler.scale(torch.ones(()))  # the scaler's state exists from its first scale()
+    state.commit()
+    ema_at_commit = [p.detach().clone() for p in ema.parameters()]
+    lr_at_commit, scale_at_commit = opt.param_groups[0]["lr"], scaler.get_scale()
+    for _ in range(2):
+        _train_step(state)
+        ema.update_parameters(model)  # in place: the commit must not share these tensors
+        schedule.step()
+        scaler.update(new_scale=scaler.get_scale() * 2)
+    sampler.record_batch(0, 2)
+    assert not torch.equal(next(ema.parameters()), ema_at_commit[0]), "the EMA did not move"
+    state.restore()
+    for got, want in zip(ema.parameters(), ema_at_commit):
+        assert torch.equal(got, want), f"rank {hvd.rank()}: the EMA was not rolled back: {got} vs {want}"
+    assert state.ema is ema and state.schedule is schedule and state.scaler is scaler, "extras were replaced"
+    assert opt.param_groups[0]["lr"] == lr_at_commit, (opt.param_groups[0]["lr"], lr_at_commit)
+    assert scaler.get_scale() == scale_at_commit, (scaler.get_scale(), scale_at_commit)
+    assert sampler.state_dict()["processed_indices"] == [], sampler.state_dict()
+    hvd.barrier()
+    hvd.shutdown()
+
+
 def check_powersgd_state(commit_dir: str):
     """TorchState carries Compression.powersgd's state: a DistributedModel's (handed over as the
     DistributedModel or as the module it wraps) and a DistributedOptimizer's. restore() brings the

@@ -4,6 +4,7 @@ DDP"). Each rank seeds its own models differently, as a script that forgot
 to broadcast would; DDP runs over torch.distributed's default group, which
 hvd.init() made."""
 
+import copy
 import gc
 import os
 import sys
@@ -153,6 +154,133 @@ def names_in_messages() -> None:
         lambda: hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), model=net),
         hvd.rank(),
     )
+
+
+def replaced_grad_is_kept() -> None:
+    """A .grad the user replaces between backward and step (set to None to
+    skip a parameter this step, or to a tensor of its own) is what step()
+    uses, as in one process: the reduction in flight never writes over it
+    (DistributedOptimizer, whose reduction ends in step(); DistributedModel
+    with sync="explicit", whose sync_gradients() ends it), or, where the
+    reduction is still in flight when it is replaced (DistributedOptimizer
+    before synchronize()), refused naming the way that works. shard=1 steps each
+    bucket's shard as one tensor, so a .grad set to None there cannot skip
+    its parameter: refused, naming it."""
+    hvd.init()
+    r = hvd.rank()
+
+    def net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+
+    def run(route):
+        m = net()
+        start = [p.detach().clone() for p in m.parameters()]
+        if route == "opt":
+            model = m
+            opt = hvd.DistributedOptimizer(
+                torch.optim.SGD(m.parameters(), lr=0.5), named_parameters=m.named_parameters()
+            )
+        else:
+            model = hvd.DistributedModel(m, sync="explicit", name=f"replaced.{route}")
+            opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        opt.zero_grad()
+        model(torch.full((2, 4), float(r + 1))).sum().backward()
+        opt.step()  # a first step as usual (the optimizer's first one learns which gradients are sparse)
+        start = [p.detach().clone() for p in m.parameters()]
+        opt.zero_grad()
+        model(torch.full((2, 4), float(r + 1))).sum().backward()
+        weight, bias = m[0].weight, m[0].bias
+        weight.grad = None  # skip it this step
+        bias.grad = torch.ones_like(bias)  # a gradient of the user's own
+        if route == "opt":  # the reduction ends in step(): the change check names both and the way that works
+            expect(RuntimeError, ["'0.weight', '0.bias'", "replaced", "skip_synchronize"], opt.step, r)
+            opt.synchronize()  # the refused step's reduction finishes; then the recipe the message names
+            opt.zero_grad()
+            model(torch.full((2, 4), float(r + 1))).sum().backward()
+            opt.synchronize()
+            weight.grad, bias.grad = None, torch.ones_like(bias)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            model.sync_gradients()
+            opt.step()
+        assert torch.equal(weight, start[0]), f"rank {r}, {route}: a parameter whose .grad was set to None moved"
+        assert weight.grad is None, f"rank {r}, {route}: .grad set to None came back: {weight.grad}"
+        torch.testing.assert_close(bias.detach(), start[1] - 0.5, msg=lambda msg: f"rank {r}, {route}: bias: {msg}")
+        assert not torch.equal(m[1].weight, start[2]), f"rank {r}, {route}: the untouched layer did not step"
+
+    run("opt")
+    run("dm")
+    m = net()
+    model = hvd.DistributedModel(m, name="replaced.shard1")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.5), shard=1)
+    model(torch.ones(2, 4)).sum().backward()
+    m[0].weight.grad = None  # with the reduction still in flight: the change check names it
+    expect(RuntimeError, ["'0.weight'", "replaced"], opt.step, r)
+    opt.synchronize()
+    m[0].weight.grad = None  # after it (Horovod's recipe): shard=1 cannot skip one parameter of a shard
+    with opt.skip_synchronize():
+        expect(RuntimeError, ["'0.weight'", "None", "shard=1"], opt.step, r)
+    for stage, change in ((2, None), (2, "tensor")):
+        m = net()
+        model = hvd.DistributedModel(m, name=f"replaced.shard{stage}.{change}")
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.5), shard=stage)
+        model(torch.ones(2, 4)).sum().backward()
+        m[0].bias.grad = None if change is None else torch.ones_like(m[0].bias)
+        expect(RuntimeError, ["'0.bias'", "replaced", f"shard={stage}"], opt.step, r)
+
+
+def released_reducers_leave_no_hooks() -> None:
+    """A gradient front that lets its parameters go removes every hook it put
+    on them, the post-accumulate ones included: a DistributedModel handing
+    its gradients to a sharded optimizer (after moving to the traced hooks
+    compiled autograd uses), and a DistributedOptimizer (sparse_as_dense:
+    post-accumulate hooks) taken over by a newer one. The gradients stepped
+    on afterwards are reduced once: with op=hvd.Sum a second reduction
+    would double them."""
+    from hvdtorch.training.compiled_model import PassState, use_traced_hooks
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+
+    def post_hooks(params):
+        return [set(p._post_accumulate_grad_hooks or {}) for p in params]
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    ref = copy.deepcopy(net)
+    model = hvd.DistributedModel(net, op=hvd.Sum, name="released.dm")
+    model._pass_state = PassState()
+    model._traced_hooks = use_traced_hooks(model, model._params, model._pass_state)  # as compiled autograd does
+    traced = {h.id for h in model._traced_hooks}
+    assert all(traced & hooks for hooks in post_hooks(net.parameters())), "the traced hooks were not installed"
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=1.0), shard=1)
+    for i, hooks in enumerate(post_hooks(net.parameters())):
+        assert not traced & hooks, f"rank {r}: parameter {i} keeps the model's traced hooks after the hand-over"
+    want = [torch.zeros_like(p) for p in ref.parameters()]
+    for k in range(n):  # the Sum of every rank's gradient, once
+        ref.zero_grad()
+        ref(torch.full((2, 4), float(k + 1))).sum().backward()
+        for w, q in zip(want, ref.parameters()):
+            w += q.grad
+    opt.zero_grad()
+    model(torch.full((2, 4), float(r + 1))).sum().backward()
+    opt.synchronize()
+    for i, (p, w) in enumerate(zip(net.parameters(), want)):
+        torch.testing.assert_close(p.grad, w, msg=lambda m: f"rank {r}: parameter {i} after the hand-over: {m}")
+
+    # A DistributedOptimizer taken over by a newer one removes its post-accumulate hooks (sparse_as_dense).
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    before = post_hooks(emb.parameters())
+    old = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), sparse_as_dense=True)
+    with_old = post_hooks(emb.parameters())
+    assert all(len(o) > len(b) for o, b in zip(with_old, before)), "sparse_as_dense installed no hook"
+    new = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1))
+    for o, b, now in zip(with_old, before, post_hooks(emb.parameters())):
+        assert not (o - b) & now, f"rank {r}: the older DistributedOptimizer's hooks are still there: {(o - b) & now}"
+    del old, new
 
 
 def ddp_arguments() -> None:
