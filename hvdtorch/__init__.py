@@ -64,6 +64,7 @@ from .runtime import (
     size,
 )
 from .timeline import start_timeline, stop_timeline
+from .training import compile_marks as _compile_marks
 from .training.distributed_model import DistributedModel
 from .training.mixed_precision import MixedPrecisionPolicy
 from .training.optimizer import DistributedOptimizer
@@ -73,6 +74,7 @@ from .zero.optimizer import ShardedOptimizer
 __version__ = "0.1.0"
 
 _install_aliases()
+_compile_marks.install()  # torch.compiler.disable on hvdtorch's frames once torch._dynamo loads (not at import)
 
 
 def __getattr__(name):

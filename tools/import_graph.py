@@ -36,6 +36,7 @@ LAYERS = {
     "hvdtorch.training.buckets": 0,
     "hvdtorch.training.step_marks": 0,
     "hvdtorch.training.compiled_model": 0,  # DistributedModel under torch.compile: torch only
+    "hvdtorch.training.compile_marks": 0,  # torch.compiler.disable once torch._dynamo loads: torch only
     "hvdtorch.timeline.summary": 0,
     "hvdtorch.timeline.plot": 0,
     "hvdtorch.runtime": 1,

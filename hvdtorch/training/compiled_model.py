@@ -38,11 +38,14 @@ graph then stores in .grad. Both declare the gradients mutated: true of
 
 import functools
 import itertools
+import sys
 import weakref
 from typing import List
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+
+from .compile_marks import disabled_when_compiled
 
 # key -> the live DistributedModel whose reducer the ops drive.
 _models = weakref.WeakValueDictionary()
@@ -103,7 +106,10 @@ def _end(params: List[torch.Tensor], model: int, state: PassState) -> None:
 
 def compiled_autograd_on() -> bool:
     """Compiled autograd is on now (its context, or torch._dynamo.config.compiled_autograd
-    inside a torch.compile'd function)."""
+    inside a torch.compile'd function). Never before torch._dynamo is loaded (nothing is
+    compiled then), so asking does not load it (compile_marks.py says why that matters)."""
+    if "torch._dynamo" not in sys.modules:
+        return False
     ca = torch._dynamo.compiled_autograd
     return bool(getattr(ca, "compiled_autograd_enabled", False) or getattr(ca, "in_compiled_autograd_region", False))
 
@@ -155,7 +161,7 @@ def call_module(module, args, kwargs):
     return module(*args, **kwargs)
 
 
-@torch.compiler.disable
+@disabled_when_compiled
 def begin_bucketed_graphs(dm):
     """From now until end_bucketed_graphs(), graphs Dynamo compiles are split
     at ``dm``'s bucket size. Returns what to hand to end_bucketed_graphs()."""
@@ -164,6 +170,6 @@ def begin_bucketed_graphs(dm):
     return old
 
 
-@torch.compiler.disable
+@disabled_when_compiled
 def end_bucketed_graphs(old) -> None:
     DistributedDataParallel._active_ddp_module = old

@@ -30,17 +30,13 @@ from ..collectives import ops
 from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
+from . import compiled_model
 from .bucketed_step import step_as_reduced, steps_in_pieces
 from .buckets import complete_order, layers_by_name, plan_buckets
 from .buffer_sync import BufferSync, ForwardSyncRule
 from .coming_from_ddp import ddp_arguments
-from .compiled_model import (
-    PassState,
-    begin_bucketed_graphs,
-    compiled_autograd_on,
-    end_bucketed_graphs,
-    use_traced_hooks,
-)
+from .compile_marks import disabled_when_compiled
+from .compiled_model import PassState, compiled_autograd_on, use_traced_hooks
 from .mixed_precision import as_policy, cast_buffers, cast_floating, cast_parameters
 from .reducer_options import reducer_options
 from .step_marks import StepMarks
@@ -340,14 +336,14 @@ class DistributedModel(torch.nn.Module):
     # Under torch.compile this frame runs eagerly and only the module's call
     # is compiled (compiled_model.py): no graph break inside the model, its
     # graphs split at the bucket size, the bookkeeping around it in Python.
-    @torch.compiler.disable(recursive=False)
+    @disabled_when_compiled(recursive=False)
     def forward(self, *args, **kwargs):
         self._refuse_meta("forward")
         self._before_forward()
         policy = self.mixed_precision
         if policy is not None and policy.cast_forward_inputs:
             args, kwargs = cast_floating(args, policy.param_dtype), cast_floating(kwargs, policy.param_dtype)
-        outer = begin_bucketed_graphs(self)
+        outer = compiled_model.begin_bucketed_graphs(self)
         try:
             if self._parameter_units is None:
                 with self._cast_parameters():
@@ -356,7 +352,7 @@ class DistributedModel(torch.nn.Module):
                 with self._parameter_units.forward():
                     out = self._marks.forward(self.module, args, kwargs)
         finally:
-            end_bucketed_graphs(outer)
+            compiled_model.end_bucketed_graphs(outer)
         if policy is not None:
             out = cast_floating(out, policy.output_dtype)
         # DDP's _post_forward: the next forward syncs the buffers after a training forward that reduces.
@@ -409,7 +405,7 @@ class DistributedModel(torch.nn.Module):
                 "materialize it before wrapping (module.to_empty(device=...) and its init)"
             )
 
-    @torch.compiler.disable
+    @disabled_when_compiled
     def _before_forward(self) -> None:
         grad = torch.is_grad_enabled()
         if grad:

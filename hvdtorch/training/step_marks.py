@@ -16,6 +16,7 @@ While no timeline is written, marking costs one call that returns False.
 import torch
 
 from .. import _C
+from .compile_marks import disabled_when_compiled
 from .compiled_model import call_module, compiled_autograd_on
 
 
@@ -38,7 +39,7 @@ class StepMarks:
         self._name = name
 
     # Runs eagerly under torch.compile; the module's call is what gets compiled.
-    @torch.compiler.disable(recursive=False)
+    @disabled_when_compiled(recursive=False)
     def forward(self, module, args, kwargs):
         """Runs ``module(*args, **kwargs)`` and marks it; returns its output.
         Under compiled autograd BACKWARD is not marked: it traces the hook
