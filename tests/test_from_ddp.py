@@ -18,6 +18,7 @@ from tests.harness import ROOT, launcher_free_env, run_ranks
         "buffer_sync_off_and_no_sync",
         "buffer_rules_as_ddp",
         "names_in_messages",
+        "models_that_differ_are_named",
         "released_reducers_leave_no_hooks",
         "replaced_grad_is_kept",
         "ddp_arguments",

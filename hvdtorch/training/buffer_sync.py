@@ -1,5 +1,10 @@
 """DistributedDataParallel's module-state semantics for DistributedModel.
 
+* check_same_model(): at the wrap, before anything is broadcast, the ranks
+  compare a digest of the module's parameters and buffers (names, shapes,
+  dtypes; one Min and one Max all-reduce of it); where they differ, every
+  rank raises naming the first parameter or buffer that differs and what
+  each rank has, instead of a broadcast's mismatch of packed sizes.
 * broadcast_state(buffers): when the model is wrapped, every rank of the
   process set takes the set's first rank's parameters, and its buffers
   unless told otherwise (DDP's ``init_sync``; which buffers go is DDP's rule,
@@ -27,6 +32,7 @@ them, so training goes on as under DDP's join (which takes them from a rank
 still training too: the last).
 """
 
+import hashlib
 import re
 from typing import Dict, List, Tuple
 
@@ -34,6 +40,7 @@ import torch
 
 from .. import runtime
 from ..collectives import ops
+from ..collectives.broadcast import allgather_object
 from .sync_batch_norm import SyncBatchNorm
 
 # How the engine refuses an op whose root has joined (Coordinator::whileJoinedError: "...: its root
@@ -71,6 +78,42 @@ class BufferSync:
         self._set = process_set
         self._name = name
         self.enabled = bool(enabled)
+
+    def _signature(self) -> List[Tuple[str, str, Tuple[int, ...], str]]:
+        """(kind, name, shape, dtype) of every parameter and buffer, in module order."""
+        out = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in self._module.named_parameters()]
+        return out + [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in self._module.named_buffers()]
+
+    def check_same_model(self, where: str) -> None:
+        """Every rank of the set holds a module of the same parameters and
+        buffers (collective); raises on every rank naming the first that
+        differs. ``where`` names the wrapper in the message."""
+        if self._set.size() <= 1:
+            return
+        mine = self._signature()
+        digest = int.from_bytes(hashlib.sha256(repr(mine).encode()).digest()[:8], "little", signed=True)
+        t = torch.tensor([digest], dtype=torch.int64)
+        low = ops.allreduce(t, op=ops.Min, name=f"{self._name}.same_model.min", process_set=self._set)
+        high = ops.allreduce(t, op=ops.Max, name=f"{self._name}.same_model.max", process_set=self._set)
+        if int(low) == int(high):
+            return
+        every = allgather_object(mine, name=f"{self._name}.same_model.signatures", process_set=self._set)
+        ranks = self._set.ranks
+        me = runtime.rank()
+        for k in range(max(len(sig) for sig in every)):
+            rows = [sig[k] if k < len(sig) else None for sig in every]
+            if all(r == rows[0] for r in rows):
+                continue
+            first = next(r for r in rows if r is not None)
+            shown = "; ".join(
+                f"rank {ranks[i]}: " + ("nothing (fewer tensors)" if r is None else f"{r[0]} {r[1]!r} {list(r[2])} {r[3]}")
+                for i, r in enumerate(rows)
+            )
+            raise ValueError(
+                f"hvdtorch: rank {me}: {where}: the models differ across ranks, first at {first[0]} {first[1]!r} "
+                f"({shown}). Every rank must build the same model (the same code, arguments and order) before "
+                "wrapping it"
+            )
 
     def broadcast_state(self, buffers: bool = True) -> None:
         """Parameters, and buffers if ``buffers``, from the set's first rank (once, at wrap)."""

@@ -292,6 +292,8 @@ class DistributedModel(torch.nn.Module):
         self._autotune = None
         self._marks = StepMarks(st.engine, self._name)
         if self._built_on_meta:
+            if init_sync:  # shapes are known on the meta device: a mismatch is named before any shard is made
+                self._buffers_sync.check_same_model(f"DistributedModel '{self._name}'")
             return
         layout = self._plan(self._first_bucket_bytes)
         f = float(gradient_predivide_factor)
@@ -331,6 +333,7 @@ class DistributedModel(torch.nn.Module):
         )
         # Last, once every argument is checked: a refused model broadcasts nothing.
         if init_sync:
+            self._buffers_sync.check_same_model(f"DistributedModel '{self._name}'")
             self._buffers_sync.broadcast_state(buffers=self._init_sync_buffers)
 
     # Under torch.compile this frame runs eagerly and only the module's call

@@ -127,6 +127,31 @@ def buffer_rules_as_ddp() -> None:
         assert not torch.equal(spread[0], spread[1]), f"{kw}: the ranks' statistics never differed: no check"
 
 
+def models_that_differ_are_named() -> None:
+    """Ranks that built different models (a size read from the rank, a layer
+    only some add) are refused at the wrap on every rank, naming the first
+    parameter that differs and what each rank has, before any broadcast."""
+    hvd.init()
+    r = hvd.rank()
+    width = 5 + r  # a hidden size that differs per rank
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, width))
+    expect(
+        ValueError,
+        ["the models differ across ranks", "parameter '1.weight'", "rank 0: parameter '1.weight' [5, 4]", "[6, 4]"],
+        lambda: hvd.DistributedModel(net, name="differ.shape"),
+        r,
+    )
+    layers = [torch.nn.Linear(4, 4)] + ([torch.nn.BatchNorm1d(4)] if r == 1 else [])
+    expect(
+        ValueError,
+        ["the models differ across ranks", "'1.weight'", "nothing (fewer tensors)"],
+        lambda: hvd.DistributedModel(torch.nn.Sequential(*layers), name="differ.count"),
+        r,
+    )
+    same = hvd.DistributedModel(torch.nn.Sequential(torch.nn.Linear(4, 4)), name="differ.none")
+    assert same is not None
+
+
 def names_in_messages() -> None:
     """An optimizer built over model.parameters() without named_parameters
     still names parameters by the module's names in its messages, where the
