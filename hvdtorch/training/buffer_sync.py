@@ -57,6 +57,11 @@ def _synced_by_construction(module: torch.nn.Module) -> set:
     return out
 
 
+def _described(row) -> str:
+    """One rank's entry of check_same_model's signature, for the message."""
+    return "nothing (fewer tensors)" if row is None else f"{row[0]} {row[1]!r} {list(row[2])} {row[3]}"
+
+
 class ForwardSyncRule:
     """DDP's ``require_forward_param_sync``: a forward syncs the buffers
     exactly when the forward before it was a training forward (autograd on)
@@ -105,10 +110,7 @@ class BufferSync:
             if all(r == rows[0] for r in rows):
                 continue
             first = next(r for r in rows if r is not None)
-            shown = "; ".join(
-                f"rank {ranks[i]}: " + ("nothing (fewer tensors)" if r is None else f"{r[0]} {r[1]!r} {list(r[2])} {r[3]}")
-                for i, r in enumerate(rows)
-            )
+            shown = "; ".join(f"rank {ranks[i]}: {_described(r)}" for i, r in enumerate(rows))
             raise ValueError(
                 f"hvdtorch: rank {me}: {where}: the models differ across ranks, first at {first[0]} {first[1]!r} "
                 f"({shown}). Every rank must build the same model (the same code, arguments and order) before "
