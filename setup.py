@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 
 from setuptools import Extension, find_packages, setup
@@ -83,9 +84,63 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def _import_torch():
+    """The installed torch, or one clear line saying how to build against it."""
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit(
+            "hvdtorch: the build cannot see torch. hvdtorch compiles against the torch you train with, and pip's "
+            "build isolation hides it: install torch first (e.g. pip install torch==2.13.0), then build with "
+            "`pip install --no-build-isolation .`"
+        ) from None
+    return torch
+
+
+class _Progress:
+    """Ninja's [done/total] lines, every 10% (and the time so far), on the
+    terminal: pip keeps a build's output to itself unless it fails (or -v),
+    and a cold build takes minutes. Nothing where there is no terminal."""
+
+    def __init__(self):
+        try:
+            self._tty = open("/dev/tty", "w")
+        except OSError:
+            self._tty = None
+        self._start = time.monotonic()
+        self._shown = -1
+
+    def line(self, text: str) -> None:
+        match = re.match(r"\[(\d+)/(\d+)\]", text)
+        if self._tty is None or not match:
+            return
+        done, total = int(match.group(1)), int(match.group(2))
+        tenth = done * 10 // max(total, 1)
+        if tenth == self._shown:
+            return
+        self._shown = tenth
+        minutes = (time.monotonic() - self._start) / 60
+        self._tty.write(
+            f"hvdtorch: compiling {done}/{total} ({minutes:.1f} min so far; a cold build takes 5-10 minutes on 2 "
+            "cores, later builds recompile only what changed)\n"
+        )
+        self._tty.flush()
+
+
+def _build(cmd, env) -> None:
+    """``cmd``, its output passed on, its progress shown (_Progress); raises as check_call does."""
+    progress = _Progress()
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for text in proc.stdout:
+            sys.stdout.write(text)
+            progress.line(text)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
-        import torch
+        torch = _import_torch()
         from torch.utils import cpp_extension
 
         check_torch_release(torch.__version__)
@@ -133,7 +188,7 @@ class CMakeBuild(build_ext):
         targets = os.environ.get("HVDTORCH_BUILD_TARGETS", "").split()
         target_args = ["--target", *targets] if targets else []
         env = dict(os.environ, HVDTORCH_SETUP_BUILD="1")  # this build is setup.py's own (see CMakeLists.txt)
-        subprocess.check_call(["cmake", "--build", build_dir, *target_args, "--", "-j" + jobs], env=env)
+        _build(["cmake", "--build", build_dir, *target_args, "--", "-j" + jobs], env)
         built = os.path.join(out_dir, filename)
         if not targets or "hvdtorch_ext" in targets:
             if os.path.abspath(built) != target:  # an editable install: setuptools copies it from target

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -85,3 +86,18 @@ def test_the_build_folder_writes_the_extension_python_imports():
     assert out and os.path.realpath(out.group(1)) == os.path.realpath(os.path.dirname(_C.__file__)), (
         f"{cache} builds the extension into {out and out.group(1)}, but Python imports {_C.__file__}"
     )
+
+
+def test_a_build_that_cannot_see_torch_says_what_to_type(tmp_path):
+    # pip's build isolation hides the installed torch: one line naming --no-build-isolation, not a traceback.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import runpy, sys; sys.modules['torch'] = None; "
+        f"sys.argv = ['setup.py', 'build_ext', '--build-temp', {str(tmp_path)!r}]; "
+        "runpy.run_path('setup.py', run_name='__main__')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("hvdtorch:")]
+    assert len(lines) == 1 and "pip install --no-build-isolation ." in lines[0], out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
