@@ -18,7 +18,9 @@ DataType toDataType(at::ScalarType t, const std::string& where) {
     case at::kBool: return DataType::kBool;
     default: break;
   }
-  throw InvalidArgument(strCat(where, ": dtype ", c10::toString(t), " is not supported by hvdtorch"));
+  throw InvalidArgument(strCat("hvdtorch: ", where, ": dtype ", c10::toString(t),
+                               " is not supported (hvdtorch reduces uint8, int8, int16, int32, int64, float16, "
+                               "bfloat16, float32, float64 and bool; a complex tensor goes as torch.view_as_real(t))"));
 }
 
 at::ScalarType toScalarType(DataType t) {
