@@ -37,6 +37,7 @@ from . import (  # noqa: F401  (horovod.torch's submodules, for scripts importin
     functions,
     mpi_ops,
 )
+from . import knob_names as _knob_names
 from ._aliases import attribute as _alias_attribute
 from ._aliases import install as _install_aliases
 from .collectives.api import *  # noqa: F403  (the collectives' public names, listed there)
@@ -85,18 +86,6 @@ def __getattr__(name):
     return module
 
 
-# Knobs outside the engine's Config (whose knobs _C.knobs() lists): read in Python only.
-_PYTHON_KNOBS = [
-    (
-        "HVDTORCH_ELASTIC_DIR",
-        "",
-        "where hvd.elastic states commit (TorchState(commit_dir=...) overrides); empty: commits in memory only",
-    ),
-]
-
-
 def knobs():
     """Every HVDTORCH_* environment variable as (name, default, meaning)."""
-    from . import _C
-
-    return list(_C.knobs()) + _PYTHON_KNOBS
+    return _knob_names.knobs()

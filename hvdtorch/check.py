@@ -189,11 +189,11 @@ def knob_table(options: Dict[str, str], env=os.environ) -> List[Dict[str, str]]:
 
 
 def unknown_environment(env=os.environ) -> List[str]:
-    """HVDTORCH_* variables that are set but are no knob (typos)."""
-    import hvdtorch
+    """HVDTORCH_* variables that are set but are no knob (typos), by the
+    rule init() warns by (hvdtorch/knob_names.py)."""
+    from hvdtorch import knob_names
 
-    known = {name for name, _, _ in hvdtorch.knobs()}
-    return sorted(k for k in env if k.startswith("HVDTORCH_") and k not in known)
+    return [name for name, _ in knob_names.unknown_variables(env)]
 
 
 def reducers() -> Dict[str, object]:
@@ -368,10 +368,16 @@ def format_report(r: Dict[str, object]) -> str:
             lines.append(f"  {p['rank']:>4}  {p['host']:<20} {p['local_rank']:>5}  {links or '-':<40} {ar}")
     if "knobs" in r:
         lines += ["", "knobs"]
+        width = max(len(k["name"]) for k in r["knobs"]) + 2
+        value_width = max(12, *(len(k["value"] or "(empty)") for k in r["knobs"])) + 2
         for k in r["knobs"]:
-            lines.append(f"  {k['name']:<28} {k['value'] or '(empty)':<12} {k['source']}")
+            lines.append(f"  {k['name']:<{width}}{k['value'] or '(empty)':<{value_width}}{k['source']}")
+        from hvdtorch import knob_names
+
         for name in r.get("unknown_environment", []):
-            lines.append(f"  {name:<28} set in the environment but not a knob hvdtorch knows")
+            near = knob_names.closest(name, [k["name"] for k in r["knobs"]])
+            hint = f" (did you mean {near}?)" if near else ""
+            lines.append(f"  {name}: set in the environment but not a knob hvdtorch knows{hint}")
     lines += [""]
     lines += ["OK" if r["ok"] else "PROBLEMS"] + [f"  - {p}" for p in r.get("problems", [])]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import secrets
 import sys
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -29,7 +30,7 @@ import torch.distributed as dist
 # for the life of the process, past shutdown().
 import torch.distributed.nn.functional  # noqa: F401
 
-from . import launch
+from . import knob_names, launch
 
 _lock = threading.Lock()
 
@@ -255,6 +256,23 @@ def destroy_groups(groups) -> None:
             pass
 
 
+_warned_variables: set = set()
+
+
+def _warn_unknown_variables() -> None:
+    """Once per variable and process: an HVDTORCH_* variable that is no knob (knob_names.py)."""
+    for name, near in knob_names.unknown_variables(os.environ):
+        if name in _warned_variables:
+            continue
+        _warned_variables.add(name)
+        hint = f"; did you mean {near}?" if near else ""
+        warnings.warn(
+            f"hvdtorch: {name} is set but is no hvdtorch knob, so it changes nothing{hint} "
+            "(python -m hvdtorch.check lists the knobs)",
+            stacklevel=3,
+        )
+
+
 def init(comm=None, process_sets=None, **options) -> None:
     """Starts hvdtorch in this process.
 
@@ -276,7 +294,12 @@ def init(comm=None, process_sets=None, **options) -> None:
         if _state is not None:
             return
         opts = {str(k): str(v) for k, v in options.items()}
-        resolved = _C.resolve_options(opts)
+        knob_names.check_option_names(opts)
+        try:
+            resolved = _C.resolve_options(opts)  # every knob's value checked here, on every rank
+        except ValueError as e:
+            raise ValueError(f"hvdtorch: {e}") from None
+        _warn_unknown_variables()
         timeout = datetime.timedelta(seconds=resolved["timeout"])
         info = launch.detect()
         owns_default = not dist.is_initialized()

@@ -51,3 +51,36 @@ def test_the_device_ring_slots_follow_the_knobs(slot_bytes, slots):
         "HVDTORCH_DEVICE_RING_SLOTS": slots,
     }
     run_ranks("tests.workers.knobs:device_ring_inbox", 2, args=[slot_bytes, slots], env=env, timeout=90)
+
+
+def test_bad_values_fail_init_naming_the_knob():
+    run_ranks(
+        "tests.workers.knobs:bad_values_refused_at_init",
+        2,
+        env={"HVDTORCH_TIMEOUTS": "5", "HVDTORCH_REDUCER": "ring"},
+        timeout=90,
+    )
+
+
+def test_check_refuses_a_bad_reducer_and_aligns_the_table():
+    import os
+    import subprocess
+    import sys
+
+    from tests.harness import ROOT, launcher_free_env
+
+    env = launcher_free_env()
+    env.update(PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""), HVDTORCH_REDUCER="foo")
+    p = subprocess.run(
+        [sys.executable, "-m", "hvdtorch.check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "HVDTORCH_REDUCER='foo'" in p.stdout and "PROBLEMS" in p.stdout, p.stdout
+    env["HVDTORCH_REDUCER"] = "ring"
+    p = subprocess.run(
+        [sys.executable, "-m", "hvdtorch.check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = p.stdout.split("\nknobs\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    starts = {len(row) - len(row[2:].split(None, 1)[1]) for row in rows if row.startswith("  HVDTORCH_")}
+    assert len(starts) == 1, f"the knob table's value column is not aligned: {rows}"

@@ -260,3 +260,36 @@ def calibration_ran(expected: str) -> None:
     hvd.init()
     assert probe_calibrated_at_init() == (expected == "1"), runtime.state().engine.reducer_choices()
     hvd.shutdown()
+
+
+def bad_values_refused_at_init() -> None:
+    """A bad knob fails init() on every rank, naming the variable, its value
+    and what it takes, before any collective; an option that is no knob names
+    the closest one; a corrected init() then works."""
+    import warnings
+
+    for options, words in (
+        ({"reducer": "foo"}, ["HVDTORCH_REDUCER='foo'", "expected one of auto, ring"]),
+        ({"timeout": "0"}, ["HVDTORCH_TIMEOUT='0'", "expected a positive number"]),
+        ({"fusion_threshold": "lots"}, ["HVDTORCH_FUSION_THRESHOLD='lots'", "expected a non-negative number"]),
+        ({"shm": "maybe"}, ["HVDTORCH_SHM='maybe'", "expected a boolean (0 or 1)"]),
+        ({"timout": "3"}, ["init(timout=...)", "did you mean timeout= (HVDTORCH_TIMEOUT)"]),
+    ):
+        try:
+            hvd.init(**options)
+        except ValueError as e:
+            text = str(e)
+            assert text.startswith("hvdtorch: ") and all(w in text for w in words), (options, text)
+        else:
+            raise AssertionError(f"init({options}) was accepted")
+        assert not hvd.is_initialized()
+    # A variable that is no knob: warned about once, naming the closest knob; it changes nothing.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.init()
+        hvd.shutdown()
+        hvd.init()
+    said = [str(w.message) for w in caught if "HVDTORCH_TIMEOUTS" in str(w.message)]
+    assert len(said) == 1 and "did you mean HVDTORCH_TIMEOUT?" in said[0], [str(w.message) for w in caught]
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == hvd.size()
+    hvd.shutdown()

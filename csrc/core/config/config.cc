@@ -113,7 +113,7 @@ double toNumber(const std::string& key, const std::string& v) {
   char* end = nullptr;
   const double d = std::strtod(v.c_str(), &end);
   if (v.empty() || end == v.c_str() || *end != '\0' || d < 0)
-    throw InvalidArgument(strCat("HVDTORCH_", key, "='", v, "' is not a non-negative number"));
+    throw InvalidArgument(strCat("HVDTORCH_", key, "='", v, "': expected a non-negative number"));
   return d;
 }
 
@@ -123,7 +123,7 @@ int64_t toInt(const std::string& key, const std::string& v, int64_t lo, int64_t 
   errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || errno != 0 || *end != '\0' || x < lo || x > hi)
-    throw InvalidArgument(strCat("HVDTORCH_", key, "=", v, ": expected an integer in [", lo, ", ", hi, "]"));
+    throw InvalidArgument(strCat("HVDTORCH_", key, "='", v, "': expected an integer in [", lo, ", ", hi, "]"));
   return x;
 }
 
@@ -131,7 +131,7 @@ bool toBool(const std::string& key, const std::string& v) {
   const std::string u = upper(v);
   if (u == "1" || u == "TRUE" || u == "YES" || u == "ON") return true;
   if (u == "0" || u == "FALSE" || u == "NO" || u == "OFF") return false;
-  throw InvalidArgument(strCat("HVDTORCH_", key, "='", v, "' is not a boolean (use 0 or 1)"));
+  throw InvalidArgument(strCat("HVDTORCH_", key, "='", v, "': expected a boolean (0 or 1)"));
 }
 
 }  // namespace
@@ -143,7 +143,7 @@ void Config::set(const std::string& raw_key, const std::string& v) {
   using std::chrono::milliseconds;
   if (key == "TIMEOUT") {
     timeout = milliseconds(static_cast<long long>(toNumber(key, v) * 1000));
-    if (timeout.count() <= 0) throw InvalidArgument("HVDTORCH_TIMEOUT must be positive");
+    if (timeout.count() <= 0) throw InvalidArgument(strCat("HVDTORCH_TIMEOUT='", v, "': expected a positive number"));
   } else if (key == "STALL_CHECK_TIME") {
     stall_warning = milliseconds(static_cast<long long>(toNumber(key, v) * 1000));
   } else if (key == "CYCLE_TIME") {
@@ -190,7 +190,8 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     autotune_warmup_steps = static_cast<int>(toNumber(key, v));
   } else if (key == "AUTOTUNE_STEPS_PER_TRIAL") {
     autotune_steps_per_trial = static_cast<int>(toNumber(key, v));
-    if (autotune_steps_per_trial < 1) throw InvalidArgument("HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL must be at least 1");
+    if (autotune_steps_per_trial < 1)
+      throw InvalidArgument(strCat("HVDTORCH_AUTOTUNE_STEPS_PER_TRIAL='", v, "': expected an integer of at least 1"));
   } else if (key == "AUTOTUNE_ROUNDS") {
     autotune_rounds = std::max(1, static_cast<int>(toNumber(key, v)));
   } else if (key == "CENTRAL_SHARDS") {
@@ -201,7 +202,7 @@ void Config::set(const std::string& raw_key, const std::string& v) {
     } else if (v == "1") {
       sim_device = true;
     } else {
-      throw InvalidArgument(strCat("HVDTORCH_SIM_DEVICE=", v, ": expected 0 or 1"));
+      throw InvalidArgument(strCat("HVDTORCH_SIM_DEVICE='", v, "': expected 0 or 1"));
     }
   } else if (key == "SIM_SEED") {
     sim_seed = static_cast<uint64_t>(toInt(key, v, 0, std::numeric_limits<int64_t>::max()));

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "bindings/bindings.h"
+#include "common/error.h"
 #include "config/config.h"
 #include "engine/engine.h"
 #include "engine/negotiation/coordinator.h"
@@ -43,12 +44,19 @@ void bindConfig(py::module_& m) {
     for (const auto& k : Config::knobs()) out.emplace_back("HVDTORCH_" + k.name, k.default_value, k.help);
     return out;
   });
-  // Validates the options (ValueError names a bad one) and returns what the
+  // Validates the options (ValueError names a bad one: its variable, value and what it takes) and returns what the
   // Python side reads: the effective HVDTORCH_TIMEOUT in seconds
   // (torch.distributed gets the same deadline), HVDTORCH_HOSTNAME and the
   // autotune knobs. Config is the one place knobs are parsed.
   m.def("resolve_options", [](const std::map<std::string, std::string>& options) {
     const Config c = Config::load(options);
+    // Config keeps the reducer's name (it knows no algorithm); the registry checks it, so a bad name fails
+    // here, at init() on every rank and in `python -m hvdtorch.check`, not at the first all-reduce.
+    try {
+      parseReducer(c.reducer);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(strCat("HVDTORCH_REDUCER='", c.reducer, "': ", e.what()));
+    }
     py::dict d;
     d["timeout"] = std::chrono::duration<double>(c.timeout).count();
     d["hostname"] = c.hostname;
