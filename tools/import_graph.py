@@ -28,6 +28,7 @@ PACKAGE = os.path.join(ROOT, "hvdtorch")
 LAYERS = {
     "hvdtorch._aliases": 0,
     "hvdtorch.launch": 0,
+    "hvdtorch.knob_names": 0,  # which HVDTORCH_* variables are knobs: _C's list and Python's
     "hvdtorch.exceptions": 0,
     "hvdtorch.collectives.compression": 0,
     "hvdtorch.collectives.own_state": 0,
