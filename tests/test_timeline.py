@@ -75,12 +75,15 @@ def test_summary_matches_the_raw_events(traces):
             assert phases[phase]["count"] == len(begins) == len(ends)
             assert phases[phase]["total_ms"] == pytest.approx((sum(ends) - sum(begins)) / 1e3, abs=1e-9)
         # every bucket reduced once per step, every forward and backward marked
-        # (plus the one all-reduce in which DistributedModel agrees its bucket order)
+        # (plus the wrap's own all-reduces: one that agrees the bucket order, a Min and a Max that check
+        # every rank built the same model)
         reduced = [names.get(e["pid"], "") for e in events if e["ph"] == "B" and e["name"].startswith("ALLREDUCE:")]
         order_reductions = sum(1 for op in reduced if op.endswith(".bucket_order"))
         assert order_reductions == 1
+        same_model = sum(1 for op in reduced if ".same_model." in op)
+        assert same_model == 2
         reductions = sum(q["count"] for k, q in phases.items() if k.startswith("ALLREDUCE:"))
-        assert reductions == run["steps"] * run["buckets"] + order_reductions
+        assert reductions == run["steps"] * run["buckets"] + order_reductions + same_model
         assert run["buckets"] >= 3
         assert phases["FORWARD"]["count"] == phases["BACKWARD"]["count"] == run["steps"]
         assert s["steps"] == run["steps"] - 1
