@@ -1,12 +1,17 @@
-"""The output pool on 2 ranks (tests/workers/output_pool.py): reuse, a held
-tensor never reused under it, every op with a fresh host output, the
-bound, the release at shutdown, and the knob turning it off."""
+"""The output pool on 2 ranks (tests/workers/output_pool.py): reuse, also of
+sizes between class boundaries, a held tensor never reused under it, every
+op with a fresh host output, the bound, the release at shutdown, and the
+knob turning it off."""
 
 from tests.harness import run_ranks
 
 
 def test_reuse_and_never_under_a_held_tensor():
     run_ranks("tests.workers.output_pool:reuse_and_never_under_a_held_tensor", 2, timeout=120)
+
+
+def test_reuse_between_class_boundaries():
+    run_ranks("tests.workers.output_pool:reuse_between_class_boundaries", 2, timeout=120)
 
 
 def test_every_op_with_a_fresh_output():

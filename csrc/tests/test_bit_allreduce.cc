@@ -1,8 +1,10 @@
 // The coordinator-free AND of the ranks' bit vectors: the result on every
 // rank against an AND computed here, for many sizes and host layouts; the
-// O(log p) message bound per rank; and that in the hierarchical shape only
-// one rank per host sends or receives across hosts.
+// O(log p) message bound per rank; that in the hierarchical shape only
+// one rank per host sends or receives across hosts; and that a host's ranks
+// wait for their leader's word long enough to name a stall on another host.
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <thread>
 
@@ -213,6 +215,53 @@ TEST(a_last_word_in_place_of_a_vector_names_the_peer_and_its_cause) {
   CHECK_MSG(stopped, "rank 0: %s", outcomes[0].what.c_str());
   CHECK_MSG(outcomes[0].what.find("rank 1 stopped: rank 1: the data plane lost rank 7") != std::string::npos, "%s",
             outcomes[0].what.c_str());
+}
+
+TEST(a_hosts_ranks_wait_for_their_leaders_word_naming_a_stall_on_another_host) {
+  // Hosts {0, 1} and {2, 3}; rank 2, host 1's leader, stalls: its vector
+  // never comes. Every rank's waits end at one deadline (the engine's ranks
+  // start a cycle's AND within a cycle of each other). Rank 0, host 0's
+  // leader, waits for rank 2 across hosts until then and, as the engine
+  // does, sends its last word naming rank 2 down its host, late (200 ms:
+  // a loaded machine). Rank 1, waiting for its leader's result, must wait
+  // the relay grace (a quarter of the 4 s timeout, 1 s) and pass on that
+  // word naming rank 2, not time out at the deadline blaming rank 0.
+  const Deadline shared = Deadline::after(std::chrono::milliseconds(300));
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      {0, 0, 1, 1},
+      [&](Context& ctx) {
+        if (ctx.rank() == 2) return;  // stalled: never takes part
+        std::vector<uint64_t> v(1, ~uint64_t(0));
+        try {
+          bitAndAllreduce(ctx, v, shared, BitAllreduceShape::kHierarchical);
+        } catch (const TimeoutError& e) {
+          if (ctx.rank() == 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            ResponseList last;
+            last.shutdown = true;
+            last.shutdown_rank = 0;
+            last.shutdown_reason = strCat("rank 0: lost contact with the other ranks during negotiation: ", e.what());
+            const std::vector<char> bytes = last.serialize();
+            sendFrame(ctx.link(1), FrameKind::kLastWord, bytes.data(), bytes.size(),
+                      Deadline::after(std::chrono::milliseconds(1000)));
+          }
+          throw;
+        }
+      },
+      std::chrono::milliseconds(4000));
+  CHECK_MSG(outcomes[0].what.find("timed out receiving from rank 2") != std::string::npos, "rank 0: %s",
+            outcomes[0].what.c_str());
+  bool stopped = false;
+  try {
+    if (outcomes[1].error) std::rethrow_exception(outcomes[1].error);
+  } catch (const PeerStopped& e) {
+    stopped = e.peer() == 0;
+  } catch (...) {
+  }
+  CHECK_MSG(stopped, "rank 1 did not wait for rank 0's word: %s", outcomes[1].what.c_str());
+  CHECK_MSG(outcomes[1].what.find("rank 0: timed out receiving from rank 2") != std::string::npos &&
+                outcomes[1].what.find("receiving from rank 0") == std::string::npos,
+            "rank 1 does not name the stalled rank: %s", outcomes[1].what.c_str());
 }
 
 HVD_TEST_MAIN()

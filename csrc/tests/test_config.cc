@@ -1,6 +1,8 @@
 // Config (config/config.h): the knobs of the simulated device, the ones read
-// from the environment only, and the REDUCER knob's help, which names the
-// reducers by hand because config sits below algorithms/ (the registry).
+// from the environment only, the REDUCER knob's help, which names the
+// reducers by hand because config sits below algorithms/ (the registry), and
+// the cycle time in milliseconds.
+#include <chrono>
 #include <cstdlib>
 #include <string>
 
@@ -62,6 +64,24 @@ TEST(load_from_environment_reads_only_the_named_knobs) {
   CHECK_THROWS(Config::load(), InvalidArgument);
   unsetenv("HVDTORCH_TIMEOUT");
   unsetenv("HVDTORCH_SIM_SEED");
+}
+
+TEST(the_cycle_time_is_read_in_milliseconds) {
+  // HVDTORCH_CYCLE_TIME is milliseconds (the default, 1, is 1 ms): read as
+  // microseconds, a negotiation cycle would run 1000 times too often.
+  using std::chrono::microseconds;
+  CHECK(Config().cycle_time == microseconds(1000));
+  CHECK(knob("CYCLE_TIME").default_value == "1");
+  Config c;
+  c.set("CYCLE_TIME", "20");
+  CHECK_MSG(c.cycle_time == microseconds(20000), "20 ms read as %lld us", static_cast<long long>(c.cycle_time.count()));
+  c.set("cycle_time", "0.25");
+  CHECK_MSG(c.cycle_time == microseconds(250), "0.25 ms read as %lld us", static_cast<long long>(c.cycle_time.count()));
+  setenv("HVDTORCH_CYCLE_TIME", "5", 1);
+  CHECK(Config::load().cycle_time == microseconds(5000));
+  CHECK(Config::load({{"cycle_time", "7"}}).cycle_time == microseconds(7000));  // an option wins over the variable
+  unsetenv("HVDTORCH_CYCLE_TIME");
+  CHECK_THROWS(c.set("CYCLE_TIME", "-1"), InvalidArgument);
 }
 
 HVD_TEST_MAIN()

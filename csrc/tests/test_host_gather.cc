@@ -2,13 +2,20 @@
 // thread per local rank, each mapping the segments itself as a process
 // would: every gather holds every rank's shard, a later gather never writes
 // under a rank still reading the last one, slots are reused (the host holds
-// as many as buckets in use at once), waits name the ranks they wait for,
-// misuse is refused, and nothing is left in /dev/shm.
+// as many as buckets in use at once), waits name the ranks they wait for
+// (a put the ranks still holding the last gather, not those that released
+// it; a dead peer by its rank, not the waiter), misuse is refused, and
+// nothing is left in /dev/shm.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -143,6 +150,98 @@ TEST(a_wait_names_the_ranks_it_waits_for) {
   });
   CHECK_MSG(what.find("rank 7") != std::string::npos && what.find("gather of bucket 0") != std::string::npos, "%s",
             what.c_str());
+  CHECK(shmEntries(name).empty());
+}
+
+TEST(a_put_waiting_for_the_last_release_names_the_ranks_still_holding_it) {
+  // Ranks 3, 5, 7 (parties 0-2) hold gather 1 of bucket 0; rank 5 and rank 3
+  // release it, rank 7 keeps reading. Rank 3's put of gather 2 times out and
+  // must name rank 7 alone: not rank 5, which released, nor itself.
+  const std::string name = uniqueShmPrefix("hg");
+  std::string what;
+  ThreadBarrier barrier(3);
+  onParties(3, [&](int p) {
+    std::optional<HostGather> g;
+    if (p == 0) g.emplace(name, p, std::vector<int>{3, 5, 7}, std::vector<size_t>{64}, std::chrono::milliseconds(300));
+    barrier.arrive();  // the control segment exists: the others' opens wait for nothing
+    if (p != 0) g.emplace(name, p, std::vector<int>{3, 5, 7}, std::vector<size_t>{64}, std::chrono::milliseconds(300));
+    const char byte = static_cast<char>(p);
+    g->put(0, {{&byte, static_cast<size_t>(p), 1}}, true);
+    barrier.arrive();  // every shard is there: no await below waits
+    auto held = g->await(0);
+    if (p != 2) g->release(0);
+    barrier.arrive();  // ranks 3 and 5 released, rank 7 holds
+    if (p == 0) {
+      try {
+        g->put(0, {{&byte, 0, 1}}, true);
+      } catch (const TimeoutError& e) {
+        what = e.what();
+      }
+    }
+    barrier.arrive();  // rank 7 holds gather 1 until rank 3 gave up
+    if (p == 2) g->release(0);
+  });
+  const std::string lead = "still waiting for ", tail = " to release gather 1";
+  const size_t at = what.find(lead), end = what.find(tail);
+  const std::string named = at == std::string::npos || end == std::string::npos || end < at
+                                ? ""
+                                : what.substr(at + lead.size(), end - at - lead.size());
+  CHECK_MSG(named == "rank 7", "named '%s': %s", named.c_str(), what.c_str());
+  CHECK_MSG(what.find("the release of bucket 0") != std::string::npos, "%s", what.c_str());
+  CHECK(shmEntries(name).empty());
+}
+
+TEST(a_wait_that_finds_a_local_peer_dead_names_that_peer) {
+  // Rank 7 (party 1) is another process: it maps the control segment, says
+  // so, and is SIGKILLed before it puts its shard. Rank 3's await must fail
+  // at once (not at the 20 s deadline) naming rank 7 and its pid, not itself.
+  const std::string name = uniqueShmPrefix("hg");
+  int ready[2];
+  CHECK(pipe(ready) == 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(ready[0]);
+    try {
+      auto* g = new HostGather(name, 1, {3, 7}, {64}, kTimeout);  // never destroyed: it dies holding it
+      (void)g;
+      const char r = 'r';
+      if (write(ready[1], &r, 1) != 1) _exit(4);
+      for (;;) pause();  // until SIGKILL
+    } catch (...) {
+    }
+    _exit(3);
+  }
+  close(ready[1]);
+  std::string what;
+  bool timed_out = false;
+  double waited_ms = 0;
+  {
+    HostGather g(name, 0, {3, 7}, {64}, kTimeout);
+    char r = 0;
+    CHECK(read(ready[0], &r, 1) == 1 && r == 'r');
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child status %d", status);
+    const char byte = 1;
+    g.put(0, {{&byte, 0, 1}}, true);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      g.await(0);
+    } catch (const TimeoutError& e) {
+      timed_out = true;
+      what = e.what();
+    } catch (const CollectiveError& e) {
+      what = e.what();
+    }
+    waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  close(ready[0]);
+  CHECK_MSG(!timed_out, "timed out instead: %s", what.c_str());
+  CHECK_MSG(what.find("rank 3: local rank 7 (pid " + std::to_string(child) + ") died") != std::string::npos, "%s",
+            what.c_str());
+  CHECK_MSG(what.find("local rank 3") == std::string::npos, "%s", what.c_str());
+  CHECK_MSG(waited_ms < 5000, "waited %.0f ms", waited_ms);
   CHECK(shmEntries(name).empty());
 }
 

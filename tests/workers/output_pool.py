@@ -1,6 +1,7 @@
 """Rank side of tests/test_output_pool.py: the fresh host outputs of the
 collectives come from the output pool (csrc/torch/output_pool.h): a block
-freed by its last tensor serves the next output of its size class, a tensor
+freed by its last tensor serves the next output of its size class (sizes
+between class boundaries too), a tensor
 still held is never written under, the pool keeps at most its limit, small
 outputs bypass it, and shutdown() frees what it keeps."""
 
@@ -70,6 +71,48 @@ def reuse_and_never_under_a_held_tensor() -> None:
     for k in range(3):
         hvd.allreduce(_x(1000, r), name=f"small{k}")
     assert {k: _stats()[k] for k in ("reused", "fresh")} == {k: small[k] for k in ("reused", "fresh")}
+    hvd.shutdown()
+
+
+def _size_class(nbytes: int) -> int:
+    """OutputPool::sizeClass: eight classes per power of two."""
+    step = (1 << (nbytes.bit_length() - 1)) // 8
+    return -(-nbytes // step) * step
+
+
+def reuse_between_class_boundaries() -> None:
+    """Outputs of sizes between two class boundaries (1 MiB + 40 KiB, + 100
+    KiB, ...: all in the class of 1 MiB + 128 KiB) each reuse the block the
+    last one freed: it is filed by its class, not by the size asked for.
+    So eight such outputs in turn map one block, and the pool keeps that one
+    class-sized block, not a block per size (up to its limit)."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    sizes = [MIB + k * 1024 for k in (40, 100, 13, 127, 64, 1, 90, 120)]  # bytes, one class
+    cls = _size_class(sizes[0])
+    assert cls == MIB + 128 * 1024 and all(_size_class(b) == cls for b in sizes), cls
+    base = _stats()
+    where = None
+    for k, nbytes in enumerate(sizes):
+        numel = nbytes // 4
+        before = _stats()
+        out = hvd.allreduce(_x(numel, r), op=hvd.Sum, name=f"between{k}")
+        after = _stats()
+        torch.testing.assert_close(out, _sum_of_ranks(numel, n))
+        if k == 0:
+            assert after["fresh"] == before["fresh"] + 1, (before, after)
+            where = out.data_ptr()
+        else:
+            assert out.data_ptr() == where, (k, nbytes, hex(out.data_ptr()), hex(where))
+            assert after["reused"] == before["reused"] + 1 and after["fresh"] == before["fresh"], (k, before, after)
+        del out
+        _wait_returned(before["returned"] + 1)
+        s = _stats()
+        # Held as one block of its class: what the next output of the class takes.
+        assert s["kept_blocks"] == base["kept_blocks"] + 1 and s["kept_bytes"] == base["kept_bytes"] + cls, (k, s)
+    s = _stats()
+    assert s["fresh"] == base["fresh"] + 1 and s["reused"] == base["reused"] + len(sizes) - 1, (base, s)
+    assert s["dropped"] == base["dropped"], (base, s)
     hvd.shutdown()
 
 
