@@ -999,7 +999,7 @@ def check_gathered_parameters_in_a_set():
     g = hvd.rank()
     if g in ps.ranks:
         dm, _, _ = train("sgd", steps=2, dm_kw={"process_set": ps})
-        for k in range(ps.size()):
+        for k in reversed(range(ps.size())):  # modifier_rank=1 first: global rank 2, not 1
             with dm.gathered_parameters(modifier_rank=k):
                 with torch.no_grad():
                     dm.module.head.bias.fill_(float(g))  # sharded
