@@ -8,6 +8,11 @@ HVDTORCH_HOSTNAME to emulate several hosts. The whole job has a deadline: if
 it passes, every rank is killed and the test fails with each rank's output,
 so a hang is a clear failure, never a stuck CI.
 
+Edge configurations for every suite: hosts of different sizes
+(hosts=["a", "a", "b"]: two ranks on one host, one on the other), and a
+process set the checks run in (process_set=[1, 2]: a set without rank 0;
+the rank-side checks take it from tests.workers.common.job_process_set()).
+
 The simulated device's seed (HVDTORCH_SIM_SEED, which each rank mixes with
 its rank) is the caller's or the environment's if set, else drawn at random
 for each job, so that every run of the suite tries other stream delays; a
@@ -81,6 +86,7 @@ def run_ranks(
     kill_rank: Optional[int] = None,
     kill_after: Optional[str] = None,
     kill_signal: int = signal.SIGKILL,
+    process_set: Optional[Sequence[int]] = None,
 ) -> List[RankResult]:
     """Starts `target` ("module:function") on `nranks` processes and waits.
 
@@ -90,9 +96,22 @@ def run_ranks(
     `kill_rank`, that rank is sent SIGKILL once its output contains
     `kill_after` (`kill_signal`: SIGSTOP freezes it instead; it is killed
     when the others are done).
+
+    Hosts may differ in size (["a", "a", "b"]). `process_set` (global
+    ranks, e.g. [1, 2]: a set without rank 0) is the set the job's checks
+    run in: every rank gets it as HVDTORCH_TEST_PROCESS_SET, and a worker
+    that supports it calls tests.workers.common.job_process_set() on every
+    rank (which adds it; the ranks outside it take no part in the check).
     """
     port = free_port()
     hosts = list(hosts) if hosts else ["localhost"] * nranks
+    if len(hosts) != nranks:
+        raise ValueError(f"run_ranks: {len(hosts)} hosts for {nranks} ranks")
+    if process_set is not None:
+        ranks = sorted({int(g) for g in process_set})
+        if not ranks or ranks[0] < 0 or ranks[-1] >= nranks:
+            raise ValueError(f"run_ranks: process_set={list(process_set)} is not a set of ranks of {nranks}")
+        env = dict(env or {}, HVDTORCH_TEST_PROCESS_SET=",".join(map(str, ranks)))
     sim_seed = (
         (env or {}).get("HVDTORCH_SIM_SEED") or os.environ.get("HVDTORCH_SIM_SEED") or random.randrange(1, 1 << 31)
     )

@@ -105,3 +105,41 @@ def test_secondary_copy_across_hosts():
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_built_on_the_meta_device(nranks):
     run_ranks("tests.workers.zero3:check_built_on_meta", nranks, timeout=180)
+
+
+# ---- edges: sets without rank 0, hosts of different sizes, strict loads, join while evaluating ------------
+
+
+def test_gathered_parameters_in_a_set_without_rank_0():
+    # modifier_rank is the set's rank: in [1, 2], modifier_rank=1 is global rank 2.
+    run_ranks("tests.workers.zero3:check_gathered_parameters_in_a_set", 3, process_set=[1, 2], timeout=120)
+
+
+def test_built_on_the_meta_device_in_a_set_without_rank_0():
+    run_ranks("tests.workers.zero3:check_built_on_meta_in_a_set", 3, process_set=[1, 2], timeout=180)
+
+
+def test_training_on_hosts_of_different_sizes():
+    # Two ranks on one host, one on the other: no host copy (on no rank), and training equal to one process.
+    run_ranks("tests.workers.zero3:check_training", 3, args=["quick"], timeout=180, hosts=["a", "a", "b"])
+
+
+def test_strict_loading():
+    run_ranks("tests.workers.zero3:check_strict_loading", 2, timeout=120)
+
+
+def test_module_state_inside_gathered_parameters():
+    run_ranks("tests.workers.zero3:check_module_state_inside_gathered_parameters", 2, timeout=120)
+
+
+def test_sharded_states_in_any_order():
+    run_ranks("tests.workers.zero3:check_sharded_states_in_any_order", 3, timeout=120)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_join_while_evaluating(nranks):
+    run_ranks("tests.workers.zero3:check_join_while_evaluating", nranks, timeout=180)
+
+
+def test_gradient_buckets_released_in_backward():
+    run_ranks("tests.workers.zero3:check_gradient_buckets_released_in_backward", 2, timeout=120)

@@ -76,16 +76,25 @@ Contract:
     forward, as under FSDP.
   * ``gathered_parameters(modifier_rank)`` pins every bucket gathered for
     its body (nothing is freed, forward and backward inside included); on a
-    clean exit each bucket is broadcast from ``modifier_rank`` and every
-    rank takes its range back into its shard (None: read only; a write to a
-    parameter inside is then an error at exit).
+    clean exit each bucket is broadcast from ``modifier_rank`` (the set's
+    rank: global rank ``process_set.ranks[modifier_rank]``) and every rank
+    takes its range back into its shard, and the module's other state
+    (buffers, frozen parameters) that any rank wrote inside is broadcast
+    from it too, so that what the modifier holds (a load_state_dict() of
+    the module inside, say) is what every rank holds after (None: read
+    only; a write to a sharded parameter inside is then an error at exit).
+    Inside, the module's own state_dict() and load_state_dict() work, as on
+    a plain module.
   * Full state dicts are gathered bucket by bucket (never the whole model at
     once) and cloned on the ranks that receive them; loading one writes each
     rank's range of every parameter into its shard, locally: any number of
-    ranks, any bucket layout. A sharded state dict is this rank's shards and
+    ranks, any bucket layout. It refuses what torch refuses, in torch's
+    words (strict: missing and unexpected keys; a tensor of another shape,
+    "size mismatch", even of the same number of elements) and returns the
+    keys torch returns. A sharded state dict is this rank's shards and
     the module's other state (buffers, frozen parameters): it loads back at
-    the same rank and size, and every rank's, as a list, at any size with
-    the same buckets.
+    the same rank and size, and every rank's, as a list in any order, at
+    any size with the same buckets.
   * A write to a parameter at rest that its stand-in takes without an
     error (fill_, zero_: torch.nn.init.zeros_, constant_) raises at the
     next gather of its bucket, naming it: the write was lost.
@@ -98,13 +107,18 @@ Contract:
     the write would be lost with the gathered copy (and on one host be seen
     by the other ranks mid-step), where one process keeps it.
     gathered_parameters() is where parameters are written.
-  * hvd.join(). Each pass (from a forward to the next forward or step())
-    records the gathers and frees it ran, in order, one script for passes
-    under autograd and one without; a rank that has joined replays its last
-    script of the kind the others announce (replay()), which issues the same
-    collectives and host-copy puts in the same order as a pass of theirs.
+  * hvd.join(). Each pass records the gathers and frees it ran, in order,
+    one script for passes under autograd (from a forward to the next
+    forward or step(): its backward included) and one without (its forward
+    alone: recorded when that forward ends, so that it counts when it is
+    the last thing a rank runs before join()); a forward inside
+    gathered_parameters() is no pass (it gathers nothing and is not
+    announced). A rank that has joined replays its last script of the kind
+    the others announce (replay()), which issues the same collectives and
+    host-copy puts in the same order as a pass of theirs.
 """
 
+import collections
 import contextlib
 import itertools
 import weakref
@@ -318,6 +332,7 @@ class ParameterUnits:
         self._names = names
         self._shards = shards
         self._process_set = process_set
+        self._module = weakref.ref(module)  # its other state follows modifier_rank too (gathered_parameters())
         self._rank, self._size = process_set.rank(), process_set.size()
         self._reshard = bool(reshard_after_forward)
         self._gather_dtype = gather_dtype if gather_dtype is not None and gather_dtype != shards[0].dtype else None
@@ -639,7 +654,8 @@ class ParameterUnits:
         self._close_pass()
         if self._announce_pass is not None:  # inside gathered_parameters() (pinned) it gathers nothing
             self._announce_pass(torch.is_grad_enabled(), self._pins > 0)
-        self._script, self._script_grad = [], torch.is_grad_enabled()
+        # A forward inside gathered_parameters() (pinned) gathers nothing and is not announced: it is no pass.
+        self._script, self._script_grad = (None if self._pins else []), torch.is_grad_enabled()
         self.free_all()
         self._start_kept()
         self._recording, self._recorded = [], set()
@@ -653,6 +669,8 @@ class ParameterUnits:
                 self._order, self._position = self._recording, {j: k for k, j in enumerate(self._recording)}
             if self._reshard or not torch.is_grad_enabled():
                 self.free_all(writes_taken=not clean)  # else kept for backward; a failed forward's error leads
+            if not self._script_grad:
+                self._close_pass()  # no backward follows a pass without autograd: it is whole now
         if not self._pins:  # what stays gathered (kept buckets, units kept for backward) is checked now
             for j, full in enumerate(self._full):
                 if full is not None:
@@ -758,6 +776,7 @@ class ParameterUnits:
             self._private -= 1
         self._pins += 1
         versions = {i: self._params[i]._version for b in self._buckets for i in b.params}
+        rest_versions = {id(t): t._version for t in self._unsharded_state()}
         clean = False
         try:
             yield
@@ -766,14 +785,25 @@ class ParameterUnits:
             self._pins -= 1
             try:
                 if clean and self._pins == 0:
-                    self._write_back(modifier_rank, versions)
+                    self._write_back(modifier_rank, versions, rest_versions)
             finally:
                 # The kept buckets too: a write inside went to the shards (the write-back) or nowhere (an
                 # exception, read only), so no gathered copy may keep it.
                 if self._pins == 0:
                     self.free_all(kept_too=True, writes_taken=True)
 
-    def _write_back(self, modifier_rank: Optional[int], versions: Dict[int, int]) -> None:
+    def _unsharded_state(self) -> List[torch.Tensor]:
+        """The module's tensors shard=3 does not hold (buffers, frozen
+        parameters, parameters the optimizer does not step), in the
+        module's order (the same on every rank)."""
+        module = self._module()
+        if module is None:
+            return []
+        return [t for t in itertools.chain(module.parameters(), module.buffers()) if id(t) not in self._index_of]
+
+    def _write_back(
+        self, modifier_rank: Optional[int], versions: Dict[int, int], rest_versions: Dict[int, int]
+    ) -> None:
         if modifier_rank is None:
             written = [self._names[i] for i, v in versions.items() if self._params[i]._version != v]
             if written:
@@ -792,6 +822,21 @@ class ParameterUnits:
                     ops.broadcast_(full, root, name=f"{self._name}.write_back.{j}", process_set=self._process_set)
                 start, end = b.shard_range(self._rank, self._size)
                 self._shards[j].copy_(full[start:end])
+            # The module's other state (a load_state_dict() inside loads buffers and frozen parameters too):
+            # where any rank wrote one, every rank takes modifier_rank's.
+            rest = self._unsharded_state()
+            if rest and self._size > 1:
+                written = torch.tensor(
+                    [float(rest_versions.get(id(t)) != t._version) for t in rest], dtype=torch.float64
+                )
+                written = ops.allreduce(
+                    written, op=ops.Max, name=f"{self._name}.write_back.rest", process_set=self._process_set
+                )
+                for k, (t, w) in enumerate(zip(rest, written.tolist())):
+                    if w > 0:
+                        ops.broadcast_(
+                            t.data, root, name=f"{self._name}.write_back.rest.{k}", process_set=self._process_set
+                        )
 
     # ---- state dicts ----------------------------------------------------------------
 
@@ -904,7 +949,11 @@ class ParameterUnits:
     def load_state_dict(self, module: torch.nn.Module, state_dict, strict: bool = True):
         """Each rank writes its range of every parameter into its shard (local,
         so every rank calls it with the full state); buffers and parameters
-        shard=3 does not hold load as torch loads them."""
+        shard=3 does not hold load as torch loads them. What torch refuses is
+        refused as torch refuses it, in its words: with ``strict``, missing
+        and unexpected keys; always, a tensor of another shape ("size
+        mismatch", never a reshape of the same number of elements). The
+        keys are returned as torch returns them."""
         if SHARDED_FORMAT in state_dict or (
             isinstance(state_dict, (list, tuple)) and all(SHARDED_FORMAT in s for s in state_dict)
         ):
@@ -913,31 +962,50 @@ class ParameterUnits:
         sharded_ids = self._index_of
         with self._own_reads():
             raw = module.state_dict(keep_vars=True)
-            rest = {k: v for k, v in state_dict.items() if not (k in raw and id(raw[k]) in sharded_ids)}
-            result = module.load_state_dict(rest, strict=False)
-        missing = [k for k in result.missing_keys if not (k in raw and id(raw[k]) in sharded_ids)]
-        taken = set()
+
+        def sharded(k):
+            return k in raw and id(raw[k]) in sharded_ids
+
+        rest = collections.OrderedDict((k, v) for k, v in state_dict.items() if not sharded(k))
+        metadata = getattr(state_dict, "_metadata", None)
+        if metadata is not None:  # the modules' versions, which their loading hooks read
+            rest._metadata = metadata
+        with self._own_reads():
+            result = module.load_state_dict(rest, strict=False)  # raises torch's errors of what it loads
+        # torch's list, in its order, less the sharded parameters loaded here.
+        missing = [k for k in result.missing_keys if not (sharded(k) and k in state_dict)]
+        errors = []
         with torch.no_grad():
-            for k, v in raw.items():
-                i = sharded_ids.get(id(v))
-                if i is None or i in taken:
-                    continue
-                if k not in state_dict:
-                    missing.append(k)
+            for k, v in raw.items():  # a tied parameter's keys in torch's order: its last key's value stays
+                if not sharded(k) or k not in state_dict:
                     continue
                 value = state_dict[k]
-                if tuple(value.shape) != tuple(v.shape):
-                    raise RuntimeError(
-                        f"hvdtorch: load_state_dict: {k!r} has shape {tuple(value.shape)} in the state dict, "
-                        f"{tuple(v.shape)} in the model"
+                if not torch.overrides.is_tensor_like(value):
+                    errors.append(
+                        f'While copying the parameter named "{k}", expected torch.Tensor or Tensor-like object '
+                        f"from checkpoint but received {type(value)}"
                     )
-                taken.add(i)
-                self._write_parameter(i, value)
-        if strict and (missing or result.unexpected_keys):
-            raise RuntimeError(
-                f"hvdtorch: load_state_dict: missing keys {missing}, unexpected keys {list(result.unexpected_keys)}"
-            )
+                    continue
+                if v.dim() == 0 and value.dim() == 1 and value.shape[0] == 1:
+                    value = value[0]  # torch's rule for a checkpoint of torch 0.3
+                if value.shape != v.shape:
+                    errors.append(
+                        f"size mismatch for {k}: copying a param with shape {value.shape} from checkpoint, "
+                        f"the shape in current model is {v.shape}."
+                    )
+                    continue
+                self._write_parameter(sharded_ids[id(v)], value)
         self.after_step()
+        if strict and result.unexpected_keys:
+            errors.insert(
+                0, "Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in result.unexpected_keys))
+            )
+        if strict and missing:
+            errors.insert(0, "Missing key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in missing)))
+        if errors:
+            raise RuntimeError(
+                "Error(s) in loading state_dict for {}:\n\t{}".format(type(module).__name__, "\n\t".join(errors))
+            )
         return torch.nn.modules.module._IncompatibleKeys(missing, list(result.unexpected_keys))
 
     def _write_parameter(self, i: int, value: torch.Tensor) -> None:

@@ -1,8 +1,12 @@
 """Helpers shared by the rank-side workers."""
 
+import os
+
 import torch
 
+import hvdtorch as hvd
 from hvdtorch import _C
+from hvdtorch.collectives import process_set_table
 
 
 def device_of(device: str) -> torch.device:
@@ -40,3 +44,17 @@ def expect(exc_type, words, call, r):
         print(f"rank {r} raised {exc_type.__name__}: {msg}", flush=True)
         return msg
     raise AssertionError(f"no {exc_type.__name__} for {words}")
+
+
+def job_process_set():
+    """The process set the job's checks run in: tests/harness.py's
+    run_ranks(process_set=[...]) (HVDTORCH_TEST_PROCESS_SET), added now if
+    it is not yet (a collective: call it on every rank, after hvd.init(),
+    in the same order as any other set added); else the global set."""
+    spec = os.environ.get("HVDTORCH_TEST_PROCESS_SET")
+    if not spec:
+        return hvd.global_process_set
+    ranks = [int(g) for g in spec.split(",")]
+    if ranks == list(range(hvd.size())):
+        return hvd.global_process_set
+    return process_set_table.process_set_with(ranks)

@@ -10,6 +10,7 @@ parameter, a module of a unit called on its own and shapes no number of
 ranks divides.
 """
 
+import collections
 import contextlib
 import copy
 import gc
@@ -23,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 import hvdtorch as hvd
 from hvdtorch import runtime
 from hvdtorch.collectives import ops
-from tests.workers.common import expect
+from tests.workers.common import expect, job_process_set
 
 PER_RANK = 3
 D = 7
@@ -125,8 +126,11 @@ def assert_equal_to(dm, ref, what, tol=(1e-9, 1e-12)):
 def train(
     kind="adam", steps=3, accumulate=1, use_no_sync=False, checkpointed=False, dm_kw=None, tol=(1e-9, 1e-12), **kw
 ):
-    """Trains shard=3 and the one-process reference; checks they match."""
-    n, r = hvd.size(), hvd.rank()
+    """Trains shard=3 and the one-process reference; checks they match.
+    dm_kw's process_set (default the global one) is the job: its ranks'
+    batches are the global batch."""
+    ps = (dm_kw or {}).get("process_set") or hvd.global_process_set
+    n, r = ps.size(), ps.rank()
     base = base_model(checkpointed)
     ref = copy.deepcopy(base)
     ref_opt = make_opt(kind, trainable(ref))
@@ -157,13 +161,38 @@ def train(
     return dm, opt, ref
 
 
+def _check_host_copy_choice(opt, ps):
+    """One gathered copy per host wherever every host holds as many ranks of
+    the set, more than one (for a set on several hosts: the global set
+    only), in host memory, with shared memory on; decided alike on every
+    rank (hosts of different sizes: on none)."""
+    if ps is hvd.global_process_set:
+        equal_hosts = hvd.local_size() > 1 and runtime.state().homogeneous
+    else:
+        host_of = runtime.state().engine.topology()["host_of_rank"]
+        per_host = collections.Counter(host_of[g] for g in ps.ranks)
+        equal_hosts = len(per_host) == 1 and ps.size() > 1
+    expected = equal_hosts and os.environ.get("HVDTORCH_SHM") != "0" and opt._shards[0].device.type == "cpu"
+    chosen = hvd.allgather_object(opt._units.shares_gathered(), process_set=ps)
+    assert chosen == [expected] * ps.size(), f"host copy chosen {chosen} on ranks {ps.ranks}, expected {expected}"
+
+
 def check_training(which):
+    """In the job's set (tests/harness.py's process_set=; the global set by
+    default): training equal to one process on the set's global batch."""
     hvd.init()
-    _, opt, _ = train("adam")
-    # One gathered copy per host wherever every host holds as many ranks, more than one, in host memory, with
-    # shared memory on.
-    equal_hosts = hvd.local_size() > 1 and runtime.state().homogeneous and os.environ.get("HVDTORCH_SHM") != "0"
-    assert opt._units.shares_gathered() == (equal_hosts and opt._shards[0].device.type == "cpu"), "host copy"
+    ps = job_process_set()
+    if hvd.rank() in ps.ranks:
+        _check_training(which, {} if ps is hvd.global_process_set else {"process_set": ps})
+    hvd.barrier()
+
+
+def _check_training(which, set_kw):
+    ps = set_kw.get("process_set", hvd.global_process_set)
+    assert which == "quick" or not set_kw, "in a process set: the quick check"
+    _check_host_copy_choice(sharded("sgd", dm_kw=set_kw, fusion_bytes=96)[1], ps)  # before any gather
+    _, opt, _ = train("adam", dm_kw=set_kw)
+    _check_host_copy_choice(opt, ps)
     if which == "quick":
         return
     train("sgd")
@@ -197,6 +226,21 @@ def check_memory_at_rest():
     total = sum(p.numel() for p in dm.parameters() if p.requires_grad)
     held = sum(s.numel() for s in opt._shards)
     assert held == total * 1 // n or abs(held - total / n) <= len(opt._shards), (held, total, n)
+    # Built whole, the model's flat buckets were made once, to cut the shards from: each shard holds a storage
+    # of its own, its 1/N of the bucket, never a view that keeps the whole bucket alive; and the parameters
+    # hold one element each (their stand-ins), nothing of the model they were built with.
+    for j, s in enumerate(opt._shards):
+        b = opt._buckets[j]
+        start, end = b.shard_range(hvd.rank(), n)
+        assert s.numel() == end - start, (j, s.numel(), start, end)
+        assert s.untyped_storage().nbytes() == s.numel() * s.element_size() < b.numel * s.element_size(), (
+            f"bucket {j}: the shard of {s.numel()} elements holds {s.untyped_storage().nbytes()} bytes, the "
+            f"bucket {b.numel * s.element_size()}"
+        )
+    assert sum(s.untyped_storage().nbytes() for s in opt._shards) <= (total // n + len(opt._shards)) * 8
+    for name, p in dm.named_parameters():
+        if p.requires_grad:
+            assert p.untyped_storage().nbytes() == p.element_size(), (name, p.untyped_storage().nbytes())
     # After a forward (reshard_after_forward) nothing is gathered either, and what autograd saved holds no
     # gathered bucket alive (each gathered bucket is watched through a weak reference).
     gathered = []
@@ -432,7 +476,12 @@ def check_gathered_parameters_and_state_dicts():
     fresh.load_state_dict(torch.load(path))
     for k, v in plain.state_dict().items():
         torch.testing.assert_close(fresh.state_dict()[k], v, rtol=0, atol=0, msg=k)
-    expect(RuntimeError, ["missing keys"], lambda: fresh.load_state_dict({"head.bias": full["head.bias"]}), r)
+    expect(
+        RuntimeError,
+        ["Missing key(s) in state_dict"],
+        lambda: fresh.load_state_dict({"head.bias": full["head.bias"]}),
+        r,
+    )
 
 
 def _write_inside_read_only(dm):
@@ -933,3 +982,350 @@ def check_built_on_meta():
         r,
     )
     hvd.shutdown()
+
+
+# ---- edges: a set without rank 0, strict loads, state inside gathered_parameters(), join while evaluating,
+# ---- gradient buckets released in backward --------------------------------------------------------------
+
+
+def check_gathered_parameters_in_a_set():
+    """gathered_parameters(modifier_rank=k) in the job's set (run_ranks'
+    process_set=[1, 2]: no rank 0): every member takes the values of the
+    set's k-th rank (global rank ps.ranks[k]), not global rank k's; the
+    frozen parameter (not sharded) too. Before that, training in the set
+    equals one process."""
+    hvd.init()
+    ps = job_process_set()
+    g = hvd.rank()
+    if g in ps.ranks:
+        dm, _, _ = train("sgd", steps=2, dm_kw={"process_set": ps})
+        for k in reversed(range(ps.size())):  # modifier_rank=1 first: global rank 2, not 1
+            with dm.gathered_parameters(modifier_rank=k):
+                with torch.no_grad():
+                    dm.module.head.bias.fill_(float(g))  # sharded
+                    dm.module.frozen.fill_(float(g))  # not sharded: taken from the modifier too
+            full = dm.state_dict()
+            want = float(ps.ranks[k])
+            for key in ("head.bias", "frozen"):
+                assert bool((full[key] == want).all()), f"rank {g}: modifier_rank={k}: {key} = {full[key]}"
+        expect(
+            ValueError,
+            [f"modifier_rank={ps.size()}", f"0..{ps.size() - 1}"],
+            lambda: dm.gathered_parameters(modifier_rank=ps.size()).__enter__(),
+            g,
+        )
+    hvd.barrier()
+
+
+def check_built_on_meta_in_a_set():
+    """A model built on the meta device, over the job's set (process_set=
+    [1, 2]): the values are the set's first rank's (it draws what building
+    draws, the other member otherwise), and training equals one process.
+    Frozen parameters (requires_grad=False: Net's, and a backbone frozen in
+    its __init__) come out of the materialization frozen, with their
+    values, and stay so through training."""
+    hvd.init()
+    ps = job_process_set()
+    g = hvd.rank()
+    if g in ps.ranks:
+        k, n = ps.rank(), ps.size()
+        torch.set_default_dtype(torch.float64)
+        try:
+            net = _on_meta(Net)
+            for _, m in net.named_modules():
+                m.root = net
+            dm = hvd.DistributedModel(net, process_set=ps)
+            torch.manual_seed(0 if k == 0 else 100 + g)
+            opt = hvd.DistributedOptimizer(
+                make_opt("adam", trainable(dm)),
+                named_parameters=dm.named_parameters(),
+                shard=3,
+                model=dm,
+                fusion_bytes=96,
+                keep_gathered_below=0,
+                param_init_fn=_init_like_building([]),
+            )
+            for _, m in net.named_modules():
+                del m.root
+            torch.manual_seed(0)
+            ref = Net()
+            assert_equal_to(dm, ref, f"rank {g}: Net built on meta in {ps.ranks}", tol=(0, 0))
+            assert not dm.module.frozen.requires_grad, "Net's frozen parameter requires grad"
+            ref_opt = make_opt("adam", trainable(ref))
+            for step in range(2):
+                opt.zero_grad()
+                local_loss(dm, step, k, n).backward()
+                opt.step()
+                ref_opt.zero_grad()
+                global_loss(ref, step, n).backward()
+                ref_opt.step()
+            assert_equal_to(dm, ref, f"rank {g}: Net built on meta in {ps.ranks}, trained")
+            assert not dm.module.frozen.requires_grad and dm.module.frozen.grad is None
+
+            def backbone():
+                seq = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+                seq[0].requires_grad_(False)
+                return seq
+
+            dm = hvd.DistributedModel(_on_meta(backbone), process_set=ps)
+            torch.manual_seed(3 if k == 0 else 50 + g)
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(trainable(dm), lr=0.1), shard=3, model=dm, fusion_bytes=96)
+            torch.manual_seed(3)
+            ref = backbone()
+            assert_equal_to(dm, ref, f"rank {g}: frozen backbone built on meta in {ps.ranks}", tol=(0, 0))
+            frozen = dm.module[0]
+            assert [p.requires_grad for p in frozen.parameters()] == [False, False], "materialized unfrozen"
+            ref_opt = torch.optim.SGD(trainable(ref), lr=0.1)
+            x = torch.randn(2 * n, 5, generator=torch.Generator().manual_seed(4))
+            for _ in range(2):
+                opt.zero_grad()
+                dm(x[2 * k : 2 * k + 2]).pow(2).mean().backward()
+                opt.step()
+                ref_opt.zero_grad()
+                sum(ref(x[2 * q : 2 * q + 2]).pow(2).mean() for q in range(n)).div(n).backward()
+                ref_opt.step()
+            assert [p.requires_grad for p in frozen.parameters()] == [False, False], "unfrozen by training"
+            assert all(p.grad is None for p in frozen.parameters()), "a frozen parameter got a gradient"
+            assert_equal_to(dm, ref, f"rank {g}: frozen backbone built on meta in {ps.ranks}, trained")
+            torch.manual_seed(3)
+            torch.testing.assert_close(dm.module[0].weight, backbone()[0].weight, rtol=0, atol=0)  # unchanged
+        finally:
+            torch.set_default_dtype(torch.float32)
+    hvd.barrier()
+
+
+def check_strict_loading():
+    """load_state_dict() of a shard=3 model refuses what torch's refuses, in
+    torch's words (the same message as a plain model's): with strict=True
+    a checkpoint of another model (missing and unexpected keys) and one with
+    a key too many; with either, a tensor of the same number of elements in
+    another shape ("size mismatch", never reshaped: the parameter keeps its
+    value). strict=False returns the keys torch returns and loads the rest."""
+    hvd.init()
+    r = hvd.rank()
+    dm, _ = sharded("sgd")
+    full = dm.state_dict()
+    plain = base_model()
+    plain.load_state_dict(full)
+
+    def torch_says(sd, strict=True):
+        try:
+            copy.deepcopy(plain).load_state_dict(sd, strict=strict)
+        except RuntimeError as e:
+            return str(e)
+        raise AssertionError("a plain model loads it")
+
+    other = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3)).double().state_dict()
+    extra = dict(full, **{"extra.weight": torch.ones(2, dtype=torch.float64)})
+    for sd, words in ((other, ["Missing key(s)", '"inp.weight"', "Unexpected key(s)", '"0.weight"']), (extra, [])):
+        msg = expect(RuntimeError, ["Unexpected key(s) in state_dict", *words], lambda sd=sd: dm.load_state_dict(sd), r)
+        assert msg == torch_says(sd), f"rank {r}: shard=3 says\n{msg}\ntorch says\n{torch_says(sd)}"
+    # strict=False: what torch returns, and what matches is loaded.
+    partial = {"head.bias": torch.full((3,), 4.0, dtype=torch.float64), "junk": torch.zeros(1)}
+    got = dm.load_state_dict(partial, strict=False)
+    want = copy.deepcopy(plain).load_state_dict(partial, strict=False)
+    assert (got.missing_keys, got.unexpected_keys) == (want.missing_keys, want.unexpected_keys), (got, want)
+    assert bool((dm.state_dict()["head.bias"] == 4.0).all())
+    got = dm.load_state_dict(extra, strict=False)
+    assert (got.missing_keys, got.unexpected_keys) == ([], ["extra.weight"]), got
+    # head.weight is [3, 7]; a [7, 3] tensor has as many elements.
+    bad = dict(full, **{"head.weight": torch.arange(21, dtype=torch.float64).reshape(7, 3)})
+    for strict in (True, False):
+        msg = expect(
+            RuntimeError,
+            ["size mismatch for head.weight", "torch.Size([7, 3])", "torch.Size([3, 7])"],
+            lambda strict=strict: dm.load_state_dict(bad, strict=strict),
+            r,
+        )
+        assert msg == torch_says(bad, strict), f"rank {r}: shard=3 says\n{msg}\ntorch says\n{torch_says(bad, strict)}"
+        torch.testing.assert_close(dm.state_dict()["head.weight"], full["head.weight"], rtol=0, atol=0)
+
+
+def check_module_state_inside_gathered_parameters():
+    """Inside `with model.gathered_parameters():` (where the refusals of the
+    module's own state dicts send the user) the module's state_dict() and
+    load_state_dict() work as on a plain module; a load there with
+    modifier_rank=k (each rank loading its own, or the modifier alone) is
+    what every rank holds after: parameters, frozen ones and buffers."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    dm, opt, ref = train("sgd", steps=1)
+    full = dm.state_dict()
+    with dm.gathered_parameters(modifier_rank=None):
+        inside = {k: v.clone() for k, v in dm.module.state_dict().items()}
+        block = dm.module.block.state_dict()
+        assert sorted(block) == ["lin.bias", "lin.weight", "rare", "scale"], sorted(block)
+        torch.testing.assert_close(block["lin.weight"], full["block.lin.weight"], rtol=0, atol=0)
+    assert list(inside) == list(full), (list(inside), list(full))
+    for k, v in full.items():
+        torch.testing.assert_close(inside[k], v, rtol=0, atol=0, msg=k)
+    modifier = n - 1
+    own = {k: v + (1 + r) for k, v in full.items()}  # each rank loads values of its own
+    with dm.gathered_parameters(modifier_rank=modifier):
+        dm.module.load_state_dict(own)
+        torch.testing.assert_close(dm.module.head.weight, own["head.weight"], rtol=0, atol=0)
+    after = dm.state_dict()
+    for k, v in full.items():
+        torch.testing.assert_close(
+            after[k], v + (1 + modifier), rtol=0, atol=0, msg=lambda m, k=k: f"rank {r}: {k}: {m}"
+        )
+    # Training goes on from the modifier's load, equal to one process (with the optimizer's state so far).
+    ref.load_state_dict(after)
+    ref_opt = make_opt("sgd", trainable(ref))
+    ref_opt.load_state_dict(opt.consolidate_state_dict(to=None))
+    opt.zero_grad()
+    local_loss(dm, 4, r, n).backward()
+    opt.step()
+    ref_opt.zero_grad()
+    global_loss(ref, 4, n).backward()
+    ref_opt.step()
+    assert_equal_to(dm, ref, f"rank {r}: after a load inside gathered_parameters()")
+    # The modifier alone loads (the others read no file); a model with buffers (BatchNorm's statistics).
+    torch.manual_seed(1)
+    attn = hvd.DistributedModel(Attention().double())
+    _kept = hvd.DistributedOptimizer(torch.optim.SGD(trainable(attn), lr=0.1), shard=3, model=attn, fusion_bytes=600)
+    saved = {k: v + 1 for k, v in attn.state_dict().items()}
+    with attn.gathered_parameters(modifier_rank=0):
+        if r == 0:
+            attn.module.load_state_dict(saved)
+    for k, v in attn.state_dict().items():
+        torch.testing.assert_close(v, saved[k], rtol=0, atol=0, msg=lambda m, k=k: f"rank {r}: {k}: {m}")
+
+
+def check_sharded_states_in_any_order():
+    """load_state_dict() of the list of every rank's sharded_state_dict() in
+    any order (files globbed as shard-10, shard-2): the same model, into
+    the model that saved them and into a fresh one."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    dm, opt, _ = train("sgd", steps=1)
+    full = dm.state_dict()
+    every = hvd.allgather_object(dm.sharded_state_dict())
+    orders = [list(reversed(range(n))), list(range(1, n)) + [0]]
+    for order in orders:
+        opt.zero_grad()
+        local_loss(dm, 6, r, n).backward()
+        opt.step()
+        assert not torch.equal(dm.state_dict()["head.weight"], full["head.weight"])
+        dm.load_state_dict([every[k] for k in order])
+        for k, v in dm.state_dict().items():
+            torch.testing.assert_close(v, full[k], rtol=0, atol=0, msg=lambda m, k=k: f"order {order}: {k}: {m}")
+    fresh, _ = sharded("sgd", fusion_bytes=96)  # train()'s buckets
+    fresh.load_state_dict([every[k] for k in orders[0]])
+    for k, v in fresh.state_dict().items():
+        torch.testing.assert_close(v, full[k], rtol=0, atol=0, msg=k)
+
+
+def check_join_while_evaluating():
+    """hvd.join() while the others evaluate: a joined rank replays its last
+    pass without autograd for each forward of theirs without it (never a
+    training pass), and its last pass with autograd for a training one.
+    The pass without autograd a rank ran last before join() counts (it is
+    recorded when its forward ends), and a forward inside
+    gathered_parameters() after it is no pass (it gathers nothing). Every
+    evaluation equals one process's, and training one process averaging
+    what the ranks with data contribute over every rank."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    x = batch(50, n)[0]
+    for pinned in (False, True):
+        # The reference's trajectory, on every rank: a step of every rank, then one of rank 0 alone.
+        base = base_model()
+        ref = copy.deepcopy(base)
+        ref_opt = make_opt("sgd", trainable(ref))
+        evals = []
+        ref_opt.zero_grad()
+        global_loss(ref, 0, n).backward()
+        ref_opt.step()
+        with torch.no_grad():
+            evals.append(ref(x))
+        ref_opt.zero_grad()
+        (local_loss(ref, 1, 0, n) / n).backward()
+        ref_opt.step()
+        with torch.no_grad():
+            evals.append(ref(x))
+
+        dm, opt = sharded("sgd", base, fusion_bytes=96, keep_gathered_below=0)
+        replayed = []
+        replay = opt._units.replay
+
+        def recorded(grad_enabled, replay=replay, replayed=replayed):
+            replayed.append(bool(grad_enabled))
+            return replay(grad_enabled)
+
+        opt._units.replay = recorded
+        opt.zero_grad()
+        local_loss(dm, 0, r, n).backward()
+        opt.step()
+        with torch.no_grad():
+            torch.testing.assert_close(dm(x), evals[0], rtol=1e-9, atol=1e-12)
+        if pinned:
+            with dm.gathered_parameters(modifier_rank=None), torch.no_grad():
+                torch.testing.assert_close(dm(x), evals[0], rtol=1e-9, atol=1e-12)
+        if r == 0:
+            for _ in range(2):
+                with torch.no_grad():
+                    torch.testing.assert_close(dm(x), evals[0], rtol=1e-9, atol=1e-12)
+            opt.zero_grad()
+            local_loss(dm, 1, 0, n).backward()
+            opt.step()
+            with torch.no_grad():
+                torch.testing.assert_close(dm(x), evals[1], rtol=1e-9, atol=1e-12)
+        assert hvd.join() == 0
+        assert replayed == ([] if r == 0 else [False, False, True, False]), f"rank {r}: replayed {replayed}"
+        assert_equal_to(dm, ref, f"rank {r}: join while evaluating (pinned={pinned})")
+
+
+def check_gradient_buckets_released_in_backward():
+    """shard=3's gradient buckets during backward: a bucket whose
+    reduce-scatter has finished is released at the next bucket's launch,
+    in backward, not kept until synchronize(). Four layers, a bucket each;
+    once the first layer's gradients come (the last bucket to launch),
+    every earlier reduce-scatter is made to have finished (two all-reduces
+    after it: the executor runs each cycle's ops in order, and the second
+    is negotiated after the first's cycle); after backward only the last
+    bucket launched is left. Training equals one process."""
+    hvd.init()
+    n, r = hvd.size(), hvd.rank()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(4)]).double()
+    ref = copy.deepcopy(net)
+    dm = hvd.DistributedModel(net)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(dm.parameters(), lr=0.1), shard=3, model=dm, fusion_bytes=600, keep_gathered_below=0
+    )
+    assert len(opt._buckets) == 4, [b.params for b in opt._buckets]
+    index = {id(p): i for i, p in enumerate(opt._all_params)}
+    first = next(j for j, b in enumerate(opt._buckets) if index[id(net[0].weight)] in b.params)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x = torch.randn(2 * n, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def live():
+        return [j for j, f in enumerate(opt._grads._flats) if f is not None]
+
+    for step in range(2):
+        seen = {}
+
+        def settle(_p, step=step, seen=seen):
+            if seen:
+                return
+            for k in range(2):
+                hvd.allreduce(torch.zeros(1), name=f"settle.{step}.{k}")
+            seen["live"] = live()
+
+        hooks = [p.register_post_accumulate_grad_hook(settle) for p in net[0].parameters()]
+        opt.zero_grad()
+        dm(x[2 * r : 2 * r + 2]).pow(2).sum().backward()
+        for h in hooks:
+            h.remove()
+        assert seen["live"] and first not in seen["live"], f"rank {r}: before the last launch: {seen['live']}"
+        assert live() == [first], (
+            f"rank {r}: step {step}: buckets {live()} hold gradient buffers after backward (finished before the "
+            f"launch of bucket {first}, which alone may be left)"
+        )
+        opt.step()
+        assert live() == [], live()
+        ref_opt.zero_grad()
+        sum(ref(x[2 * k : 2 * k + 2]).pow(2).sum() for k in range(n)).div(n).backward()
+        ref_opt.step()
+    assert_equal_to(dm, ref, f"rank {r}: released buckets")
