@@ -1,5 +1,7 @@
 """The Lightning and Ray examples of docs/integrations.md run as written
-(copied out of that file at test time, so the docs cannot drift from what works)."""
+(copied out of that file at test time, so the docs cannot drift from what works),
+and the README's quickstart is examples/quickstart.py's code (which
+tests/test_quickstart.py runs): its lines, in the file's order, and its launch lines."""
 
 import os
 import re
@@ -52,3 +54,29 @@ def test_ray_example_runs(tmp_path):
     out = _run([sys.executable, "ray_example.py"], tmp_path, 300)
     m = re.search(r"2 workers, loss ([0-9.]+)", out)
     assert m and float(m.group(1)) < 0.69, out  # below ln 2: it learned something
+
+
+def _code(line: str) -> str:
+    """A Python line without its comment and surrounding blanks (quickstart's comments hold no '  #')."""
+    return line.split("  #")[0].strip()
+
+
+def test_readme_quickstart_is_the_example_file():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    with open(os.path.join(ROOT, "examples", "quickstart.py")) as f:
+        example = f.read()
+    quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    python, launch = re.findall(r"```(?:python|bash)\n(.*?)```", quickstart, re.S)[:2]
+    file_lines = [_code(line) for line in example.splitlines()]
+    shown = [_code(line) for line in python.splitlines() if _code(line) not in ("", "...")]
+    assert len(shown) >= 20, python
+    # Each line of the README block is a line of the file, in the file's order ("..." marks lines left out).
+    at = 0
+    for line in shown:
+        assert line in file_lines[at:], f"README quickstart line not in examples/quickstart.py (in order): {line!r}"
+        at = file_lines.index(line, at) + 1
+    # The README's launch lines are the ones in the example's docstring, and they start the example.
+    commands = [_code(line) for line in launch.splitlines() if _code(line)]
+    assert commands and all("examples/quickstart.py" in c for c in commands), launch
+    assert all(c in example for c in commands), (commands, example[:600])

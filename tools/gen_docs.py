@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Writes the parts of the docs that are read from the code, so they cannot drift:
 
-  README.md             the knob table (hvdtorch.knobs(): name, default, meaning)
-  docs/architecture.md  the file map of csrc/ and hvdtorch/ (each file with the first
-                        sentence of its header comment or module docstring)
+  docs/configuration.md  the knob table (hvdtorch.knobs(): name, default, meaning)
+  docs/architecture.md   the file map of csrc/ and hvdtorch/ (each file with the first
+                         sentence of its header comment or module docstring)
 
     python tools/gen_docs.py           # rewrite both blocks in place
     python tools/gen_docs.py --check   # exit 1, naming the block, if either is out of date
@@ -87,7 +87,7 @@ def file_map() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"knobs": ("README.md", knob_table), "file-map": ("docs/architecture.md", file_map)}
+BLOCKS = {"knobs": ("docs/configuration.md", knob_table), "file-map": ("docs/architecture.md", file_map)}
 
 
 def replace_block(text: str, name: str, body: str, path: str) -> str:
