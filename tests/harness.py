@@ -1,4 +1,4 @@
-"""Runs a function as N ranks in N fresh processes, the way torchrun would.
+"""Runs a function as N ranks in N processes, the way torchrun would.
 
     results = run_ranks("tests.workers.collectives:check_all", nranks=3)
 
@@ -17,6 +17,12 @@ The simulated device's seed (HVDTORCH_SIM_SEED, which each rank mixes with
 its rank) is the caller's or the environment's if set, else drawn at random
 for each job, so that every run of the suite tries other stream delays; a
 failure names it, and setting it reruns the job with the same delays.
+
+The ranks are forked from a server that has imported torch and hvdtorch
+once (tests/fork_server.py: each is what `python -m tests.rank_main` would
+be, less the 2.5 s of imports), unless their environment differs from the
+server's in what is read at import time (then, or with
+HVDTORCH_TEST_FRESH_RANKS=1, each starts as a fresh interpreter).
 """
 
 import os
@@ -30,6 +36,31 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_fork_server = None
+
+
+def _server_for(env: Dict[str, str]):
+    """The session's fork server if a rank with `env` may be forked from it, else None."""
+    global _fork_server
+    if os.environ.get("HVDTORCH_TEST_FRESH_RANKS", "") not in ("", "0"):
+        return None
+    if _fork_server is None:
+        import atexit
+
+        from tests.fork_server import ForkServer
+
+        base = dict(os.environ)
+        base.update(
+            {
+                "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        _fork_server = ForkServer(base, ROOT)
+        atexit.register(_fork_server.close)
+    return _fork_server if _fork_server.can_fork(env) else None
 
 
 @dataclass
@@ -140,6 +171,10 @@ def run_ranks(
         for extra in (env, (rank_env or {}).get(rank)):
             if extra:
                 e.update({k: str(v) for k, v in extra.items()})
+        server = _server_for(e)
+        if server is not None:
+            procs.append(server.start([target, *args], e, ROOT))
+            continue
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tests.rank_main", target, *args],
