@@ -58,3 +58,7 @@ def test_policy_trains_as_fsdp2_does(runs, route):
 
 def test_policy_refusals():
     run_ranks("tests.workers.mixed_precision:refusals", 1, timeout=60)
+
+
+def test_reduce_dtype_is_the_wire_dtype():
+    run_ranks("tests.workers.mixed_precision:reduce_dtype_on_the_wire", 2, timeout=120)

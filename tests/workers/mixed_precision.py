@@ -147,3 +147,26 @@ def refusals() -> None:
     hvd.DistributedModel(bn, mixed_precision=_MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16))
     assert bn[1].running_mean.dtype == torch.bfloat16, bn[1].running_mean.dtype
     assert bn[0].weight.dtype == torch.float32
+
+
+def reduce_dtype_on_the_wire() -> None:
+    """reduce_dtype=bfloat16 (parameters and gradients float32) reduces in
+    bfloat16 itself, float16 in float16: its range, its rounding. Each rank's
+    gradient of the weight is its input: [1e6 (rank 0) or 3e6 (rank 1),
+    1 + 2**-10]. bfloat16 carries 2e6 (float16's largest is 65504: inf) and
+    rounds 1 + 2**-10 to 1 (8 bits of mantissa; float16's 11 keep it);
+    float16 keeps 1 + 2**-10 and, with inputs in its range, is exact there."""
+    hvd.init()
+    r = hvd.rank()
+    for dtype, big, small in ((torch.bfloat16, (1e6, 3e6), 1.0), (torch.float16, (1e3, 3e3), 1 + 2**-10)):
+        net = torch.nn.Linear(2, 1, bias=False)
+        model = hvd.DistributedModel(
+            net, mixed_precision=hvd.MixedPrecisionPolicy(reduce_dtype=dtype), name=f"wire.{str(dtype)[6:]}"
+        )
+        x = torch.tensor([[big[r], 1 + 2**-10]])
+        model(x).sum().backward()
+        g = net.weight.grad[0]
+        assert g.dtype == torch.float32 and torch.isfinite(g).all(), (dtype, g)
+        assert abs(g[0].item() - (big[0] + big[1]) / 2) <= 1e-2 * (big[0] + big[1]) / 2, (dtype, g)
+        assert g[1].item() == small, f"{dtype}: 1 + 2**-10 reduced to {g[1].item()!r}, expected {small!r}"
+    hvd.shutdown()
