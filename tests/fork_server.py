@@ -132,7 +132,10 @@ class ForkedRank:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # ended and reaped by the server, not yet reported: as Popen, no error
+                pass
 
 
 class ForkServer:

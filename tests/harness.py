@@ -198,7 +198,7 @@ def run_ranks(
         t.start()
 
     deadline = time.monotonic() + timeout
-    killed = False
+    killed = frozen_killed = False
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         if kill_rank is not None and not killed and kill_after in "".join(outputs[kill_rank]):
             procs[kill_rank].send_signal(kill_signal)
@@ -206,13 +206,15 @@ def run_ranks(
         if (
             killed
             and kill_signal == signal.SIGSTOP
+            and not frozen_killed
             and all(p.poll() is not None for i, p in enumerate(procs) if i != kill_rank)
         ):
-            os.killpg(procs[kill_rank].pid, signal.SIGKILL)
+            _kill_group(procs[kill_rank])
+            frozen_killed = True
         time.sleep(0.05)
     hung = [i for i, p in enumerate(procs) if p.poll() is None]
     for i in hung:
-        os.killpg(procs[i].pid, signal.SIGKILL)
+        _kill_group(procs[i])
     for p in procs:
         p.wait()
     for t in pumps:
@@ -228,6 +230,15 @@ def run_ranks(
             f"{target} failed on ranks {[r.rank for r in results if r.returncode != 0]} {rerun}\n" + _format(results)
         )
     return results
+
+
+def _kill_group(p) -> None:
+    """SIGKILLs a rank's process group; one that has ended meanwhile (a forked
+    rank is reaped by the fork server, which reports it a moment later) is no error."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def elastic_worker_pid(marker: str, rank: int, restart: int = 0) -> Optional[int]:
