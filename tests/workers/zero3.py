@@ -123,6 +123,19 @@ def assert_equal_to(dm, ref, what, tol=(1e-9, 1e-12)):
         torch.testing.assert_close(full[k], v, rtol=tol[0], atol=tol[1], msg=lambda m, k=k: f"{what}: {k}: {m}")
 
 
+def step_beside_reference(dm, opt, ref, steps, k, n):
+    """`steps` Adam steps of shard=3 (`dm`, `opt`: this rank's share `k` of
+    `n`) and of the one-process reference `ref` on the global batch."""
+    ref_opt = make_opt("adam", trainable(ref))
+    for step in range(steps):
+        opt.zero_grad()
+        local_loss(dm, step, k, n).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        global_loss(ref, step, n).backward()
+        ref_opt.step()
+
+
 def train(
     kind="adam", steps=3, accumulate=1, use_no_sync=False, checkpointed=False, dm_kw=None, tol=(1e-9, 1e-12), **kw
 ):
@@ -855,14 +868,7 @@ def check_built_on_meta():
     # At each init, only the module's own parameters (and the tied one it writes scratch for) hold values.
     for module, full in materialized:
         assert len(full) <= 2, f"rank {r}: {len(full)} parameters materialized at {module}'s init: {sorted(full)}"
-    ref_opt = make_opt("adam", trainable(ref))
-    for step in range(3):
-        opt.zero_grad()
-        local_loss(dm, step, r, n).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        global_loss(ref, step, n).backward()
-        ref_opt.step()
+    step_beside_reference(dm, opt, ref, 3, r, n)
     assert_equal_to(dm, ref, f"rank {r}: Net built on meta, trained")
 
     # torch's layers by their own resets: the values of building them with the same seed.
@@ -1051,14 +1057,7 @@ def check_built_on_meta_in_a_set():
             ref = Net()
             assert_equal_to(dm, ref, f"rank {g}: Net built on meta in {ps.ranks}", tol=(0, 0))
             assert not dm.module.frozen.requires_grad, "Net's frozen parameter requires grad"
-            ref_opt = make_opt("adam", trainable(ref))
-            for step in range(2):
-                opt.zero_grad()
-                local_loss(dm, step, k, n).backward()
-                opt.step()
-                ref_opt.zero_grad()
-                global_loss(ref, step, n).backward()
-                ref_opt.step()
+            step_beside_reference(dm, opt, ref, 2, k, n)
             assert_equal_to(dm, ref, f"rank {g}: Net built on meta in {ps.ranks}, trained")
             assert not dm.module.frozen.requires_grad and dm.module.frozen.grad is None
 
