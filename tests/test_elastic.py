@@ -227,6 +227,25 @@ def test_sampler_deals_every_sample_when_the_ranks_do_not_divide_it():
     assert _dealt(1, 2) == [[0], [0]]
 
 
+def test_plain_extras_restored_as_copies_every_time():
+    # A plain extra (a list) changed in place after a restore() must not change the saved state:
+    # every restore() brings back the values as saved, not what the last restore handed out.
+    from hvdtorch.elastic.state import ObjectState, TorchState
+
+    for state in (ObjectState(history=[1], epoch=0), TorchState(history=[1], epoch=0)):
+        state.history.append(2)
+        state.restore()
+        assert state.history == [1], (type(state).__name__, state.history)
+        state.history.append(3)
+        state.restore()
+        assert state.history == [1], (type(state).__name__, "second restore()", state.history)
+        state.history.append(4)
+        state.save()
+        state.history.append(5)
+        state.restore()
+        assert state.history == [1, 4], (type(state).__name__, "after save()", state.history)
+
+
 def test_torch_state_restores_from_memory_and_from_disk(tmp_path):
     run_ranks("tests.workers.elastic:check_restore", 2, args=[str(tmp_path / "commits")], timeout=90)
 

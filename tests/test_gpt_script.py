@@ -5,7 +5,13 @@ from a checkpoint loaded before the wrap, evaluations between iterations on
 every rank and on rank 0 alone. Every rank's parameters and optimizer state
 are compared with DDP's, and every rank's .grad after a micro-step that only
 accumulates (DDP leaves each rank's own there: a route that reduced it
-would show the average)."""
+would show the average). Each bucket is reduced as many times per
+iteration as DDP reduces each of its own (counted by a comm hook under DDP,
+from the timeline on every hvdtorch route)."""
+
+import collections
+import json
+import re
 
 import pytest
 
@@ -34,9 +40,35 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpt_script")
     results = {}
     for key in REFERENCES + RUNS:
-        run_ranks("tests.workers.gpt_script:train", 2, timeout=240, args=[str(out), *key])
-        results[key] = torch.load(out / f"{'-'.join(key)}.pt", weights_only=False)
+        name = "-".join(key)
+        hvdtorch_route = key not in REFERENCES
+        env = {"HVDTORCH_TIMELINE": str(out / f"{name}-trace-{{rank}}.json")} if hvdtorch_route else None
+        run_ranks("tests.workers.gpt_script:train", 2, timeout=240, args=[str(out), *key], env=env)
+        results[key] = torch.load(out / f"{name}.pt", weights_only=False)
+        if hvdtorch_route:
+            for rank in (0, 1):
+                results[key][rank]["traced"] = _gradient_reductions(out / f"{name}-trace-{rank}.json")
     return results
+
+
+# A gradient bucket's reduction: <owner>.g<bucket layout generation>.b<bucket index>, the owner numbered in
+# the order the script builds them (0: the uninterrupted run's, 1: the resumed run's).
+_BUCKET = re.compile(r"^(?P<owner>.*\D)(?P<run>\d+)\.g\d+\.b(?P<bucket>\d+)$")
+
+
+def _gradient_reductions(path):
+    """{run index: {bucket index: reductions}} from a rank's timeline (the all-reduces or
+    reduce-scatters of gradient buckets)."""
+    events = json.load(open(path))
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    counts = collections.defaultdict(collections.Counter)
+    for e in events:
+        if e["ph"] != "B" or e["name"].split(":")[0] not in ("ALLREDUCE", "REDUCESCATTER"):
+            continue
+        m = _BUCKET.match(names.get(e["pid"], ""))
+        if m:
+            counts[int(m["run"])][int(m["bucket"])] += 1
+    return {run: dict(c) for run, c in counts.items()}
 
 
 def _reference(route, how, who):
@@ -115,3 +147,27 @@ def test_shard3_forward_on_one_rank_is_refused_at_once():
 
 def test_shard3_one_rank_evaluates_inside_gathered_parameters():
     run_ranks("tests.workers.gpt_script:master_eval_inside_gathered_parameters", 2, timeout=120, args=["-"])
+
+
+@pytest.mark.parametrize("route,how,who", RUNS, ids=["-".join(r) for r in RUNS])
+def test_reductions_per_iteration_as_ddp(runs, route, how, who):
+    """Each gradient bucket is reduced as many times per iteration as DDP reduces each of its buckets:
+    once, after the last micro-step (the flag or no_sync() keep the others local). shard=3 reduce-scatters
+    every micro-step by design (docs/guide.md, accumulation with shard=3)."""
+    from tests.workers.gpt_script import ACCUM, RESUME_AT, STEPS
+
+    want = runs[_reference(route, how, who)]
+    for rank in (0, 1):
+        for run, (part, iterations) in enumerate((("whole", STEPS), ("resumed", STEPS - RESUME_AT))):
+            ddp = want[rank][part]["reductions"]
+            assert len(ddp) == iterations and all(ddp), (rank, part, ddp)
+            per_iteration = set(n for counts in ddp for n in counts.values())
+            assert per_iteration == {1}, f"DDP rank {rank} {part}: {ddp}"
+            traced = runs[(route, how, who)][rank]["traced"].get(run)
+            assert traced, f"{route} rank {rank} {part}: no gradient reduction in the timeline"
+            expected = ACCUM if route == "shard3" else 1
+            wrong = {b: n / iterations for b, n in traced.items() if n != expected * iterations}
+            assert not wrong, (
+                f"{route}/{how}/{who} rank {rank} {part}: buckets reduced {wrong} times per iteration, "
+                f"DDP reduces each of its {len(ddp[0])} once"
+            )

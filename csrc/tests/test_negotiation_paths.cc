@@ -5,7 +5,8 @@
 // can do (name mismatches, time stalls) must still happen for ops that are
 // already cached. When a rank stalls, the ranks waiting for rank 0 (its
 // reply in the star, its result down the host in the AND) wait the relay
-// grace for rank 0's last word and name the stalled rank, not rank 0. The
+// grace for rank 0's last word and name the stalled rank, not rank 0; one
+// whose send to rank 0 fails (rank 0 stopped) still reads that word. The
 // cycle time (HVDTORCH_CYCLE_TIME, milliseconds) paces the cycles of ranks
 // whose ops wait for the others.
 #include <atomic>
@@ -305,6 +306,61 @@ TEST(the_star_reply_waits_the_relay_grace_for_rank_0s_last_word) {
     CHECK_MSG(last.shutdown && last.shutdown_rank == 0 &&
                   contains(last.shutdown_reason, "rank 0: timed out receiving from rank 2"),
               "rank 1 got: %s", last.shutdown_reason.c_str());
+  }
+}
+
+TEST(a_failed_send_to_rank_0_still_returns_rank_0s_last_word) {
+  // Rank 0 stopped right after its last word: rank 1's send of its message
+  // fails (the link closed), and the last word, naming the rank that
+  // stalled, is on its way. Rank 1 must wait for it briefly (200 ms) and
+  // return it rather than report the closed link. Rank 0's word leaves 20 ms
+  // after rank 1's send failed, so it is not there yet when the send fails.
+  std::atomic<bool> send_failed{false};
+  struct FailingSend : Link {
+    FailingSend(std::unique_ptr<Link> inner, std::atomic<bool>& failed) : inner(std::move(inner)), failed(failed) {}
+    int peer() const override { return inner->peer(); }
+    const char* kind() const override { return inner->kind(); }
+    std::unique_ptr<LinkRequest> isend(const void*, size_t) override {
+      failed = true;
+      throw PeerClosed("rank 1: link to rank 0 closed");
+    }
+    std::unique_ptr<LinkRequest> irecv(void* data, size_t bytes) override { return inner->irecv(data, bytes); }
+    std::unique_ptr<Link> inner;
+    std::atomic<bool>& failed;
+  };
+  std::vector<char> reply;
+  const auto outcomes = hvdtorch::test::runRanksOutcomes(
+      {0, 0},
+      [&](Context& ctx) {
+        ControlPlane plane(ctx);
+        if (ctx.rank() == 1) {
+          reply = plane.exchange(RankMessage{}.serialize(),
+                                 [](std::vector<std::vector<char>>&) { return ResponseList{}.serialize(); });
+          return;
+        }
+        ctx.link(1);  // the link exists before rank 0 speaks its last word (sendLastWord opens none)
+        while (!send_failed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ResponseList last;
+        last.shutdown = true;
+        last.shutdown_rank = 0;
+        last.shutdown_reason = "rank 0: timed out receiving from rank 2";
+        plane.sendLastWord(last.serialize());
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the links stay open while rank 1 reads
+        plane.dropPosted();
+      },
+      std::chrono::milliseconds(4000), nullptr,
+      [&send_failed](int self, int peer, std::unique_ptr<Link> inner) -> std::unique_ptr<Link> {
+        if (self == 1 && peer == 0) return std::make_unique<FailingSend>(std::move(inner), send_failed);
+        return inner;
+      });
+  CHECK_MSG(outcomes[0].ok(), "rank 0: %s", outcomes[0].what.c_str());
+  CHECK_MSG(outcomes[1].ok() && !reply.empty(), "rank 1 reported the failed send, not rank 0's last word: %s",
+            outcomes[1].what.c_str());
+  if (!reply.empty()) {
+    const ResponseList last = ResponseList::parse(reply);
+    CHECK_MSG(last.shutdown && contains(last.shutdown_reason, "timed out receiving from rank 2"), "rank 1 got: %s",
+              last.shutdown_reason.c_str());
   }
 }
 

@@ -187,7 +187,9 @@ class ObjectState(State):
     def __init__(self, commit_dir: Optional[str] = None, **kwargs):
         super().__init__(commit_dir)
         self._names = list(kwargs)
-        self._saved_objects = dict(kwargs)
+        # The saved values are copies from the start: an extra changed in place before the first
+        # save() (a list appended to) must not change what restore() brings back.
+        self._saved_objects = copy.deepcopy(dict(kwargs))
         for k, v in kwargs.items():
             setattr(self, k, v)
 

@@ -347,18 +347,23 @@ def ddp_arguments() -> None:
     )
     caps = listed.bucket_bytes()
     assert caps[0] <= 1 << 20 < caps[1] <= 3 << 20, caps  # the first bucket's cap 1 MiB, every later one's 3
-    refused = {
-        "device_ids": dict(device_ids=[0]),
-        "output_device": dict(output_device="cuda:0"),
-        "dim": dict(dim=1),
-        "process_group": dict(process_group=dist.new_group([0])),
-        "mixed_precision": dict(mixed_precision=object()),
-        "bucket_cap_mb": dict(bucket_cap_mb=0),
-        "bucket_cap_mb_list": dict(bucket_cap_mb_list=[1, 0]),
-        "delay_all_reduce_named_params": dict(delay_all_reduce_named_params=[]),
-        "device_mesh": dict(device_mesh=init_device_mesh("cpu", (1, hvd.size()))),
-    }
-    for arg, kwargs in refused.items():
+    accepted_device = hvd.DistributedModel(_bn_net(0), output_device="cpu", name="output.cpu")
+    del accepted_device
+    refused = [
+        ("device_ids", dict(device_ids=[0])),
+        ("output_device", dict(output_device="cuda:0")),
+        # another device of the module's own type: the index is checked too, as DDP's device check does
+        ("output_device", dict(output_device=torch.device("cpu", 1))),
+        ("output_device", dict(output_device="cpu:1")),
+        ("dim", dict(dim=1)),
+        ("process_group", dict(process_group=dist.new_group([0]))),
+        ("mixed_precision", dict(mixed_precision=object())),
+        ("bucket_cap_mb", dict(bucket_cap_mb=0)),
+        ("bucket_cap_mb_list", dict(bucket_cap_mb_list=[1, 0])),
+        ("delay_all_reduce_named_params", dict(delay_all_reduce_named_params=[])),
+        ("device_mesh", dict(device_mesh=init_device_mesh("cpu", (1, hvd.size())))),
+    ]
+    for arg, kwargs in refused:
         try:
             hvd.DistributedModel(_bn_net(0), **kwargs)
         except (TypeError, ValueError) as e:

@@ -35,10 +35,13 @@ written), "every" or "master" (who evaluates).
 Each run saves, per rank: the parameters, the optimizer state in torch's
 format (consolidated on the sharded routes), every parameter's .grad after
 the first micro-step of one iteration (a local one: where it exists), the
-evaluation losses, for the uninterrupted and the resumed run, to
-<out>/<route>-<how>-<who>.pt (rank 0 writes every rank's).
+evaluation losses and, under DDP, how many times each bucket was reduced in
+each iteration (a counting comm hook), for the uninterrupted and the resumed
+run, to <out>/<route>-<how>-<who>.pt (rank 0 writes every rank's). An
+hvdtorch route's reductions are in its timeline (the test sets one).
 """
 
+import collections
 import math
 import os
 import sys
@@ -74,6 +77,8 @@ def _batch(it: int, micro: int, rank: int, size: int, split: str = "train"):
 class Script:
     def __init__(self, route: str, how: str, who: str, ckpt=None):
         self.route, self.how, self.who = route, how, who
+        self.reduced = collections.Counter()  # DDP: bucket index -> reductions so far
+        self.reductions = []  # DDP: per iteration, bucket index -> reductions in it
         rank = hvd.rank()
         torch.manual_seed(1337 + rank)  # the ranks' models differ until the wrap
         net = GPT(CONFIG)
@@ -88,6 +93,7 @@ class Script:
         if route.startswith("ddp"):
             self.model = torch.nn.parallel.DistributedDataParallel(net)
             self.optimizer = optimizer
+            self.model.register_comm_hook(self.reduced, _counting_allreduce)
         elif route == "opt":
             self.model = net
             self.optimizer = hvd.DistributedOptimizer(optimizer, model=net)
@@ -120,6 +126,11 @@ class Script:
         return float(loss)
 
     def iteration(self, it: int) -> None:
+        before = collections.Counter(self.reduced)
+        self._iteration(it)
+        self.reductions.append(dict(self.reduced - before))
+
+    def _iteration(self, it: int) -> None:
         rank, size = hvd.rank(), hvd.size()
         for group in self.optimizer.param_groups:
             group["lr"] = _lr(it)
@@ -169,7 +180,16 @@ class Script:
             "optimizer": state["state"],
             "evals": self.evals,
             "grads": self.grads,
+            "reductions": self.reductions if self.route.startswith("ddp") else None,
         }
+
+
+def _counting_allreduce(counts, bucket):
+    """DDP's own all-reduce of a bucket (the default hook's), counted."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    counts[bucket.index()] += 1
+    return default_hooks.allreduce_hook(None, bucket)
 
 
 class _nothing:
