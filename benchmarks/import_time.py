@@ -5,7 +5,7 @@
 Each round starts one interpreter that imports torch alone and one that imports torch and then
 hvdtorch, in alternating order (so that a slow moment of the machine falls on both), and times
 each from the start of the process to its exit. Printed: the median of each, its spread (min and
-max), and the median of the rounds' differences, the figure BENCHMARKS.md quotes ("Import").
+max), and the median of the rounds' differences, the figure BENCHMARKS.md quotes ("The first hour: import and build").
 """
 
 import argparse
