@@ -128,8 +128,8 @@ class _Progress:
         self._shown = tenth
         minutes = (time.monotonic() - self._start) / 60
         self._tty.write(
-            f"hvdtorch: compiling {done}/{total} ({minutes:.1f} min so far; a cold build takes 5-10 minutes on 2 "
-            "cores, later builds recompile only what changed)\n"
+            f"hvdtorch: compiling {done}/{total} ({minutes:.1f} min so far; a cold build takes 2-5 minutes on 2 "
+            "cores, more with the CUDA device; later builds recompile only what changed)\n"
         )
         self._tty.flush()
 
