@@ -182,7 +182,7 @@ class CMakeBuild(build_ext):
             # The CUDA device is compiled where torch can hand it CUDA tensors.
             "-DHVDTORCH_CUDA=" + ("ON" if with_cuda and _env_flag("HVDTORCH_CUDA", True) else "OFF"),
             "-DHVDTORCH_BUILD_TESTS=" + ("ON" if _env_flag("HVDTORCH_BUILD_TESTS", False) else "OFF"),
-            # csrc/torch compiled 8 files per translation unit (a cold build in a third of the time);
+            # csrc/torch compiled 8 files per translation unit (its cold build in a third of the time);
             # 0 while editing csrc/torch (file by file: an edit rebuilds one file, not its batch).
             "-DHVDTORCH_UNITY_BATCH=" + _unity_batch(),
             # make test-asan-py: the extension itself under ASan+UBSan (empty: none).

@@ -124,3 +124,30 @@ def test_distributed_model_raises_hvd_error_out_of_backward_and_leaves_nothing()
     t0, t1, f0, f1, kids = map(int, c.groups())
     assert (t1, f1, kids) == (t0, f0, 0), c.group(0) + out[-3000:]
     assert "REINIT-OK rank=0" in out, out
+
+
+def test_a_frozen_rank_is_named_to_every_rank_through_the_coordinator():
+    # Rank 0's wait on the frozen rank 2 times out; rank 1 waits on rank 0 meanwhile and must read rank
+    # 0's last word naming rank 2, not "connection closed" by rank 0 (a Gloo timeout closes every
+    # connection of its group unless the wait is ended without it: csrc/torch/c10d_deadline_watch.h).
+    timeout = 4
+    results = run_ranks(
+        "tests.workers.errors:frozen_rank_named_by_the_coordinator",
+        3,
+        timeout=60,
+        expect_success=False,
+        env={"HVDTORCH_TIMEOUT": str(timeout), "HVDTORCH_SHM": "0", "HVDTORCH_DECENTRALIZED": "0"},
+        kill_rank=2,
+        kill_after="FREEZE-ME",
+        kill_signal=signal.SIGSTOP,
+    )
+    assert "FREEZE-ME" in results[2].output, results[2].output
+    for r in (0, 1):
+        out = results[r].output
+        assert results[r].returncode == 0, out
+        m = re.search(rf"rank {r} raised after ([0-9.]+)s: (.*)", out)
+        assert m, out
+        assert "'stalled'" in m.group(2), out
+        assert re.search(r"(receive from|send to) rank 2 (timed out|failed)", m.group(2)), out
+        assert "closed" not in m.group(2), out
+        assert float(m.group(1)) < 3 * timeout, out

@@ -10,7 +10,6 @@ iteration as DDP reduces each of its own (counted by a comm hook under DDP,
 from the timeline on every hvdtorch route)."""
 
 import collections
-import json
 import re
 
 import pytest
@@ -58,15 +57,13 @@ _BUCKET = re.compile(r"^(?P<owner>.*\D)(?P<run>\d+)\.g\d+\.b(?P<bucket>\d+)$")
 
 def _gradient_reductions(path):
     """{run index: {bucket index: reductions}} from a rank's timeline (the all-reduces or
-    reduce-scatters of gradient buckets)."""
-    events = json.load(open(path))
-    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    reduce-scatters of gradient buckets), read with the timeline's own summary code."""
+    from hvdtorch.timeline.summary import intervals_of, load_events
+
     counts = collections.defaultdict(collections.Counter)
-    for e in events:
-        if e["ph"] != "B" or e["name"].split(":")[0] not in ("ALLREDUCE", "REDUCESCATTER"):
-            continue
-        m = _BUCKET.match(names.get(e["pid"], ""))
-        if m:
+    for interval in intervals_of(load_events(path))[0]:
+        m = _BUCKET.match(interval.op)
+        if m and interval.phase.split(":")[0] in ("ALLREDUCE", "REDUCESCATTER"):
             counts[int(m["run"])][int(m["bucket"])] += 1
     return {run: dict(c) for run, c in counts.items()}
 

@@ -14,11 +14,18 @@ from tests.harness import ROOT
 HEAVY = ["torch._dynamo", "sympy", "matplotlib", "lightning", "pytorch_lightning", "ray", "mpi4py", "torchvision"]
 
 
-def _run(code: str) -> str:
+def _python(code: str, *flags: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter (with interpreter `flags`), which must succeed."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, *flags, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
+    return out
+
+
+def _run(code: str) -> str:
+    return _python(code).stdout
 
 
 def test_import_loads_nothing_heavy():
@@ -61,17 +68,8 @@ def test_import_costs_a_fraction_of_torchs():
     # torch's (0.5 s there) is the bound. The best of three runs, as a loaded machine stretches a run
     # now and then; an eager import of something heavy (torch._dynamo alone is over a second) fails
     # every run.
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     ratios = []
     for _ in range(3):
-        out = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", "import torch; import hvdtorch"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert out.returncode == 0, out.stdout + out.stderr
+        out = _python("import torch; import hvdtorch", "-X", "importtime")
         ratios.append(_cumulative_import_us(out.stderr, "hvdtorch") / _cumulative_import_us(out.stderr, "torch"))
     assert min(ratios) <= 0.25, f"import hvdtorch took {min(ratios):.2f}x import torch at best (runs: {ratios})"

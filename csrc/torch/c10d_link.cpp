@@ -20,12 +20,23 @@ class DoneRequest : public LinkRequest {
 
 class WorkRequest : public LinkRequest {
  public:
-  WorkRequest(c10::intrusive_ptr<c10d::Work> work, at::Tensor keep, int peer, const char* what)
-      : work_(std::move(work)), keep_(std::move(keep)), peer_(peer), what_(what) {}
+  WorkRequest(c10::intrusive_ptr<c10d::Work> work, at::Tensor keep, int peer, const char* what,
+              std::shared_ptr<DeadlineWatch> watch, std::weak_ptr<C10dLink::Aborted> aborted)
+      : work_(std::move(work)),
+        keep_(std::move(keep)),
+        peer_(peer),
+        what_(what),
+        watch_(std::move(watch)),
+        aborted_(std::move(aborted)) {}
   void wait(Deadline deadline) override {
     if (!work_) return;
+    const auto start = Deadline::Clock::now();
+    bool done = true;
     try {
-      work_->wait(std::max(deadline.remaining(), std::chrono::milliseconds(1)));
+      if (watch_)
+        done = watch_->wait(work_, deadline);
+      else
+        work_->wait(std::max(deadline.remaining(), std::chrono::milliseconds(1)));
     } catch (const std::exception& e) {
       work_.reset();
       const std::string why = strCat(what_, " rank ", peer_, " failed: ", e.what());
@@ -33,6 +44,16 @@ class WorkRequest : public LinkRequest {
       // Gloo says "connection closed" alike for a peer that died and one
       // that closed its links on purpose (link.h).
       throw PeerClosed(why);
+    }
+    if (!done) {
+      // Still posted in Gloo: its message may yet come, into this work's buffer.
+      if (auto kept = aborted_.lock()) {
+        std::lock_guard<std::mutex> lock(kept->mu);
+        kept->works.push_back(std::move(work_));
+      }
+      work_.reset();
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - start);
+      throw TimeoutError(strCat(what_, " rank ", peer_, " timed out after ", waited.count(), " ms"));
     }
     work_.reset();
   }
@@ -42,6 +63,8 @@ class WorkRequest : public LinkRequest {
   at::Tensor keep_;
   int peer_;
   const char* what_;
+  std::shared_ptr<DeadlineWatch> watch_;
+  std::weak_ptr<C10dLink::Aborted> aborted_;
 };
 
 void waitOrThrow(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
@@ -65,8 +88,9 @@ c10d::ReduceOp toC10dOp(ReduceOp op) {
   throw InvalidArgument(strCat("reduce op ", reduceOpName(op), " has no c10d equivalent"));
 }
 
-C10dLink::C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer, int channel)
-    : pg_(std::move(pg)), peer_(peer), channel_(channel) {
+C10dLink::C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer, int channel,
+                   std::shared_ptr<DeadlineWatch> watch)
+    : pg_(std::move(pg)), peer_(peer), channel_(channel), watch_(std::move(watch)) {
   if (channel < 0 || channel >= kChannels)
     throw InvalidArgument(strCat("c10d link to rank ", peer, ": channel ", channel, " is not in [0, ", kChannels, ")"));
 }
@@ -76,7 +100,7 @@ std::unique_ptr<LinkRequest> C10dLink::isend(const void* data, size_t bytes) {
   if (bytes == 0) return std::make_unique<DoneRequest>();
   std::vector<at::Tensor> t{bytesView(data, bytes)};
   try {
-    return std::make_unique<WorkRequest>(pg_->send(t, peer_, tag), t[0], peer_, "send to");
+    return request(pg_->send(t, peer_, tag), t[0], "send to");
   } catch (const std::exception& e) {
     throw PeerClosed(strCat("send to rank ", peer_, " failed: ", e.what()));
   }
@@ -87,10 +111,14 @@ std::unique_ptr<LinkRequest> C10dLink::irecv(void* data, size_t bytes) {
   if (bytes == 0) return std::make_unique<DoneRequest>();
   std::vector<at::Tensor> t{bytesView(data, bytes)};
   try {
-    return std::make_unique<WorkRequest>(pg_->recv(t, peer_, tag), t[0], peer_, "receive from");
+    return request(pg_->recv(t, peer_, tag), t[0], "receive from");
   } catch (const std::exception& e) {
     throw PeerClosed(strCat("receive from rank ", peer_, " failed: ", e.what()));
   }
+}
+
+std::unique_ptr<LinkRequest> C10dLink::request(c10::intrusive_ptr<c10d::Work> work, at::Tensor keep, const char* what) {
+  return std::make_unique<WorkRequest>(std::move(work), std::move(keep), peer_, what, watch_, aborted_);
 }
 
 bool C10dNative::supports(DataType dtype, ReduceOp op) const {

@@ -8,7 +8,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <memory>
+#include <mutex>
+#include <vector>
 
+#include "c10d_deadline_watch.h"
 #include "c10d_device_collectives.h"
 #include "transport/link.h"
 #include "transport/native_collectives.h"
@@ -23,12 +26,27 @@ namespace hvdtorch {
 // process group: the tag is (sequence << kChannelBits) | channel, so links
 // of different channels between the same two ranks never match each
 // other's messages (each process set talks on channels of its own).
+//
+// With a `watch`, a wait that reaches its deadline is aborted
+// (c10d_deadline_watch.h) and the rest of the group's connections stay
+// open; the aborted transfer is kept until the link goes. Without one, Gloo
+// times the wait out itself and closes every connection of the group: what
+// the data links want (the peers waiting on this rank learn at once), not
+// the control links, which must still carry this rank's last word.
 class C10dLink : public Link {
  public:
   static constexpr int kChannelBits = 12;
   static constexpr int kChannels = 1 << kChannelBits;
 
-  C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer, int channel = 0);
+  // Transfers given up at their deadline, still posted in Gloo: kept as
+  // long as the link (their requests may outlive it: they hold it weakly).
+  struct Aborted {
+    std::mutex mu;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
+
+  C10dLink(c10::intrusive_ptr<c10d::ProcessGroup> pg, int peer, int channel = 0,
+           std::shared_ptr<DeadlineWatch> watch = nullptr);
   int peer() const override { return peer_; }
   const char* kind() const override { return "c10d"; }
   std::unique_ptr<LinkRequest> isend(const void* data, size_t bytes) override;
@@ -40,9 +58,12 @@ class C10dLink : public Link {
   }
   // Tags must be non-negative ints: 31 bits, of which kChannelBits name the channel.
   static constexpr uint32_t kSeqMask = (1u << (31 - kChannelBits)) - 1;
+  std::unique_ptr<LinkRequest> request(c10::intrusive_ptr<c10d::Work> work, at::Tensor keep, const char* what);
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   int peer_;
   int channel_;
+  std::shared_ptr<DeadlineWatch> watch_;
+  std::shared_ptr<Aborted> aborted_ = std::make_shared<Aborted>();
   uint32_t send_seq_ = 0;
   uint32_t recv_seq_ = 0;
 };

@@ -294,3 +294,50 @@ def fused_unit_fails():
     units = [m.group(1) for m in (re.match(r"rank \d+: allreduce '([^']+)' failed: ", e) for e in errors) if m]
     print(f"rank {r}: {len(errors)} ops raised after {took:.1f}s, failed in unit: {units}", flush=True)
     assert len(units) == FUSED_OPS and len(set(units)) == 1, f"rank {r}: the ops did not all fail in one unit: {errors}"
+
+
+def frozen_rank_named_by_the_coordinator():
+    """Rank 2 freezes (SIGSTOP) at its next control-link call: every link is
+    over Gloo (HVDTORCH_SHM=0) and every cycle a star exchange through rank 0
+    (HVDTORCH_DECENTRALIZED=0), so rank 1 sent its message and waits for
+    rank 0's answer while rank 0's wait on rank 2 times out. Rank 0's last
+    word must still reach rank 1, naming rank 2: a timed-out wait on one Gloo
+    link must not close the group's other connections. Certain by order, not
+    timing: rank 1 waits a grace longer than rank 0 (Context::relayGrace)."""
+    import signal
+    import threading
+
+    from hvdtorch import _C
+
+    freeze = threading.Event()
+
+    def control_gate():
+        if freeze.is_set():
+            print("FREEZE-ME", flush=True)
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # the whole rank
+            threading.Event().wait()
+
+    engine_class, gated = _C.Engine, []
+    if os.environ["RANK"] == "2":
+
+        def gated_engine(opts, rank, hosts, control, *rest):
+            gated.append(_GatedGroup(control, control_gate))  # kept alive: the engine calls into it
+            return engine_class(opts, rank, hosts, gated[0], *rest)
+
+        _C.Engine = gated_engine
+    try:
+        hvd.init()
+    finally:
+        _C.Engine = engine_class
+    r = hvd.rank()
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="warm"), torch.full((2,), 3.0))
+    if r == 2:
+        freeze.set()
+    t0 = time.time()
+    try:
+        hvd.allreduce(torch.ones(2), op=hvd.Sum, name="stalled")
+    except hvd.HvdError as e:
+        print(f"rank {r} raised after {time.time() - t0:.1f}s: {e}", flush=True)
+        hvd.shutdown()
+        return
+    raise AssertionError(f"rank {r}: the all-reduce returned although rank 2 is frozen")

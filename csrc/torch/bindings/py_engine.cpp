@@ -33,7 +33,10 @@ PyEngine::PyEngine(const std::map<std::string, std::string>& options, int rank, 
     : native_(std::make_unique<C10dNative>(
           data_pg, device_pg ? std::make_unique<C10dDeviceCollectives>(*device_pg, data_pg) : nullptr)) {
   Engine::Transports t;
-  t.control = [control_pg](int peer) { return std::make_unique<C10dLink>(control_pg, peer); };
+  // The control links end their waits themselves (c10d_link.h): a stalled
+  // peer must not close the links that carry this rank's last word.
+  auto watch = std::make_shared<DeadlineWatch>();
+  t.control = [control_pg, watch](int peer) { return std::make_unique<C10dLink>(control_pg, peer, 0, watch); };
   t.data = [data_pg](int peer) { return std::make_unique<C10dLink>(data_pg, peer); };
   t.native = native_.get();
   t.shm_token = shm_token;
