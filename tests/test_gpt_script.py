@@ -74,20 +74,35 @@ def _reference(route, how, who):
 
 
 def _close(got, want, what, tol):
+    """`tol`: (rtol, atol, scale): each element within rtol of DDP's plus the larger of atol and `scale`
+    times the tensor's largest magnitude."""
     import torch
 
-    rtol, atol = tol
+    rtol, atol, scale = tol
+    atol = max(atol, scale * float(want.abs().max())) if want.numel() else atol
     torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+# Every route but these adds the same two values in the same order as DDP (bitwise equal here). shard=2/3
+# clip by the norm over the shards (a sum of the shards' squared norms, apart from torch's norm of the
+# whole in the last bits), and shard=3 adds per-pass averages (it reduce-scatters every pass) where DDP
+# averages the sum. The script's forward runs under bfloat16 autocast, which turns a last-bit difference
+# in the parameters into whole bfloat16 steps (2**-8 relative) in some activations from the second
+# iteration on: the runs then differ by a fraction of that everywhere, by how much depends on the CPU's
+# kernels (measured on an AMD EPYC: .grad and the optimizer state up to 0.4 % of each tensor's largest
+# magnitude, parameters 1.5e-4). Hence 1 % of the tensor's largest magnitude; a lost or doubled update, a
+# dropped optimizer state or an unreduced gradient differs by far more.
+_ROUNDING_APART = {"shard2": (2e-4, 2e-6, 1e-2), "shard3": (2e-4, 1e-5, 1e-2)}
 
 
 def _without_key_bias(t, name: str, route: str):
     """The attention's key bias has an exact gradient of zero (softmax ignores
     a shift of every score), so Adam moves it by rounding noise alone: where
-    a route rounds apart from DDP (shard=3's per-pass reduce-scatters), that
+    a route rounds apart from DDP (shard=2 and 3: see _ROUNDING_APART), that
     slice is not compared."""
     import torch
 
-    if route != "shard3" or not name.endswith("c_attn.bias") or t.dim() != 1:
+    if route not in _ROUNDING_APART or not name.endswith("c_attn.bias") or t.dim() != 1:
         return t
     n = t.numel() // 3  # [q | k | v]
     return torch.cat([t[:n], t[2 * n :]])
@@ -98,10 +113,7 @@ def test_trains_as_under_ddp(runs, route, how, who):
     import torch
 
     got, want = runs[(route, how, who)], runs[_reference(route, how, who)]
-    # shard=2/3 clip by the norm over the shards (a sum of the shards' squared norms, rounding apart from
-    # torch's norm of the whole in the last bits), and shard=3 adds per-pass averages (it reduce-scatters every
-    # pass) where DDP averages the sum; everything else adds the same two values in the same order as DDP.
-    tol = {"shard2": (2e-4, 2e-6), "shard3": (2e-4, 1e-5)}.get(route, (1e-5, 1e-7))
+    tol = _ROUNDING_APART.get(route, (1e-5, 1e-7, 0.0))
     for rank in (0, 1):
         for part in ("whole", "resumed"):
             g, w = got[rank][part], want[rank][part]
