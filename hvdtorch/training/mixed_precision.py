@@ -13,7 +13,7 @@ Contract:
     gradient into the parameter's own .grad, in its own dtype); shard=3
     casts each shard before its all-gather, so the gathered parameters are
     ``param_dtype`` and the gathers move half the bytes
-    (zero/parameter_units.py), as FSDP2 does.
+    (zero/gather_routes.py), as FSDP2 does.
   * Gradients are reduced in ``reduce_dtype``; None means ``param_dtype``
     (FSDP2's rule). A reduce dtype narrower than the parameters' is the
     gradient core's wire codec ("bf16" or "fp16", gradients/wire_codec.h):

@@ -30,7 +30,7 @@ Protocol, per sharded optimizer, on every rank of its process set:
     another rank's other gathers); the others when the next one is made.
   * shard=3: a rank with data also announces each forward (PASS, with
     whether autograd records it); the joined rank replays the gathers and
-    frees of its own last pass of that kind (zero/parameter_units.py), so
+    frees of its own last pass of that kind (zero/join_replay.py), so
     that every gather of the others finds its shard, and the reduce-scatters
     take its zeros in SYNC. Every pass must gather the same units then
     (fixed control flow, as under FSDP).

@@ -70,7 +70,7 @@ def plan(
     optimizer state_dict; parameters left out are not sharded).
     bucket_bytes <= 0: one parameter per bucket. Which parameters share a
     bucket is the one planner's choice (training/buckets.py), here with the
-    group (and ``unit_of[index]``, shard=3's unit, zero/parameter_units.py)
+    group (and ``unit_of[index]``, shard=3's unit, zero/unit_plan.py)
     as part of a bucket's key; this adds the offsets and shapes."""
     entries = [(g, i, p) for g, group in enumerate(groups) for i, p in group]
     params = [p for _, _, p in entries]

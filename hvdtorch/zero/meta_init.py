@@ -54,7 +54,7 @@ import torch
 from .. import runtime
 from ..collectives import ops
 from .layout import Bucket, write_into_shard
-from .parameter_units import stand_in
+from .stand_ins import stand_in
 
 
 def _children_first(module: torch.nn.Module) -> List[torch.nn.Module]:

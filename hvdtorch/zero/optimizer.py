@@ -94,7 +94,8 @@ from . import join as shard_join
 from .gradients import BucketGradients
 from .layout import plan, signature
 from .meta_init import build_shards
-from .parameter_units import ParameterUnits, plan_units
+from .parameter_units import ParameterUnits
+from .unit_plan import plan_units
 
 _instance_ids = itertools.count()
 # shard=3's default: buckets smaller than this stay gathered between uses (zero/parameter_units.py).
@@ -380,7 +381,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         first = min(int(first_bucket_bytes), int(fusion_bytes)) if fusion_bytes > 0 else 0
         units = None
         if shard == 3:
-            # A unit is the largest module whose parameters fit one bucket (zero/parameter_units.py).
+            # A unit is the largest module whose parameters fit one bucket (zero/unit_plan.py).
             units = plan_units(module, [p if p.requires_grad else None for p in all_params], int(fusion_bytes))
         self._buckets = plan(numbered, int(fusion_bytes), first, None if units is None else units.of_param)
         if not self._buckets:

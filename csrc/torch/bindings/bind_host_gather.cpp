@@ -1,5 +1,5 @@
 // _C.HostGather (transport/shm/host_gather.h): the shared gathered buckets of
-// shard=3 on one host, for hvdtorch/zero/parameter_units.py. Tensors go in
+// shard=3 on one host, for hvdtorch/zero/gather_routes.py. Tensors go in
 // as sources of a put and come out of await as views of the shared memory.
 #include <ATen/ops/from_blob.h>
 #include <c10/core/CPUAllocator.h>
