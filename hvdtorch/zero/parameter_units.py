@@ -80,12 +80,6 @@ def _hook_of(units_ref, method: str):
     return hook
 
 
-def _end_of_backward(units_ref) -> None:
-    units = units_ref()
-    if units is not None:
-        units.end_backward()
-
-
 class ParameterUnits(_GatherRoutes, _StandIns, _SavedTensors, _GatheredParameters, _StateDicts, _JoinReplay):
     """One sharded optimizer's shard=3 parameters (see the top); each base
     is one job of it, in its own file, on the state __init__ sets."""
