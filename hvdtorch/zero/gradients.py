@@ -205,7 +205,7 @@ class BucketGradients:
                 param_names=[names[i] for i in order],
                 sparse_refusal=_SPARSE_REFUSAL,
                 release_buckets=bool(transient) and scatter,
-                unused="report",  # the optimizer refuses a parameter no rank gave a gradient (optimizer.py)
+                unused="report",  # the optimizer refuses a parameter no rank gave a gradient (optimizer_gradients.py)
             ),
             counter=self._counter,
         )

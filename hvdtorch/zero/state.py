@@ -13,7 +13,7 @@ exp_avg, SGD's momentum_buffer) when it is a tensor of its parameter's shape
 and its name is not one of SCALAR_KEYS; every other value (a step count, a
 learning-rate factor) is per parameter and the same for every parameter of a
 bucket, since a bucket's shard steps as one tensor. Only optimizers whose
-state is all of these kinds can be sharded (zero/optimizer.py checks).
+state is all of these kinds can be sharded (zero/optimizer_options.py checks).
 """
 
 from typing import Dict, List, Optional, Sequence
