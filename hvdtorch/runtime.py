@@ -6,6 +6,10 @@ groups -- one for negotiation, one for data -- learns every rank's host, and
 starts the C++ engine. shutdown() stops the engine, destroys what init()
 created and removes any rendezvous file; it is idempotent, and init() works
 again after it.
+
+Joining and leaving the default group, the device groups' backend and
+destroy_groups() are process_groups.py's (destroy_groups stays reachable
+here); what reads the state, the process sets' own groups among it, is here.
 """
 
 import atexit
@@ -20,7 +24,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-import torch
 import torch.distributed as dist
 
 # Imported before any process group exists on purpose: this module's
@@ -31,6 +34,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401
 
 from . import knob_names, launch
+from .process_groups import _device_backend, _device_group, _join_default_group, _leave_default_group, destroy_groups
 
 _lock = threading.Lock()
 
@@ -88,11 +92,6 @@ def on_join(hook: Callable[[], None]) -> None:
     _join_hooks.append(hook)
 
 
-# How many times this process has joined a job through env:// (torchrun, or
-# MASTER_ADDR/MASTER_PORT): each init() meets under a key prefix of its own.
-_generation = 0
-
-
 class NotInitializedError(ValueError):
     pass
 
@@ -101,73 +100,6 @@ def _require() -> _State:
     if _state is None:
         raise NotInitializedError("hvdtorch has not been initialized; call hvdtorch.init() first")
     return _state
-
-
-def _open_env_store(info: launch.LaunchInfo, timeout: datetime.timedelta):
-    """The env:// rendezvous store of this init(), under this generation's prefix.
-
-    The store lives as long as the default group and goes with it at
-    shutdown(), so nothing (server thread, sockets) outlives hvdtorch. After
-    shutdown(); init(), a fast rank can still reach rank 0's previous store
-    (rank 0 has not shut down yet): rank 0 marks each generation's store as
-    open, and a rank that does not see the mark in time reconnects, until the
-    overall timeout."""
-    global _generation
-    _generation += 1
-    # torchrun's agent may share its store with the workers across restarts
-    # (restarted workers count generations from 1 again): the restart count
-    # keeps each round's keys apart.
-    prefix = f"hvdtorch.restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.init{_generation}"
-    if info.rank == 0:  # hosts the store: nothing old to run into
-        base, _, _ = next(dist.rendezvous("env://", rank=0, world_size=info.size, timeout=timeout))
-        store = dist.PrefixStore(prefix, base)
-        store.set("open", "1")
-        return store
-    deadline = time.monotonic() + timeout.total_seconds()
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            # Connecting can itself fail on an old store that closes under it.
-            base, _, _ = next(dist.rendezvous("env://", rank=info.rank, world_size=info.size, timeout=timeout))
-            store = dist.PrefixStore(prefix, base)
-            store.wait(["open"], datetime.timedelta(seconds=max(0.1, min(2.0, left))))
-            return store
-        except Exception as e:  # an old store that closed, or one that never gets the mark
-            store = base = None
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"hvdtorch: rank {info.rank} did not meet rank 0's rendezvous store at "
-                    f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
-                    f"within {timeout.total_seconds():.0f} s: {e}"
-                ) from e
-            time.sleep(0.05)
-
-
-def _join_default_group(info: launch.LaunchInfo, timeout: datetime.timedelta):
-    """Creates the default process group from the launcher's environment.
-
-    Returns the FileStore path to remove at shutdown (or None)."""
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    if info.size == 1:
-        store = dist.HashStore()
-        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
-        return None
-    if info.launcher == "torchrun" or (info.master_addr and info.master_port):
-        os.environ.setdefault("MASTER_ADDR", info.master_addr or "127.0.0.1")
-        if info.master_port is None:
-            raise ValueError("hvdtorch: MASTER_PORT is not set")
-        store = _open_env_store(info, timeout)
-        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.size, timeout=timeout)
-        return None
-    if not info.single_host_by_launcher:
-        raise ValueError(
-            f"hvdtorch: {info.launcher} started {info.size} ranks on several hosts; set MASTER_ADDR "
-            "(the host of rank 0) and MASTER_PORT (a free port there) so the ranks can meet"
-        )
-    path = launch.file_store_path(info)
-    store = dist.FileStore(path, info.size)
-    dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.size, timeout=timeout)
-    return path
 
 
 def _export_torch_env(st: "_State") -> None:
@@ -198,28 +130,6 @@ def _unexport_torch_env() -> None:
 _exported_env = set()
 
 
-def _device_backend() -> Optional[str]:
-    """The backend of the groups the engine moves device tensors through,
-    without the host (reducers "native" and "auto" where it serves, and the
-    broadcast, all-gather, reduce-scatter and alltoall): NCCL
-    where torch has CUDA and NCCL (made lazily by torch: no communicator
-    until the first such collective); Gloo standing in for it under
-    HVDTORCH_SIM_DEVICE=1, so that path runs without a GPU; else none, and
-    device tensors are staged through the host."""
-    from . import _C
-
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        return "nccl"
-    if _C.sim_device_mode():
-        return "gloo"
-    return None
-
-
-def _device_group(timeout: datetime.timedelta):
-    backend = _device_backend()
-    return dist.new_group(backend=backend, timeout=timeout) if backend else None
-
-
 def make_set_groups(ranks: List[int]) -> Tuple[Optional[object], Optional[object]]:
     """A process set's own (host, device) groups over exactly ``ranks``, for
     its device tensors as the global set has the engine's: (None, None)
@@ -244,16 +154,6 @@ def keep_set_groups(psid: int, groups: Tuple[Optional[object], Optional[object]]
 
 def drop_set_groups(psid: int) -> None:
     destroy_groups(state().set_groups.pop(psid, ()))
-
-
-def destroy_groups(groups) -> None:
-    for group in groups:
-        if group is None:
-            continue
-        try:
-            dist.destroy_process_group(group)
-        except Exception:  # the group may already be gone with a dead peer
-            pass
 
 
 _warned_variables: set = set()
@@ -380,26 +280,6 @@ def shutdown() -> None:
     destroy_groups((st.device_group, st.data_group, st.control_group))
     if st.owns_default_group:
         _leave_default_group(st.store_path, st.rank, st.excepthook)
-
-
-def _leave_default_group(store_path: Optional[str], rank: int, excepthook) -> None:
-    """Undoes what init() did to join the default group it created."""
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
-        # init_process_group() chains a "[rank N]" prefixing hook onto
-        # sys.excepthook on every call; unchained, init/shutdown cycles would
-        # grow the chain (and the prefixes) forever. A hook the user set since
-        # is left alone.
-        if getattr(sys.excepthook, "__qualname__", "").endswith("_distributed_excepthook"):
-            sys.excepthook = excepthook
-    if store_path and rank == 0:
-        try:
-            os.remove(store_path)
-        except OSError:
-            pass
 
 
 atexit.register(shutdown)

@@ -41,6 +41,7 @@ LAYERS = {
     "hvdtorch.timeline.summary": 0,
     "hvdtorch.timeline.plot": 0,
     "hvdtorch.runtime": 1,
+    "hvdtorch.process_groups": 1,  # the torch.distributed groups init() makes and shutdown() destroys
     "hvdtorch.collectives.process_sets": 2,
     "hvdtorch.collectives.handles": 3,
     "hvdtorch.collectives.ops": 4,

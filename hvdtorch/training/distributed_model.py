@@ -15,13 +15,22 @@ The work is the gradient core's (docs/architecture.md, "The gradient core"):
 buckets from training/buckets.py's planner, the C++ GradientReducer
 (csrc/torch/grad_reducer.h) for hooks, launching and waiting, its pass counter
 (backward_passes_per_step, no_sync()) and the wire codec (Compression.fp16).
+
+This file holds DistributedModel's construction (__init__, which checks the
+arguments and builds the rest in order), its buckets (the rebuild in the
+agreed order, the cap autotune sets), the gradients (sync_gradients(),
+sync_and_step(), the hand-over to a sharded optimizer), the checks of the
+module it is given and owner_of (the model that reduces a parameter). Its
+other jobs are mixins or helpers, each in a file of its own:
+  model_forward.py       forward() and what runs around it; require_backward_grad_sync, no_sync()
+  model_state_dicts.py   state_dict(), load_state_dict(), gathered_parameters(), the module's attributes
+  sharded_claims.py      which parameters a live sharded optimizer steps, and the refusal of another front
+claim_for_sharding and refuse_if_sharded are importable from here too.
 """
 
-import contextlib
-import gc
 import itertools
 import weakref
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -30,15 +39,17 @@ from ..collectives import ops
 from ..collectives.compression import Compression, check_bucket_compression
 from ..collectives.handles import check_process_set
 from ..collectives.powersgd import is_powersgd
-from . import compiled_model
 from .bucketed_step import step_as_reduced, steps_in_pieces
 from .buckets import complete_order, layers_by_name, plan_buckets
 from .buffer_sync import BufferSync, ForwardSyncRule
 from .coming_from_ddp import ddp_arguments
-from .compile_marks import disabled_when_compiled
-from .compiled_model import PassState, compiled_autograd_on, use_traced_hooks
-from .mixed_precision import as_policy, cast_buffers, cast_floating, cast_parameters
+from .mixed_precision import as_policy, cast_buffers
+from .model_forward import _ModelForward
+from .model_state_dicts import _ModelStateDicts
 from .reducer_options import reducer_options
+from .sharded_claims import claim_for_sharding as claim_for_sharding
+from .sharded_claims import refuse_if_sharded as refuse_if_sharded
+from .sharded_claims import sharded_stepper
 from .step_marks import StepMarks
 
 _instance_ids = itertools.count()
@@ -51,44 +62,6 @@ _models_by_param = weakref.WeakValueDictionary()
 def owner_of(param: torch.Tensor) -> Optional["DistributedModel"]:
     """The DistributedModel whose hooks reduce ``param``'s gradient, if any."""
     return _models_by_param.get(id(param))
-
-
-# id(parameter) -> the live sharded optimizer that steps it, so that a
-# DistributedModel made after it refuses the parameter (claim_for_sharding).
-_sharded_by_param = weakref.WeakValueDictionary()
-
-
-def claim_for_sharding(param: torch.Tensor, optimizer) -> None:
-    """A sharded optimizer steps ``param`` from now on (zero/optimizer.py)."""
-    _sharded_by_param[id(param)] = optimizer
-
-
-def sharded_stepper(param: torch.Tensor):
-    """The live sharded optimizer that steps ``param``, if any. One that only
-    a reference cycle keeps (dropped by the user, not yet collected) is
-    collected first and does not count."""
-    if id(param) not in _sharded_by_param:
-        return None
-    gc.collect()
-    return _sharded_by_param.get(id(param))
-
-
-def refuse_if_sharded(params: Sequence[torch.Tensor], name_of: Callable[[torch.Tensor], str], front: str) -> None:
-    """A sharded optimizer's parameters are views of its buckets, and it
-    reduces their gradients itself: no other gradient front can take them
-    over from it, and beside it one would reduce every gradient a second
-    time (silently doubled with op=hvd.Sum). Refused, naming the fix and the
-    parameter (``name_of``, asked only for the refused one)."""
-    for p in params:
-        opt = sharded_stepper(p)
-        if opt is not None:
-            name = name_of(p)
-            raise ValueError(
-                f"hvdtorch: {front}: parameter '{name}' is stepped by a sharded optimizer "
-                f"(hvd.DistributedOptimizer(..., shard={getattr(opt, '_stage', '?')})) that is still alive; one "
-                "optimizer reduces each parameter's gradient. Drop the old one first (del opt, and whatever else "
-                "holds it, such as a learning-rate scheduler), or keep one"
-            )
 
 
 def _check_not_sharded(module: torch.nn.Module) -> None:
@@ -149,7 +122,7 @@ def _check_devices(module: torch.nn.Module) -> None:
             )
 
 
-class DistributedModel(torch.nn.Module):
+class DistributedModel(_ModelForward, _ModelStateDicts, torch.nn.Module):
     def __init__(
         self,
         module: torch.nn.Module,
@@ -336,68 +309,6 @@ class DistributedModel(torch.nn.Module):
             self._buffers_sync.check_same_model(f"DistributedModel '{self._name}'")
             self._buffers_sync.broadcast_state(buffers=self._init_sync_buffers)
 
-    # Under torch.compile this frame runs eagerly and only the module's call
-    # is compiled (compiled_model.py): no graph break inside the model, its
-    # graphs split at the bucket size, the bookkeeping around it in Python.
-    @disabled_when_compiled(recursive=False)
-    def forward(self, *args, **kwargs):
-        self._refuse_meta("forward")
-        self._before_forward()
-        policy = self.mixed_precision
-        if policy is not None and policy.cast_forward_inputs:
-            args, kwargs = cast_floating(args, policy.param_dtype), cast_floating(kwargs, policy.param_dtype)
-        outer = compiled_model.begin_bucketed_graphs(self)
-        try:
-            if self._parameter_units is None:
-                with self._cast_parameters():
-                    out = self._marks.forward(self.module, args, kwargs)
-            else:  # shard=3 gathers in the policy's dtype itself
-                with self._parameter_units.forward():
-                    out = self._marks.forward(self.module, args, kwargs)
-        finally:
-            compiled_model.end_bucketed_graphs(outer)
-        if policy is not None:
-            out = cast_floating(out, policy.output_dtype)
-        # DDP's _post_forward: the next forward syncs the buffers after a training forward that reduces.
-        self._forward_sync.after_forward(torch.is_grad_enabled(), self._require_backward_grad_sync)
-        return out
-
-    @property
-    def require_backward_grad_sync(self) -> bool:
-        """DDP's accumulation switch, read at every forward with autograd on:
-        False makes that forward's backward accumulate locally (no
-        communication; .grad holds this rank's own sum, as under DDP), and
-        the next backward that reduces averages the sum. no_sync() sets it
-        for its body. With shard=3 such a backward still reduce-scatters
-        into this rank's shard (docs/guide.md, 'Accumulation')."""
-        return self._require_backward_grad_sync
-
-    @require_backward_grad_sync.setter
-    def require_backward_grad_sync(self, value: bool) -> None:
-        self._require_backward_grad_sync = bool(value)
-
-    @property
-    def require_forward_param_sync(self) -> bool:
-        """DDP's: whether the next forward takes the first rank's buffers
-        (True after a training forward whose backward reduces, and before
-        the first forward; buffer_sync.ForwardSyncRule)."""
-        return self._forward_sync.due
-
-    @require_forward_param_sync.setter
-    def require_forward_param_sync(self, value: bool) -> None:
-        self._forward_sync.due = bool(value)
-
-    def _cast_parameters(self):
-        """The policy's casts for this forward (none without one). A sharded
-        optimizer that gathers behind step() is waited for first: the casts
-        read every parameter."""
-        policy = self.mixed_precision
-        if policy is None or policy.param_dtype is None:
-            return contextlib.nullcontext()
-        if self._gradient_owner is not None:
-            self._gradient_owner.wait_parameters()
-        return cast_parameters(self.module, policy.param_dtype)
-
     def _refuse_meta(self, what: str) -> None:
         """A model built on the meta device, before shard=3 has made its shards."""
         if self._built_on_meta and self._gradient_owner is None:
@@ -407,38 +318,6 @@ class DistributedModel(torch.nn.Module):
                 "makes each rank's shards from it, module by module (docs/guide.md, 'Sharded parameters'), or "
                 "materialize it before wrapping (module.to_empty(device=...) and its init)"
             )
-
-    @disabled_when_compiled
-    def _before_forward(self) -> None:
-        grad = torch.is_grad_enabled()
-        if grad:
-            # As DDP's prepare_for_backward: the flag at the forward decides whether its backward reduces.
-            self._latch_backward_sync()
-        if grad and self._reducer is not None and compiled_autograd_on() and not self._reducer.traced_hooks:
-            self._pass_state = PassState()
-            self._traced_hooks = use_traced_hooks(self, self._params, self._pass_state)
-        if grad and self._reducer is not None and self._reducer.traced_hooks:
-            # The C++ pre-hook's wait for an unfinished pass (sync="explicit" without
-            # sync_gradients()) before the next accumulates into the buckets.
-            self._reducer.finalize()
-            self._note_next_pass()
-        if self._forward_sync.due:  # whatever this forward's grad mode (DDP's rule)
-            self._buffers_sync.sync_buffers()
-        if not grad:
-            return
-        if self._rebuild_pending:
-            self._maybe_rebuild()
-        # Step boundaries count once the bucket order is agreed.
-        if self._autotune is not None and not self._rebuild_pending:
-            self._autotune.step_boundary()
-
-    def _latch_backward_sync(self) -> None:
-        """The coming backward reduces iff require_backward_grad_sync is set now."""
-        sync = self._require_backward_grad_sync
-        if self._gradient_owner is not None:
-            self._gradient_owner.set_model_sync(sync)
-        elif self._reducer is not None:
-            self._reducer.set_sync_enabled(sync)
 
     @property
     def bucket_bytes_cap(self) -> int:
@@ -461,20 +340,6 @@ class DistributedModel(torch.nn.Module):
         self._gradient_owner = owner
         self._rebuild_pending = False
         self._autotune = None
-
-    def hold_parameters_sharded(self, units) -> None:
-        """From now on ``units`` (shard=3's ParameterUnits) gathers the
-        parameters around forward, and state_dict(), load_state_dict() and
-        gathered_parameters() go through it. For good."""
-        self._parameter_units = units
-
-    def gathered_parameters(self, modifier_rank: Optional[int] = 0):
-        """shard=3: a context (collective) inside which every parameter holds
-        its full value; on exit each rank takes back the values
-        ``modifier_rank`` holds then (None: read only, a write raises)."""
-        if self._parameter_units is None:
-            return contextlib.nullcontext()
-        return self._parameter_units.gathered_parameters(modifier_rank)
 
     def _maybe_rebuild(self):
         order = self._reducer.ready_order()
@@ -547,68 +412,8 @@ class DistributedModel(torch.nn.Module):
             return
         step_as_reduced(reducer, self._params, optimizer.step, optimizer.param_groups)
 
-    @contextlib.contextmanager
-    def no_sync(self):
-        """DDP's: forwards inside (and so their backward passes) accumulate
-        gradients locally, without communication, and the first backward of
-        a forward after it averages the sum; it sets require_backward_grad_sync
-        to False for its body. As DDP's, the forward must be inside: a
-        backward inside of a forward outside reduces."""
-        self._refuse_meta("no_sync()")
-        old = self._require_backward_grad_sync
-        self._require_backward_grad_sync = False
-        try:
-            yield
-        finally:
-            self._require_backward_grad_sync = old
-
-    def _note_next_pass(self) -> None:
-        """Traced hooks: whether the coming backward reduces (compiled_model.PassState)."""
-        state = self.__dict__.get("_pass_state")
-        if state is not None and self._reducer is not None:
-            state.reduces = self._reducer.next_pass_reduces()
-
     def bucket_bytes(self):
         self._refuse_meta("bucket_bytes()")
         if self._gradient_owner is not None:
             return self._gradient_owner.bucket_bytes()
         return list(self._reducer.bucket_bytes())
-
-    # The wrapper is transparent: keys, attributes and modes are the module's.
-    # shard=3: collective, the full state gathered (``to``: the ranks that get it, None every rank).
-    def state_dict(self, *args, to=None, **kwargs):
-        if self._parameter_units is None:
-            if to is not None:
-                raise ValueError("hvdtorch: state_dict(to=...) is for shard=3 models, whose state is gathered")
-            return self.module.state_dict(*args, **kwargs)
-        unsupported = (["positional arguments"] if args else []) + [k for k in kwargs if k != "prefix"]
-        if unsupported:
-            raise ValueError(
-                f"hvdtorch: state_dict() of a shard=3 model takes prefix= and to= only, not {', '.join(unsupported)}: "
-                "it returns clones of the gathered parameters (no destination, no live parameters)"
-            )
-        return self._parameter_units.state_dict(self.module, kwargs.get("prefix", ""), to=to)
-
-    def sharded_state_dict(self):
-        """shard=3: this rank's shards and the rest of the module's state
-        (local); load_state_dict() takes it back at the same rank and size, or
-        every rank's in a list at any number of ranks."""
-        if self._parameter_units is None:
-            raise ValueError("hvdtorch: sharded_state_dict() is for shard=3 models; use state_dict()")
-        return self._parameter_units.sharded_state_dict(self.module)
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        if self._parameter_units is not None:
-            if assign:
-                raise ValueError(
-                    "hvdtorch: load_state_dict(assign=True) of a shard=3 model: each rank copies its range of every "
-                    "parameter into its shard; the given tensors cannot become the parameters"
-                )
-            return self._parameter_units.load_state_dict(self.module, state_dict, strict=strict)
-        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["module"], name)

@@ -99,7 +99,7 @@ def take_over(params, names, sync) -> None:
     over .grad. The old one raises if it is used afterwards. ``sync`` None:
     a sharded optimizer takes them (zero/optimizer.py); it is not kept here,
     as nothing takes parameters over from it
-    (distributed_model.refuse_if_sharded)."""
+    (sharded_claims.refuse_if_sharded)."""
     for p, name in zip(params, names):
         old = _syncs_by_param.pop(id(p), None)
         if old is not None and old is not sync:
