@@ -2,9 +2,21 @@
 // takes one, so that a dead or diverged peer turns into an error, not a hang.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 
 namespace hvdtorch {
+
+// The one grace of the failure protocol, a quarter of the timeout, at most
+// 1 s: how much longer than a peer a rank waits for what that peer relays
+// (its result, or its last word naming the rank that stalled it:
+// Context::relayGrace), how long a rank keeps its links open after its last
+// word, and how long a unit whose link closed waits for the cause
+// (reasonGrace, engine/engine_state.h). One rule, because each wait is
+// sized to let the other side's word arrive.
+inline std::chrono::milliseconds peerGrace(std::chrono::milliseconds timeout) {
+  return std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::seconds(1));
+}
 
 class Deadline {
  public:

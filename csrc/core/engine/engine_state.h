@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/deadline.h"
 #include "config/config.h"
 #include "device/device.h"
 #include "engine/execution/entry.h"
@@ -48,11 +49,9 @@ struct EngineState {
 
 // How long a rank that closes its links after its last word keeps them open
 // first (Engine::shutdown), and how long a unit whose link closed waits for
-// the cause (WorkQueue::settleHeld): a quarter of the timeout, at most 1 s.
-// The peer's reason was posted at least this long before its links closed,
-// so a receiver has twice this long to read it.
-inline std::chrono::milliseconds reasonGrace(const Config& config) {
-  return std::min<std::chrono::milliseconds>(config.timeout / 4, std::chrono::seconds(1));
-}
+// the cause (WorkQueue::settleHeld): peerGrace (common/deadline.h). The
+// peer's reason was posted at least this long before its links closed, so a
+// receiver has twice this long to read it.
+inline std::chrono::milliseconds reasonGrace(const Config& config) { return peerGrace(config.timeout); }
 
 }  // namespace hvdtorch

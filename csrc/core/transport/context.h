@@ -45,12 +45,10 @@ class Context {
   NativeCollectives* native() const { return native_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // How much longer than a peer a rank waits for what that peer relays (its
-  // result, or its last word naming the rank that stalled it): a quarter of
-  // the timeout, at most 1 s. Waiting exactly as long as the relaying peer
-  // could only end in blaming it.
-  std::chrono::milliseconds relayGrace() const {
-    return std::min<std::chrono::milliseconds>(timeout_ / 4, std::chrono::seconds(1));
-  }
+  // result, or its last word naming the rank that stalled it): peerGrace
+  // (common/deadline.h). Waiting exactly as long as the relaying peer could
+  // only end in blaming it.
+  std::chrono::milliseconds relayGrace() const { return peerGrace(timeout_); }
   // The running operation's deadline (OperationDeadline, common/deadline.h)
   // where one is set on this thread, else the timeout from now.
   Deadline deadline() const {
