@@ -206,6 +206,42 @@ class _GatedGroup(torch.distributed.ProcessGroup):
         return self.inner.recv(tensors, src, tag)
 
 
+def _freeze_this_rank():
+    """Stops the whole rank (SIGSTOP) from the calling thread, after saying FREEZE-ME; the call never
+    returns, whenever the stop lands (the test kills the rank at the end)."""
+    import signal
+    import threading
+
+    print("FREEZE-ME", flush=True)
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    threading.Event().wait()
+
+
+# The gated groups, for the life of the rank: the engine's calls reach their Python methods only while
+# the objects live.
+_KEPT_GROUPS = []
+
+
+def _init_with_gates(gated_rank: int, control_gate, data_gate=None):
+    """hvd.init(), with rank `gated_rank`'s engine talking through _GatedGroups: its control group
+    calls `control_gate`, its data group `data_gate` (if given), before each point-to-point call."""
+    from hvdtorch import _C
+
+    engine_class = _C.Engine
+    if int(os.environ["RANK"]) == gated_rank:
+
+        def gated_engine(opts, rank, hosts, control, data, *rest):
+            groups = [_GatedGroup(control, control_gate), _GatedGroup(data, data_gate) if data_gate else data]
+            _KEPT_GROUPS.extend(groups)
+            return engine_class(opts, rank, hosts, *groups, *rest)
+
+        _C.Engine = gated_engine
+    try:
+        hvd.init()
+    finally:
+        _C.Engine = engine_class
+
+
 def fused_unit_fails():
     """FUSED_OPS all-reduces, negotiated together and so one fused unit, fail
     in execution on rank 0: rank 1 negotiated them, then froze before it
@@ -230,10 +266,7 @@ def fused_unit_fails():
       that call never returns. Rank 0 gets none of rank 1's data: its unit
       fails at the deadline. The test kills rank 1 at the end (FREEZE-ME)."""
     import re
-    import signal
     import threading
-
-    from hvdtorch import _C
 
     timeout = float(os.environ["HVDTORCH_TIMEOUT"])
     held, release, freeze = threading.Event(), threading.Event(), threading.Event()
@@ -247,23 +280,9 @@ def fused_unit_fails():
 
     def data_gate():
         if freeze.is_set():
-            print("FREEZE-ME", flush=True)
-            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # the whole rank, from this thread on
-            threading.Event().wait()  # and this call never returns, whenever the stop lands
+            _freeze_this_rank()
 
-    engine_class, gated = _C.Engine, []
-    if os.environ["RANK"] == "1":
-
-        def gated_engine(opts, rank, hosts, control, data, *rest):
-            # Kept: the engine's calls reach the Python methods only while the objects live.
-            gated.extend([_GatedGroup(control, control_gate), _GatedGroup(data, data_gate)])
-            return engine_class(opts, rank, hosts, *gated, *rest)
-
-        _C.Engine = gated_engine
-    try:
-        hvd.init()
-    finally:
-        _C.Engine = engine_class
+    _init_with_gates(1, control_gate, data_gate)
     r, n = hvd.rank(), hvd.size()
     tensors = [torch.full((1 << 16,), float(k + 1)) for k in range(FUSED_OPS)]  # 256 KB each
 
@@ -304,31 +323,15 @@ def frozen_rank_named_by_the_coordinator():
     word must still reach rank 1, naming rank 2: a timed-out wait on one Gloo
     link must not close the group's other connections. Certain by order, not
     timing: rank 1 waits a grace longer than rank 0 (Context::relayGrace)."""
-    import signal
     import threading
-
-    from hvdtorch import _C
 
     freeze = threading.Event()
 
     def control_gate():
         if freeze.is_set():
-            print("FREEZE-ME", flush=True)
-            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)  # the whole rank
-            threading.Event().wait()
+            _freeze_this_rank()
 
-    engine_class, gated = _C.Engine, []
-    if os.environ["RANK"] == "2":
-
-        def gated_engine(opts, rank, hosts, control, *rest):
-            gated.append(_GatedGroup(control, control_gate))  # kept alive: the engine calls into it
-            return engine_class(opts, rank, hosts, gated[0], *rest)
-
-        _C.Engine = gated_engine
-    try:
-        hvd.init()
-    finally:
-        _C.Engine = engine_class
+    _init_with_gates(2, control_gate)
     r = hvd.rank()
     assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="warm"), torch.full((2,), 3.0))
     if r == 2:
