@@ -14,7 +14,8 @@ from tests.workers.common import device_of
 
 
 def peer_dies_in_the_ring(device: str) -> None:
-    """The test kills the last rank once it printed "looping"."""
+    """The test kills the last rank once it printed "looping" (after its first
+    loop op)."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     dev = device_of(device)
@@ -23,12 +24,16 @@ def peer_dies_in_the_ring(device: str) -> None:
         hvd.allreduce_(x.fill_(1), op=hvd.Sum, name="warm", reducer="ring")
         assert float(x[0]) == n, f"rank {r}: warm-up {i} gave {float(x[0])}"
     before = hvd._C.device_ring_runs()
-    print("looping", flush=True)
     started = time.monotonic()
     failed = None
     try:
-        for _ in range(1_000_000):
+        for i in range(1_000_000):
             hvd.allreduce_(x.fill_(1), op=hvd.Sum, name="loop", reducer="ring")
+            if i == 0:
+                # The word comes after the first loop op: the last rank gets its
+                # result only once every rank has entered the ring for it, so the
+                # kill cannot land before a survivor took the ring.
+                print("looping", flush=True)
     except hvd.HvdError as e:
         failed = time.monotonic()
         print(f"rank {r}: failed after {failed - started:.2f} s: {e}", flush=True)
